@@ -1,0 +1,140 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Protocol is a PortMap's transport protocol.
+// +kubebuilder:validation:Enum=TCP;UDP
+type Protocol string
+
+const (
+	ProtocolTCP Protocol = "TCP"
+	ProtocolUDP Protocol = "UDP"
+)
+
+// PortMapSpec maps a port (or range) on a class's accepting nodes to a Service's pod.
+// +kubebuilder:validation:XValidation:rule="!has(self.endPort) || self.endPort >= self.port",message="endPort must be >= port"
+// +kubebuilder:validation:XValidation:rule="has(self.endPort) == has(oldSelf.endPort)",message="endPort is immutable"
+type PortMapSpec struct {
+	// className names the PortMapClass. Immutable.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="className is immutable"
+	ClassName string `json:"className"`
+	// protocol: TCP or UDP. Immutable.
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="protocol is immutable"
+	Protocol Protocol `json:"protocol"`
+	// port is the port clients dial and the pod receives on. Immutable.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="port is immutable"
+	Port int32 `json:"port"`
+	// endPort, when set, makes the mapping the inclusive range port..endPort. Immutable.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="endPort is immutable"
+	// +optional
+	EndPort *int32 `json:"endPort,omitempty"`
+	// interfaces narrows the class's interfaces per node; empty uses all of them.
+	// +optional
+	Interfaces []string `json:"interfaces,omitempty"`
+	// serviceRef names the Service whose endpoint receives the traffic.
+	ServiceRef ServiceRef `json:"serviceRef"`
+}
+
+// ServiceRef names a Service in the PortMap's namespace and one of its named ports.
+type ServiceRef struct {
+	// name of the Service.
+	// +kubebuilder:validation:MinLength=1
+	Name string `json:"name"`
+	// port is the Service's port name.
+	// +kubebuilder:validation:MinLength=1
+	Port string `json:"port"`
+}
+
+// Condition types and reasons of a PortMap (API.md).
+const (
+	ConditionAccepted   = "Accepted"
+	ConditionProgrammed = "Programmed"
+
+	ReasonClassNotFound         = "ClassNotFound"
+	ReasonNamespaceNotSelected  = "NamespaceNotSelected"
+	ReasonInvalidPortRange      = "InvalidPortRange"
+	ReasonPortOutOfRange        = "PortOutOfRange"
+	ReasonPortReserved          = "PortReserved"
+	ReasonPortConflict          = "PortConflict"
+	ReasonInterfaceNotInClass   = "InterfaceNotInClass"
+	ReasonAllNodesReady         = "AllNodesReady"
+	ReasonNoReadyEndpoint       = "NoReadyEndpoint"
+	ReasonReturnPathUnavailable = "ReturnPathUnavailable"
+	ReasonNodeNotReady          = "NodeNotReady"
+	ReasonNoInterfaceOnNode     = "NoInterfaceOnNode"
+	// ReasonNotAccepted is Programmed's reason while Accepted is False (added).
+	ReasonNotAccepted = "NotAccepted"
+)
+
+// PortMapStatus is written by the controller.
+type PortMapStatus struct {
+	// observedGeneration is the spec generation the status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// ports is the mapping's port or range as text, "27015" or "27015-27115", for the PORT
+	// printer column (added: JSONPath cannot join two fields).
+	// +optional
+	Ports string `json:"ports,omitempty"`
+	// endpoint is the chosen pod.
+	// +optional
+	Endpoint *EndpointStatus `json:"endpoint,omitempty"`
+	// published lists the addresses the port answers on now, one row per interface.
+	// +optional
+	Published []PublishedAddress `json:"published,omitempty"`
+	// conditions: Accepted, Programmed.
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// EndpointStatus is the chosen pod: its node and IPv4 address.
+type EndpointStatus struct {
+	Node    string `json:"node"`
+	Address string `json:"address"`
+}
+
+// PublishedAddress is one interface the port answers on.
+type PublishedAddress struct {
+	Node      string `json:"node"`
+	Interface string `json:"interface"`
+	// address is the interface's IPv4 address; empty while the agent has not reported it.
+	// +optional
+	Address string `json:"address,omitempty"`
+}
+
+// PortMap exposes a Service's pod on a port of its class's accepting nodes.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:shortName=pm
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="CLASS",type=string,JSONPath=`.spec.className`
+// +kubebuilder:printcolumn:name="PROTOCOL",type=string,JSONPath=`.spec.protocol`
+// +kubebuilder:printcolumn:name="PORT",type=string,JSONPath=`.status.ports`
+// +kubebuilder:printcolumn:name="ENDPOINT",type=string,JSONPath=`.status.endpoint.address`
+// +kubebuilder:printcolumn:name="PROGRAMMED",type=string,JSONPath=`.status.conditions[?(@.type=="Programmed")].status`
+// +kubebuilder:printcolumn:name="NODE",type=string,JSONPath=`.status.endpoint.node`,priority=1
+// +kubebuilder:printcolumn:name="PUBLISHED",type=string,JSONPath=`.status.published[*].address`,priority=1
+type PortMap struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   PortMapSpec   `json:"spec"`
+	Status PortMapStatus `json:"status,omitempty"`
+}
+
+// PortMapList is a list of PortMap.
+//
+// +kubebuilder:object:root=true
+type PortMapList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []PortMap `json:"items"`
+}

@@ -1,0 +1,226 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// ServingMode decides how many nodes carry a mapping's rules (founding document, servingMode).
+// +kubebuilder:validation:Enum=Single;Multi
+type ServingMode string
+
+const (
+	// ServingModeSingle: only the serving node holds DNAT rules.
+	ServingModeSingle ServingMode = "Single"
+	// ServingModeMulti: every accepting node holds DNAT rules.
+	ServingModeMulti ServingMode = "Multi"
+)
+
+// ReturnPathMode selects how replies from a pod on another node get back.
+// +kubebuilder:validation:Enum=Vxlan;None
+type ReturnPathMode string
+
+const (
+	// ReturnPathVxlan builds a vxlan link per node pair that needs one.
+	ReturnPathVxlan ReturnPathMode = "Vxlan"
+	// ReturnPathNone builds no link and refuses any mapping that would need one.
+	ReturnPathNone ReturnPathMode = "None"
+)
+
+// PortMapClassSpec is the admin's description of which nodes accept traffic, on which
+// interfaces and ports, and how replies return.
+type PortMapClassSpec struct {
+	// servingMode: Single (default) or Multi.
+	// +kubebuilder:default=Single
+	// +optional
+	ServingMode ServingMode `json:"servingMode,omitempty"`
+
+	// nodes maps an accepting node's name to its interfaces. A name with no Node object is skipped.
+	// +kubebuilder:validation:MinProperties=1
+	Nodes map[string]ClassNode `json:"nodes"`
+
+	// ports limits which ports mappings of this class may use.
+	// +kubebuilder:default={}
+	// +optional
+	Ports PortPolicy `json:"ports,omitempty"`
+
+	// namespaceSelector selects the namespaces whose PortMaps may use the class; empty selects all.
+	// +optional
+	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector,omitempty"`
+
+	// returnPath says how replies from a pod on another node return.
+	// +kubebuilder:default={}
+	// +optional
+	ReturnPath ReturnPath `json:"returnPath,omitempty"`
+}
+
+// ClassNode lists the interfaces of one accepting node.
+type ClassNode struct {
+	// interfaces are interface names on that node; one DNAT rule per interface.
+	// +kubebuilder:validation:MinItems=1
+	Interfaces []string `json:"interfaces"`
+}
+
+// PortPolicy is the inclusive range of ports a class allows, less its reserved ports.
+// +kubebuilder:validation:XValidation:rule="self.min <= self.max",message="ports.min must not exceed ports.max"
+type PortPolicy struct {
+	// min is the lowest allowed port.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	// +optional
+	Min int32 `json:"min,omitempty"`
+	// max is the highest allowed port, inclusive.
+	// +kubebuilder:default=65535
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	// +optional
+	Max int32 `json:"max,omitempty"`
+	// reserved ports inside [min, max] that no mapping may use.
+	// +optional
+	Reserved []int32 `json:"reserved,omitempty"`
+}
+
+// ReturnPath configures the return path of a class.
+type ReturnPath struct {
+	// mode: Vxlan (default) or None.
+	// +kubebuilder:default=Vxlan
+	// +optional
+	Mode ReturnPathMode `json:"mode,omitempty"`
+	// vxlan configures the links when mode is Vxlan.
+	// +kubebuilder:default={}
+	// +optional
+	Vxlan VxlanConfig `json:"vxlan,omitempty"`
+}
+
+// VxlanConfig numbers a class's links: slot s uses VNI vni+s and the /31 at subnet base + 2s.
+type VxlanConfig struct {
+	// vni is the base VXLAN network identifier.
+	// +kubebuilder:default=4242
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=16777215
+	// +optional
+	VNI int32 `json:"vni,omitempty"`
+	// port is the UDP port of the encapsulation; must differ from the CNI's (8472 for Cilium).
+	// +kubebuilder:default=4790
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	// +optional
+	Port int32 `json:"port,omitempty"`
+	// subnet is an IPv4 CIDR split into /31 slots, one per node pair.
+	// +kubebuilder:default="169.254.77.0/24"
+	// +optional
+	Subnet string `json:"subnet,omitempty"`
+}
+
+// Reasons of the PortMapClass Ready condition (API.md).
+const (
+	ClassConditionReady = "Ready"
+
+	ReasonValid             = "Valid"
+	ReasonVxlanPortConflict = "VxlanPortConflict"
+	ReasonSubnetExhausted   = "SubnetExhausted"
+	ReasonInvalidSubnet     = "InvalidSubnet"
+	ReasonSubnetOverlap     = "SubnetOverlap"
+)
+
+// PortMapClassStatus is written by the controller.
+type PortMapClassStatus struct {
+	// observedGeneration is the spec generation the status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// conditions: Ready.
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// nodes has one row per accepting node.
+	// +listType=map
+	// +listMapKey=name
+	// +optional
+	Nodes []ClassNodeStatus `json:"nodes,omitempty"`
+	// links has one row per node pair that has, or recently had, a link: the slot claims.
+	// +listType=map
+	// +listMapKey=key
+	// +optional
+	Links []LinkStatus `json:"links,omitempty"`
+}
+
+// ClassNodeStatus is one accepting node as its agent reports it.
+type ClassNodeStatus struct {
+	// name of the node.
+	Name string `json:"name"`
+	// ready is true when every interface the class gives the node resolves to an address there.
+	Ready bool `json:"ready"`
+	// underlayMTU is the node's underlay interface MTU in bytes.
+	// +optional
+	UnderlayMTU int32 `json:"underlayMTU,omitempty"`
+	// linkMTU is underlayMTU - 50 bytes (the vxlan encapsulation).
+	// +optional
+	LinkMTU int32 `json:"linkMTU,omitempty"`
+	// addresses maps each of the class's interfaces on the node to its IPv4 address.
+	// +optional
+	Addresses map[string]string `json:"addresses,omitempty"`
+	// message says what is missing when not ready.
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// LinkStatus is the recorded claim of one slot by a node pair.
+type LinkStatus struct {
+	// key is "<first node>/<second node>", sorted.
+	Key string `json:"key"`
+	// peers are the two node names, sorted.
+	// +kubebuilder:validation:MinItems=2
+	// +kubebuilder:validation:MaxItems=2
+	Peers []string `json:"peers"`
+	// subnet is the pair's /31.
+	Subnet string `json:"subnet"`
+	// slot numbers the pair's /31 and VNI within the class, from 0.
+	// +kubebuilder:validation:Minimum=0
+	Slot int32 `json:"slot"`
+	// unusedSince is set when no mapping needs the pair; the claim is dropped after 24 h.
+	// +optional
+	UnusedSince *metav1.Time `json:"unusedSince,omitempty"`
+	// ends records, per node of the pair, the routing table its return path uses (added).
+	// Tables are unique per node across classes, from 201; the mark is derived from the table
+	// (0x6b700000 + table - 200). Recorded so they are never renumbered under live traffic.
+	// +listType=map
+	// +listMapKey=node
+	// +optional
+	Ends []LinkEnd `json:"ends,omitempty"`
+}
+
+// LinkEnd is one node's return-path allocation on a link (added).
+type LinkEnd struct {
+	// node is the node name.
+	Node string `json:"node"`
+	// table is the routing table number, 201 and up, unique on the node across classes.
+	// +kubebuilder:validation:Minimum=201
+	Table int32 `json:"table"`
+}
+
+// PortMapClass says which nodes accept traffic for PortMaps, on which interfaces and ports.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster,shortName=pmc
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="MODE",type=string,JSONPath=`.spec.servingMode`
+// +kubebuilder:printcolumn:name="RETURNPATH",type=string,JSONPath=`.spec.returnPath.mode`
+// +kubebuilder:printcolumn:name="READY",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="AGE",type=date,JSONPath=`.metadata.creationTimestamp`
+type PortMapClass struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   PortMapClassSpec   `json:"spec"`
+	Status PortMapClassStatus `json:"status,omitempty"`
+}
+
+// PortMapClassList is a list of PortMapClass.
+//
+// +kubebuilder:object:root=true
+type PortMapClassList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []PortMapClass `json:"items"`
+}

@@ -1,0 +1,52 @@
+// Command kuport-lab is the local lab's tool. Subcommands:
+//
+//	serve  the pod server: answers each request with the peer address it saw
+//	probe  the client: sends one request and prints what the pod saw and where the reply came from
+//
+// Exit status: 0 on success, 2 on a usage error, 1 on any other error.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"kuport.wlz.li/kuport/lab/labtool"
+)
+
+const usage = "usage: kuport-lab serve|probe [flags]"
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		_, _ = fmt.Fprintln(stderr, usage)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	switch args[0] {
+	case "serve":
+		err = labtool.Serve(ctx, args[1:], stdout)
+	case "probe":
+		err = labtool.Probe(ctx, args[1:], stdout)
+	default:
+		_, _ = fmt.Fprintf(stderr, "unknown subcommand %q; %s\n", args[0], usage)
+		return 2
+	}
+	if err == nil {
+		return 0
+	}
+	_, _ = fmt.Fprintf(stderr, "kuport-lab %s: %v\n", args[0], err)
+	if errors.Is(err, labtool.ErrUsage) {
+		return 2
+	}
+	return 1
+}

@@ -1,0 +1,402 @@
+// Package netlab builds the lab's emulated network out of Linux network namespaces
+// (DESIGN.md "The lab" and "Lab facts already verified on this kernel"):
+//
+//	client (198.51.100.7) ── kup-router (the internet) ── edge-a  enp1s0 203.0.113.9
+//	                                                  └── worker-b eth0  192.0.2.2
+//	kup-mesh: a bridge joining every node's wt0 (MTU 1420): edge-a 100.64.93.143, worker-b 100.64.93.150
+//	each node: bridge cilium_host (first address of its pod CIDR), pods pod-<name> behind it
+//
+// Each node namespace also emulates what the datapath works around: the CNI's strict
+// masquerade and its egress masquerade (table `ip lab-cni`), and the mesh's allowed-IPs
+// check, which drops on wt0 any packet whose source is not a node's wt0 address (table
+// `ip lab-mesh`, counted in the named counter mesh_drops). SelfCheck proves both bite.
+//
+// netlab owns the namespaces named in Namespaces plus every `pod-*` namespace, and the
+// processes it starts. It never touches the root network namespace's interfaces, routes,
+// rules or nftables: every link, address, route and rule is created inside a lab
+// namespace (`ip -n NS ...`, `ip netns exec NS ...`). Only one lab exists at a time on a
+// machine: Build holds an exclusive lock (lockPath) until Close.
+package netlab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+)
+
+// Fixed names of the lab's shared namespaces and devices.
+const (
+	ClientNS     = "client"     // the client: eth0 198.51.100.7/24
+	RouterNS     = "kup-router" // the internet between the client and the nodes' uplinks
+	MeshNS       = "kup-mesh"   // the mesh: a bridge joining every node's wt0
+	PodNSPrefix  = "pod-"       // a pod's namespace is PodNSPrefix + pod name
+	CNIDevice    = "cilium_host"
+	UnderlayMTU  = 1420
+	meshBridge   = "mesh0"
+	clientIface  = "eth0"
+	routerPrefix = "to-" // router side of a veth: "to-" + the peer namespace
+	meshPrefix   = "wt-" // mesh side of a node's wt0: "wt-" + node name
+)
+
+// lockPath serialises labs on one machine: the namespace names are fixed, so two labs
+// would tear each other down. The kernel drops the lock when its holder dies.
+const lockPath = "/run/kuport-lab/netlab.lock"
+
+var (
+	clientAddr    = netip.MustParsePrefix("198.51.100.7/24")
+	clientGateway = netip.MustParseAddr("198.51.100.1")
+)
+
+// NodeSpec describes one node namespace. The namespace is named Name.
+type NodeSpec struct {
+	Name          string
+	UplinkIface   string       // the node's own internet connection, e.g. enp1s0
+	UplinkAddr    netip.Prefix // e.g. 203.0.113.9/24
+	UplinkGateway netip.Addr   // the router's address on that link, the default route
+	UnderlayIface string       // the mesh interface, always wt0
+	UnderlayAddr  netip.Prefix // e.g. 100.64.93.143/24, MTU UnderlayMTU
+	PodCIDR       netip.Prefix // e.g. 10.244.17.0/24
+}
+
+// CiliumHost is the address of the node's CNIDevice bridge: the first address of the pod
+// CIDR with its length (10.244.17.1/24 for 10.244.17.0/24). Pods route through it, and
+// the strict masquerade rewrites foreign sources to it.
+func (s NodeSpec) CiliumHost() netip.Prefix {
+	return netip.PrefixFrom(s.PodCIDR.Masked().Addr().Next(), s.PodCIDR.Bits())
+}
+
+// nodes is the lab's node list: add an entry to add a node (names at most 12 bytes, so
+// the router's "to-<name>" device fits the kernel's 15).
+var nodes = []NodeSpec{
+	{
+		Name:          "edge-a",
+		UplinkIface:   "enp1s0",
+		UplinkAddr:    netip.MustParsePrefix("203.0.113.9/24"),
+		UplinkGateway: netip.MustParseAddr("203.0.113.1"),
+		UnderlayIface: "wt0",
+		UnderlayAddr:  netip.MustParsePrefix("100.64.93.143/24"),
+		PodCIDR:       netip.MustParsePrefix("10.244.17.0/24"),
+	},
+	{
+		Name:          "worker-b",
+		UplinkIface:   "eth0",
+		UplinkAddr:    netip.MustParsePrefix("192.0.2.2/24"),
+		UplinkGateway: netip.MustParseAddr("192.0.2.1"),
+		UnderlayIface: "wt0",
+		UnderlayAddr:  netip.MustParsePrefix("100.64.93.150/24"),
+		PodCIDR:       netip.MustParsePrefix("10.244.18.0/24"),
+	},
+}
+
+// Namespaces lists the lab's fixed namespace names (pods add PodNSPrefix + name).
+func Namespaces() []string {
+	names := []string{RouterNS, MeshNS, ClientNS}
+	for _, n := range nodes {
+		names = append(names, n.Name)
+	}
+	return names
+}
+
+// Config configures Build.
+type Config struct {
+	Log     hclog.Logger // nil: discard
+	Dir     string       // directory for process logs; created if missing; required
+	ToolBin string       // path of the built kuport-lab binary (serve, probe); required
+}
+
+// Net is a built lab network. Its methods are safe for concurrent use.
+type Net struct {
+	log     hclog.Logger
+	dir     string
+	toolBin string
+
+	mu      sync.Mutex
+	created []string          // namespaces this Net created, in creation order
+	pods    map[string]string // pod name -> node name
+	podIPs  map[string]string // pod name -> address
+	procs   map[*Proc]struct{}
+	lock    *os.File
+	closed  bool
+}
+
+// Build removes whatever a previous lab left (every lab namespace, and the processes in
+// them), then creates the client, router, mesh and node namespaces with their links,
+// addresses, routes, sysctls and emulation tables. It waits (bounded by ctx) while another
+// lab on the machine holds the lock. On error everything it created is removed.
+func Build(ctx context.Context, cfg Config) (*Net, error) {
+	if cfg.Dir == "" || cfg.ToolBin == "" {
+		return nil, errors.New("netlab: Config.Dir and Config.ToolBin are required")
+	}
+	if cfg.Log == nil {
+		cfg.Log = hclog.NewNullLogger()
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("netlab: create log dir: %w", err)
+	}
+	lock, err := acquireLock(ctx)
+	if err != nil {
+		return nil, err
+	}
+	n := &Net{
+		log:     cfg.Log,
+		dir:     cfg.Dir,
+		toolBin: cfg.ToolBin,
+		pods:    map[string]string{},
+		podIPs:  map[string]string{},
+		procs:   map[*Proc]struct{}{},
+		lock:    lock,
+	}
+	if err := Teardown(); err != nil {
+		return nil, errors.Join(fmt.Errorf("netlab: remove leftovers: %w", err), n.Close())
+	}
+	if err := n.build(ctx); err != nil {
+		return nil, errors.Join(fmt.Errorf("netlab: build: %w", err), n.Close())
+	}
+	return n, nil
+}
+
+func acquireLock(ctx context.Context) (*os.File, error) {
+	if err := os.MkdirAll(filepath.Dir(lockPath), 0o755); err != nil {
+		return nil, fmt.Errorf("netlab: lock dir: %w", err)
+	}
+	f, err := os.OpenFile(lockPath, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("netlab: open lock: %w", err)
+	}
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return f, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			_ = f.Close()
+			return nil, fmt.Errorf("netlab: lock %s: %w", lockPath, err)
+		}
+		select {
+		case <-ctx.Done():
+			_ = f.Close()
+			return nil, fmt.Errorf("netlab: another lab holds %s: %w", lockPath, ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func (n *Net) build(ctx context.Context) error {
+	for _, s := range nodes {
+		if len(routerPrefix+s.Name) > 15 {
+			return fmt.Errorf("node name %q: longer than 12 bytes", s.Name)
+		}
+	}
+	for _, ns := range Namespaces() {
+		if err := n.addNamespace(ctx, ns); err != nil {
+			return err
+		}
+	}
+	if err := n.sysctl(ctx, RouterNS, "net.ipv4.ip_forward=1"); err != nil {
+		return err
+	}
+	if err := n.ip(ctx, MeshNS, "link", "add", meshBridge, "type", "bridge"); err != nil {
+		return err
+	}
+	if err := n.ip(ctx, MeshNS, "link", "set", meshBridge, "up"); err != nil {
+		return err
+	}
+	if err := n.uplink(ctx, ClientNS, clientIface, clientAddr, clientGateway); err != nil {
+		return err
+	}
+	for _, s := range nodes {
+		if err := n.buildNode(ctx, s); err != nil {
+			return fmt.Errorf("node %s: %w", s.Name, err)
+		}
+	}
+	return nil
+}
+
+// addNamespace creates ns with lo up and records it for Close.
+func (n *Net) addNamespace(ctx context.Context, ns string) error {
+	if _, err := n.command(ctx, "", "ip", "netns", "add", ns); err != nil {
+		return err
+	}
+	n.mu.Lock()
+	n.created = append(n.created, ns)
+	n.mu.Unlock()
+	return n.ip(ctx, ns, "link", "set", "lo", "up")
+}
+
+// uplink joins ns to the router: iface in ns holds addr with a default route via gw,
+// and the router side "to-<ns>" holds gw.
+func (n *Net) uplink(ctx context.Context, ns, iface string, addr netip.Prefix, gw netip.Addr) error {
+	peer := routerPrefix + ns
+	gwPrefix := netip.PrefixFrom(gw, addr.Bits()).String()
+	steps := [][]string{
+		{ns, "link", "add", iface, "type", "veth", "peer", "name", peer, "netns", RouterNS},
+		{ns, "addr", "add", addr.String(), "dev", iface},
+		{ns, "link", "set", iface, "up"},
+		{RouterNS, "addr", "add", gwPrefix, "dev", peer},
+		{RouterNS, "link", "set", peer, "up"},
+		{ns, "route", "add", "default", "via", gw.String()},
+	}
+	for _, st := range steps {
+		if err := n.ip(ctx, st[0], st[1:]...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (n *Net) buildNode(ctx context.Context, s NodeSpec) error {
+	// Strict rp_filter, so the datapath's loose setting on its own devices is load-bearing.
+	if err := n.sysctl(ctx, s.Name, "net.ipv4.ip_forward=1",
+		"net.ipv4.conf.all.rp_filter=1", "net.ipv4.conf.default.rp_filter=1"); err != nil {
+		return err
+	}
+	// A bridge would hand bridged frames to iptables where br_netfilter is loaded: a lab
+	// artefact, off where the key exists (-e ignores it where it does not).
+	if _, err := n.Exec(ctx, s.Name, "sysctl", "-e", "-q", "-w", "net.bridge.bridge-nf-call-iptables=0"); err != nil {
+		return err
+	}
+	if err := n.uplink(ctx, s.Name, s.UplinkIface, s.UplinkAddr, s.UplinkGateway); err != nil {
+		return err
+	}
+	mtu := fmt.Sprint(UnderlayMTU)
+	meshPeer := meshPrefix + s.Name
+	steps := [][]string{
+		{s.Name, "link", "add", s.UnderlayIface, "mtu", mtu, "type", "veth", "peer", "name", meshPeer, "mtu", mtu, "netns", MeshNS},
+		{s.Name, "addr", "add", s.UnderlayAddr.String(), "dev", s.UnderlayIface},
+		{s.Name, "link", "set", s.UnderlayIface, "up"},
+		{MeshNS, "link", "set", meshPeer, "master", meshBridge, "up"},
+		{s.Name, "link", "add", CNIDevice, "type", "bridge"},
+		{s.Name, "addr", "add", s.CiliumHost().String(), "dev", CNIDevice},
+		{s.Name, "link", "set", CNIDevice, "up"},
+	}
+	for _, st := range steps {
+		if err := n.ip(ctx, st[0], st[1:]...); err != nil {
+			return err
+		}
+	}
+	return n.NftApply(ctx, s.Name, cniRuleset(s)+meshRuleset())
+}
+
+// cniRuleset emulates the CNI (DESIGN.md "Emulating the CNI"): the strict masquerade,
+// which rewrites to the cilium_host address anything entering the pod network with a
+// source outside this node's pod CIDR (the founding document's form, with `ip daddr !=`
+// too, never matches a local pod and reproduces nothing), and the egress masquerade of
+// pod traffic leaving by any other device.
+func cniRuleset(s NodeSpec) string {
+	cidr := s.PodCIDR.Masked().String()
+	return fmt.Sprintf(`table ip lab-cni {
+	chain postrouting {
+		type nat hook postrouting priority srcnat; policy accept;
+		oifname %q ip saddr != %s counter snat to %s
+		oifname != %q ip saddr %s counter masquerade
+	}
+}
+`, CNIDevice, cidr, s.CiliumHost().Addr(), CNIDevice, cidr)
+}
+
+// meshRuleset emulates WireGuard's allowed IPs (DESIGN.md "Emulating the mesh"): a packet
+// arriving on wt0 must come from a node's own wt0 /32, else it is dropped before
+// netfilter's NAT sees it, and counted in mesh_drops.
+func meshRuleset() string {
+	peers := make([]string, 0, len(nodes))
+	for _, s := range nodes {
+		peers = append(peers, s.UnderlayAddr.Addr().String())
+	}
+	return fmt.Sprintf(`table ip lab-mesh {
+	counter mesh_drops {
+	}
+	chain prerouting {
+		type filter hook prerouting priority raw; policy accept;
+		iifname %q ip saddr != { %s } counter name "mesh_drops" drop
+	}
+}
+`, nodes[0].UnderlayIface, strings.Join(peers, ", "))
+}
+
+// Nodes returns the node specs, in the lab's order.
+func (n *Net) Nodes() []NodeSpec { return slices.Clone(nodes) }
+
+// Node returns the spec of the node named name.
+func (n *Net) Node(name string) (NodeSpec, bool) {
+	i := slices.IndexFunc(nodes, func(s NodeSpec) bool { return s.Name == name })
+	if i < 0 {
+		return NodeSpec{}, false
+	}
+	return nodes[i], true
+}
+
+// ClientAddr is the client's address (198.51.100.7).
+func (n *Net) ClientAddr() netip.Addr { return clientAddr.Addr() }
+
+// Dir is the directory holding the lab's process logs.
+func (n *Net) Dir() string { return n.dir }
+
+// Close kills every process the Net started, deletes every namespace it created and
+// releases the lab lock. It is idempotent; errors from each step are joined.
+func (n *Net) Close() error {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return nil
+	}
+	n.closed = true
+	procs := make([]*Proc, 0, len(n.procs))
+	for p := range n.procs {
+		procs = append(procs, p)
+	}
+	created := slices.Clone(n.created)
+	n.created = nil
+	for pod := range n.pods {
+		created = append(created, PodNSPrefix+pod)
+	}
+	n.mu.Unlock()
+
+	for _, p := range procs {
+		p.Kill()
+	}
+	var errs []error
+	for _, ns := range slices.Backward(created) {
+		if err := deleteNamespace(ns); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if n.lock != nil {
+		errs = append(errs, n.lock.Close()) // closing drops the flock
+	}
+	return errors.Join(errs...)
+}
+
+// Teardown removes every lab namespace left on the machine, fixed names and pod-*, after
+// killing the processes inside them (agents left by `make lab-up`). For `make lab-down`
+// and for Build's cleanup of a crashed run. It does not take the lab lock.
+func Teardown() error {
+	entries, err := os.ReadDir(netnsDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("list namespaces: %w", err)
+	}
+	fixed := Namespaces()
+	var errs []error
+	for _, e := range entries {
+		name := e.Name()
+		if !slices.Contains(fixed, name) && !strings.HasPrefix(name, PodNSPrefix) {
+			continue
+		}
+		if err := deleteNamespace(name); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
