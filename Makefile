@@ -55,3 +55,61 @@ generate: proto crds
 .PHONY: check-generated
 check-generated: generate
 	@git diff --exit-code -- proto api deploy/crds || { echo "generated code is stale: run make generate" >&2; exit 1; }
+
+# ---------------------------------------------------------------------------------------
+# Build
+
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+BIN := $(CURDIR)/bin
+LDFLAGS := -X kuport.wlz.li/kuport/agent.Version=$(VERSION)
+
+.PHONY: build
+build:
+	@mkdir -p $(BIN)
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
+
+# deps installs the Debian packages the datapath, the lab and the tests use.
+.PHONY: deps
+deps:
+	@if ! command -v nft >/dev/null || ! command -v conntrack >/dev/null || ! command -v ip >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables conntrack iproute2; \
+	fi
+
+# lab-binaries builds (once per version, cached outside the repo) etcd, kube-apiserver and
+# kubectl; see lab/build-binaries.sh.
+.PHONY: lab-binaries
+lab-binaries:
+	lab/build-binaries.sh >/dev/null
+
+# ---------------------------------------------------------------------------------------
+# Checks and tests
+
+.PHONY: lint
+lint: $(BUF)
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out" >&2; exit 1; fi
+	$(GO) vet ./...
+	$(BUF) lint
+
+# test runs everything: generated code up to date, lint, unit and golden tests, privileged
+# datapath tests in fresh network namespaces, and the end-to-end suite against the lab.
+.PHONY: test
+test: deps tools lab-binaries check-generated lint build
+	KUPORT_PRIVILEGED=1 KUPORT_LAB_BIN=$$(lab/build-binaries.sh) KUPORT_BIN=$(BIN) \
+		$(GO) test -count=1 -p 1 -timeout 30m ./...
+
+# ---------------------------------------------------------------------------------------
+# The lab
+
+LAB_DIR ?= /run/kuport-lab
+
+.PHONY: demo
+demo: deps lab-binaries build
+	$(BIN)/kuport-lab demo --k8s-bin $$(lab/build-binaries.sh) --bin $(BIN) --dir $(LAB_DIR)
+
+.PHONY: lab-up
+lab-up: deps tools lab-binaries build
+	$(BIN)/kuport-lab up --k8s-bin $$(lab/build-binaries.sh) --bin $(BIN) --dir $(LAB_DIR)
+
+.PHONY: lab-down
+lab-down:
+	@if [ -x $(BIN)/kuport-lab ]; then $(BIN)/kuport-lab down --dir $(LAB_DIR); fi

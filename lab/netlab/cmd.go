@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // netnsDir is where `ip netns` keeps its named namespaces.
@@ -89,6 +90,58 @@ func (n *Net) NftCounter(ctx context.Context, netns, family, table, name string)
 		}
 	}
 	return 0, fmt.Errorf("nft counter %s %s %s: not in output %q", family, table, name, out)
+}
+
+// linkWait bounds how long waitLinks waits for veths to come up.
+const linkWait = 5 * time.Second
+
+// waitLinks waits until every veth in netns is operationally up and, when it is a bridge
+// port, forwarding. The kernel defers part of a link's state change (linkwatch, up to a
+// second), and a bridge port forwards nothing until then: a probe sent straight after
+// Build or AddPod could otherwise be lost.
+func (n *Net) waitLinks(ctx context.Context, netns string) error {
+	deadline := time.Now().Add(linkWait)
+	for {
+		out, err := n.command(ctx, "", "", "ip", "-n", netns, "-j", "-d", "link", "show")
+		if err != nil {
+			return err
+		}
+		var links []struct {
+			Name      string `json:"ifname"`
+			OperState string `json:"operstate"`
+			LinkInfo  struct {
+				Kind      string `json:"info_kind"`
+				SlaveKind string `json:"info_slave_kind"`
+				SlaveData struct {
+					State string `json:"state"`
+				} `json:"info_slave_data"`
+			} `json:"linkinfo"`
+		}
+		if err := json.Unmarshal([]byte(out), &links); err != nil {
+			return fmt.Errorf("parse links of %s: %w", netns, err)
+		}
+		pending := ""
+		for _, l := range links {
+			if l.LinkInfo.Kind != "veth" {
+				continue
+			}
+			if l.OperState != "UP" || (l.LinkInfo.SlaveKind == "bridge" && l.LinkInfo.SlaveData.State != "forwarding") {
+				pending = fmt.Sprintf("%s is %s/%s", l.Name, l.OperState, l.LinkInfo.SlaveData.State)
+				break
+			}
+		}
+		if pending == "" {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: %s after %s", netns, pending, linkWait)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %s: %w", netns, pending, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 // deleteNamespace kills the processes inside ns and deletes it; a missing ns is success.

@@ -121,9 +121,8 @@ type Net struct {
 	toolBin string
 
 	mu      sync.Mutex
-	created []string          // namespaces this Net created, in creation order
-	pods    map[string]string // pod name -> node name
-	podIPs  map[string]string // pod name -> address
+	created []string       // namespaces this Net created, in creation order
+	pods    map[string]pod // by pod name
 	procs   map[*Proc]struct{}
 	lock    *os.File
 	closed  bool
@@ -151,8 +150,7 @@ func Build(ctx context.Context, cfg Config) (*Net, error) {
 		log:     cfg.Log,
 		dir:     cfg.Dir,
 		toolBin: cfg.ToolBin,
-		pods:    map[string]string{},
-		podIPs:  map[string]string{},
+		pods:    map[string]pod{},
 		procs:   map[*Proc]struct{}{},
 		lock:    lock,
 	}
@@ -219,12 +217,17 @@ func (n *Net) build(ctx context.Context) error {
 			return fmt.Errorf("node %s: %w", s.Name, err)
 		}
 	}
+	for _, ns := range Namespaces() {
+		if err := n.waitLinks(ctx, ns); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
 // addNamespace creates ns with lo up and records it for Close.
 func (n *Net) addNamespace(ctx context.Context, ns string) error {
-	if _, err := n.command(ctx, "", "ip", "netns", "add", ns); err != nil {
+	if _, err := n.command(ctx, "", "", "ip", "netns", "add", ns); err != nil {
 		return err
 	}
 	n.mu.Lock()

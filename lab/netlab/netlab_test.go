@@ -1,0 +1,131 @@
+package netlab_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"kuport.wlz.li/kuport/lab/netlab"
+)
+
+// testRuleset is what the datapath will program for a local pod (founding document,
+// first diagram): a plain DNAT on the uplink plus the identity SNAT that claims the
+// connection before the lab's strict masquerade does.
+const testRuleset = `table ip test-dnat {
+	chain pre {
+		type nat hook prerouting priority dstnat - 10; policy accept;
+		iifname "enp1s0" tcp dport 3000 dnat to 10.244.17.10:3000
+		iifname "enp1s0" udp dport 3001 dnat to 10.244.17.10:3001
+	}
+	chain post {
+		type nat hook postrouting priority srcnat - 10; policy accept;
+		oifname "cilium_host" ip daddr 10.244.17.10 tcp dport 3000 snat to ip saddr
+		oifname "cilium_host" ip daddr 10.244.17.10 udp dport 3001 snat to ip saddr
+	}
+}
+`
+
+func TestPrivilegedNetlab(t *testing.T) {
+	if os.Getenv("KUPORT_PRIVILEGED") != "1" {
+		t.Skip("needs root and network namespaces: set KUPORT_PRIVILEGED=1")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "kuport-lab")
+	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "kuport.wlz.li/kuport/cmd/kuport-lab").CombinedOutput()
+	require.NoError(t, err, string(out))
+
+	log := hclog.New(&hclog.LoggerOptions{Name: "netlab", Level: hclog.Debug, Output: t.Output()})
+	n, err := netlab.Build(ctx, netlab.Config{Log: log, Dir: dir, ToolBin: bin})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, n.Close()) })
+
+	edge, ok := n.Node("edge-a")
+	require.True(t, ok)
+	assert.Equal(t, "10.244.17.1/24", edge.CiliumHost().String())
+	assert.Len(t, n.Nodes(), 2)
+
+	// The mesh carries node-to-node traffic at the underlay MTU.
+	link, err := n.Exec(ctx, "edge-a", "ip", "link", "show", "wt0")
+	require.NoError(t, err)
+	assert.Contains(t, link, "mtu 1420")
+	nodeLog := filepath.Join(dir, "serve-worker-b.log")
+	_, err = n.Start("worker-b", nodeLog, bin, "serve", "--proto", "udp", "--port", "4000")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		b, _ := os.ReadFile(nodeLog)
+		return strings.Contains(string(b), "listening udp 4000")
+	}, 10*time.Second, 20*time.Millisecond)
+	probe, err := n.Exec(ctx, "edge-a", bin, "probe", "--proto", "udp", "--to", "100.64.93.150:4000", "--size", "1392")
+	require.NoError(t, err)
+	assert.Equal(t, "pod_saw=100.64.93.143 reply_from=100.64.93.150:4000\n", probe, "a full-size datagram crosses the mesh")
+
+	require.NoError(t, n.SelfCheck(ctx))
+	tables, err := n.Exec(ctx, "edge-a", "nft", "list", "tables")
+	require.NoError(t, err)
+	assert.NotContains(t, tables, "lab-selfcheck", "self-check left its table")
+	routes, err := n.Exec(ctx, "edge-a", "ip", "route")
+	require.NoError(t, err)
+	assert.NotContains(t, routes, "10.244.18.0/24", "self-check left its route")
+	assert.NotContains(t, netnsList(t), "selfcheck", "self-check left its pods")
+	rp, err := n.Exec(ctx, "worker-b", "sysctl", "-n", "net.ipv4.conf.wt0.rp_filter")
+	require.NoError(t, err)
+	assert.Equal(t, "1", strings.TrimSpace(rp), "self-check restores the strict rp_filter")
+	drops, err := n.NftCounter(ctx, "worker-b", "ip", "lab-mesh", "mesh_drops")
+	require.NoError(t, err)
+	assert.Positive(t, drops, "the self-check's SYN is counted on worker-b")
+
+	require.NoError(t, n.AddPod(ctx, "web", "edge-a", "10.244.17.10"))
+	tcp, err := n.Serve("web", "tcp", 3000)
+	require.NoError(t, err)
+	udp, err := n.Serve("web", "udp", 3001)
+	require.NoError(t, err)
+	require.NoError(t, n.NftApply(ctx, "edge-a", testRuleset))
+
+	for _, c := range []struct {
+		proto string
+		port  int
+		dst   string
+	}{{"tcp", 3000, "203.0.113.9:3000"}, {"udp", 3001, "203.0.113.9:3001"}} {
+		res, err := n.Probe(ctx, c.proto, c.dst, 2*time.Second)
+		require.NoError(t, err)
+		assert.Equal(t, netlab.ProbeResult{PodSaw: "198.51.100.7", ReplyFrom: c.dst}, res, c.proto)
+		slog, err := n.ServerLog("web", c.proto, c.port)
+		require.NoError(t, err)
+		assert.Contains(t, slog, "saw 198.51.100.7:", c.proto)
+	}
+
+	// Nothing listens on 3002 and nothing DNATs it: a probe reports nothing, not an error.
+	res, err := n.Probe(ctx, "udp", "203.0.113.9:3002", 300*time.Millisecond)
+	require.NoError(t, err)
+	assert.Equal(t, netlab.ProbeResult{}, res)
+
+	pids := []int{tcp.Pid(), udp.Pid()}
+	require.NoError(t, n.Close())
+	require.NoError(t, n.Close(), "Close is idempotent")
+	list := netnsList(t)
+	for _, ns := range append(netlab.Namespaces(), "pod-web") {
+		assert.NotContains(t, strings.Fields(list), ns)
+	}
+	for _, pid := range pids {
+		assert.True(t, errors.Is(syscall.Kill(pid, 0), syscall.ESRCH), "pid %d still alive", pid)
+	}
+}
+
+func netnsList(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("ip", "netns", "list").CombinedOutput()
+	require.NoError(t, err, string(out))
+	return string(out)
+}
