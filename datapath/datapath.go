@@ -1,0 +1,248 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+
+	"github.com/google/nftables"
+	"github.com/hashicorp/go-hclog"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// Config injects the kernel a Datapath works on. Every field points at the same network
+// namespace: the node's own, or a test's.
+type Config struct {
+	// NFT is the nftables connection (nftables.New, with nftables.WithNetNSFd for another
+	// namespace).
+	NFT *nftables.Conn
+	// Netlink is the rtnetlink handle (netlink.NewHandle, or netlink.NewHandleAt).
+	Netlink *netlink.Handle
+	// NetNS is the namespace whose /proc/sys the per-device sysctls (rp_filter) and
+	// ip_forward are read and written in; netns.None() (or any handle <= 0) means the
+	// calling process's own namespace.
+	NetNS netns.NsHandle
+	// Log receives every kernel write at trace level and a summary per Apply at debug
+	// level; nil discards.
+	Log hclog.Logger
+}
+
+// Datapath applies NodePrograms to one namespace's kernel and reads its state back. Its
+// methods are safe for concurrent use; they are serialised.
+type Datapath struct {
+	mu    sync.Mutex
+	nft   *nftables.Conn
+	nl    *netlink.Handle
+	netns netns.NsHandle
+	log   hclog.Logger
+	// lastChanges is the number of kernel writes the last Apply made (0 when the kernel
+	// already held the program).
+	lastChanges int
+}
+
+// New returns a Datapath over the injected kernel handles; it opens nothing itself.
+func New(cfg Config) *Datapath {
+	log := cfg.Log
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	return &Datapath{nft: cfg.NFT, nl: cfg.Netlink, netns: cfg.NetNS, log: log}
+}
+
+// EntryError is the failure of one program entry. Kind is "dnat", "snat", "mark", "link",
+// "return path" or "ip rule"; ID is the entry's id (a Link's name, or a stale ip rule's
+// text for "ip rule").
+type EntryError struct {
+	Kind string
+	ID   string
+	Err  error
+}
+
+func (e *EntryError) Error() string { return fmt.Sprintf("%s %s: %v", e.Kind, e.ID, e.Err) }
+
+func (e *EntryError) Unwrap() error { return e.Err }
+
+// EntryErrors flattens an error returned by Apply into the per-entry errors an Ack
+// carries: one per *EntryError, and one with an empty id for a failure that belongs to no
+// entry (reading the kernel, say). nil for a nil error.
+func EntryErrors(err error) []*kuportv1.EntryError {
+	if err == nil {
+		return nil
+	}
+	if joined, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []*kuportv1.EntryError
+		for _, e := range joined.Unwrap() {
+			out = append(out, EntryErrors(e)...)
+		}
+		return out
+	}
+	var ee *EntryError
+	if errors.As(err, &ee) {
+		return []*kuportv1.EntryError{{Id: ee.ID, Message: err.Error()}}
+	}
+	return []*kuportv1.EntryError{{Message: err.Error()}}
+}
+
+// Apply reconciles the kernel to the program: it reads what the kernel holds and changes
+// only what differs, so re-applying the program the kernel holds writes nothing (rule
+// handles, counters and device indexes stay). The nftables table is rewritten in one
+// transaction; links are set up before the routes that use them, and stale ip rules and
+// routes are removed before stale links. An invalid or failing entry does not stop the
+// others: the returned error joins one *EntryError per failed entry (see EntryErrors).
+func (d *Datapath) Apply(p *kuportv1.NodeProgram) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	changes := 0
+	err := d.apply(p, &changes)
+	d.lastChanges = changes
+	d.log.Debug("applied program", "node", p.GetNode(), "version", p.GetVersion(), "changes", changes, "error", err)
+	return err
+}
+
+func (d *Datapath) apply(p *kuportv1.NodeProgram, changes *int) error {
+	rules, errs := compileRules(p)
+	added, n, err := d.syncTable(rules)
+	*changes += n
+	if err != nil {
+		if len(added) == 0 {
+			errs = append(errs, err)
+		}
+		for _, r := range added {
+			errs = append(errs, &EntryError{Kind: r.kind, ID: r.id, Err: err})
+		}
+	}
+
+	keep := map[string]bool{}
+	for _, l := range p.GetLinks() {
+		keep[l.GetName()] = true
+		w, err := compileLink(l)
+		if err == nil {
+			err = d.syncLink(w, changes)
+		}
+		if err != nil {
+			errs = append(errs, &EntryError{Kind: "link", ID: l.GetName(), Err: err})
+		}
+	}
+
+	var returns []*wantReturn
+	ids := map[string]bool{}
+	tables := map[uint32]bool{}
+	for _, rp := range p.GetReturnPaths() {
+		w, err := compileReturn(rp)
+		switch {
+		case err != nil:
+		case ids[w.id] || tables[rp.GetTable()]:
+			err = fmt.Errorf("id or table %d used by another return path", w.table)
+		case !keep[w.link]:
+			err = fmt.Errorf("link %s is not in the program", w.link)
+		}
+		if err != nil {
+			errs = append(errs, &EntryError{Kind: "return path", ID: rp.GetId(), Err: err})
+			continue
+		}
+		ids[w.id], tables[rp.GetTable()] = true, true
+		returns = append(returns, w)
+	}
+	errs = append(errs, d.syncReturnPaths(returns, changes)...)
+	errs = append(errs, d.pruneLinks(keep, changes)...)
+	return errors.Join(errs...)
+}
+
+// Cleanup removes everything kuport made in the namespace: table ip kuport, every kup-*
+// device, the ip rules at prefs 101/102 and the routes of the kuport tables they point
+// at. Nothing else is touched. It is Apply of an empty program.
+func (d *Datapath) Cleanup() error {
+	return d.Apply(&kuportv1.NodeProgram{})
+}
+
+// Dump returns the kernel's table ip kuport in Render's form ("" when there is no table):
+// what `nft list table ip kuport` prints with counters normalised, read through the
+// nftables library. A rule or chain in no kuport form appears as a "# ..." line.
+func (d *Datapath) Dump() (string, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	kt, err := d.readTable()
+	if err != nil || kt == nil {
+		return "", err
+	}
+	return kt.text(), nil
+}
+
+// Counters returns the packets and bytes of every kuport rule in the kernel, by entry id
+// (the rule's comment), in chain and rule order.
+func (d *Datapath) Counters() ([]*kuportv1.Counter, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	kt, err := d.readTable()
+	if err != nil || kt == nil {
+		return nil, err
+	}
+	var out []*kuportv1.Counter
+	for _, c := range kt.chains {
+		for _, kr := range kt.rules[c.Name] {
+			if kr.r != nil && kr.r.id != "" {
+				out = append(out, &kuportv1.Counter{Id: kr.r.id, Packets: kr.r.packets, Bytes: kr.r.bytes})
+			}
+		}
+	}
+	return out, nil
+}
+
+// NodeState reports every interface (name, IPv4 addresses in kernel order, MTU), the
+// underlay interface name and whether net.ipv4.ip_forward is 1. An empty underlay is
+// resolved to the device of the main table's IPv4 default route ("" when there is none).
+// It reads only.
+func (d *Datapath) NodeState(underlay string) (*kuportv1.NodeState, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	links, err := d.nl.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("list devices: %w", err)
+	}
+	st := &kuportv1.NodeState{UnderlayInterface: underlay}
+	names := map[int]string{}
+	for _, l := range links {
+		a := l.Attrs()
+		names[a.Index] = a.Name
+		addrs, err := d.nl.AddrList(l, netlink.FAMILY_V4)
+		if err != nil {
+			return nil, fmt.Errorf("list addresses of %s: %w", a.Name, err)
+		}
+		itf := &kuportv1.Interface{Name: a.Name, Mtu: uint32(a.MTU)}
+		for _, ad := range addrs {
+			itf.Addresses = append(itf.Addresses, ad.IP.String())
+		}
+		st.Interfaces = append(st.Interfaces, itf)
+	}
+	if underlay == "" {
+		routes, err := d.nl.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+		if err != nil {
+			return nil, fmt.Errorf("list main routes: %w", err)
+		}
+		for _, r := range routes {
+			if isDefault(r.Dst) {
+				st.UnderlayInterface = names[r.LinkIndex]
+				break
+			}
+		}
+	}
+	fwd, err := d.readSysctl("/proc/sys/net/ipv4/ip_forward")
+	if err != nil {
+		return nil, err
+	}
+	st.IpForward = fwd == "1"
+	return st, nil
+}
+
+func isDefault(dst *net.IPNet) bool {
+	if dst == nil {
+		return true
+	}
+	ones, _ := dst.Mask.Size()
+	return ones == 0
+}

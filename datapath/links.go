@@ -1,0 +1,210 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// linkPrefix names every device kuport owns.
+const linkPrefix = "kup-"
+
+// linkTTL is the outer TTL of the encapsulation (founding document, the link).
+const linkTTL = 64
+
+// rpFilterLoose is the rp_filter value set on each link: the kernel uses max(all, device),
+// and strict (1) drops the decapsulated request after DNAT (DESIGN.md, "rp_filter").
+const rpFilterLoose = "2"
+
+// wantLink is a validated Link entry.
+type wantLink struct {
+	name    string
+	vni     int
+	port    int
+	local   net.IP
+	remote  net.IP
+	address *net.IPNet
+	mtu     int
+}
+
+func compileLink(l *kuportv1.Link) (*wantLink, error) {
+	w := &wantLink{name: l.GetName(), vni: int(l.GetVni()), port: int(l.GetPort()), mtu: int(l.GetMtu())}
+	if err := checkIfname(w.name); err != nil || !strings.HasPrefix(w.name, linkPrefix) {
+		return nil, fmt.Errorf("name %q is not a %s* device name", w.name, linkPrefix)
+	}
+	if w.vni < 1 || w.vni >= 1<<24 {
+		return nil, fmt.Errorf("vni %d is outside 1-16777215", w.vni)
+	}
+	if w.port < 1 || w.port > 65535 {
+		return nil, fmt.Errorf("port %d is outside 1-65535", w.port)
+	}
+	if w.mtu < 68 {
+		return nil, fmt.Errorf("mtu %d is below 68", w.mtu)
+	}
+	for _, f := range []struct {
+		field, value string
+		dst          *net.IP
+	}{{"local_underlay", l.GetLocalUnderlay(), &w.local}, {"remote_underlay", l.GetRemoteUnderlay(), &w.remote}, {"local_address", l.GetLocalAddress(), nil}} {
+		a, err := ipv4(f.field, f.value)
+		if err != nil {
+			return nil, err
+		}
+		if f.dst != nil {
+			*f.dst = net.IP(a.AsSlice())
+		} else {
+			w.address = &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(31, 32)}
+		}
+	}
+	return w, nil
+}
+
+// vxlanMatches reports whether an existing device has the encapsulation the link wants;
+// these attributes cannot be changed in place, so a mismatch replaces the device.
+func (w *wantLink) vxlanMatches(l netlink.Link) bool {
+	v, ok := l.(*netlink.Vxlan)
+	return ok && v.VxlanId == w.vni && v.Port == w.port && v.TTL == linkTTL &&
+		v.SrcAddr.Equal(w.local) && v.Group.Equal(w.remote) && v.VtepDevIndex == 0
+}
+
+// syncLink makes one device match the program: created when missing, replaced when its
+// encapsulation differs, MTU, address, up state and rp_filter corrected one by one.
+func (d *Datapath) syncLink(w *wantLink, changes *int) error {
+	l, err := d.nl.LinkByName(w.name)
+	var notFound netlink.LinkNotFoundError
+	switch {
+	case errors.As(err, &notFound):
+		l = nil
+	case err != nil:
+		return fmt.Errorf("read device: %w", err)
+	case !w.vxlanMatches(l):
+		d.log.Trace("replace link", "name", w.name)
+		if err := d.nl.LinkDel(l); err != nil {
+			return fmt.Errorf("delete device to replace it: %w", err)
+		}
+		*changes++
+		l = nil
+	}
+	if l == nil {
+		d.log.Trace("add link", "name", w.name, "vni", w.vni)
+		err := d.nl.LinkAdd(&netlink.Vxlan{
+			LinkAttrs: netlink.LinkAttrs{Name: w.name, MTU: w.mtu},
+			VxlanId:   w.vni, SrcAddr: w.local, Group: w.remote, Port: w.port, TTL: linkTTL,
+			Learning: true, UDPCSum: true,
+		})
+		if err != nil {
+			return fmt.Errorf("add vxlan device: %w", err)
+		}
+		*changes++
+		if l, err = d.nl.LinkByName(w.name); err != nil {
+			return fmt.Errorf("read added device: %w", err)
+		}
+	}
+	if l.Attrs().MTU != w.mtu {
+		if err := d.nl.LinkSetMTU(l, w.mtu); err != nil {
+			return fmt.Errorf("set mtu: %w", err)
+		}
+		*changes++
+	}
+	addrs, err := d.nl.AddrList(l, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("list addresses: %w", err)
+	}
+	have := false
+	for _, a := range addrs {
+		if a.IPNet.String() == w.address.String() {
+			have = true
+			continue
+		}
+		if err := d.nl.AddrDel(l, &a); err != nil {
+			return fmt.Errorf("delete address %s: %w", a.IPNet, err)
+		}
+		*changes++
+	}
+	if !have {
+		if err := d.nl.AddrAdd(l, &netlink.Addr{IPNet: w.address}); err != nil {
+			return fmt.Errorf("add address %s: %w", w.address, err)
+		}
+		*changes++
+	}
+	if l.Attrs().Flags&net.FlagUp == 0 {
+		if err := d.nl.LinkSetUp(l); err != nil {
+			return fmt.Errorf("set up: %w", err)
+		}
+		*changes++
+	}
+	path := "/proc/sys/net/ipv4/conf/" + w.name + "/rp_filter"
+	v, err := d.readSysctl(path)
+	if err != nil {
+		return err
+	}
+	if v != rpFilterLoose {
+		if err := d.writeSysctl(path, rpFilterLoose); err != nil {
+			return err
+		}
+		*changes++
+	}
+	return nil
+}
+
+// ownedLinks lists the devices named kup-*.
+func (d *Datapath) ownedLinks() ([]netlink.Link, error) {
+	all, err := d.nl.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("list devices: %w", err)
+	}
+	var owned []netlink.Link
+	for _, l := range all {
+		if strings.HasPrefix(l.Attrs().Name, linkPrefix) {
+			owned = append(owned, l)
+		}
+	}
+	slices.SortFunc(owned, func(a, b netlink.Link) int { return strings.Compare(a.Attrs().Name, b.Attrs().Name) })
+	return owned, nil
+}
+
+// pruneLinks deletes every kup-* device the program does not name.
+func (d *Datapath) pruneLinks(keep map[string]bool, changes *int) []error {
+	owned, err := d.ownedLinks()
+	if err != nil {
+		return []error{err}
+	}
+	var errs []error
+	for _, l := range owned {
+		name := l.Attrs().Name
+		if keep[name] {
+			continue
+		}
+		d.log.Trace("delete link", "name", name)
+		if err := d.nl.LinkDel(l); err != nil && !isNotFound(err) {
+			errs = append(errs, &EntryError{Kind: "link", ID: name, Err: fmt.Errorf("delete device: %w", err)})
+			continue
+		}
+		*changes++
+	}
+	return errs
+}
+
+// LinkStats returns the kernel statistics of every kup-* device, by name.
+func (d *Datapath) LinkStats() ([]*kuportv1.LinkStats, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	owned, err := d.ownedLinks()
+	if err != nil {
+		return nil, err
+	}
+	stats := make([]*kuportv1.LinkStats, 0, len(owned))
+	for _, l := range owned {
+		s := &kuportv1.LinkStats{Name: l.Attrs().Name}
+		if st := l.Attrs().Statistics; st != nil {
+			s.TxPackets, s.RxPackets, s.TxErrors, s.RxErrors = st.TxPackets, st.RxPackets, st.TxErrors, st.RxErrors
+		}
+		stats = append(stats, s)
+	}
+	return stats, nil
+}

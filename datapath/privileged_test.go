@@ -1,0 +1,387 @@
+package datapath
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"net"
+	"os"
+	"os/exec"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/google/nftables"
+	"github.com/hashicorp/go-hclog"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"google.golang.org/protobuf/proto"
+
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// testNS is a fresh network namespace with a Datapath pointed at it.
+type testNS struct {
+	name string
+	ns   netns.NsHandle
+	nl   *netlink.Handle
+	dp   *Datapath
+}
+
+func privileged(t *testing.T) {
+	t.Helper()
+	if os.Getenv("KUPORT_PRIVILEGED") != "1" {
+		t.Skip("needs root and network namespaces: set KUPORT_PRIVILEGED=1")
+	}
+}
+
+// newTestNS creates a namespace holding wt0 (a veth, standing in for the mesh device)
+// with the given underlay address, and removes it when the test ends.
+func newTestNS(t *testing.T, underlay string) *testNS {
+	t.Helper()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	tn := &testNS{name: "kuptest-" + hex.EncodeToString(b)}
+	run(t, "ip", "netns", "add", tn.name)
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", tn.name).Run() })
+	for _, args := range [][]string{
+		{"ip", "link", "set", "lo", "up"},
+		{"ip", "link", "add", "wt0", "type", "veth", "peer", "name", "wt0-peer"},
+		{"ip", "addr", "add", underlay + "/24", "dev", "wt0"},
+		{"ip", "link", "set", "wt0", "up"},
+		{"ip", "link", "set", "wt0-peer", "up"},
+		{"sysctl", "-qw", "net.ipv4.conf.all.rp_filter=1"},
+	} {
+		tn.exec(t, args...)
+	}
+	ns, err := netns.GetFromName(tn.name)
+	require.NoError(t, err)
+	tn.ns = ns
+	t.Cleanup(func() { _ = ns.Close() })
+	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)))
+	require.NoError(t, err)
+	tn.nl, err = netlink.NewHandleAt(ns)
+	require.NoError(t, err)
+	t.Cleanup(tn.nl.Close)
+	tn.dp = New(Config{NFT: conn, Netlink: tn.nl, NetNS: ns,
+		Log: hclog.New(&hclog.LoggerOptions{Name: t.Name(), Level: hclog.Trace, Output: testWriter{t}})})
+	return tn
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func run(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+	require.NoError(t, err, "%v: %s", args, out)
+	return string(out)
+}
+
+// exec runs a command inside the namespace.
+func (tn *testNS) exec(t *testing.T, args ...string) string {
+	t.Helper()
+	return run(t, append([]string{"ip", "netns", "exec", tn.name}, args...)...)
+}
+
+var counterRE = regexp.MustCompile(`counter packets \d+ bytes \d+`)
+
+// nftList is `nft list table ip kuport` in the namespace with counters normalised, or ""
+// when there is no table.
+func (tn *testNS) nftList(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("ip", "netns", "exec", tn.name, "nft", "list", "table", "ip", "kuport").CombinedOutput()
+	if err != nil {
+		require.Contains(t, string(out), "No such file or directory", "nft list: %s", out)
+		return ""
+	}
+	return counterRE.ReplaceAllString(string(out), "counter")
+}
+
+// snapshot is everything that must not change when a program is re-applied: the table
+// with handles and counters verbatim, every link's index, the ip rules and the routes.
+func (tn *testNS) snapshot(t *testing.T) string {
+	t.Helper()
+	table, _ := exec.Command("ip", "netns", "exec", tn.name, "nft", "-a", "list", "table", "ip", "kuport").CombinedOutput()
+	return string(table) + tn.exec(t, "ip", "-o", "link", "show") + tn.exec(t, "ip", "-o", "addr", "show") +
+		tn.exec(t, "ip", "rule", "show") + tn.exec(t, "ip", "route", "show", "table", "all")
+}
+
+// pokeMarkRule sends a TCP SYN from each mark rule's address and port over loopback, so
+// its counter (kup-mangle sees loopback packets at prerouting) is not zero.
+func (tn *testNS) pokeMarkRule(t *testing.T, p *kuportv1.NodeProgram) {
+	t.Helper()
+	for _, m := range p.GetMarkRules() {
+		tn.exec(t, "ip", "addr", "add", m.GetAddress()+"/32", "dev", "lo")
+		done := make(chan error, 1)
+		go func() {
+			runtime.LockOSThread() // the thread ends with the goroutine, still in the namespace
+			if err := netns.Set(tn.ns); err != nil {
+				done <- err
+				return
+			}
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(m.GetAddress()), Port: int(m.GetPorts().GetFirst())}}
+			c, err := d.Dial("tcp", "127.0.0.1:9")
+			if err == nil {
+				_ = c.Close()
+			}
+			done <- nil
+		}()
+		require.NoError(t, <-done)
+	}
+}
+
+func underlayOf(p *kuportv1.NodeProgram) string {
+	for _, l := range p.GetLinks() {
+		return l.GetLocalUnderlay()
+	}
+	return "100.64.93.143"
+}
+
+// TestPrivilegedGolden applies every golden program in its own namespace, compares the
+// kernel's listing with the golden file, and checks that re-applying writes nothing.
+func TestPrivilegedGolden(t *testing.T) {
+	privileged(t)
+	for name, p := range goldenPrograms(t) {
+		t.Run(name, func(t *testing.T) {
+			tn := newTestNS(t, underlayOf(p))
+			require.NoError(t, tn.dp.Apply(p))
+			want, err := os.ReadFile(goldenPath(name))
+			require.NoError(t, err)
+			assert.Equal(t, string(want), tn.nftList(t), "nft list")
+			dump, err := tn.dp.Dump()
+			require.NoError(t, err)
+			assert.Equal(t, string(want), dump, "Dump")
+			tn.checkKernel(t, p)
+
+			tn.pokeMarkRule(t, p)
+			before := tn.snapshot(t)
+			counters, err := tn.dp.Counters()
+			require.NoError(t, err)
+			require.NoError(t, tn.dp.Apply(p))
+			assert.Zero(t, tn.dp.lastChanges, "re-applying the same program writes nothing")
+			assert.Equal(t, before, tn.snapshot(t))
+			again, err := tn.dp.Counters()
+			require.NoError(t, err)
+			assert.Equal(t, counters, again)
+			for _, m := range p.GetMarkRules() {
+				c := counterOf(counters, m.GetId())
+				require.NotNil(t, c, "counter of %s", m.GetId())
+				assert.NotZero(t, c.GetPackets(), "mark rule %s saw the probe", m.GetId())
+			}
+		})
+	}
+}
+
+func counterOf(cs []*kuportv1.Counter, id string) *kuportv1.Counter {
+	for _, c := range cs {
+		if c.GetId() == id {
+			return c
+		}
+	}
+	return nil
+}
+
+// checkKernel asserts that the program's links, ip rules and routes are in the kernel.
+func (tn *testNS) checkKernel(t *testing.T, p *kuportv1.NodeProgram) {
+	t.Helper()
+	for _, l := range p.GetLinks() {
+		link, err := tn.nl.LinkByName(l.GetName())
+		require.NoError(t, err)
+		v, ok := link.(*netlink.Vxlan)
+		require.True(t, ok, "%s is a vxlan device", l.GetName())
+		assert.Equal(t, int(l.GetVni()), v.VxlanId)
+		assert.Equal(t, int(l.GetPort()), v.Port)
+		assert.Equal(t, 64, v.TTL)
+		assert.Equal(t, int(l.GetMtu()), v.MTU)
+		assert.Equal(t, l.GetLocalUnderlay(), v.SrcAddr.String())
+		assert.Equal(t, l.GetRemoteUnderlay(), v.Group.String())
+		assert.NotZero(t, v.Flags&net.FlagUp, "up")
+		assert.Contains(t, tn.exec(t, "ip", "-4", "-o", "addr", "show", "dev", l.GetName()), l.GetLocalAddress()+"/31")
+		assert.Equal(t, "2\n", tn.exec(t, "cat", "/proc/sys/net/ipv4/conf/"+l.GetName()+"/rp_filter"))
+	}
+	rules := tn.exec(t, "ip", "rule", "show")
+	for _, rp := range p.GetReturnPaths() {
+		mark := "0x" + strconv.FormatUint(uint64(rp.GetMark()), 16)
+		assert.Contains(t, rules, "101:\tfrom all to "+rp.GetPeerUnderlay()+" fwmark "+mark+" lookup main")
+		assert.Contains(t, rules, "102:\tfrom all fwmark "+mark+" lookup "+itoa(rp.GetTable()))
+		assert.Equal(t, "default via "+rp.GetPeerLinkAddress()+" dev "+rp.GetLink()+" \n",
+			tn.exec(t, "ip", "route", "show", "table", itoa(rp.GetTable())))
+	}
+}
+
+func itoa(v uint32) string { return strconv.FormatUint(uint64(v), 10) }
+
+// TestPrivilegedLifecycle feeds a sequence of programs to one namespace and checks the
+// kernel after each: a change keeps what did not change, damage is repaired, an empty
+// program and Cleanup remove everything kuport made and nothing else.
+func TestPrivilegedLifecycle(t *testing.T) {
+	privileged(t)
+	base := goldenPrograms(t)["remote-worker-b"]
+	tn := newTestNS(t, "100.64.93.150")
+	// Foreign state that must survive everything below.
+	tn.exec(t, "nft", "add", "table", "inet", "filter")
+	tn.exec(t, "nft", "add", "chain", "inet", "filter", "input", "{ type filter hook input priority 0; policy accept; }")
+	tn.exec(t, "ip", "rule", "add", "pref", "500", "fwmark", "0x1", "lookup", "300")
+	tn.exec(t, "ip", "route", "add", "default", "via", "100.64.93.1", "dev", "wt0", "table", "300")
+	tn.exec(t, "ip", "link", "add", "kup-stale", "type", "vxlan", "id", "99", "dstport", "4791", "local", "100.64.93.150", "remote", "100.64.93.9")
+	foreign := func() string {
+		return tn.exec(t, "nft", "list", "table", "inet", "filter") + tn.exec(t, "ip", "rule", "show", "pref", "500") +
+			tn.exec(t, "ip", "route", "show", "table", "300")
+	}
+	foreignBefore := foreign()
+	// A table ip kuport left in a wrong shape (a chain at another priority, a stray chain)
+	// is rebuilt.
+	tn.exec(t, "nft", "add", "table", "ip", "kuport")
+	tn.exec(t, "nft", "add", "chain", "ip", "kuport", "kup-pre", "{ type nat hook prerouting priority 0; policy accept; }")
+	tn.exec(t, "nft", "add", "chain", "ip", "kuport", "stray")
+
+	require.NoError(t, tn.dp.Apply(base))
+	assert.Equal(t, Render(base), tn.nftList(t))
+	tn.checkKernel(t, base)
+	assert.NotContains(t, tn.exec(t, "ip", "-o", "link", "show"), "kup-stale", "a kup-* device the program does not name is removed")
+	link, err := tn.nl.LinkByName("kup-dcc4266d")
+	require.NoError(t, err)
+	kt, err := tn.dp.readTable()
+	require.NoError(t, err)
+	handles := map[string]uint64{}
+	for _, c := range kt.chains {
+		for _, kr := range kt.rules[c.Name] {
+			handles[kr.r.id] = kr.handle
+		}
+	}
+
+	// Damage: route gone, rp_filter strict, device down. Apply repairs exactly that.
+	tn.exec(t, "ip", "route", "flush", "table", "201")
+	tn.exec(t, "sysctl", "-qw", "net.ipv4.conf.kup-dcc4266d.rp_filter=1")
+	tn.exec(t, "ip", "link", "set", "kup-dcc4266d", "down")
+	require.NoError(t, tn.dp.Apply(base))
+	assert.Equal(t, 3, tn.dp.lastChanges, "route, rp_filter and up state restored")
+	tn.checkKernel(t, base)
+
+	// A changed program: a rule inserted before an existing one, a changed mark, the
+	// reply exemption gone, a smaller MTU, another table.
+	changed := proto.Clone(base).(*kuportv1.NodeProgram)
+	extra := proto.Clone(changed.DnatRules[0]).(*kuportv1.DnatRule)
+	extra.Id, extra.Ports = "demo/other/dnat/kup-dcc4266d", &kuportv1.PortRange{First: 4000, Last: 4000}
+	extra.ToPort = 4000
+	changed.DnatRules = append([]*kuportv1.DnatRule{extra}, changed.DnatRules...)
+	changed.MarkRules[0].Mark = 0x6b700002
+	changed.SnatRules = changed.SnatRules[:1]
+	changed.Links[0].Mtu = 1360
+	changed.ReturnPaths[0].Table = 202
+	changed.ReturnPaths[0].Mark = 0x6b700002
+	require.NoError(t, tn.dp.Apply(changed))
+	assert.Equal(t, Render(changed), tn.nftList(t))
+	tn.checkKernel(t, changed)
+	kt, err = tn.dp.readTable()
+	require.NoError(t, err)
+	for _, c := range kt.chains {
+		for _, kr := range kt.rules[c.Name] {
+			if kr.r.id == "demo/remote/dnat/kup-dcc4266d" || kr.r.id == "demo/remote/snat" {
+				assert.Equal(t, handles[kr.r.id], kr.handle, "unchanged rule %s keeps its handle", kr.r.id)
+			}
+		}
+	}
+	relinked, err := tn.nl.LinkByName("kup-dcc4266d")
+	require.NoError(t, err)
+	assert.Equal(t, link.Attrs().Index, relinked.Attrs().Index, "an MTU change keeps the device")
+	assert.Empty(t, tn.exec(t, "ip", "route", "show", "table", "201"))
+	assert.NotContains(t, tn.exec(t, "ip", "rule", "show"), "lookup 201")
+
+	// The empty program leaves nothing of kuport's.
+	require.NoError(t, tn.dp.Apply(&kuportv1.NodeProgram{Node: "worker-b", Version: 3}))
+	tn.assertNothingOwned(t, "201", "202")
+	assert.Equal(t, foreignBefore, foreign())
+
+	// Cleanup after a full program, likewise.
+	require.NoError(t, tn.dp.Apply(base))
+	require.NoError(t, tn.dp.Cleanup())
+	tn.assertNothingOwned(t, "201")
+	assert.Equal(t, foreignBefore, foreign())
+}
+
+func (tn *testNS) assertNothingOwned(t *testing.T, tables ...string) {
+	t.Helper()
+	assert.Empty(t, tn.nftList(t), "table ip kuport is gone")
+	dump, err := tn.dp.Dump()
+	require.NoError(t, err)
+	assert.Empty(t, dump)
+	assert.NotContains(t, tn.exec(t, "ip", "-o", "link", "show"), "kup-")
+	rules := tn.exec(t, "ip", "rule", "show")
+	assert.NotContains(t, rules, "101:")
+	assert.NotContains(t, rules, "102:")
+	for _, table := range tables {
+		assert.Empty(t, tn.exec(t, "ip", "route", "show", "table", table))
+	}
+	stats, err := tn.dp.LinkStats()
+	require.NoError(t, err)
+	assert.Empty(t, stats)
+}
+
+// TestPrivilegedReadState checks NodeState and LinkStats against the namespace.
+func TestPrivilegedReadState(t *testing.T) {
+	privileged(t)
+	p := goldenPrograms(t)["remote-worker-b"]
+	tn := newTestNS(t, "100.64.93.150")
+	tn.exec(t, "ip", "route", "add", "default", "via", "100.64.93.1", "dev", "wt0")
+	require.NoError(t, tn.dp.Apply(p))
+
+	st, err := tn.dp.NodeState("")
+	require.NoError(t, err)
+	assert.Equal(t, "wt0", st.GetUnderlayInterface(), "the default route's device")
+	assert.False(t, st.GetIpForward(), "a fresh namespace does not forward")
+	byName := map[string]*kuportv1.Interface{}
+	for _, i := range st.GetInterfaces() {
+		byName[i.GetName()] = i
+	}
+	require.Contains(t, byName, "wt0")
+	assert.Equal(t, []string{"100.64.93.150"}, byName["wt0"].GetAddresses())
+	assert.Equal(t, uint32(1500), byName["wt0"].GetMtu())
+	assert.Equal(t, []string{"169.254.77.1"}, byName["kup-dcc4266d"].GetAddresses())
+	assert.Equal(t, uint32(1370), byName["kup-dcc4266d"].GetMtu())
+
+	tn.exec(t, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+	st, err = tn.dp.NodeState("enp1s0")
+	require.NoError(t, err)
+	assert.True(t, st.GetIpForward())
+	assert.Equal(t, "enp1s0", st.GetUnderlayInterface(), "a named underlay is reported as named")
+
+	stats, err := tn.dp.LinkStats()
+	require.NoError(t, err)
+	require.Len(t, stats, 1)
+	assert.Equal(t, "kup-dcc4266d", stats[0].GetName())
+}
+
+// TestPrivilegedEntryErrors applies a program with one bad entry of each kind: the good
+// entries land, each bad one is reported by id.
+func TestPrivilegedEntryErrors(t *testing.T) {
+	privileged(t)
+	p := proto.Clone(goldenPrograms(t)["remote-worker-b"]).(*kuportv1.NodeProgram)
+	p.DnatRules = append(p.DnatRules, &kuportv1.DnatRule{Id: "bad/dnat", InInterface: "enp1s0", Protocol: kuportv1.Protocol_PROTOCOL_TCP,
+		Ports: &kuportv1.PortRange{First: 1, Last: 1}, ToAddress: "not-an-ip", ToPort: 1})
+	p.Links = append(p.Links, &kuportv1.Link{Name: "kup-bad", Vni: 4242, Port: 4790, LocalUnderlay: "100.64.93.150",
+		RemoteUnderlay: "100.64.93.9", LocalAddress: "169.254.77.3", Mtu: 1370}) // same VNI and port: the kernel refuses
+	p.ReturnPaths = append(p.ReturnPaths, &kuportv1.ReturnPath{Id: "bad/return", Link: "kup-dcc4266d", Mark: 7, Table: 254,
+		PeerUnderlay: "100.64.93.143", PeerLinkAddress: "169.254.77.0"})
+	tn := newTestNS(t, "100.64.93.150")
+	err := tn.dp.Apply(p)
+	require.Error(t, err)
+	ids := map[string]string{}
+	for _, e := range EntryErrors(err) {
+		ids[e.GetId()] = e.GetMessage()
+	}
+	assert.Len(t, ids, 3, "%v", ids)
+	assert.Contains(t, ids["bad/dnat"], "dnat bad/dnat: to_address")
+	assert.Contains(t, ids["kup-bad"], "link kup-bad: add vxlan device")
+	assert.Contains(t, ids["bad/return"], "not a kuport table")
+	assert.Equal(t, Render(goldenPrograms(t)["remote-worker-b"]), tn.nftList(t), "the valid rules are all in")
+	tn.checkKernel(t, goldenPrograms(t)["remote-worker-b"])
+}

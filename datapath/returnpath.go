@@ -1,0 +1,221 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// The ip rule band kuport owns (founding document, return path): 101 keeps the
+// encapsulated packet, which the vxlan driver gives the inner packet's mark, in main so it
+// is not routed back into the link (one tx_error per reply otherwise); 102 sends marked
+// replies to the link's table. The band must be consulted before netbird's 105 (resolve
+// from main) and 110 (its catch-all), where a reply would already have left, and after
+// the local table's 100.
+const (
+	prefLoopGuard = 101
+	prefDivert    = 102
+)
+
+// minTable is the first routing table kuport may own; 253-255 (default, main, local) are
+// never kuport's.
+const minTable = 201
+
+func ownedTable(t int) bool {
+	return t >= minTable && t != unix.RT_TABLE_DEFAULT && t != unix.RT_TABLE_MAIN && t != unix.RT_TABLE_LOCAL
+}
+
+// wantReturn is a validated ReturnPath entry.
+type wantReturn struct {
+	id    string
+	link  string
+	mark  uint32
+	table int
+	peer  net.IP
+	gw    net.IP
+}
+
+func compileReturn(rp *kuportv1.ReturnPath) (*wantReturn, error) {
+	w := &wantReturn{id: rp.GetId(), link: rp.GetLink(), mark: rp.GetMark(), table: int(rp.GetTable())}
+	if err := checkIfname(w.link); err != nil {
+		return nil, err
+	}
+	if w.mark == 0 {
+		return nil, fmt.Errorf("mark is 0")
+	}
+	if !ownedTable(w.table) {
+		return nil, fmt.Errorf("table %d is not a kuport table (from %d, not 253-255)", w.table, minTable)
+	}
+	peer, err := ipv4("peer_underlay", rp.GetPeerUnderlay())
+	if err != nil {
+		return nil, err
+	}
+	gw, err := ipv4("peer_link_address", rp.GetPeerLinkAddress())
+	if err != nil {
+		return nil, err
+	}
+	w.peer, w.gw = net.IP(peer.AsSlice()), net.IP(gw.AsSlice())
+	return w, nil
+}
+
+// rules are the return path's two ip rules (founding document, pref 101/102).
+func (w *wantReturn) rules() []*netlink.Rule {
+	mask := uint32(0xffffffff)
+	guard := netlink.NewRule()
+	guard.Priority, guard.Mark, guard.Mask, guard.Table = prefLoopGuard, w.mark, &mask, unix.RT_TABLE_MAIN
+	guard.Dst = &net.IPNet{IP: w.peer, Mask: net.CIDRMask(32, 32)}
+	divert := netlink.NewRule()
+	divert.Priority, divert.Mark, divert.Mask, divert.Table = prefDivert, w.mark, &mask, w.table
+	return []*netlink.Rule{guard, divert}
+}
+
+// ruleKey identifies an ip rule by every selector and action kuport's rules could differ
+// in; a kernel rule in the band with any other key is not wanted.
+func ruleKey(r *netlink.Rule) string {
+	mask := "none"
+	if r.Mask != nil {
+		mask = fmt.Sprintf("%#x", *r.Mask)
+	}
+	return fmt.Sprintf("pref %d fwmark %#x/%s from %v to %v iif %q oif %q not %t goto %d proto %d sport %v dport %v tos %d suppress %d/%d uid %v lookup %d",
+		r.Priority, r.Mark, mask, r.Src, r.Dst, r.IifName, r.OifName, r.Invert, r.Goto, r.IPProto,
+		r.Sport, r.Dport, r.Tos, r.SuppressPrefixlen, r.SuppressIfgroup, r.UIDRange, r.Table)
+}
+
+// routeKey identifies a route in one of kuport's tables.
+func routeKey(r *netlink.Route) string {
+	return fmt.Sprintf("%v via %v dev %d src %v metric %d type %d multipath %d", r.Dst, r.Gw, r.LinkIndex, r.Src, r.Priority, r.Type, len(r.MultiPath))
+}
+
+// syncReturnPaths makes the rules at prefs 101/102 and the routes of kuport's tables
+// (those the program names and those the band's rules point at) hold exactly the
+// program's return paths: stale rules go first, then each table's routes are corrected,
+// then missing rules are added, so a rule never points at an empty table it could fall
+// through.
+func (d *Datapath) syncReturnPaths(want []*wantReturn, changes *int) []error {
+	var errs []error
+	kernelRules, err := d.nl.RuleList(netlink.FAMILY_V4)
+	if err != nil {
+		return []error{fmt.Errorf("list ip rules: %w", err)}
+	}
+	type owned struct {
+		rule *netlink.Rule
+		w    *wantReturn
+	}
+	wantRules := map[string]owned{}
+	tables := map[int]bool{}
+	for _, w := range want {
+		tables[w.table] = true
+		for _, r := range w.rules() {
+			wantRules[ruleKey(r)] = owned{r, w}
+		}
+	}
+	present := map[string]bool{}
+	for i := range kernelRules {
+		kr := &kernelRules[i]
+		if kr.Priority != prefLoopGuard && kr.Priority != prefDivert {
+			continue
+		}
+		if ownedTable(kr.Table) {
+			tables[kr.Table] = true
+		}
+		key := ruleKey(kr)
+		if _, ok := wantRules[key]; ok && !present[key] {
+			present[key] = true
+			continue
+		}
+		d.log.Trace("delete ip rule", "rule", key)
+		if err := d.nl.RuleDel(kr); err != nil && !isNotFound(err) {
+			errs = append(errs, &EntryError{Kind: "ip rule", ID: key, Err: err})
+			continue
+		}
+		*changes++
+	}
+	byTable := map[int]*wantReturn{}
+	for _, w := range want {
+		byTable[w.table] = w
+	}
+	failed := map[*wantReturn]bool{}
+	for _, t := range sortedKeys(tables) {
+		if err := d.syncRouteTable(t, byTable[t], changes); err != nil {
+			if w := byTable[t]; w != nil {
+				failed[w] = true
+				errs = append(errs, &EntryError{Kind: "return path", ID: w.id, Err: err})
+			} else {
+				errs = append(errs, fmt.Errorf("table %d: %w", t, err))
+			}
+		}
+	}
+	for _, key := range sortedKeys(wantRules) {
+		o := wantRules[key]
+		if present[key] || failed[o.w] {
+			continue
+		}
+		d.log.Trace("add ip rule", "rule", key)
+		if err := d.nl.RuleAdd(o.rule); err != nil {
+			errs = append(errs, &EntryError{Kind: "return path", ID: o.w.id, Err: fmt.Errorf("add ip rule pref %d: %w", o.rule.Priority, err)})
+			continue
+		}
+		*changes++
+	}
+	return errs
+}
+
+// syncRouteTable makes routing table t hold exactly w's default route (nothing when w is
+// nil).
+func (d *Datapath) syncRouteTable(t int, w *wantReturn, changes *int) error {
+	routes, err := d.nl.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: t}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return fmt.Errorf("list routes of table %d: %w", t, err)
+	}
+	var want *netlink.Route
+	if w != nil {
+		l, err := d.nl.LinkByName(w.link)
+		if err != nil {
+			return fmt.Errorf("link %s: %w", w.link, err)
+		}
+		want = &netlink.Route{Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, Gw: w.gw,
+			LinkIndex: l.Attrs().Index, Table: t, Type: unix.RTN_UNICAST}
+	}
+	have := false
+	for i := range routes {
+		r := &routes[i]
+		if want != nil && !have && routeKey(r) == routeKey(want) {
+			have = true
+			continue
+		}
+		d.log.Trace("delete route", "table", t, "route", routeKey(r))
+		if err := d.nl.RouteDel(r); err != nil && !isNotFound(err) {
+			return fmt.Errorf("delete route %s: %w", routeKey(r), err)
+		}
+		*changes++
+	}
+	if want != nil && !have {
+		d.log.Trace("add route", "table", t, "route", routeKey(want))
+		if err := d.nl.RouteAdd(want); err != nil {
+			return fmt.Errorf("add default route via %s dev %s table %d: %w", w.gw, w.link, t, err)
+		}
+		*changes++
+	}
+	return nil
+}
+
+func sortedKeys[K int | string, V any](m map[K]V) []K {
+	keys := make([]K, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// isNotFound reports a delete of something already gone, which is success.
+func isNotFound(err error) bool {
+	var lnf netlink.LinkNotFoundError
+	return errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ESRCH) || errors.Is(err, unix.ENODEV) || errors.As(err, &lnf)
+}

@@ -1,0 +1,93 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+func TestDiffChainKeepsOrderedRun(t *testing.T) {
+	mk := func(ids ...string) []*rule {
+		var rs []*rule
+		for _, id := range ids {
+			rs = append(rs, &rule{id: id, proto: protoTCP, dport: portRange{1, 1}, action: actionSNATSaddr})
+		}
+		return rs
+	}
+	have := func(ids ...string) []kernelRule {
+		var ks []kernelRule
+		for i, r := range mk(ids...) {
+			ks = append(ks, kernelRule{handle: uint64(10 + i), line: r.String(), r: r})
+		}
+		return ks
+	}
+	cases := []struct {
+		name string
+		have []kernelRule
+		want []*rule
+		dels []uint64
+		adds []string // "id<handle" inserted before handle, "id<0" appended
+	}{
+		{"same", have("a", "b", "c"), mk("a", "b", "c"), nil, nil},
+		{"insert in the middle", have("a", "c"), mk("a", "b", "c"), nil, []string{"b<11"}},
+		{"append", have("a"), mk("a", "b", "c"), nil, []string{"b<0", "c<0"}},
+		{"delete", have("a", "b", "c"), mk("a", "c"), []uint64{11}, nil},
+		{"move", have("a", "b", "c"), mk("c", "a", "b"), []uint64{12}, []string{"c<10"}},
+		{"foreign rule", append(have("a"), kernelRule{handle: 99, line: "# foreign"}), mk("a"), []uint64{99}, nil},
+		{"duplicate", have("a", "a"), mk("a"), []uint64{11}, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dels, adds := diffChain(c.have, c.want)
+			assert.Equal(t, c.dels, dels)
+			var got []string
+			for _, a := range adds {
+				got = append(got, fmt.Sprintf("%s<%d", a.r.id, a.before))
+			}
+			assert.Equal(t, c.adds, got)
+		})
+	}
+}
+
+func TestCompileRejectsInvalidEntries(t *testing.T) {
+	tcp := kuportv1.Protocol_PROTOCOL_TCP
+	one := &kuportv1.PortRange{First: 3000, Last: 3000}
+	p := &kuportv1.NodeProgram{
+		DnatRules: []*kuportv1.DnatRule{
+			{Id: "ok", InInterface: "enp1s0", Protocol: tcp, Ports: one, ToAddress: "10.0.0.1", ToPort: 3000},
+			{Id: "ok", InInterface: "enp1s0", Protocol: tcp, Ports: one, ToAddress: "10.0.0.1", ToPort: 3000},
+			{Id: "v6", InInterface: "enp1s0", Protocol: tcp, Ports: one, ToAddress: "::1", ToPort: 3000},
+			{Id: "proto", InInterface: "enp1s0", Ports: one, ToAddress: "10.0.0.1", ToPort: 3000},
+			{Id: "overflow", InInterface: "enp1s0", Protocol: tcp, Ports: &kuportv1.PortRange{First: 10, Last: 20}, ToAddress: "10.0.0.1", ToPort: 65530},
+			{Id: "ifname", InInterface: "a-name-longer-than-15", Protocol: tcp, Ports: one, ToAddress: "10.0.0.1", ToPort: 3000},
+			{Id: "quote\"", InInterface: "enp1s0", Protocol: tcp, Ports: one, ToAddress: "10.0.0.1", ToPort: 3000},
+		},
+		SnatRules: []*kuportv1.SnatRule{{Id: "kind", OutInterface: "cilium_host", Address: "10.0.0.1", Protocol: tcp, Ports: one}},
+		MarkRules: []*kuportv1.MarkRule{{Id: "mark0", Address: "10.0.0.1", Protocol: tcp, Ports: one}},
+	}
+	rules, errs := compileRules(p)
+	require.Len(t, rules, 1)
+	assert.Equal(t, "ok", rules[0].id)
+	got := EntryErrors(errors.Join(errs...))
+	var ids []string
+	for _, e := range got {
+		ids = append(ids, e.GetId())
+	}
+	assert.Equal(t, []string{"ok", "v6", "proto", "overflow", "ifname", "quote\"", "kind", "mark0"}, ids)
+	assert.Contains(t, got[0].GetMessage(), "dnat ok: id used by another rule")
+	assert.NotContains(t, Render(p), "v6", "invalid entries are not rendered")
+}
+
+func TestEntryErrorsOfNonEntryFailure(t *testing.T) {
+	assert.Nil(t, EntryErrors(nil))
+	got := EntryErrors(errors.Join(errors.New("list nftables tables: boom"), &EntryError{Kind: "link", ID: "kup-1", Err: errors.New("x")}))
+	require.Len(t, got, 2)
+	assert.Equal(t, "", got[0].GetId())
+	assert.Equal(t, "kup-1", got[1].GetId())
+	assert.Equal(t, "link kup-1: x", got[1].GetMessage())
+}

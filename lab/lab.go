@@ -1,0 +1,278 @@
+// Package lab runs the whole of kuport on one machine with no cluster (DESIGN.md, "The
+// lab"): a real etcd and kube-apiserver on loopback (lab/cluster), network namespaces for a
+// client, the accepting node edge-a, the worker worker-b and pods, with the mesh and CNI
+// emulations (lab/netlab), the controller in the root namespace and one agent per node
+// namespace reaching it over a unix socket. Node, Pod, Service and EndpointSlice objects are
+// written by hand, as kwok does, since no kubelet or controller-manager runs.
+//
+// `make demo`, `make lab-up` and the end-to-end tests all start the lab through Up.
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/hashicorp/go-hclog"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"kuport.wlz.li/kuport/lab/cluster"
+	"kuport.wlz.li/kuport/lab/netlab"
+)
+
+const (
+	// ControllerSocket is the controller's unix socket inside the lab dir: a filesystem path
+	// crosses network namespaces, so the agents in node namespaces reach it.
+	ControllerSocket = "controller.sock"
+	// ControllerAddr is the controller's loopback listener for grpcurl.
+	ControllerAddr = "127.0.0.1:7443"
+)
+
+// Options says where the lab keeps its state and finds its binaries.
+type Options struct {
+	// Dir is the lab's state dir (DefaultDir for `make lab-up`): kubeconfig, the controller
+	// socket, certificates, etcd data and every process's log.
+	Dir string
+	// K8sBin holds etcd, kube-apiserver and kubectl (output of lab/build-binaries.sh).
+	K8sBin string
+	// Bin holds kuport-controller, kuport-agent and kuport-lab (`make build`).
+	Bin string
+	// CRDDir holds the CRD YAMLs to install (deploy/crds).
+	CRDDir string
+	// Log receives progress; nil discards.
+	Log hclog.Logger
+}
+
+// Lab is a running lab.
+type Lab struct {
+	opt     Options
+	log     hclog.Logger
+	Cluster *cluster.Cluster
+	Net     *netlab.Net
+	Kube    kubernetes.Interface
+	Dyn     dynamic.Interface
+
+	mu         sync.Mutex
+	controller *netlab.Proc
+	agents     map[string]*netlab.Proc
+	closeOnce  sync.Once
+	closeErr   error
+}
+
+// Up starts everything and returns once the controller and every agent run. On error
+// whatever it started is torn down again.
+func Up(ctx context.Context, opt Options) (*Lab, error) {
+	if opt.Log == nil {
+		opt.Log = hclog.NewNullLogger()
+	}
+	for _, p := range []*string{&opt.Dir, &opt.K8sBin, &opt.Bin, &opt.CRDDir} {
+		if *p == "" {
+			return nil, errors.New("lab: Dir, K8sBin, Bin and CRDDir are required")
+		}
+		abs, err := filepath.Abs(*p)
+		if err != nil {
+			return nil, fmt.Errorf("lab: %w", err)
+		}
+		*p = abs
+	}
+	l := &Lab{opt: opt, log: opt.Log, agents: map[string]*netlab.Proc{}}
+	if err := l.up(ctx); err != nil {
+		return nil, errors.Join(err, l.Close())
+	}
+	return l, nil
+}
+
+func (l *Lab) up(ctx context.Context) error {
+	if err := os.MkdirAll(l.logDir(), 0o755); err != nil {
+		return fmt.Errorf("lab: %w", err)
+	}
+	// Leftovers of a crashed run: stop its processes before reusing the dir.
+	if err := cluster.StopDir(l.opt.Dir); err != nil {
+		return fmt.Errorf("lab: stop leftovers: %w", err)
+	}
+	var err error
+	l.log.Info("building the lab network")
+	l.Net, err = netlab.Build(ctx, netlab.Config{
+		Log: l.log.Named("net"), Dir: l.logDir(), ToolBin: filepath.Join(l.opt.Bin, "kuport-lab"),
+	})
+	if err != nil {
+		return err
+	}
+	l.log.Info("proving the mesh and CNI emulations bite")
+	if err := l.Net.SelfCheck(ctx); err != nil {
+		return fmt.Errorf("lab self-check: %w", err)
+	}
+	l.log.Info("starting etcd and kube-apiserver")
+	l.Cluster, err = cluster.Start(ctx, cluster.Config{
+		Dir: l.opt.Dir, BinDir: l.opt.K8sBin, CRDDir: l.opt.CRDDir, Log: l.log.Named("cluster"),
+	})
+	if err != nil {
+		return err
+	}
+	if l.Kube, err = kubernetes.NewForConfig(l.Cluster.RESTConfig()); err != nil {
+		return fmt.Errorf("lab: %w", err)
+	}
+	if l.Dyn, err = dynamic.NewForConfig(l.Cluster.RESTConfig()); err != nil {
+		return fmt.Errorf("lab: %w", err)
+	}
+	for _, n := range l.Net.Nodes() {
+		if err := l.createNode(ctx, n); err != nil {
+			return err
+		}
+	}
+	if err := l.StartController(); err != nil {
+		return err
+	}
+	for _, n := range l.Net.Nodes() {
+		if err := l.StartAgent(n.Name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (l *Lab) logDir() string { return filepath.Join(l.opt.Dir, "logs") }
+
+// Kubeconfig is the admin kubeconfig's path.
+func (l *Lab) Kubeconfig() string { return l.Cluster.Kubeconfig() }
+
+// createNode writes the Node object for a lab node, Ready, with its mesh address as
+// InternalIP, as a kubelet would.
+func (l *Lab) createNode(ctx context.Context, n netlab.NodeSpec) error {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: map[string]string{"kubernetes.io/hostname": n.Name}}}
+	created, err := l.Kube.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("lab: node %s: %w", n.Name, err)
+	}
+	created.Status = corev1.NodeStatus{
+		Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: metav1.Now()}},
+		Addresses:  []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: n.UnderlayAddr.Addr().String()}},
+	}
+	if _, err := l.Kube.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("lab: node %s status: %w", n.Name, err)
+	}
+	return nil
+}
+
+// StartController starts kuport-controller in the root namespace, listening on the unix
+// socket and on ControllerAddr.
+func (l *Lab) StartController() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.controller != nil {
+		return errors.New("lab: controller already running")
+	}
+	p, err := l.Net.Start("", filepath.Join(l.logDir(), "controller.log"),
+		filepath.Join(l.opt.Bin, "kuport-controller"),
+		"--kubeconfig", l.Cluster.Kubeconfig(),
+		"--grpc-listen", "unix://"+filepath.Join(l.opt.Dir, ControllerSocket),
+		"--grpc-listen", ControllerAddr,
+		"--log-level", "debug")
+	if err != nil {
+		return err
+	}
+	l.controller = p
+	return nil
+}
+
+// StopController stops the controller (SIGTERM); kill sends SIGKILL instead.
+func (l *Lab) StopController(kill bool) error {
+	l.mu.Lock()
+	p := l.controller
+	l.controller = nil
+	l.mu.Unlock()
+	return stop(p, kill)
+}
+
+// StartAgent starts kuport-agent inside the node's namespace, as DESIGN.md pins it.
+func (l *Lab) StartAgent(node string) error {
+	spec, ok := l.Net.Node(node)
+	if !ok {
+		return fmt.Errorf("lab: no node %s", node)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.agents[node] != nil {
+		return fmt.Errorf("lab: agent on %s already running", node)
+	}
+	p, err := l.Net.Start(node, filepath.Join(l.logDir(), "agent-"+node+".log"),
+		filepath.Join(l.opt.Bin, "kuport-agent"),
+		"--node-name", node,
+		"--underlay-interface", spec.UnderlayIface,
+		"--controller", "unix://"+filepath.Join(l.opt.Dir, ControllerSocket),
+		"--report-interval", "2s",
+		"--log-level", "debug")
+	if err != nil {
+		return err
+	}
+	l.agents[node] = p
+	return nil
+}
+
+// StopAgent stops the node's agent (SIGTERM: it leaves its kernel state in place); kill
+// sends SIGKILL instead.
+func (l *Lab) StopAgent(node string, kill bool) error {
+	l.mu.Lock()
+	p := l.agents[node]
+	delete(l.agents, node)
+	l.mu.Unlock()
+	return stop(p, kill)
+}
+
+func stop(p *netlab.Proc, kill bool) error {
+	if p == nil {
+		return nil
+	}
+	if kill {
+		p.Kill()
+		return nil
+	}
+	return p.Stop()
+}
+
+// NftTable returns `nft list table ip kuport` on a node, or "" when the table is absent.
+func (l *Lab) NftTable(ctx context.Context, node string) (string, error) {
+	out, err := l.Net.Exec(ctx, node, "nft", "list", "table", "ip", "kuport")
+	if err != nil {
+		if strings.Contains(err.Error(), "No such file or directory") {
+			return "", nil
+		}
+		return "", err
+	}
+	return out, nil
+}
+
+// Close stops the agents, the controller, the API server and removes every namespace.
+// Idempotent; kernel state inside the lab's namespaces goes with them.
+func (l *Lab) Close() error {
+	l.closeOnce.Do(func() {
+		var errs []error
+		l.mu.Lock()
+		agents := l.agents
+		l.agents = map[string]*netlab.Proc{}
+		l.mu.Unlock()
+		for _, p := range agents {
+			errs = append(errs, stop(p, false))
+		}
+		errs = append(errs, l.StopController(false))
+		if l.Cluster != nil {
+			errs = append(errs, l.Cluster.Stop())
+		}
+		if l.Net != nil {
+			errs = append(errs, l.Net.Close())
+		}
+		l.closeErr = errors.Join(errs...)
+	})
+	return l.closeErr
+}
