@@ -1,0 +1,214 @@
+package compile
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"kuport.wlz.li/kuport/api/v1alpha1"
+)
+
+// Defaults of a PortMapClass (API.md), applied here too so an object that skipped the CRD's
+// defaulting compiles the same.
+const (
+	defaultPortMin     = 1
+	defaultPortMax     = 65535
+	defaultVNI         = 4242
+	defaultVxlanPort   = 4790
+	defaultSubnet      = "169.254.77.0/24"
+	maxVNI             = 1<<24 - 1
+	ciliumVxlanPort    = 8472 // the CNI's own vxlan port (founding document, the link)
+	vxlanOverheadBytes = 50   // outer IPv4 + UDP + VXLAN + inner Ethernet
+)
+
+// classInfo is a PortMapClass with its defaults applied and its accepting nodes resolved.
+type classInfo struct {
+	name string
+	obj  *v1alpha1.PortMapClass
+	// accepting nodes: spec.nodes names that have a Node object, sorted.
+	accepting []string
+	// ifaces are the class's interfaces per accepting node, sorted and deduplicated.
+	ifaces           map[string][]string
+	portMin, portMax int32
+	mode             v1alpha1.ReturnPathMode
+	vni, port        uint32
+	subnetText       string
+	subnet           netip.Prefix // valid only when the class builds links
+	// refusal is the Ready=False reason decided before allocation ("" when none): the class
+	// then builds no links.
+	refusal, refusalMsg string
+	// exhausted lists the pairs that found no free slot in this compilation.
+	exhausted []string
+	// claims are the class's link slot claims by pair key "<a>/<b>".
+	claims map[string]*claim
+}
+
+func newClassInfo(name string, obj *v1alpha1.PortMapClass, nodes map[string]*nodeView) *classInfo {
+	spec := obj.Spec
+	ci := &classInfo{
+		name:       name,
+		obj:        obj,
+		ifaces:     map[string][]string{},
+		portMin:    max(cmp.Or(spec.Ports.Min, defaultPortMin), 1),
+		portMax:    min(cmp.Or(spec.Ports.Max, defaultPortMax), 65535),
+		mode:       cmp.Or(spec.ReturnPath.Mode, v1alpha1.ReturnPathVxlan),
+		vni:        uint32(max(cmp.Or(spec.ReturnPath.Vxlan.VNI, defaultVNI), 0)),
+		port:       uint32(max(cmp.Or(spec.ReturnPath.Vxlan.Port, defaultVxlanPort), 0)),
+		subnetText: cmp.Or(spec.ReturnPath.Vxlan.Subnet, defaultSubnet),
+		claims:     map[string]*claim{},
+	}
+	for n, cn := range spec.Nodes {
+		if v, ok := nodes[n]; !ok || !v.exists {
+			continue
+		}
+		ci.accepting = append(ci.accepting, n)
+		ifs := slices.Clone(cn.Interfaces)
+		slices.Sort(ifs)
+		ci.ifaces[n] = slices.Compact(ifs)
+	}
+	slices.Sort(ci.accepting)
+	return ci
+}
+
+func (ci *classInfo) accepts(node string) bool {
+	_, ok := ci.ifaces[node]
+	return ok
+}
+
+// buildsLinks reports whether the class may build links now: returnPath Vxlan and not refused.
+func (ci *classInfo) buildsLinks() bool {
+	return ci.mode == v1alpha1.ReturnPathVxlan && ci.refusal == ""
+}
+
+// programmingNodes are the nodes that hold the mapping's DNAT rules (founding document,
+// decision flowchart): the serving node under Single. Multi, which programs every accepting
+// node, is compiled as Single for now.
+func (ci *classInfo) programmingNodes(serving string) []string { return []string{serving} }
+
+// validateClasses decides, oldest class first, which Vxlan classes are refused before any
+// allocation: the CNI's vxlan port, an invalid subnet, or a subnet or base VNI (on the same
+// port) that collides with an older, valid Vxlan class sharing an accepting node (API.md).
+func (c *compiler) validateClasses() {
+	for i, ci := range c.classOrder {
+		if ci.mode != v1alpha1.ReturnPathVxlan {
+			continue
+		}
+		if ci.port == ciliumVxlanPort {
+			ci.refusal = v1alpha1.ReasonVxlanPortConflict
+			ci.refusalMsg = fmt.Sprintf("vxlan port %d is the CNI's (Cilium)", ciliumVxlanPort)
+			continue
+		}
+		p, err := netip.ParsePrefix(ci.subnetText)
+		if err != nil || !p.Addr().Is4() || p.Bits() > 31 {
+			ci.refusal = v1alpha1.ReasonInvalidSubnet
+			ci.refusalMsg = fmt.Sprintf("subnet %q is not an IPv4 CIDR with a prefix of at most 31 bits", ci.subnetText)
+			continue
+		}
+		ci.subnet = p.Masked()
+		for _, older := range c.classOrder[:i] {
+			if !older.buildsLinks() {
+				continue
+			}
+			shared := sharedAcceptingNode(ci, older)
+			if shared == "" {
+				continue
+			}
+			if ci.subnet.Overlaps(older.subnet) {
+				ci.refusal = v1alpha1.ReasonSubnetOverlap
+				ci.refusalMsg = fmt.Sprintf("subnet %s overlaps subnet %s of class %q, which shares node %s",
+					ci.subnet, older.subnet, older.name, shared)
+				break
+			}
+			if ci.port == older.port && ci.vni == older.vni {
+				ci.refusal = v1alpha1.ReasonVxlanPortConflict
+				ci.refusalMsg = fmt.Sprintf("vxlan port %d with base VNI %d is used by class %q, which shares node %s",
+					ci.port, ci.vni, older.name, shared)
+				break
+			}
+		}
+	}
+}
+
+// sharedAcceptingNode returns the first accepting node two classes share, or "".
+func sharedAcceptingNode(a, b *classInfo) string {
+	for _, n := range a.accepting {
+		if b.accepts(n) {
+			return n
+		}
+	}
+	return ""
+}
+
+// classStatus is the status to write for a class: its Ready condition, one row per accepting
+// node and its surviving link claims.
+func (c *compiler) classStatus(ci *classInfo) *v1alpha1.PortMapClassStatus {
+	reason, msg := v1alpha1.ReasonValid, ""
+	switch {
+	case ci.refusal != "":
+		reason, msg = ci.refusal, ci.refusalMsg
+	case len(ci.exhausted) > 0:
+		reason = v1alpha1.ReasonSubnetExhausted
+		msg = fmt.Sprintf("subnet %s has no free /31 for %s", ci.subnet, strings.Join(ci.exhausted, ", "))
+	}
+	st := &v1alpha1.PortMapClassStatus{
+		ObservedGeneration: ci.obj.Generation,
+		Conditions: []metav1.Condition{c.condition(ci.obj.Status.Conditions, v1alpha1.ClassConditionReady,
+			reason == v1alpha1.ReasonValid, reason, msg, ci.obj.Generation)},
+	}
+	for _, n := range ci.accepting {
+		st.Nodes = append(st.Nodes, c.nodeRow(ci, n))
+	}
+	for _, cl := range sortedValues(ci.claims, func(a, b *claim) int { return cmp.Compare(a.key(), b.key()) }) {
+		st.Links = append(st.Links, cl.status())
+	}
+	return st
+}
+
+// nodeRow reports whether every interface the class gives a node resolves to an IPv4 address
+// there, with the underlay and link MTU (API.md, class status).
+func (c *compiler) nodeRow(ci *classInfo, name string) v1alpha1.ClassNodeStatus {
+	v := c.node(name)
+	row := v1alpha1.ClassNodeStatus{Name: name}
+	if v.state == nil {
+		row.Message = "no agent has connected"
+		return row
+	}
+	var problems []string
+	for _, ifn := range ci.ifaces[name] {
+		switch a := v.address(ifn); {
+		case v.iface(ifn) == nil:
+			problems = append(problems, fmt.Sprintf("interface %s not present", ifn))
+		case a == "":
+			problems = append(problems, fmt.Sprintf("interface %s has no IPv4 address", ifn))
+		default:
+			if row.Addresses == nil {
+				row.Addresses = map[string]string{}
+			}
+			row.Addresses[ifn] = a
+		}
+	}
+	if !v.state.GetIpForward() {
+		problems = append(problems, "net.ipv4.ip_forward is 0")
+	}
+	if _, mtu := v.underlay(); mtu > 0 {
+		row.UnderlayMTU = int32(min(mtu, 1<<31-1))
+		row.LinkMTU = int32(linkMTU(mtu, mtu))
+	}
+	row.Ready = len(problems) == 0
+	row.Message = strings.Join(problems, ", ")
+	return row
+}
+
+// linkMTU is the MTU of a link between ends with these underlay MTUs: the smaller less the
+// vxlan encapsulation (DESIGN.md, MTU), 0 (the kernel's default) when unknown.
+func linkMTU(a, b uint32) uint32 {
+	m := min(a, b)
+	if m <= vxlanOverheadBytes {
+		return 0
+	}
+	return m - vxlanOverheadBytes
+}

@@ -1,0 +1,162 @@
+package compile
+
+import (
+	"cmp"
+	"slices"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"kuport.wlz.li/kuport/api/v1alpha1"
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// The CNI's devices (DESIGN.md: Cilium, emulated by the lab). The identity SNAT of a request
+// to a local pod leaves by the host device; the reply exemption negates the device prefix,
+// which the renderer completes with "*".
+const (
+	cniHostDevice   = "cilium_host"
+	cniDevicePrefix = "cilium_"
+)
+
+// Compile turns a snapshot into one program per node and the status of every PortMap and
+// PortMapClass. It is pure and deterministic: it reads only s (never mutates it), uses s.Now
+// as its only time, and returns every slice sorted, so the same snapshot always yields an
+// identical result. A nil snapshot yields an empty result.
+//
+// Decisions follow API.md and DESIGN.md "Decisions the controller owns": acceptance in the
+// API's reason order, the endpoint choice, the serving node, per-node interfaces, the return
+// path of the founding document's decision flowchart and refusal table, link slots, per-node
+// tables and marks, and link MTU. servingMode Multi is compiled as Single for now.
+func Compile(s *Snapshot) *Result {
+	if s == nil {
+		s = &Snapshot{}
+	}
+	c := newCompiler(s)
+	c.validateClasses()
+	c.loadClaims()
+	for _, pm := range c.sortedPortMaps() {
+		c.plan(pm)
+	}
+	c.allocate()
+	for _, p := range c.plans {
+		c.emit(p)
+	}
+	return c.result()
+}
+
+// compiler holds one compilation's working state.
+type compiler struct {
+	s *Snapshot
+	// stamp is s.Now at the API's one-second precision, so a time compile writes reads back
+	// unchanged.
+	stamp metav1.Time
+	nodes map[string]*nodeView
+	// classes by name and in age order (creationTimestamp, then name): the older class wins
+	// a subnet or VNI dispute.
+	classes    map[string]*classInfo
+	classOrder []*classInfo
+	// plans in age order (creationTimestamp, then namespace/name): the older mapping holds a
+	// contested port.
+	plans []*plan
+	// tables in use per node across every class's claims.
+	tables map[string]map[int32]bool
+	// held: the port ranges accepted mappings hold per (node, interface, protocol).
+	held     map[hold][]holding
+	programs map[string]*programBuilder
+}
+
+func newCompiler(s *Snapshot) *compiler {
+	c := &compiler{
+		s:        s,
+		stamp:    metav1.NewTime(s.Now.Truncate(time.Second)),
+		nodes:    map[string]*nodeView{},
+		classes:  map[string]*classInfo{},
+		tables:   map[string]map[int32]bool{},
+		held:     map[hold][]holding{},
+		programs: map[string]*programBuilder{},
+	}
+	for name, n := range s.Nodes {
+		if n != nil {
+			c.nodes[name] = &nodeView{name: name, exists: true}
+			c.programs[name] = newProgramBuilder(name)
+		}
+	}
+	for name, a := range s.Agents {
+		if a == nil || a.State == nil {
+			continue
+		}
+		v := c.node(name)
+		v.state = a.State
+		c.nodes[name] = v
+	}
+	for name, cl := range s.Classes {
+		if cl != nil {
+			c.classes[name] = newClassInfo(name, cl, c.nodes)
+		}
+	}
+	c.classOrder = sortedValues(c.classes, func(a, b *classInfo) int {
+		return cmp.Or(compareTime(a.obj.CreationTimestamp, b.obj.CreationTimestamp), cmp.Compare(a.name, b.name))
+	})
+	return c
+}
+
+// node returns what is known of a node; an unknown name yields a view with no Node object
+// and no agent state.
+func (c *compiler) node(name string) *nodeView {
+	if v, ok := c.nodes[name]; ok {
+		return v
+	}
+	return &nodeView{name: name}
+}
+
+func (c *compiler) sortedPortMaps() []*v1alpha1.PortMap {
+	pms := make([]*v1alpha1.PortMap, 0, len(c.s.PortMaps))
+	seen := map[types.NamespacedName]bool{}
+	for _, pm := range c.s.PortMaps {
+		if pm == nil {
+			continue
+		}
+		k := types.NamespacedName{Namespace: pm.Namespace, Name: pm.Name}
+		if !seen[k] {
+			seen[k] = true
+			pms = append(pms, pm)
+		}
+	}
+	slices.SortFunc(pms, func(a, b *v1alpha1.PortMap) int {
+		return cmp.Or(compareTime(a.CreationTimestamp, b.CreationTimestamp),
+			cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
+	return pms
+}
+
+func (c *compiler) result() *Result {
+	r := &Result{
+		Programs: map[string]*kuportv1.NodeProgram{},
+		PortMaps: map[types.NamespacedName]*PortMapResult{},
+		Classes:  map[string]*v1alpha1.PortMapClassStatus{},
+	}
+	for name, b := range c.programs {
+		r.Programs[name] = b.program()
+	}
+	for _, p := range c.plans {
+		r.PortMaps[types.NamespacedName{Namespace: p.pm.Namespace, Name: p.pm.Name}] = c.portMapResult(p)
+	}
+	for _, ci := range c.classOrder {
+		r.Classes[ci.name] = c.classStatus(ci)
+	}
+	return r
+}
+
+func compareTime(a, b metav1.Time) int { return a.Compare(b.Time) }
+
+// sortedValues returns a map's values ordered by cmpFn.
+func sortedValues[K comparable, V any](m map[K]V, cmpFn func(a, b V) int) []V {
+	out := make([]V, 0, len(m))
+	for _, v := range m {
+		out = append(out, v)
+	}
+	slices.SortFunc(out, cmpFn)
+	return out
+}

@@ -1,0 +1,95 @@
+package compile
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/testing/protocmp"
+
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.program.json from the compiled programs")
+
+// datapathGolden is where the datapath team keeps its golden programs, built from the same
+// lab; when a file of the same name exists there, the compiled program must equal it.
+const datapathGolden = "../../datapath/testdata"
+
+// TestGoldenPrograms compiles the founding document's two shapes and compares each node's
+// program with testdata/<case>-<node>.program.json (protojson; -update rewrites them). The
+// remote mapping is narrowed to enp1s0, the founding document's sequence diagram, as the
+// datapath team's golden remote program is.
+func TestGoldenPrograms(t *testing.T) {
+	cases := map[string]*Snapshot{
+		"local":  world(mkPortMap("local", 0, 3000)),
+		"remote": world(mkPortMap("remote", 0, 3000, interfaces("enp1s0"))),
+	}
+	nodes := map[string][]string{"local": {"edge-a"}, "remote": {"edge-a", "worker-b"}}
+	for name, s := range cases {
+		r := Compile(s)
+		for _, node := range nodes[name] {
+			file := name + "-" + node + ".program.json"
+			t.Run(file, func(t *testing.T) {
+				got := r.Programs[node]
+				path := filepath.Join("testdata", file)
+				if *update {
+					writeProgram(t, path, got)
+				}
+				if d := cmp.Diff(readProgram(t, path), got, protocmp.Transform()); d != "" {
+					t.Errorf("%s (-golden +compiled):\n%s", path, d)
+				}
+				theirs := filepath.Join(datapathGolden, file)
+				if _, err := os.Stat(theirs); errors.Is(err, fs.ErrNotExist) {
+					t.Skipf("%s does not exist yet", theirs)
+				}
+				// Version and epoch are the program store's, zero in compile's output.
+				ignore := protocmp.IgnoreFields(&kuportv1.NodeProgram{}, "version", "epoch")
+				if d := cmp.Diff(readProgram(t, theirs), got, protocmp.Transform(), ignore); d != "" {
+					t.Errorf("%s (-datapath +compiled):\n%s", theirs, d)
+				}
+			})
+		}
+	}
+}
+
+// writeProgram writes a program as indented protojson; the re-indent removes protojson's
+// deliberately unstable spacing so the file only changes when the program does.
+func writeProgram(t *testing.T, path string, p *kuportv1.NodeProgram) {
+	t.Helper()
+	raw, err := protojson.Marshal(p)
+	if err != nil {
+		t.Fatalf("marshal %s: %v", path, err)
+	}
+	var buf bytes.Buffer
+	if err := json.Indent(&buf, raw, "", "  "); err != nil {
+		t.Fatalf("indent %s: %v", path, err)
+	}
+	buf.WriteByte('\n')
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatalf("mkdir: %v", err)
+	}
+	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+		t.Fatalf("write %s: %v", path, err)
+	}
+}
+
+func readProgram(t *testing.T, path string) *kuportv1.NodeProgram {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("read golden program (run with -update to create it): %v", err)
+	}
+	var p kuportv1.NodeProgram
+	if err := protojson.Unmarshal(raw, &p); err != nil {
+		t.Fatalf("parse %s: %v", path, err)
+	}
+	return &p
+}

@@ -1,0 +1,243 @@
+package compile
+
+import (
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	"kuport.wlz.li/kuport/api/v1alpha1"
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// The lab of DESIGN.md and the founding document: class public accepts on edge-a (enp1s0
+// 203.0.113.9, wt0 100.64.93.143), worker-b holds wt0 100.64.93.150, both underlays MTU 1420;
+// pod local-0 10.244.17.7 on edge-a, pod remote-0 10.244.18.107 on worker-b, TCP 3000.
+var now = time.Date(2026, 9, 8, 12, 0, 0, 0, time.UTC)
+
+const (
+	tcp = kuportv1.Protocol_PROTOCOL_TCP
+	udp = kuportv1.Protocol_PROTOCOL_UDP
+	// Device names, computed independently: printf public/worker-b | sha256sum.
+	linkToWorkerB = "kup-5e30a797" // sha256("public/worker-b")
+	linkToEdgeA   = "kup-dcc4266d" // sha256("public/edge-a")
+	linkToWorkerC = "kup-13ff4a6d" // sha256("public/worker-c")
+	intranetToWB  = "kup-1a1f198d" // sha256("intranet/worker-b")
+	intranetToEA  = "kup-cfd0305c" // sha256("intranet/edge-a")
+)
+
+// world is the lab with the given mappings; services demo/local and demo/remote exist.
+func world(pms ...*v1alpha1.PortMap) *Snapshot {
+	s := &Snapshot{
+		Now:           now,
+		LinkRetention: 24 * time.Hour,
+		Classes: map[string]*v1alpha1.PortMapClass{
+			"public": mkClass("public", 0, map[string][]string{"edge-a": {"enp1s0", "wt0"}}),
+		},
+		PortMaps:       pms,
+		Services:       map[types.NamespacedName]*corev1.Service{},
+		EndpointSlices: map[types.NamespacedName][]*discoveryv1.EndpointSlice{},
+		Namespaces:     map[string]*corev1.Namespace{"demo": {ObjectMeta: metav1.ObjectMeta{Name: "demo"}}},
+		Nodes:          map[string]*corev1.Node{},
+		Agents: map[string]*AgentState{
+			"edge-a":   mkAgent(iface("enp1s0", "203.0.113.9", 1500), iface("wt0", "100.64.93.143", 1420)),
+			"worker-b": mkAgent(iface("wt0", "100.64.93.150", 1420)),
+		},
+	}
+	addNodes(s, "edge-a", "worker-b")
+	addService(s, "local", 3000, mkEndpoint("local-0", "10.244.17.7", "edge-a"))
+	addService(s, "remote", 3000, mkEndpoint("remote-0", "10.244.18.107", "worker-b"))
+	return s
+}
+
+func addNodes(s *Snapshot, names ...string) {
+	for _, n := range names {
+		s.Nodes[n] = &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}
+	}
+}
+
+// addService adds Service demo/<name> with one IPv4 slice whose port "http" is port.
+func addService(s *Snapshot, name string, port int32, eps ...discoveryv1.Endpoint) {
+	k := types.NamespacedName{Namespace: "demo", Name: name}
+	s.Services[k] = &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "demo", Name: name}}
+	s.EndpointSlices[k] = []*discoveryv1.EndpointSlice{mkSlice(discoveryv1.AddressTypeIPv4, port, eps...)}
+}
+
+func mkSlice(family discoveryv1.AddressType, port int32, eps ...discoveryv1.Endpoint) *discoveryv1.EndpointSlice {
+	return &discoveryv1.EndpointSlice{
+		AddressType: family,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("metrics"), Port: ptr.To[int32](9090)}, {Name: ptr.To("http"), Port: ptr.To(port)}},
+		Endpoints:   eps,
+	}
+}
+
+// mkEndpoint is a ready endpoint of a pod.
+func mkEndpoint(pod, ip, node string) discoveryv1.Endpoint {
+	return discoveryv1.Endpoint{
+		Addresses:  []string{ip},
+		Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)},
+		NodeName:   ptr.To(node),
+		TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: "demo", Name: pod},
+	}
+}
+
+// mkClass is a Vxlan class created age minutes after the epoch of the test, with
+// vni 4242, port 4790, subnet 169.254.77.0/24, ports 1024-65535 and 8080 reserved.
+func mkClass(name string, age int, nodes map[string][]string) *v1alpha1.PortMapClass {
+	cl := &v1alpha1.PortMapClass{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Generation: 1, CreationTimestamp: created(age)},
+		Spec: v1alpha1.PortMapClassSpec{
+			ServingMode: v1alpha1.ServingModeSingle,
+			Nodes:       map[string]v1alpha1.ClassNode{},
+			Ports:       v1alpha1.PortPolicy{Min: 1024, Max: 65535, Reserved: []int32{8080}},
+			ReturnPath: v1alpha1.ReturnPath{Mode: v1alpha1.ReturnPathVxlan,
+				Vxlan: v1alpha1.VxlanConfig{VNI: 4242, Port: 4790, Subnet: "169.254.77.0/24"}},
+		},
+	}
+	for n, ifs := range nodes {
+		cl.Spec.Nodes[n] = v1alpha1.ClassNode{Interfaces: ifs}
+	}
+	return cl
+}
+
+func created(age int) metav1.Time {
+	return metav1.NewTime(now.Add(-24*time.Hour + time.Duration(age)*time.Minute))
+}
+
+// mkPortMap is demo/<name> of class public, TCP <port>, serviceRef {<name>, http}, created
+// age minutes after the epoch of the test.
+func mkPortMap(name string, age int, port int32, muts ...func(*v1alpha1.PortMap)) *v1alpha1.PortMap {
+	pm := &v1alpha1.PortMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "demo", Name: name, Generation: 2, CreationTimestamp: created(age)},
+		Spec: v1alpha1.PortMapSpec{ClassName: "public", Protocol: v1alpha1.ProtocolTCP, Port: port,
+			ServiceRef: v1alpha1.ServiceRef{Name: name, Port: "http"}},
+	}
+	for _, m := range muts {
+		m(pm)
+	}
+	return pm
+}
+
+func endPort(p int32) func(*v1alpha1.PortMap) {
+	return func(pm *v1alpha1.PortMap) { pm.Spec.EndPort = ptr.To(p) }
+}
+
+func proto(p v1alpha1.Protocol) func(*v1alpha1.PortMap) {
+	return func(pm *v1alpha1.PortMap) { pm.Spec.Protocol = p }
+}
+
+func interfaces(ifs ...string) func(*v1alpha1.PortMap) {
+	return func(pm *v1alpha1.PortMap) { pm.Spec.Interfaces = ifs }
+}
+
+func className(c string) func(*v1alpha1.PortMap) {
+	return func(pm *v1alpha1.PortMap) { pm.Spec.ClassName = c }
+}
+
+func service(name string) func(*v1alpha1.PortMap) {
+	return func(pm *v1alpha1.PortMap) { pm.Spec.ServiceRef.Name = name }
+}
+
+func currentEndpoint(node, addr string) func(*v1alpha1.PortMap) {
+	return func(pm *v1alpha1.PortMap) { pm.Status.Endpoint = &v1alpha1.EndpointStatus{Node: node, Address: addr} }
+}
+
+// mkAgent is a connected agent with ip_forward on and wt0 as underlay.
+func mkAgent(ifs ...*kuportv1.Interface) *AgentState {
+	return &AgentState{Connected: true, State: &kuportv1.NodeState{Interfaces: ifs, UnderlayInterface: "wt0", IpForward: true}}
+}
+
+func iface(name, addr string, mtu uint32) *kuportv1.Interface {
+	i := &kuportv1.Interface{Name: name, Mtu: mtu}
+	if addr != "" {
+		i.Addresses = []string{addr}
+	}
+	return i
+}
+
+func ports(first, last uint32) *kuportv1.PortRange {
+	return &kuportv1.PortRange{First: first, Last: last}
+}
+
+// The expected programs of the two founding shapes, written out field by field.
+
+func localEdgeA() *kuportv1.NodeProgram {
+	return &kuportv1.NodeProgram{
+		Node: "edge-a",
+		DnatRules: []*kuportv1.DnatRule{
+			{Id: "demo/local/dnat/enp1s0", Mapping: "demo/local", InInterface: "enp1s0", Protocol: tcp,
+				Ports: ports(3000, 3000), ToAddress: "10.244.17.7", ToPort: 3000},
+			{Id: "demo/local/dnat/wt0", Mapping: "demo/local", InInterface: "wt0", Protocol: tcp,
+				Ports: ports(3000, 3000), ToAddress: "10.244.17.7", ToPort: 3000},
+		},
+		SnatRules: []*kuportv1.SnatRule{
+			{Id: "demo/local/snat", Mapping: "demo/local", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
+				OutInterface: "cilium_host", Address: "10.244.17.7", Protocol: tcp, Ports: ports(3000, 3000)},
+		},
+	}
+}
+
+func remoteEdgeA() *kuportv1.NodeProgram {
+	return &kuportv1.NodeProgram{
+		Node: "edge-a",
+		DnatRules: []*kuportv1.DnatRule{
+			{Id: "demo/remote/dnat/enp1s0", Mapping: "demo/remote", InInterface: "enp1s0", Protocol: tcp,
+				Ports: ports(3000, 3000), ToAddress: "169.254.77.1", ToPort: 3000},
+			{Id: "demo/remote/dnat/wt0", Mapping: "demo/remote", InInterface: "wt0", Protocol: tcp,
+				Ports: ports(3000, 3000), ToAddress: "169.254.77.1", ToPort: 3000},
+		},
+		SnatRules: []*kuportv1.SnatRule{
+			{Id: "demo/remote/snat", Mapping: "demo/remote", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
+				OutInterface: linkToWorkerB, Address: "169.254.77.1", Protocol: tcp, Ports: ports(3000, 3000)},
+		},
+		Links: []*kuportv1.Link{
+			{Name: linkToWorkerB, ClassName: "public", PeerNode: "worker-b", Vni: 4242, Port: 4790,
+				LocalUnderlay: "100.64.93.143", RemoteUnderlay: "100.64.93.150",
+				LocalAddress: "169.254.77.0", PeerAddress: "169.254.77.1", Mtu: 1370},
+		},
+	}
+}
+
+func remoteWorkerB() *kuportv1.NodeProgram {
+	return &kuportv1.NodeProgram{
+		Node: "worker-b",
+		DnatRules: []*kuportv1.DnatRule{
+			{Id: "demo/remote/dnat/" + linkToEdgeA, Mapping: "demo/remote", InInterface: linkToEdgeA,
+				MatchDestination: "169.254.77.1", Protocol: tcp, Ports: ports(3000, 3000),
+				ToAddress: "10.244.18.107", ToPort: 3000},
+		},
+		SnatRules: []*kuportv1.SnatRule{
+			{Id: "demo/remote/snat", Mapping: "demo/remote", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
+				OutInterface: "cilium_host", Address: "10.244.18.107", Protocol: tcp, Ports: ports(3000, 3000)},
+			{Id: "demo/remote/snat-reply", Mapping: "demo/remote", Kind: kuportv1.SnatKind_SNAT_KIND_REPLY,
+				OutInterface: "cilium_", Address: "10.244.18.107", Protocol: tcp, Ports: ports(3000, 3000)},
+		},
+		MarkRules: []*kuportv1.MarkRule{
+			{Id: "demo/remote/mark", Mapping: "demo/remote", Address: "10.244.18.107", Protocol: tcp,
+				Ports: ports(3000, 3000), Mark: 0x6b700001},
+		},
+		Links: []*kuportv1.Link{
+			{Name: linkToEdgeA, ClassName: "public", PeerNode: "edge-a", Vni: 4242, Port: 4790,
+				LocalUnderlay: "100.64.93.150", RemoteUnderlay: "100.64.93.143",
+				LocalAddress: "169.254.77.1", PeerAddress: "169.254.77.0", Mtu: 1370},
+		},
+		ReturnPaths: []*kuportv1.ReturnPath{
+			{Id: linkToEdgeA, Link: linkToEdgeA, Mark: 0x6b700001, Table: 201,
+				PeerUnderlay: "100.64.93.143", PeerLinkAddress: "169.254.77.0"},
+		},
+	}
+}
+
+func empty(node string) *kuportv1.NodeProgram { return &kuportv1.NodeProgram{Node: node} }
+
+// claimOf is a recorded link claim of pair a/b in slot with its /31 written out.
+func claimOf(a, b string, slot int32, subnet string, unusedSince *time.Time, ends ...v1alpha1.LinkEnd) v1alpha1.LinkStatus {
+	ls := v1alpha1.LinkStatus{Key: a + "/" + b, Peers: []string{a, b}, Slot: slot, Subnet: subnet, Ends: ends}
+	if unusedSince != nil {
+		ls.UnusedSince = &metav1.Time{Time: *unusedSince}
+	}
+	return ls
+}

@@ -1,0 +1,237 @@
+package compile
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"kuport.wlz.li/kuport/api/v1alpha1"
+)
+
+// Routing tables and marks of return paths (DESIGN.md): per node, unique across classes,
+// tables from 201, mark = 0x6b700000 + (table - 200).
+const (
+	firstTable = 201
+	tableBase  = 200
+	markBase   = 0x6b700000
+)
+
+// claim is one class's slot claim for a node pair, persisted in class status.links.
+type claim struct {
+	class *classInfo
+	peers [2]string // sorted
+	slot  int32
+	// unusedSince is set while no mapping needs the pair.
+	unusedSince *metav1.Time
+	// ends: the routing table a node's return path over this link uses.
+	ends map[string]int32
+}
+
+func pairOf(a, b string) [2]string {
+	if b < a {
+		a, b = b, a
+	}
+	return [2]string{a, b}
+}
+
+func pairKey(p [2]string) string { return p[0] + "/" + p[1] }
+
+func (cl *claim) key() string { return pairKey(cl.peers) }
+
+func (cl *claim) vni() uint32 { return cl.class.vni + uint32(cl.slot) }
+
+// address returns a node's end of the claim's /31: the alphabetically first node of the
+// pair takes the lower address (API.md).
+func (cl *claim) address(node string) netip.Addr {
+	low := slotBase(cl.class.subnet, cl.slot)
+	if node == cl.peers[0] {
+		return low
+	}
+	return low.Next()
+}
+
+// status is the claim as recorded in class status.links.
+func (cl *claim) status() v1alpha1.LinkStatus {
+	ls := v1alpha1.LinkStatus{
+		Key:         cl.key(),
+		Peers:       []string{cl.peers[0], cl.peers[1]},
+		Slot:        cl.slot,
+		UnusedSince: cl.unusedSince,
+	}
+	if cl.class.subnet.IsValid() {
+		ls.Subnet = netip.PrefixFrom(slotBase(cl.class.subnet, cl.slot), 31).String()
+	}
+	for _, n := range cl.peers {
+		if t, ok := cl.ends[n]; ok {
+			ls.Ends = append(ls.Ends, v1alpha1.LinkEnd{Node: n, Table: t})
+		}
+	}
+	return ls
+}
+
+// slotBase is the lower address of slot s's /31: subnet base + 2s.
+func slotBase(subnet netip.Prefix, s int32) netip.Addr {
+	b := subnet.Masked().Addr().As4()
+	var out [4]byte
+	binary.BigEndian.PutUint32(out[:], binary.BigEndian.Uint32(b[:])+2*uint32(s))
+	return netip.AddrFrom4(out)
+}
+
+// slotFits reports whether slot s's /31 lies inside the subnet.
+func slotFits(subnet netip.Prefix, s int32) bool {
+	return s >= 0 && int64(s)*2+1 < int64(1)<<(32-subnet.Bits())
+}
+
+// linkName is the device a node names after its peer: "kup-" + the first 8 hex digits of
+// sha256("<class>/<peer node>") (API.md).
+func linkName(class, peer string) string {
+	sum := sha256.Sum256([]byte(class + "/" + peer))
+	return "kup-" + hex.EncodeToString(sum[:4])
+}
+
+// loadClaims reads the previous allocations from class status. A claim that is malformed,
+// repeats a pair or slot, or whose slot no longer fits the class's subnet is dropped.
+func (c *compiler) loadClaims() {
+	for _, ci := range c.classOrder {
+		links := slices.Clone(ci.obj.Status.Links)
+		slices.SortFunc(links, func(a, b v1alpha1.LinkStatus) int {
+			return cmp.Or(cmp.Compare(a.Slot, b.Slot), cmp.Compare(a.Key, b.Key))
+		})
+		slots := map[int32]bool{}
+		for _, ls := range links {
+			if len(ls.Peers) != 2 || ls.Peers[0] == "" || ls.Peers[0] == ls.Peers[1] || ls.Slot < 0 || slots[ls.Slot] {
+				continue
+			}
+			if ci.subnet.IsValid() && !slotFits(ci.subnet, ls.Slot) {
+				continue
+			}
+			cl := &claim{class: ci, peers: pairOf(ls.Peers[0], ls.Peers[1]), slot: ls.Slot, ends: map[string]int32{}}
+			if _, dup := ci.claims[cl.key()]; dup {
+				continue
+			}
+			if ls.UnusedSince != nil {
+				t := *ls.UnusedSince
+				cl.unusedSince = &t
+			}
+			for _, e := range ls.Ends {
+				if (e.Node == cl.peers[0] || e.Node == cl.peers[1]) && e.Table >= firstTable {
+					cl.ends[e.Node] = e.Table
+				}
+			}
+			slots[ls.Slot] = true
+			ci.claims[cl.key()] = cl
+		}
+	}
+}
+
+// allocate settles link claims for this compilation: claims no mapping needs are stamped
+// unusedSince (or dropped once older than LinkRetention), needed claims keep their slot and
+// have unusedSince cleared, and new pairs take a slot and their return-path ends a table,
+// in mapping age order. A pair with no free slot fails its mapping with ReturnPathUnavailable
+// and marks the class SubnetExhausted.
+func (c *compiler) allocate() {
+	needed := map[*classInfo]map[string]bool{}
+	for _, p := range c.plans {
+		for _, t := range p.remoteTargets() {
+			if needed[p.class] == nil {
+				needed[p.class] = map[string]bool{}
+			}
+			needed[p.class][pairKey(pairOf(t.node, p.ep.node))] = true
+		}
+	}
+	for _, ci := range c.classOrder {
+		for k, cl := range ci.claims {
+			switch {
+			case needed[ci][k]:
+				cl.unusedSince = nil
+			case cl.unusedSince == nil:
+				t := c.stamp
+				cl.unusedSince = &t
+			case c.stamp.Sub(cl.unusedSince.Time) > c.s.LinkRetention:
+				delete(ci.claims, k)
+				continue
+			}
+			for n, t := range cl.ends {
+				c.useTable(n, t)
+			}
+		}
+	}
+	for _, p := range c.plans {
+		for _, t := range p.remoteTargets() {
+			cl := c.claimFor(p.class, pairOf(t.node, p.ep.node))
+			if cl == nil {
+				p.fail(v1alpha1.ReasonReturnPathUnavailable, fmt.Sprintf(
+					"class %q has no free link slot in subnet %s for nodes %s and %s",
+					p.class.name, p.class.subnet, t.node, p.ep.node))
+				break
+			}
+			if _, ok := cl.ends[p.ep.node]; !ok {
+				cl.ends[p.ep.node] = c.freeTable(p.ep.node)
+			}
+			t.link = cl
+		}
+	}
+}
+
+// claimFor returns the class's claim for a pair, taking the smallest free slot for a new
+// pair: one whose /31 fits the subnet and whose VNI no other class's claim uses on either
+// node of the pair (API.md). It returns nil, and records the pair as exhausted, when none is
+// left.
+func (c *compiler) claimFor(ci *classInfo, pair [2]string) *claim {
+	if cl, ok := ci.claims[pairKey(pair)]; ok {
+		return cl
+	}
+	taken := map[int32]bool{}
+	for _, cl := range ci.claims {
+		taken[cl.slot] = true
+	}
+	foreign := map[uint32]bool{}
+	for _, other := range c.classOrder {
+		if other == ci {
+			continue
+		}
+		for _, cl := range other.claims {
+			if slices.Contains(pair[:], cl.peers[0]) || slices.Contains(pair[:], cl.peers[1]) {
+				foreign[cl.vni()] = true
+			}
+		}
+	}
+	for s := int32(0); slotFits(ci.subnet, s) && uint64(ci.vni)+uint64(s) <= maxVNI; s++ {
+		if taken[s] || foreign[ci.vni+uint32(s)] {
+			continue
+		}
+		cl := &claim{class: ci, peers: pair, slot: s, ends: map[string]int32{}}
+		ci.claims[cl.key()] = cl
+		return cl
+	}
+	if !slices.Contains(ci.exhausted, pairKey(pair)) {
+		ci.exhausted = append(ci.exhausted, pairKey(pair))
+	}
+	return nil
+}
+
+func (c *compiler) useTable(node string, t int32) {
+	if c.tables[node] == nil {
+		c.tables[node] = map[int32]bool{}
+	}
+	c.tables[node][t] = true
+}
+
+// freeTable takes the smallest routing table from 201 that no claim of any class uses on
+// the node.
+func (c *compiler) freeTable(node string) int32 {
+	t := int32(firstTable)
+	for c.tables[node][t] {
+		t++
+	}
+	c.useTable(node, t)
+	return t
+}
+
+func markOf(table int32) uint32 { return markBase + uint32(table-tableBase) }

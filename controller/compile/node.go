@@ -1,0 +1,51 @@
+package compile
+
+import (
+	"net/netip"
+
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// nodeView is what compile knows of one node: whether a Node object exists and the state its
+// agent last reported (nil when no agent ever reported).
+type nodeView struct {
+	name   string
+	exists bool
+	state  *kuportv1.NodeState
+}
+
+// iface returns the reported interface of that name, or nil.
+func (v *nodeView) iface(name string) *kuportv1.Interface {
+	if v.state == nil {
+		return nil
+	}
+	for _, i := range v.state.GetInterfaces() {
+		if i.GetName() == name {
+			return i
+		}
+	}
+	return nil
+}
+
+// address returns the first IPv4 address the agent reports on the interface, or "".
+func (v *nodeView) address(iface string) string {
+	for _, a := range v.iface(iface).GetAddresses() {
+		if ip, err := netip.ParseAddr(a); err == nil && ip.Is4() {
+			return ip.String()
+		}
+	}
+	return ""
+}
+
+// underlayName is the interface links' outer headers leave from.
+func (v *nodeView) underlayName() string { return v.state.GetUnderlayInterface() }
+
+// underlay returns the underlay's first IPv4 address ("" when unknown) and its MTU in bytes
+// (0 when unknown).
+func (v *nodeView) underlay() (string, uint32) {
+	name := v.underlayName()
+	if name == "" {
+		return "", 0
+	}
+	return v.address(name), v.iface(name).GetMtu()
+}

@@ -1,0 +1,346 @@
+package compile
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+
+	"kuport.wlz.li/kuport/api/v1alpha1"
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// portRange is an inclusive range of transport ports.
+type portRange struct{ first, last uint32 }
+
+// String is the status form: "3000" or "27015-27115".
+func (r portRange) String() string {
+	if r.first == r.last {
+		return strconv.FormatUint(uint64(r.first), 10)
+	}
+	return fmt.Sprintf("%d-%d", r.first, r.last)
+}
+
+func (r portRange) overlaps(o portRange) bool { return r.first <= o.last && o.first <= r.last }
+
+// startingAt is the range of the same width from first: where a range is translated to.
+func (r portRange) startingAt(first uint32) portRange {
+	return portRange{first: first, last: first + r.last - r.first}
+}
+
+func (r portRange) wire() *kuportv1.PortRange {
+	return &kuportv1.PortRange{First: r.first, Last: r.last}
+}
+
+// plan is one PortMap's compilation: the acceptance verdict, then the endpoint, serving node
+// and targets, then what was emitted.
+type plan struct {
+	pm    *v1alpha1.PortMap
+	key   string
+	class *classInfo // nil when the class does not exist
+	proto kuportv1.Protocol
+	ports portRange
+	// acceptReason is ReasonValid when accepted.
+	acceptReason, acceptMsg string
+	// progReason is "" until programming fails.
+	progReason, progMsg string
+	ep                  *endpoint
+	targets             []*target
+	// nodes whose programs carry the mapping's entries, and the addresses it answers on.
+	nodes     []string
+	published []v1alpha1.PublishedAddress
+}
+
+// target is one programming node with the interfaces it binds, and the link to the pod's
+// node when it lacks the pod (set by allocate).
+type target struct {
+	node   string
+	ifaces []string
+	link   *claim
+}
+
+func (p *plan) accepted() bool { return p.acceptReason == v1alpha1.ReasonValid }
+
+func (p *plan) ok() bool { return p.accepted() && p.progReason == "" }
+
+// fail records the first programming failure.
+func (p *plan) fail(reason, msg string) {
+	if p.progReason == "" {
+		p.progReason, p.progMsg = reason, msg
+	}
+}
+
+// remoteTargets are the targets of a still-viable plan that lack the pod and so need a link.
+func (p *plan) remoteTargets() []*target {
+	if !p.ok() {
+		return nil
+	}
+	var out []*target
+	for _, t := range p.targets {
+		if t.node != p.ep.node {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// hold is one accepted mapping's claim on a port range of one node's interface.
+type hold struct {
+	node, iface string
+	proto       kuportv1.Protocol
+}
+
+type holding struct {
+	ports portRange
+	by    string
+}
+
+// plan decides acceptance and, for an accepted mapping, its endpoint, serving node and
+// targets, before any link slot is allocated.
+func (c *compiler) plan(pm *v1alpha1.PortMap) {
+	p := &plan{pm: pm, key: MappingKey(pm)}
+	c.plans = append(c.plans, p)
+	first := uint32(max(pm.Spec.Port, 0))
+	last := first
+	if pm.Spec.EndPort != nil {
+		last = uint32(max(*pm.Spec.EndPort, 0))
+	}
+	p.ports = portRange{first: first, last: last}
+	p.acceptReason, p.acceptMsg = c.accept(p)
+	if !p.accepted() {
+		return
+	}
+	ci := p.class
+	ep, why := c.chooseEndpoint(p)
+	if ep == nil {
+		p.fail(v1alpha1.ReasonNoReadyEndpoint, why)
+		return
+	}
+	p.ep = ep
+	if len(ci.accepting) == 0 {
+		p.fail(v1alpha1.ReasonNodeNotReady, fmt.Sprintf("class %q has no accepting node with a Node object", ci.name))
+		return
+	}
+	serving := ci.accepting[0]
+	if ci.accepts(ep.node) {
+		serving = ep.node
+	}
+	for _, n := range ci.programmingNodes(serving) {
+		ifs := narrow(ci.ifaces[n], pm.Spec.Interfaces)
+		if len(ifs) == 0 {
+			p.fail(v1alpha1.ReasonNoInterfaceOnNode, fmt.Sprintf("node %s has none of the interfaces %s",
+				n, strings.Join(pm.Spec.Interfaces, ", ")))
+			return
+		}
+		p.targets = append(p.targets, &target{node: n, ifaces: ifs})
+	}
+	for _, t := range p.targets {
+		if t.node == ep.node {
+			continue
+		}
+		switch {
+		case ci.mode != v1alpha1.ReturnPathVxlan:
+			p.fail(v1alpha1.ReasonReturnPathUnavailable, fmt.Sprintf(
+				"the pod is on %s, not on %s which holds the mapping, and class %q has returnPath %s",
+				ep.node, t.node, ci.name, ci.mode))
+		case ci.refusal != "":
+			p.fail(v1alpha1.ReasonReturnPathUnavailable, fmt.Sprintf(
+				"the pod is on %s, not on %s which holds the mapping, and class %q builds no links: %s",
+				ep.node, t.node, ci.name, ci.refusal))
+		}
+	}
+}
+
+// narrow is the class's interfaces for a node restricted to the mapping's, when it names any.
+func narrow(classIfaces, want []string) []string {
+	if len(want) == 0 {
+		return classIfaces
+	}
+	var out []string
+	for _, i := range classIfaces {
+		if slices.Contains(want, i) {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// accept checks a mapping in API.md's order and returns the first failing reason with a
+// message, or ReasonValid. An accepted mapping holds its ports on every (node, interface) of
+// its class it may bind.
+func (c *compiler) accept(p *plan) (string, string) {
+	pm := p.pm
+	ci := c.classes[pm.Spec.ClassName]
+	if ci == nil {
+		return v1alpha1.ReasonClassNotFound, fmt.Sprintf("PortMapClass %q not found", pm.Spec.ClassName)
+	}
+	p.class = ci
+	if ok, msg := c.namespaceSelected(ci, pm.Namespace); !ok {
+		return v1alpha1.ReasonNamespaceNotSelected, msg
+	}
+	switch pm.Spec.Protocol {
+	case v1alpha1.ProtocolTCP:
+		p.proto = kuportv1.Protocol_PROTOCOL_TCP
+	case v1alpha1.ProtocolUDP:
+		p.proto = kuportv1.Protocol_PROTOCOL_UDP
+	default:
+		return v1alpha1.ReasonInvalidPortRange, fmt.Sprintf("protocol %q is neither TCP nor UDP", pm.Spec.Protocol)
+	}
+	if pm.Spec.EndPort != nil && *pm.Spec.EndPort < pm.Spec.Port {
+		return v1alpha1.ReasonInvalidPortRange, fmt.Sprintf("endPort %d is below port %d", *pm.Spec.EndPort, pm.Spec.Port)
+	}
+	if int64(pm.Spec.Port) < int64(ci.portMin) || int64(p.ports.last) > int64(ci.portMax) {
+		return v1alpha1.ReasonPortOutOfRange, fmt.Sprintf("ports %s are outside class %q's range %d-%d",
+			p.ports, ci.name, ci.portMin, ci.portMax)
+	}
+	reserved := slices.Sorted(slices.Values(ci.obj.Spec.Ports.Reserved))
+	for _, r := range reserved {
+		if r >= 0 && p.ports.overlaps(portRange{first: uint32(r), last: uint32(r)}) {
+			return v1alpha1.ReasonPortReserved, fmt.Sprintf("port %d is reserved by class %q", r, ci.name)
+		}
+	}
+	var holds []hold
+	for _, n := range ci.accepting {
+		for _, i := range narrow(ci.ifaces[n], pm.Spec.Interfaces) {
+			holds = append(holds, hold{node: n, iface: i, proto: p.proto})
+		}
+	}
+	for _, h := range holds {
+		for _, other := range c.held[h] {
+			if other.ports.overlaps(p.ports) {
+				return v1alpha1.ReasonPortConflict, fmt.Sprintf("%s ports %s on %s interface %s are held by %s",
+					pm.Spec.Protocol, other.ports, h.node, h.iface, other.by)
+			}
+		}
+	}
+	for _, want := range pm.Spec.Interfaces {
+		if !slices.ContainsFunc(ci.accepting, func(n string) bool { return slices.Contains(ci.ifaces[n], want) }) {
+			return v1alpha1.ReasonInterfaceNotInClass, fmt.Sprintf(
+				"interface %s is not an interface of any accepting node of class %q", want, ci.name)
+		}
+	}
+	for _, h := range holds {
+		c.held[h] = append(c.held[h], holding{ports: p.ports, by: p.key})
+	}
+	return v1alpha1.ReasonValid, fmt.Sprintf("accepted by class %q", ci.name)
+}
+
+// namespaceSelected applies the class's namespaceSelector to the namespace's labels; no
+// selector, or an empty one, selects every namespace.
+func (c *compiler) namespaceSelected(ci *classInfo, ns string) (bool, string) {
+	sel := ci.obj.Spec.NamespaceSelector
+	if sel == nil {
+		return true, ""
+	}
+	s, err := metav1.LabelSelectorAsSelector(sel)
+	if err != nil {
+		return false, fmt.Sprintf("class %q has an invalid namespaceSelector: %v", ci.name, err)
+	}
+	var set labels.Set
+	if n := c.s.Namespaces[ns]; n != nil {
+		set = n.Labels
+	}
+	if !s.Matches(set) {
+		return false, fmt.Sprintf("namespace %q is not selected by class %q", ns, ci.name)
+	}
+	return true, ""
+}
+
+// endpoint is the one pod a mapping forwards to.
+type endpoint struct {
+	node, address, pod string
+	// port is the pod's first port; a range keeps its width.
+	port uint32
+}
+
+// chooseEndpoint picks the mapping's endpoint from its Service's EndpointSlices (API.md):
+// the current endpoint while it remains a candidate; else candidates on an accepting node
+// first, by node name then pod name; else the smallest pod name. It returns nil and the
+// reason when there is no candidate.
+func (c *compiler) chooseEndpoint(p *plan) (*endpoint, string) {
+	pm := p.pm
+	svc := pm.Namespace + "/" + pm.Spec.ServiceRef.Name
+	if c.s.Services[nsName(pm.Namespace, pm.Spec.ServiceRef.Name)] == nil {
+		return nil, fmt.Sprintf("service %s not found", svc)
+	}
+	var cands []endpoint
+	for _, sl := range c.s.EndpointSlices[nsName(pm.Namespace, pm.Spec.ServiceRef.Name)] {
+		if sl == nil || sl.AddressType != discoveryv1.AddressTypeIPv4 {
+			continue
+		}
+		port, ok := slicePort(sl.Ports, pm.Spec.ServiceRef.Port)
+		if !ok || uint64(port)+uint64(p.ports.last-p.ports.first) > 65535 {
+			continue
+		}
+		for _, e := range sl.Endpoints {
+			if !endpointServes(e.Conditions.Ready, e.Conditions.Terminating) || e.NodeName == nil ||
+				*e.NodeName == "" || len(e.Addresses) == 0 {
+				continue
+			}
+			ep := endpoint{node: *e.NodeName, address: e.Addresses[0], pod: e.Addresses[0], port: port}
+			if e.TargetRef != nil && e.TargetRef.Name != "" {
+				ep.pod = e.TargetRef.Name
+			}
+			if isIPv4(ep.address) {
+				cands = append(cands, ep)
+			}
+		}
+	}
+	if len(cands) == 0 {
+		return nil, fmt.Sprintf("service %s has no ready, non-terminating IPv4 endpoint with a node for port %q",
+			svc, pm.Spec.ServiceRef.Port)
+	}
+	ci := p.class
+	slices.SortFunc(cands, func(a, b endpoint) int {
+		aa, ba := ci.accepts(a.node), ci.accepts(b.node)
+		switch {
+		case aa && !ba:
+			return -1
+		case ba && !aa:
+			return 1
+		case aa:
+			return cmp.Or(cmp.Compare(a.node, b.node), cmp.Compare(a.pod, b.pod), cmp.Compare(a.address, b.address))
+		}
+		return cmp.Or(cmp.Compare(a.pod, b.pod), cmp.Compare(a.address, b.address), cmp.Compare(a.node, b.node))
+	})
+	if cur := pm.Status.Endpoint; cur != nil {
+		for _, e := range cands {
+			if e.node == cur.Node && e.address == cur.Address {
+				return &e, ""
+			}
+		}
+	}
+	return &cands[0], ""
+}
+
+func nsName(ns, name string) types.NamespacedName {
+	return types.NamespacedName{Namespace: ns, Name: name}
+}
+
+// slicePort is the port an EndpointSlice gives for a Service port name.
+func slicePort(ports []discoveryv1.EndpointPort, name string) (uint32, bool) {
+	for _, p := range ports {
+		if p.Name != nil && *p.Name == name && p.Port != nil && *p.Port > 0 && *p.Port <= 65535 {
+			return uint32(*p.Port), true
+		}
+	}
+	return 0, false
+}
+
+// endpointServes applies EndpointSlice condition semantics: a nil ready counts as ready, and
+// a terminating endpoint does not serve.
+func endpointServes(ready, terminating *bool) bool {
+	return (ready == nil || *ready) && (terminating == nil || !*terminating)
+}
+
+func isIPv4(s string) bool {
+	ip, err := netip.ParseAddr(s)
+	return err == nil && ip.Is4()
+}
