@@ -203,24 +203,29 @@ func orNone(s string) string {
 	return s
 }
 
-// RunScenario creates the scenario's Service and PortMap, waits for the expected
-// Programmed state, probes, checks the pod's server log and the kernels, then deletes the
-// PortMap and Service and waits until its rules are gone from every node.
-func (l *Lab) RunScenario(ctx context.Context, s Scenario) (Outcome, error) {
-	o := Outcome{Scenario: s, PodSaw: "none", ReplyFrom: "none", Programmed: "none"}
+// StartScenario creates the scenario's Service (one port named "app", its only endpoint the
+// scenario's pod) and its PortMap.
+func (l *Lab) StartScenario(ctx context.Context, s Scenario) error {
 	const portName = "app"
-	proto := strings.ToLower(string(s.Proto))
 	if err := l.Expose(ctx, DemoNamespace, s.Name, portName, s.Proto, s.Port, Backend{Pod: s.Pod, Ready: true}); err != nil {
-		return o, err
+		return err
 	}
-	pm := &v1alpha1.PortMap{
+	return l.ApplyPortMap(ctx, &v1alpha1.PortMap{
 		ObjectMeta: metav1.ObjectMeta{Namespace: DemoNamespace, Name: s.Name},
 		Spec: v1alpha1.PortMapSpec{
 			ClassName: s.Class, Protocol: v1alpha1.Protocol(s.Proto), Port: s.Port,
 			ServiceRef: v1alpha1.ServiceRef{Name: s.Name, Port: portName},
 		},
-	}
-	if err := l.ApplyPortMap(ctx, pm); err != nil {
+	})
+}
+
+// RunScenario creates the scenario's Service and PortMap, waits for the expected
+// Programmed state, probes, checks the pod's server log and the kernels, then deletes the
+// PortMap and Service and waits until its rules are gone from every node.
+func (l *Lab) RunScenario(ctx context.Context, s Scenario) (Outcome, error) {
+	o := Outcome{Scenario: s, PodSaw: "none", ReplyFrom: "none", Programmed: "none"}
+	proto := strings.ToLower(string(s.Proto))
+	if err := l.StartScenario(ctx, s); err != nil {
 		return o, err
 	}
 	var err error
