@@ -83,44 +83,49 @@ func WritePidFile(dir, name string, pid int) (string, error) {
 	return path, nil
 }
 
-// StopDir stops every process recorded in a dir/*.pid file, newest file first (so the
+// StopDir stops every process recorded in a dir/*.pid file, the last started first (so the
 // apiserver goes before etcd), with SIGTERM to its process group then SIGKILL after a grace
 // period, and removes the pid files. A pid file whose process is gone, or whose pid now
 // belongs to another process, is just removed. Used by `make lab-down` for a lab left running
-// by a detached Start. The first error is returned after every process was tried.
+// by a detached Start. Every process is tried; their errors are joined.
 func StopDir(dir string) error {
 	files, err := filepath.Glob(filepath.Join(dir, "*.pid"))
 	if err != nil {
 		return fmt.Errorf("list pid files: %w", err)
 	}
 	type entry struct {
-		path  string
-		mtime time.Time
+		path    string
+		pid     int
+		start   uint64
+		readErr error
 	}
 	entries := make([]entry, 0, len(files))
 	for _, f := range files {
-		fi, err := os.Stat(f)
-		if err != nil {
-			return fmt.Errorf("stat pid file: %w", err)
-		}
-		entries = append(entries, entry{f, fi.ModTime()})
+		pid, start, err := readPidFile(f)
+		entries = append(entries, entry{f, pid, start, err})
 	}
-	sort.Slice(entries, func(i, j int) bool { return entries[i].mtime.After(entries[j].mtime) })
+	// Pid files are written within the same clock tick, so order by process start, then pid.
+	sort.Slice(entries, func(i, j int) bool {
+		if entries[i].start != entries[j].start {
+			return entries[i].start > entries[j].start
+		}
+		return entries[i].pid > entries[j].pid
+	})
 
 	var errs []error
 	for _, e := range entries {
-		if err := stopPidFile(e.path); err != nil {
+		if e.readErr != nil {
+			errs = append(errs, e.readErr)
+			continue
+		}
+		if err := stopPidFile(e.path, e.pid, e.start); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func stopPidFile(path string) error {
-	pid, start, err := readPidFile(path)
-	if err != nil {
-		return err
-	}
+func stopPidFile(path string, pid int, start uint64) error {
 	if alive(pid, start) {
 		stop := make(chan struct{})
 		defer close(stop)
