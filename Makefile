@@ -61,7 +61,7 @@ check-generated: generate
 
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 BIN := $(CURDIR)/bin
-LDFLAGS := -X kuport.wlz.li/kuport/agent.Version=$(VERSION)
+LDFLAGS := -X main.version=$(VERSION)
 
 .PHONY: build
 build:

@@ -1,0 +1,317 @@
+// Package agent is kuport's node agent loop: it holds one kuport.v1.AgentService/Connect
+// stream to the controller, applies every NodeProgram it receives through a Datapath,
+// acknowledges each one and reports the node's state, counters and link statistics.
+//
+// The agent makes no decisions (DESIGN.md, "Shape"): everything it writes comes from the
+// program. It owns no kernel state itself; the Datapath does. It never removes kernel state
+// when the stream breaks or the process stops (fail static): the applied program stays in
+// the kernel until the controller sends another one or an operator runs cleanup.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// Datapath is what the agent needs from the node's kernel; *datapath.Datapath implements it.
+type Datapath interface {
+	// Apply makes the kernel hold exactly p (idempotent: no writes when nothing differs).
+	Apply(p *kuportv1.NodeProgram) error
+	// Counters returns the nft counter of every entry of the applied program.
+	Counters() ([]*kuportv1.Counter, error)
+	// LinkStats returns the kernel statistics of every kup-* link device.
+	LinkStats() ([]*kuportv1.LinkStats, error)
+	// NodeState returns every interface of the node, the underlay name and ip_forward.
+	NodeState(underlay string) (*kuportv1.NodeState, error)
+}
+
+// Defaults for the zero values of Config.
+const (
+	DefaultReportInterval    = 10 * time.Second
+	DefaultStatePollInterval = 2 * time.Second
+	DefaultResyncInterval    = 30 * time.Second
+)
+
+// DefaultBackoff is the reconnect backoff: 200 ms doubling up to a 5 s cap, 10 % jitter, so a
+// restarted controller sees its agents back within a few seconds.
+var DefaultBackoff = wait.Backoff{
+	Duration: 200 * time.Millisecond,
+	Factor:   2,
+	Jitter:   0.1,
+	Steps:    math.MaxInt32,
+	Cap:      5 * time.Second,
+}
+
+// Config configures an Agent. Zero durations take the Default* values.
+type Config struct {
+	// NodeName is the node this agent runs on; programs for another node are refused.
+	NodeName string
+	// AgentVersion is sent in Hello.
+	AgentVersion string
+	// Underlay is the underlay interface name passed to Datapath.NodeState; empty lets the
+	// datapath resolve it (the IPv4 default route's device) on every read.
+	Underlay string
+	// Targets are gRPC targets of the controller replicas ("unix:///path" or "host:port"),
+	// tried in turn: each failed or broken stream moves to the next.
+	Targets []string
+	// Datapath applies programs and reads the node's kernel state.
+	Datapath Datapath
+	// EntryErrors extracts per-entry failures from an Apply error; nil, or an empty result,
+	// yields one EntryError with an empty id and the error's text.
+	EntryErrors func(error) []*kuportv1.EntryError
+	// Log receives the agent's logs; nil discards them.
+	Log hclog.Logger
+	// ReportInterval is the period of Reports (default 10 s).
+	ReportInterval time.Duration
+	// StatePollInterval is how often NodeState is read; a change is reported at once
+	// (default 2 s).
+	StatePollInterval time.Duration
+	// ResyncInterval is how often the last program is applied again, which retries a failed
+	// Apply and repairs kernel state others removed (default 30 s).
+	ResyncInterval time.Duration
+	// Backoff paces reconnects; the zero value means DefaultBackoff. It restarts from its
+	// first step after a stream that delivered a program.
+	Backoff wait.Backoff
+	// DialOptions are added to the defaults (insecure transport credentials, connect
+	// backoff capped like Backoff).
+	DialOptions []grpc.DialOption
+}
+
+// Agent is one node's agent. Create it with New and start it with Run.
+type Agent struct {
+	cfg Config
+	log hclog.Logger
+
+	// Owned by the Run goroutine, the only one that calls Apply.
+	current    *kuportv1.NodeProgram // last program handed to Apply (nil before the first)
+	currentErr []*kuportv1.EntryError
+}
+
+// New checks cfg and returns an Agent. It errors when the node name, the targets or the
+// datapath are missing.
+func New(cfg Config) (*Agent, error) {
+	switch {
+	case cfg.NodeName == "":
+		return nil, errors.New("agent: node name is required")
+	case len(cfg.Targets) == 0:
+		return nil, errors.New("agent: at least one controller target is required")
+	case cfg.Datapath == nil:
+		return nil, errors.New("agent: datapath is required")
+	}
+	if cfg.Log == nil {
+		cfg.Log = hclog.NewNullLogger()
+	}
+	if cfg.ReportInterval <= 0 {
+		cfg.ReportInterval = DefaultReportInterval
+	}
+	if cfg.StatePollInterval <= 0 {
+		cfg.StatePollInterval = DefaultStatePollInterval
+	}
+	if cfg.ResyncInterval <= 0 {
+		cfg.ResyncInterval = DefaultResyncInterval
+	}
+	if cfg.Backoff.Duration <= 0 {
+		cfg.Backoff = DefaultBackoff
+	}
+	return &Agent{cfg: cfg, log: cfg.Log}, nil
+}
+
+// errSessionEnded marks a stream the controller closed cleanly.
+var errSessionEnded = errors.New("controller closed the stream")
+
+// Run connects to the controller and serves programs until ctx is done; it then returns nil
+// and leaves the kernel as it is. A broken stream is retried with backoff, rotating through
+// Config.Targets, while the applied program stays in the kernel and is still resynced.
+func (a *Agent) Run(ctx context.Context) error {
+	resync := time.NewTicker(a.cfg.ResyncInterval)
+	defer resync.Stop()
+	bo := a.cfg.Backoff
+	for attempt := 0; ; attempt++ {
+		target := a.cfg.Targets[attempt%len(a.cfg.Targets)]
+		healthy, err := a.session(ctx, target, resync.C)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if healthy {
+			bo = a.cfg.Backoff
+		}
+		delay := bo.Step()
+		a.log.Warn("controller stream ended, reconnecting", "target", target, "error", err, "retry_in", delay)
+		if !a.waitResyncing(ctx, delay, resync.C) {
+			return nil
+		}
+	}
+}
+
+// waitResyncing waits d while still serving resync ticks; false when ctx ended.
+func (a *Agent) waitResyncing(ctx context.Context, d time.Duration, resync <-chan time.Time) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-timer.C:
+			return true
+		case <-resync:
+			a.resync()
+		}
+	}
+}
+
+// dialOptions are the defaults: insecure credentials (authentication is a later issue) and
+// a connect backoff no slower than the agent's own.
+func (a *Agent) dialOptions() []grpc.DialOption {
+	bc := backoff.DefaultConfig
+	bc.MaxDelay = a.cfg.Backoff.Cap
+	if bc.MaxDelay <= 0 {
+		bc.MaxDelay = DefaultBackoff.Cap
+	}
+	opts := []grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: bc, MinConnectTimeout: 5 * time.Second}),
+	}
+	return append(opts, a.cfg.DialOptions...)
+}
+
+// session runs one stream to target until it breaks or ctx ends. healthy reports whether
+// the stream delivered at least one program.
+func (a *Agent) session(ctx context.Context, target string, resync <-chan time.Time) (healthy bool, err error) {
+	conn, err := grpc.NewClient(target, a.dialOptions()...)
+	if err != nil {
+		return false, fmt.Errorf("client for %s: %w", target, err)
+	}
+	defer func() { _ = conn.Close() }()
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := kuportv1.NewAgentServiceClient(conn).Connect(sctx)
+	if err != nil {
+		return false, fmt.Errorf("open stream to %s: %w", target, err)
+	}
+	state, err := a.cfg.Datapath.NodeState(a.cfg.Underlay)
+	if err != nil {
+		return false, fmt.Errorf("read node state: %w", err)
+	}
+	hello := &kuportv1.Hello{
+		Node:           a.cfg.NodeName,
+		AgentVersion:   a.cfg.AgentVersion,
+		State:          state,
+		AppliedVersion: a.current.GetVersion(),
+		AppliedEpoch:   a.current.GetEpoch(),
+	}
+	if err := stream.Send(&kuportv1.ConnectRequest{Message: &kuportv1.ConnectRequest_Hello{Hello: hello}}); err != nil {
+		return false, fmt.Errorf("send hello to %s: %w", target, err)
+	}
+	a.log.Info("connected to controller", "target", target, "applied_version", hello.AppliedVersion, "applied_epoch", hello.AppliedEpoch)
+
+	programs := make(chan *kuportv1.NodeProgram)
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			resp, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			p := resp.GetProgram()
+			if p == nil {
+				a.log.Debug("ignoring a controller message without a program")
+				continue
+			}
+			select {
+			case programs <- p:
+			case <-sctx.Done():
+				return
+			}
+		}
+	}()
+
+	report := time.NewTicker(a.cfg.ReportInterval)
+	defer report.Stop()
+	poll := time.NewTicker(a.cfg.StatePollInterval)
+	defer poll.Stop()
+	lastState := state
+	send := func(what string, req *kuportv1.ConnectRequest) error {
+		if err := stream.Send(req); err != nil {
+			return fmt.Errorf("send %s to %s: %w", what, target, err)
+		}
+		return nil
+	}
+	sendAck := func(ack *kuportv1.Ack) error {
+		if ack == nil {
+			return nil
+		}
+		return send("ack", &kuportv1.ConnectRequest{Message: &kuportv1.ConnectRequest_Ack{Ack: ack}})
+	}
+	sendReport := func() error {
+		r, err := a.report()
+		if err != nil {
+			a.log.Warn("no report", "error", err)
+			return nil
+		}
+		lastState = r.State
+		return send("report", &kuportv1.ConnectRequest{Message: &kuportv1.ConnectRequest_Report{Report: r}})
+	}
+	for {
+		var err error
+		select {
+		case <-ctx.Done():
+			return healthy, ctx.Err()
+		case err := <-recvErr:
+			if errors.Is(err, io.EOF) {
+				err = errSessionEnded
+			}
+			return healthy, fmt.Errorf("receive from %s: %w", target, err)
+		case p := <-programs:
+			healthy = true
+			err = sendAck(a.handleProgram(p))
+		case <-resync:
+			err = sendAck(a.resync())
+		case <-report.C:
+			err = sendReport()
+		case <-poll.C:
+			st, perr := a.cfg.Datapath.NodeState(a.cfg.Underlay)
+			if perr != nil {
+				a.log.Warn("read node state", "error", perr)
+				continue
+			}
+			if !proto.Equal(st, lastState) {
+				a.log.Info("node state changed, reporting")
+				err = sendReport()
+			}
+		}
+		if err != nil {
+			return healthy, err
+		}
+	}
+}
+
+// report reads a Report from the datapath. Counters and link statistics that cannot be read
+// are logged and left out; the state is required.
+func (a *Agent) report() (*kuportv1.Report, error) {
+	state, err := a.cfg.Datapath.NodeState(a.cfg.Underlay)
+	if err != nil {
+		return nil, fmt.Errorf("read node state: %w", err)
+	}
+	r := &kuportv1.Report{State: state}
+	if r.Counters, err = a.cfg.Datapath.Counters(); err != nil {
+		a.log.Warn("read counters", "error", err)
+	}
+	if r.Links, err = a.cfg.Datapath.LinkStats(); err != nil {
+		a.log.Warn("read link stats", "error", err)
+	}
+	return r, nil
+}

@@ -1,0 +1,539 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/hashicorp/go-hclog"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/testing/protocmp"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// waitFor is a generous bound: it only limits how long a broken test hangs, never how fast
+// code must be.
+const waitFor = 10 * time.Second
+
+// fakeDatapath is a transactional in-memory Datapath: Apply commits the whole program or,
+// when failing, nothing.
+type fakeDatapath struct {
+	mu       sync.Mutex
+	applied  *kuportv1.NodeProgram
+	applies  int
+	failWith error
+	state    *kuportv1.NodeState
+	counters []*kuportv1.Counter
+	links    []*kuportv1.LinkStats
+}
+
+func (f *fakeDatapath) Apply(p *kuportv1.NodeProgram) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.applies++
+	if f.failWith != nil {
+		return f.failWith
+	}
+	f.applied = proto.CloneOf(p)
+	return nil
+}
+
+func (f *fakeDatapath) Counters() ([]*kuportv1.Counter, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.counters, nil
+}
+
+func (f *fakeDatapath) LinkStats() ([]*kuportv1.LinkStats, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.links, nil
+}
+
+func (f *fakeDatapath) NodeState(underlay string) (*kuportv1.NodeState, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st := proto.CloneOf(f.state)
+	st.UnderlayInterface = underlay
+	return st, nil
+}
+
+func (f *fakeDatapath) setState(st *kuportv1.NodeState) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.state = proto.CloneOf(st)
+}
+
+func (f *fakeDatapath) setFail(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.failWith = err
+}
+
+// snapshot returns the committed program and the number of Apply calls.
+func (f *fakeDatapath) snapshot() (*kuportv1.NodeProgram, int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.applied, f.applies
+}
+
+func newFakeDatapath() *fakeDatapath {
+	return &fakeDatapath{
+		state: &kuportv1.NodeState{
+			Interfaces: []*kuportv1.Interface{
+				{Name: "lo", Addresses: []string{"127.0.0.1"}, Mtu: 65536},
+				{Name: "wt0", Addresses: []string{"100.64.93.143"}, Mtu: 1420},
+			},
+			IpForward: true,
+		},
+		counters: []*kuportv1.Counter{{Id: "games/gs/dnat/wt0", Packets: 3, Bytes: 180}},
+		links:    []*kuportv1.LinkStats{{Name: "kup-1a2b3c4d", TxPackets: 2, RxPackets: 5}},
+	}
+}
+
+// testController is a real AgentService server; each stream becomes a session.
+type testController struct {
+	kuportv1.UnimplementedAgentServiceServer
+	sessions chan *session
+}
+
+type session struct {
+	hello    *kuportv1.Hello
+	messages chan *kuportv1.ConnectRequest // everything after Hello
+	programs chan *kuportv1.NodeProgram    // sent to the agent
+	end      chan struct{}                 // closed to end the stream
+}
+
+func (c *testController) Connect(stream kuportv1.AgentService_ConnectServer) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	s := &session{
+		hello:    first.GetHello(),
+		messages: make(chan *kuportv1.ConnectRequest, 64),
+		programs: make(chan *kuportv1.NodeProgram),
+		end:      make(chan struct{}),
+	}
+	c.sessions <- s
+	go func() {
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			select {
+			case s.messages <- m:
+			case <-stream.Context().Done():
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case p := <-s.programs:
+			if err := stream.Send(&kuportv1.ConnectResponse{Message: &kuportv1.ConnectResponse_Program{Program: p}}); err != nil {
+				return err
+			}
+		case <-s.end:
+			return nil
+		case <-stream.Context().Done():
+			return stream.Context().Err()
+		}
+	}
+}
+
+// startController serves a testController on a unix socket in a temporary directory and
+// returns it with the agent's target for it.
+func startController(t *testing.T) (*testController, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "controller.sock")
+	lis, err := net.Listen("unix", path)
+	require.NoError(t, err)
+	c := &testController{sessions: make(chan *session, 8)}
+	srv := grpc.NewServer()
+	kuportv1.RegisterAgentServiceServer(srv, c)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	return c, "unix://" + path
+}
+
+// syncBuffer is a log sink safe for the agent's and the test's goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// testConfig is a Config with timers that stay out of the way unless a test shortens them.
+func testConfig(dp Datapath, logs *syncBuffer, targets ...string) Config {
+	return Config{
+		NodeName:          "edge-a",
+		AgentVersion:      "v0.0.0-test",
+		Underlay:          "wt0",
+		Targets:           targets,
+		Datapath:          dp,
+		Log:               hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Trace}),
+		ReportInterval:    time.Hour,
+		StatePollInterval: time.Hour,
+		ResyncInterval:    time.Hour,
+		Backoff:           wait.Backoff{Duration: 10 * time.Millisecond, Factor: 2, Steps: 100, Cap: 100 * time.Millisecond},
+	}
+}
+
+// startAgent runs an agent until the test ends and checks that Run then returns nil.
+func startAgent(t *testing.T, cfg Config) {
+	t.Helper()
+	a, err := New(cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(waitFor):
+			t.Error("Run did not return after cancel")
+		}
+	})
+}
+
+func nextSession(t *testing.T, c *testController) *session {
+	t.Helper()
+	select {
+	case s := <-c.sessions:
+		return s
+	case <-time.After(waitFor):
+		t.Fatal("no agent session")
+		return nil
+	}
+}
+
+func (s *session) send(t *testing.T, p *kuportv1.NodeProgram) {
+	t.Helper()
+	select {
+	case s.programs <- p:
+	case <-time.After(waitFor):
+		t.Fatal("program not taken by the session")
+	}
+}
+
+// next returns the next message for which pick returns non-nil, skipping the others.
+func next[M proto.Message](t *testing.T, s *session, pick func(*kuportv1.ConnectRequest) M) M {
+	t.Helper()
+	deadline := time.After(waitFor)
+	for {
+		select {
+		case m := <-s.messages:
+			if got := pick(m); !isNil(got) {
+				return got
+			}
+		case <-deadline:
+			var zero M
+			t.Fatalf("no %T from the agent", zero)
+			return zero
+		}
+	}
+}
+
+func isNil[M proto.Message](m M) bool { return !m.ProtoReflect().IsValid() }
+
+func (s *session) nextAck(t *testing.T) *kuportv1.Ack {
+	t.Helper()
+	return next(t, s, (*kuportv1.ConnectRequest).GetAck)
+}
+
+func (s *session) nextReport(t *testing.T) *kuportv1.Report {
+	t.Helper()
+	return next(t, s, (*kuportv1.ConnectRequest).GetReport)
+}
+
+func program(version, epoch uint64, port uint32) *kuportv1.NodeProgram {
+	return &kuportv1.NodeProgram{
+		Node:    "edge-a",
+		Version: version,
+		Epoch:   epoch,
+		DnatRules: []*kuportv1.DnatRule{{
+			Id: "games/gs/dnat/wt0", Mapping: "games/gs", InInterface: "wt0",
+			Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: &kuportv1.PortRange{First: port, Last: port},
+			ToAddress: "10.244.17.5", ToPort: port,
+		}},
+	}
+}
+
+func requireProtoEqual(t *testing.T, want, got proto.Message) {
+	t.Helper()
+	if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {
+		t.Fatalf("mismatch (-want +got):\n%s", diff)
+	}
+}
+
+func TestHelloCarriesNodeState(t *testing.T) {
+	c, target := startController(t)
+	dp := newFakeDatapath()
+	startAgent(t, testConfig(dp, &syncBuffer{}, target))
+
+	s := nextSession(t, c)
+	requireProtoEqual(t, &kuportv1.Hello{
+		Node:         "edge-a",
+		AgentVersion: "v0.0.0-test",
+		State: &kuportv1.NodeState{
+			Interfaces: []*kuportv1.Interface{
+				{Name: "lo", Addresses: []string{"127.0.0.1"}, Mtu: 65536},
+				{Name: "wt0", Addresses: []string{"100.64.93.143"}, Mtu: 1420},
+			},
+			UnderlayInterface: "wt0",
+			IpForward:         true,
+		},
+	}, s.hello)
+}
+
+func TestProgramAppliedAndAcked(t *testing.T) {
+	c, target := startController(t)
+	dp := newFakeDatapath()
+	logs := &syncBuffer{}
+	startAgent(t, testConfig(dp, logs, target))
+
+	s := nextSession(t, c)
+	p := program(1, 1, 27015)
+	s.send(t, p)
+	requireProtoEqual(t, &kuportv1.Ack{Version: 1, Epoch: 1}, s.nextAck(t))
+	applied, applies := dp.snapshot()
+	requireProtoEqual(t, p, applied)
+	require.Equal(t, 1, applies)
+	require.Contains(t, logs.String(), "program applied")
+	require.Contains(t, logs.String(), "dnat_rules=1")
+}
+
+func TestFailedApplyAcksErrorsAndResyncRetries(t *testing.T) {
+	errEntry := errors.New("link kup-1a2b3c4d: file exists")
+	for _, tc := range []struct {
+		name        string
+		entryErrors func(error) []*kuportv1.EntryError
+		want        []*kuportv1.EntryError
+	}{
+		{
+			name: "datapath entry errors",
+			entryErrors: func(err error) []*kuportv1.EntryError {
+				return []*kuportv1.EntryError{{Id: "games/gs/dnat/wt0", Message: err.Error()}}
+			},
+			want: []*kuportv1.EntryError{{Id: "games/gs/dnat/wt0", Message: errEntry.Error()}},
+		},
+		{
+			name: "whole program error",
+			want: []*kuportv1.EntryError{{Message: errEntry.Error()}},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, target := startController(t)
+			dp := newFakeDatapath()
+			dp.setFail(errEntry)
+			cfg := testConfig(dp, &syncBuffer{}, target)
+			cfg.EntryErrors = tc.entryErrors
+			cfg.ResyncInterval = 20 * time.Millisecond
+			startAgent(t, cfg)
+
+			s := nextSession(t, c)
+			p := program(1, 1, 27015)
+			s.send(t, p)
+			requireProtoEqual(t, &kuportv1.Ack{Version: 1, Epoch: 1, Errors: tc.want}, s.nextAck(t))
+			applied, _ := dp.snapshot()
+			require.Nil(t, applied)
+
+			dp.setFail(nil)
+			// Resync ticks ack each retry; the first clean Ack marks the repair.
+			deadline := time.Now().Add(waitFor)
+			for len(s.nextAck(t).GetErrors()) > 0 {
+				require.True(t, time.Now().Before(deadline), "no clean Ack after the failure cleared")
+			}
+			applied, _ = dp.snapshot()
+			requireProtoEqual(t, p, applied)
+		})
+	}
+}
+
+func TestReconnectKeepsProgramAndDoesNotReapply(t *testing.T) {
+	c, target := startController(t)
+	dp := newFakeDatapath()
+	startAgent(t, testConfig(dp, &syncBuffer{}, target))
+
+	s := nextSession(t, c)
+	p := program(7, 3, 27015)
+	s.send(t, p)
+	s.nextAck(t)
+	close(s.end)
+
+	s = nextSession(t, c)
+	require.Equal(t, uint64(7), s.hello.GetAppliedVersion())
+	require.Equal(t, uint64(3), s.hello.GetAppliedEpoch())
+	applied, applies := dp.snapshot()
+	requireProtoEqual(t, p, applied)
+
+	s.send(t, proto.CloneOf(p))
+	requireProtoEqual(t, &kuportv1.Ack{Version: 7, Epoch: 3}, s.nextAck(t))
+	_, after := dp.snapshot()
+	require.Equal(t, applies, after, "the same content must not be applied again")
+
+	// A new leader's epoch with unchanged content is acknowledged without an Apply too, and
+	// becomes the applied version.
+	s.send(t, program(1, 4, 27015))
+	requireProtoEqual(t, &kuportv1.Ack{Version: 1, Epoch: 4}, s.nextAck(t))
+	_, after = dp.snapshot()
+	require.Equal(t, applies, after)
+	close(s.end)
+	s = nextSession(t, c)
+	require.Equal(t, uint64(1), s.hello.GetAppliedVersion())
+	require.Equal(t, uint64(4), s.hello.GetAppliedEpoch())
+}
+
+func TestLowerEpochProgramRefused(t *testing.T) {
+	c, target := startController(t)
+	dp := newFakeDatapath()
+	logs := &syncBuffer{}
+	startAgent(t, testConfig(dp, logs, target))
+
+	s := nextSession(t, c)
+	s.send(t, program(3, 2, 27015))
+	s.nextAck(t)
+
+	s.send(t, program(9, 1, 27016))
+	// Programs are handled in order, so the next Ack being this one's proves the stale one
+	// got none.
+	current := program(4, 2, 27017)
+	s.send(t, current)
+	requireProtoEqual(t, &kuportv1.Ack{Version: 4, Epoch: 2}, s.nextAck(t))
+	applied, applies := dp.snapshot()
+	requireProtoEqual(t, current, applied)
+	require.Equal(t, 2, applies)
+	require.Contains(t, logs.String(), "refusing a program from a lower epoch")
+}
+
+func TestEqualEpochLowerVersion(t *testing.T) {
+	c, target := startController(t)
+	dp := newFakeDatapath()
+	startAgent(t, testConfig(dp, &syncBuffer{}, target))
+
+	s := nextSession(t, c)
+	s.send(t, program(5, 1, 27015))
+	s.nextAck(t)
+
+	changed := program(4, 1, 27016)
+	s.send(t, changed)
+	requireProtoEqual(t, &kuportv1.Ack{Version: 4, Epoch: 1}, s.nextAck(t))
+	applied, applies := dp.snapshot()
+	requireProtoEqual(t, changed, applied)
+	require.Equal(t, 2, applies, "differing content is applied again")
+
+	s.send(t, program(3, 1, 27016))
+	requireProtoEqual(t, &kuportv1.Ack{Version: 3, Epoch: 1}, s.nextAck(t))
+	_, after := dp.snapshot()
+	require.Equal(t, applies, after, "equal content is only acknowledged")
+}
+
+func TestProgramForAnotherNodeRefused(t *testing.T) {
+	c, target := startController(t)
+	dp := newFakeDatapath()
+	startAgent(t, testConfig(dp, &syncBuffer{}, target))
+
+	s := nextSession(t, c)
+	p := program(1, 1, 27015)
+	p.Node = "worker-b"
+	s.send(t, p)
+	ack := s.nextAck(t)
+	require.Len(t, ack.GetErrors(), 1)
+	require.Contains(t, ack.GetErrors()[0].GetMessage(), "worker-b")
+	_, applies := dp.snapshot()
+	require.Zero(t, applies)
+}
+
+func TestReportOnStateChange(t *testing.T) {
+	c, target := startController(t)
+	dp := newFakeDatapath()
+	cfg := testConfig(dp, &syncBuffer{}, target)
+	cfg.StatePollInterval = 20 * time.Millisecond
+	startAgent(t, cfg)
+
+	s := nextSession(t, c)
+	changed := &kuportv1.NodeState{
+		Interfaces: []*kuportv1.Interface{
+			{Name: "lo", Addresses: []string{"127.0.0.1"}, Mtu: 65536},
+			{Name: "wt0", Addresses: []string{"100.64.93.143"}, Mtu: 1420},
+			{Name: "enp1s0", Addresses: []string{"203.0.113.9"}, Mtu: 1500},
+		},
+		IpForward: true,
+	}
+	dp.setState(changed)
+	report := s.nextReport(t)
+	changed.UnderlayInterface = "wt0"
+	requireProtoEqual(t, changed, report.GetState())
+	requireProtoEqual(t, &kuportv1.Report{
+		State:    changed,
+		Counters: []*kuportv1.Counter{{Id: "games/gs/dnat/wt0", Packets: 3, Bytes: 180}},
+		Links:    []*kuportv1.LinkStats{{Name: "kup-1a2b3c4d", TxPackets: 2, RxPackets: 5}},
+	}, report)
+}
+
+func TestPeriodicReport(t *testing.T) {
+	c, target := startController(t)
+	dp := newFakeDatapath()
+	cfg := testConfig(dp, &syncBuffer{}, target)
+	cfg.ReportInterval = 20 * time.Millisecond
+	startAgent(t, cfg)
+
+	s := nextSession(t, c)
+	for range 2 {
+		report := s.nextReport(t)
+		require.Equal(t, "wt0", report.GetState().GetUnderlayInterface())
+		require.Len(t, report.GetCounters(), 1)
+		require.Len(t, report.GetLinks(), 1)
+	}
+}
+
+func TestRotatesThroughTargets(t *testing.T) {
+	c, target := startController(t)
+	missing := "unix://" + filepath.Join(t.TempDir(), "absent.sock")
+	dp := newFakeDatapath()
+	logs := &syncBuffer{}
+	startAgent(t, testConfig(dp, logs, missing, target))
+
+	s := nextSession(t, c)
+	require.Equal(t, "edge-a", s.hello.GetNode())
+	require.Contains(t, logs.String(), "absent.sock")
+}
+
+func TestNewRequiresNodeTargetsAndDatapath(t *testing.T) {
+	dp := newFakeDatapath()
+	for name, cfg := range map[string]Config{
+		"node":     {Targets: []string{"unix:///x"}, Datapath: dp},
+		"target":   {NodeName: "edge-a", Datapath: dp},
+		"datapath": {NodeName: "edge-a", Targets: []string{"unix:///x"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := New(cfg)
+			require.ErrorContains(t, err, name)
+		})
+	}
+}

@@ -1,0 +1,99 @@
+package agent
+
+import (
+	"fmt"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// handleProgram applies p when it must and returns the Ack to send, or nil when p is refused
+// by fencing (its epoch is lower than the current program's: a deposed leader's program,
+// proto/kuport/v1/program.proto, NodeProgram.epoch).
+//
+// A program whose content (everything but version and epoch) equals the current program's,
+// which applied without errors, is acknowledged without calling Apply: the kernel already
+// holds it (a reconnect resends the same program). Any other program is applied, including
+// one of equal epoch and lower version whose content differs.
+func (a *Agent) handleProgram(p *kuportv1.NodeProgram) *kuportv1.Ack {
+	if p.GetNode() != a.cfg.NodeName {
+		a.log.Error("refusing a program for another node", "program_node", p.GetNode(), "version", p.GetVersion(), "epoch", p.GetEpoch())
+		return &kuportv1.Ack{Version: p.GetVersion(), Epoch: p.GetEpoch(), Errors: []*kuportv1.EntryError{{
+			Message: fmt.Sprintf("program is for node %q, this agent is node %q", p.GetNode(), a.cfg.NodeName),
+		}}}
+	}
+	cur := a.current
+	if cur != nil && p.GetEpoch() < cur.GetEpoch() {
+		a.log.Warn("refusing a program from a lower epoch (fencing)",
+			"version", p.GetVersion(), "epoch", p.GetEpoch(), "applied_version", cur.GetVersion(), "applied_epoch", cur.GetEpoch())
+		return nil
+	}
+	if cur != nil && len(a.currentErr) == 0 && sameContent(p, cur) {
+		a.log.Debug("program content already applied, acknowledging",
+			"version", p.GetVersion(), "epoch", p.GetEpoch(), "applied_version", cur.GetVersion(), "applied_epoch", cur.GetEpoch())
+		if p.GetEpoch() > cur.GetEpoch() || p.GetVersion() > cur.GetVersion() {
+			a.current = p
+		}
+		return &kuportv1.Ack{Version: p.GetVersion(), Epoch: p.GetEpoch()}
+	}
+	return a.apply(p)
+}
+
+// resync applies the current program again, retrying a failed Apply and repairing kernel
+// state others removed. It returns an Ack when the outcome is worth telling the controller
+// (the previous or this attempt had errors), else nil.
+func (a *Agent) resync() *kuportv1.Ack {
+	if a.current == nil {
+		return nil
+	}
+	hadErrors := len(a.currentErr) > 0
+	a.log.Debug("resync", "version", a.current.GetVersion(), "epoch", a.current.GetEpoch())
+	ack := a.apply(a.current)
+	if !hadErrors && len(ack.Errors) == 0 {
+		return nil
+	}
+	return ack
+}
+
+// apply calls Datapath.Apply, records p as current whatever the outcome (the kernel now holds
+// it, at least in part, and resync retries it) and returns its Ack.
+func (a *Agent) apply(p *kuportv1.NodeProgram) *kuportv1.Ack {
+	if a.log.IsTrace() {
+		a.log.Trace("applying program", "program", protojson.Format(p))
+	}
+	err := a.cfg.Datapath.Apply(p)
+	a.current = p
+	a.currentErr = nil
+	ack := &kuportv1.Ack{Version: p.GetVersion(), Epoch: p.GetEpoch()}
+	if err != nil {
+		a.currentErr = a.entryErrors(err)
+		ack.Errors = a.currentErr
+		a.log.Error("program apply failed", "version", p.GetVersion(), "epoch", p.GetEpoch(), "entry_errors", len(ack.Errors), "error", err)
+		return ack
+	}
+	a.log.Info("program applied", "version", p.GetVersion(), "epoch", p.GetEpoch(),
+		"dnat_rules", len(p.GetDnatRules()), "snat_rules", len(p.GetSnatRules()), "mark_rules", len(p.GetMarkRules()),
+		"links", len(p.GetLinks()), "return_paths", len(p.GetReturnPaths()))
+	return ack
+}
+
+// entryErrors turns an Apply error into EntryErrors (Config.EntryErrors), falling back to one
+// entry with an empty id.
+func (a *Agent) entryErrors(err error) []*kuportv1.EntryError {
+	if a.cfg.EntryErrors != nil {
+		if errs := a.cfg.EntryErrors(err); len(errs) > 0 {
+			return errs
+		}
+	}
+	return []*kuportv1.EntryError{{Message: err.Error()}}
+}
+
+// sameContent reports whether two programs are equal but for version and epoch.
+func sameContent(x, y *kuportv1.NodeProgram) bool {
+	x, y = proto.CloneOf(x), proto.CloneOf(y)
+	x.Version, x.Epoch = 0, 0
+	y.Version, y.Epoch = 0, 0
+	return proto.Equal(x, y)
+}

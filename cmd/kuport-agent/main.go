@@ -1,0 +1,155 @@
+// Command kuport-agent is kuport's node agent: it holds a stream to the controller and
+// applies the node's program to the kernel of the network namespace it runs in.
+//
+//	kuport-agent --node-name N --controller TARGET [--controller TARGET2 ...]
+//	             [--underlay-interface IF] [--report-interval 10s] [--log-level info]
+//	kuport-agent cleanup [--log-level info]
+//	kuport-agent --version
+//
+// TARGET is a gRPC target: unix:///run/kuport-lab/controller.sock or host:port. SIGTERM and
+// SIGINT stop the agent and leave the kernel as it is (fail static); `cleanup` removes
+// everything kuport made on the node and exits.
+//
+// Exit status: 0 on success, 2 on a usage error, 1 on any other error.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/google/nftables"
+	"github.com/hashicorp/go-hclog"
+	"github.com/spf13/pflag"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"kuport.wlz.li/kuport/agent"
+	"kuport.wlz.li/kuport/datapath"
+)
+
+// version is stamped at build time: -ldflags "-X main.version=v1.2.3".
+var version = "dev"
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// errUsage marks a command line that cannot run; it exits with status 2.
+var errUsage = errors.New("usage error")
+
+func run(args []string, stdout, stderr io.Writer) int {
+	err := runErr(args, stdout, stderr)
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, errUsage):
+		_, _ = fmt.Fprintf(stderr, "kuport-agent: %v\n", err)
+		return 2
+	default:
+		_, _ = fmt.Fprintf(stderr, "kuport-agent: %v\n", err)
+		return 1
+	}
+}
+
+func runErr(args []string, stdout, stderr io.Writer) error {
+	fs := pflag.NewFlagSet("kuport-agent", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	nodeName := fs.String("node-name", "", "name of this node (required to run)")
+	underlay := fs.String("underlay-interface", "", "underlay interface (default: the device of the IPv4 default route)")
+	targets := fs.StringArray("controller", nil, "controller gRPC target, unix:///path or host:port; repeat for replicas, tried in turn (required to run)")
+	reportInterval := fs.Duration("report-interval", agent.DefaultReportInterval, "period of reports to the controller")
+	logLevel := fs.String("log-level", "info", "log level: trace, debug, info, warn or error")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	fs.Usage = func() {
+		_, _ = fmt.Fprintln(stderr, "usage: kuport-agent --node-name N --controller TARGET [flags]\n       kuport-agent cleanup [--log-level L]\n       kuport-agent --version")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return nil
+		}
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if *showVersion {
+		_, _ = fmt.Fprintln(stdout, version)
+		return nil
+	}
+	level := hclog.LevelFromString(*logLevel)
+	if level == hclog.NoLevel {
+		return fmt.Errorf("%w: unknown --log-level %q", errUsage, *logLevel)
+	}
+	log := hclog.New(&hclog.LoggerOptions{Name: "kuport-agent", Level: level, Output: stderr})
+
+	cleanup := false
+	switch rest := fs.Args(); {
+	case len(rest) == 1 && rest[0] == "cleanup":
+		cleanup = true
+	case len(rest) > 0:
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, rest)
+	case *nodeName == "":
+		return fmt.Errorf("%w: --node-name is required", errUsage)
+	case len(*targets) == 0:
+		return fmt.Errorf("%w: --controller is required", errUsage)
+	case *reportInterval <= 0:
+		return fmt.Errorf("%w: --report-interval must be positive", errUsage)
+	}
+
+	dp, closeKernel, err := openDatapath(log)
+	if err != nil {
+		return err
+	}
+	defer closeKernel()
+	if cleanup {
+		if err := dp.Cleanup(); err != nil {
+			return fmt.Errorf("cleanup: %w", err)
+		}
+		log.Info("removed everything kuport made on this node")
+		return nil
+	}
+
+	a, err := agent.New(agent.Config{
+		NodeName:       *nodeName,
+		AgentVersion:   version,
+		Underlay:       *underlay,
+		Targets:        *targets,
+		Datapath:       dp,
+		EntryErrors:    datapath.EntryErrors,
+		Log:            log,
+		ReportInterval: *reportInterval,
+	})
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	log.Info("starting", "version", version, "node", *nodeName, "controllers", *targets, "underlay", *underlay)
+	if err := a.Run(ctx); err != nil {
+		return err
+	}
+	log.Info("stopping; kernel state left in place")
+	return nil
+}
+
+// openDatapath opens the kernel handles of the agent's own network namespace and returns
+// the datapath over them with a function that closes them.
+func openDatapath(log hclog.Logger) (*datapath.Datapath, func(), error) {
+	nft, err := nftables.New(nftables.AsLasting())
+	if err != nil {
+		return nil, nil, fmt.Errorf("open nftables: %w", err)
+	}
+	nl, err := netlink.NewHandle()
+	if err != nil {
+		_ = nft.CloseLasting()
+		return nil, nil, fmt.Errorf("open netlink: %w", err)
+	}
+	dp := datapath.New(datapath.Config{NFT: nft, Netlink: nl, NetNS: netns.None(), Log: log.Named("datapath")})
+	return dp, func() {
+		nl.Close()
+		_ = nft.CloseLasting()
+	}, nil
+}

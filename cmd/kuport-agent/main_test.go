@@ -1,0 +1,199 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// runMainEnv makes the test binary act as kuport-agent, so a privileged test can run the
+// real command inside a network namespace with `ip netns exec`.
+const runMainEnv = "KUPORT_AGENT_TEST_RUN_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(runMainEnv) == "1" {
+		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+func TestUsage(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		code   int
+		stdout string
+		stderr string
+	}{
+		{name: "version", args: []string{"--version"}, code: 0, stdout: "dev\n"},
+		{name: "no node", args: []string{"--controller", "unix:///x"}, code: 2, stderr: "--node-name is required"},
+		{name: "no controller", args: []string{"--node-name", "edge-a"}, code: 2, stderr: "--controller is required"},
+		{name: "bad log level", args: []string{"--log-level", "loud"}, code: 2, stderr: `unknown --log-level "loud"`},
+		{name: "unknown subcommand", args: []string{"purge"}, code: 2, stderr: "unexpected arguments"},
+		{name: "unknown flag", args: []string{"--frobnicate"}, code: 2, stderr: "unknown flag"},
+		{name: "bad interval", args: []string{"--node-name", "n", "--controller", "unix:///x", "--report-interval", "0s"}, code: 2, stderr: "must be positive"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			require.Equal(t, tc.code, run(tc.args, &stdout, &stderr), stderr.String())
+			require.Equal(t, tc.stdout, stdout.String())
+			require.Contains(t, stderr.String(), tc.stderr)
+		})
+	}
+}
+
+// oneShotController accepts agent streams, sends each the program it holds and passes on
+// what the agents send.
+type oneShotController struct {
+	kuportv1.UnimplementedAgentServiceServer
+	program  *kuportv1.NodeProgram
+	messages chan *kuportv1.ConnectRequest
+}
+
+func (c *oneShotController) Connect(stream kuportv1.AgentService_ConnectServer) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	c.messages <- first
+	if err := stream.Send(&kuportv1.ConnectResponse{Message: &kuportv1.ConnectResponse_Program{Program: c.program}}); err != nil {
+		return err
+	}
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		select {
+		case c.messages <- m:
+		case <-stream.Context().Done():
+			return stream.Context().Err()
+		}
+	}
+}
+
+func (c *oneShotController) next(t *testing.T, pick func(*kuportv1.ConnectRequest) bool) *kuportv1.ConnectRequest {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case m := <-c.messages:
+			if pick(m) {
+				return m
+			}
+		case <-deadline:
+			t.Fatal("no expected message from the agent")
+			return nil
+		}
+	}
+}
+
+// TestPrivilegedAgentFailStaticAndCleanup runs kuport-agent in a fresh network namespace:
+// it applies the program, keeps it in the kernel across SIGTERM, and `cleanup` removes it.
+func TestPrivilegedAgentFailStaticAndCleanup(t *testing.T) {
+	if os.Getenv("KUPORT_PRIVILEGED") != "1" {
+		t.Skip("needs root and network namespaces: set KUPORT_PRIVILEGED=1")
+	}
+	ns := fmt.Sprintf("kup-agent-test-%d", os.Getpid())
+	sh := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+		require.NoError(t, err, "%s: %s", strings.Join(args, " "), out)
+		return string(out)
+	}
+	sh("ip", "netns", "add", ns)
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "delete", ns).Run() })
+	sh("ip", "-n", ns, "link", "add", "wt0", "type", "veth", "peer", "name", "wt0-peer")
+	sh("ip", "-n", ns, "link", "set", "wt0-peer", "up")
+	sh("ip", "-n", ns, "addr", "add", "100.64.93.143/10", "dev", "wt0")
+	sh("ip", "-n", ns, "link", "set", "wt0", "up")
+	sh("ip", "-n", ns, "route", "add", "default", "dev", "wt0")
+
+	sock := filepath.Join(t.TempDir(), "controller.sock")
+	lis, err := net.Listen("unix", sock)
+	require.NoError(t, err)
+	ctrl := &oneShotController{
+		messages: make(chan *kuportv1.ConnectRequest, 64),
+		program: &kuportv1.NodeProgram{Node: "edge-a", Version: 1, Epoch: 1, DnatRules: []*kuportv1.DnatRule{{
+			Id: "games/gs/dnat/wt0", Mapping: "games/gs", InInterface: "wt0",
+			Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: &kuportv1.PortRange{First: 27015, Last: 27015},
+			ToAddress: "10.244.17.5", ToPort: 27015,
+		}}},
+	}
+	srv := grpc.NewServer()
+	kuportv1.RegisterAgentServiceServer(srv, ctrl)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+
+	self, err := os.Executable()
+	require.NoError(t, err)
+	agentCmd := func(args ...string) (*exec.Cmd, *bytes.Buffer) {
+		cmd := exec.Command("ip", append([]string{"netns", "exec", ns, self}, args...)...)
+		cmd.Env = append(os.Environ(), runMainEnv+"=1")
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		return cmd, &out
+	}
+	nftList := func() (string, error) {
+		out, err := exec.Command("ip", "netns", "exec", ns, "nft", "list", "table", "ip", "kuport").CombinedOutput()
+		return string(out), err
+	}
+
+	cmd, out := agentCmd("--node-name", "edge-a", "--controller", "unix://"+sock, "--log-level", "debug")
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+		t.Logf("agent output:\n%s", out.String())
+	})
+
+	hello := ctrl.next(t, func(m *kuportv1.ConnectRequest) bool { return m.GetHello() != nil }).GetHello()
+	require.Equal(t, "edge-a", hello.GetNode())
+	require.Equal(t, "wt0", hello.GetState().GetUnderlayInterface(), "underlay from the default route device")
+	var wt0 *kuportv1.Interface
+	for _, itf := range hello.GetState().GetInterfaces() {
+		if itf.GetName() == "wt0" {
+			wt0 = itf
+		}
+	}
+	require.NotNil(t, wt0, "hello lists wt0")
+	require.Equal(t, []string{"100.64.93.143"}, wt0.GetAddresses())
+
+	ack := ctrl.next(t, func(m *kuportv1.ConnectRequest) bool { return m.GetAck() != nil }).GetAck()
+	require.Empty(t, ack.GetErrors())
+	require.Equal(t, uint64(1), ack.GetVersion())
+	table, err := nftList()
+	require.NoError(t, err, table)
+	require.Contains(t, table, "dnat to 10.244.17.5:27015")
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-exited:
+		require.NoError(t, err, "agent exits 0 on SIGTERM")
+		exited <- err // for the cleanup's receive
+	case <-time.After(30 * time.Second):
+		t.Fatal("agent did not exit on SIGTERM")
+	}
+	table, err = nftList()
+	require.NoError(t, err, "fail static: the table stays after the agent stops")
+	require.Contains(t, table, "dnat to 10.244.17.5:27015")
+
+	cleanup, cleanupOut := agentCmd("cleanup")
+	require.NoError(t, cleanup.Run(), cleanupOut.String())
+	table, err = nftList()
+	require.Error(t, err, "cleanup removes table ip kuport: %s", table)
+}
