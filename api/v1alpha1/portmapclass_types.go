@@ -39,7 +39,7 @@ type PortMapClassSpec struct {
 	Nodes map[string]ClassNode `json:"nodes"`
 
 	// ports limits which ports mappings of this class may use.
-	// +kubebuilder:default={}
+	// +kubebuilder:default={min:1,max:65535}
 	// +optional
 	Ports PortPolicy `json:"ports,omitempty"`
 

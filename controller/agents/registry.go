@@ -1,0 +1,519 @@
+// Package agents is the controller's side of the agent stream (DESIGN.md, "Shape" and "The
+// program"): a Registry that keeps, per node, the current program and its version, the
+// version at which each mapping's entries last changed, the agent's connection, its last
+// reported NodeState, acknowledgements and counters; and the gRPC services (AgentService,
+// ProgramService, health, reflection) served over it.
+//
+// It decides nothing about what a program holds (compile does) and never talks to the API
+// server; it tells its owner through Config.OnChange when compile or status must run again.
+package agents
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/protobuf/proto"
+
+	"kuport.wlz.li/kuport/controller/compile"
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// DefaultHold is how long after a controller start programs are held back while nodes that
+// classes name have not said Hello yet (see Registry.Release).
+const DefaultHold = 15 * time.Second
+
+// Change says what an agent event invalidates.
+type Change int
+
+const (
+	// StateChanged: an agent connected, disconnected, or reported a different NodeState, so
+	// compile must run again.
+	StateChanged Change = iota + 1
+	// Acked: an agent acknowledged a program version, so only status must be rewritten.
+	Acked
+)
+
+// Config configures a Registry.
+type Config struct {
+	// Epoch stamps every program; agents refuse programs of a lower epoch than one they
+	// applied. Fixed for the Registry's life (unix seconds at controller start).
+	Epoch uint64
+	// Start is when the controller started; the startup hold ends at Start+Hold at the latest.
+	Start time.Time
+	// Hold is the longest the startup hold lasts (DefaultHold when zero).
+	Hold time.Duration
+	// OnChange is called, outside any lock, after every agent event that needs compile or
+	// status to run again. May be nil.
+	OnChange func(Change)
+	// Log receives agent events; nil discards them.
+	Log hclog.Logger
+}
+
+// Registry is the per-node state of the controller's agent side. Safe for concurrent use.
+type Registry struct {
+	log       hclog.Logger
+	epoch     uint64
+	holdUntil time.Time
+	onChange  func(Change)
+
+	mu       sync.Mutex
+	released bool
+	nodes    map[string]*node
+}
+
+type node struct {
+	// program is the current program with version and epoch set; nil until compile names
+	// the node. Never mutated once stored (sent to streams concurrently).
+	program  *kuportv1.NodeProgram
+	mappings map[string]*mappingVersion
+
+	session      *session // nil while no stream is open
+	everHello    bool
+	agentVersion string
+	state        *kuportv1.NodeState
+	ackedVersion uint64 // in the current epoch; 0 if none
+	ackErrors    []*kuportv1.EntryError
+	counters     []*kuportv1.Counter
+	linkStats    []*kuportv1.LinkStats
+}
+
+// mappingVersion is the program version at which one mapping's entries on a node last changed.
+type mappingVersion struct {
+	version uint64
+	digest  [sha256.Size]byte
+	ids     map[string]bool // entry ids, link names and return path ids the mapping uses
+}
+
+// session is one open Connect stream.
+type session struct {
+	node     string
+	wake     chan struct{} // capacity 1: "the program may have changed"
+	replaced chan struct{} // closed when a newer stream of the same node registers
+	sent     uint64        // version the agent holds or was sent (guarded by Registry.mu)
+}
+
+// NewRegistry returns an empty Registry holding programs back until Release lets them go.
+func NewRegistry(cfg Config) *Registry {
+	hold := cfg.Hold
+	if hold == 0 {
+		hold = DefaultHold
+	}
+	log := cfg.Log
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	onChange := cfg.OnChange
+	if onChange == nil {
+		onChange = func(Change) {}
+	}
+	return &Registry{
+		log:       log,
+		epoch:     cfg.Epoch,
+		holdUntil: cfg.Start.Add(hold),
+		onChange:  onChange,
+		nodes:     map[string]*node{},
+	}
+}
+
+// Epoch returns the epoch stamped on every program.
+func (r *Registry) Epoch() uint64 { return r.epoch }
+
+func (r *Registry) nodeLocked(name string) *node {
+	n := r.nodes[name]
+	if n == nil {
+		n = &node{mappings: map[string]*mappingVersion{}}
+		r.nodes[name] = n
+	}
+	return n
+}
+
+// SetPrograms stores compile's programs (content only: their version and epoch are
+// ignored). A node whose content differs from what it holds gets version previous+1 and, when
+// its agent is connected and the startup hold is over, the new program is pushed. A node that
+// had a program and is absent from programs gets an empty one (its agent clears its rules).
+// It returns the names of the nodes whose program changed, sorted.
+func (r *Registry) SetPrograms(programs map[string]*kuportv1.NodeProgram) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var changed []string
+	for name, n := range r.nodes {
+		if _, ok := programs[name]; !ok && n.program != nil && !isEmpty(n.program) {
+			if r.storeLocked(name, n, &kuportv1.NodeProgram{}) {
+				changed = append(changed, name)
+			}
+		}
+	}
+	for name, p := range programs {
+		if p == nil {
+			p = &kuportv1.NodeProgram{}
+		}
+		if r.storeLocked(name, r.nodeLocked(name), p) {
+			changed = append(changed, name)
+		}
+	}
+	slices.Sort(changed)
+	if len(changed) > 0 {
+		r.log.Debug("programs changed", "nodes", changed, "epoch", r.epoch)
+	}
+	return changed
+}
+
+// storeLocked stores p's content as n's program if it differs and wakes n's stream.
+func (r *Registry) storeLocked(name string, n *node, p *kuportv1.NodeProgram) bool {
+	next := proto.Clone(p).(*kuportv1.NodeProgram)
+	next.Node = name
+	next.Epoch = r.epoch
+	if n.program != nil {
+		next.Version = n.program.Version
+		if proto.Equal(next, n.program) {
+			return false
+		}
+	}
+	next.Version++
+	n.program = next
+	digests := mappingDigests(next)
+	for m := range n.mappings {
+		if _, ok := digests[m]; !ok {
+			delete(n.mappings, m)
+		}
+	}
+	for m, d := range digests {
+		if old := n.mappings[m]; old != nil && old.digest == d.digest {
+			old.ids = d.ids
+			continue
+		}
+		d.version = next.Version
+		n.mappings[m] = d
+	}
+	if r.released && n.session != nil {
+		wake(n.session)
+	}
+	return true
+}
+
+func isEmpty(p *kuportv1.NodeProgram) bool {
+	return len(p.DnatRules)+len(p.SnatRules)+len(p.MarkRules)+len(p.Links)+len(p.ReturnPaths) == 0
+}
+
+// mappingDigests groups a program's entries by mapping: each mapping's rules plus the links
+// and return paths they use (a link named as a rule's interface or holding a rule's
+// address, a return path with a mark rule's mark or on a used link, and that return path's
+// link), digested so a change to any of them gives the mapping a new version.
+func mappingDigests(p *kuportv1.NodeProgram) map[string]*mappingVersion {
+	linkByName := map[string]*kuportv1.Link{}
+	linkByAddr := map[string]*kuportv1.Link{}
+	for _, l := range p.Links {
+		linkByName[l.Name] = l
+		linkByAddr[l.LocalAddress] = l
+		linkByAddr[l.PeerAddress] = l
+	}
+	type group struct {
+		entries []proto.Message
+		ids     map[string]bool
+		links   map[string]bool
+		marks   map[uint32]bool
+	}
+	groups := map[string]*group{}
+	get := func(mapping, id string, m proto.Message) *group {
+		g := groups[mapping]
+		if g == nil {
+			g = &group{ids: map[string]bool{}, links: map[string]bool{}, marks: map[uint32]bool{}}
+			groups[mapping] = g
+		}
+		g.entries = append(g.entries, m)
+		g.ids[id] = true
+		return g
+	}
+	useLink := func(g *group, l *kuportv1.Link) {
+		if l != nil {
+			g.links[l.Name] = true
+		}
+	}
+	for _, d := range p.DnatRules {
+		g := get(d.Mapping, d.Id, d)
+		useLink(g, linkByName[d.InInterface])
+		useLink(g, linkByAddr[d.ToAddress])
+		useLink(g, linkByAddr[d.MatchDestination])
+	}
+	for _, s := range p.SnatRules {
+		useLink(get(s.Mapping, s.Id, s), linkByName[s.OutInterface])
+	}
+	for _, m := range p.MarkRules {
+		get(m.Mapping, m.Id, m).marks[m.Mark] = true
+	}
+
+	out := make(map[string]*mappingVersion, len(groups))
+	for mapping, g := range groups {
+		var paths []*kuportv1.ReturnPath
+		for _, rp := range p.ReturnPaths {
+			if g.marks[rp.Mark] || g.links[rp.Link] {
+				paths = append(paths, rp)
+				g.ids[rp.Id] = true
+			}
+		}
+		for _, rp := range paths {
+			useLink(g, linkByName[rp.Link])
+		}
+		h := sha256.New()
+		add := func(m proto.Message) {
+			// Deterministic marshalling of one message cannot fail for a valid message; a
+			// failure still changes the digest, so it is never mistaken for "unchanged".
+			b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+			if err != nil {
+				b = []byte(err.Error())
+			}
+			h.Write(binary.AppendUvarint(nil, uint64(len(b))))
+			h.Write(b)
+		}
+		for _, e := range g.entries {
+			add(e)
+		}
+		for _, name := range slices.Sorted(maps.Keys(g.links)) {
+			add(linkByName[name])
+			g.ids[name] = true
+		}
+		for _, rp := range paths {
+			add(rp)
+		}
+		mv := &mappingVersion{ids: g.ids}
+		h.Sum(mv.digest[:0])
+		out[mapping] = mv
+	}
+	return out
+}
+
+// Release ends the startup hold (DESIGN.md: after a restart an agent that reconnects first
+// must not be handed a program missing its peer's link, which would make it tear a live link
+// down): once every node in expected has said Hello since start, or at Start+Hold, programs
+// flow. It returns true when released, else how long until the hold times out.
+func (r *Registry) Release(expected []string, now time.Time) (bool, time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.released {
+		return true, 0
+	}
+	var missing []string
+	for _, name := range expected {
+		if n := r.nodes[name]; n == nil || !n.everHello {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 && now.Before(r.holdUntil) {
+		r.log.Info("holding programs until every node said hello", "missing", missing, "until", r.holdUntil)
+		return false, r.holdUntil.Sub(now)
+	}
+	r.released = true
+	r.log.Info("releasing programs", "missing", missing)
+	for _, n := range r.nodes {
+		if n.session != nil {
+			wake(n.session)
+		}
+	}
+	return true, 0
+}
+
+// Agents returns what each node's agent last told, for compile's snapshot.
+func (r *Registry) Agents() map[string]*compile.AgentState {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string]*compile.AgentState{}
+	for name, n := range r.nodes {
+		if n.everHello {
+			out[name] = &compile.AgentState{Connected: n.session != nil, State: n.state}
+		}
+	}
+	return out
+}
+
+// MappingReady tells whether node's kernel holds mapping's entries: its agent is connected,
+// has acknowledged (in this epoch) a version at least the one where the mapping's entries
+// last changed, and reported no error for any of them. Otherwise it returns false and a
+// message naming the node and what is missing (API.md, NodeNotReady).
+func (r *Registry) MappingReady(nodeName, mapping string) (bool, string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := r.nodes[nodeName]
+	switch {
+	case n == nil || !n.everHello:
+		return false, fmt.Sprintf("node %s: agent not connected", nodeName)
+	case n.session == nil:
+		return false, fmt.Sprintf("node %s: agent disconnected", nodeName)
+	}
+	mv := n.mappings[mapping]
+	if mv == nil {
+		return false, fmt.Sprintf("node %s: program carries no entry of the mapping yet", nodeName)
+	}
+	if n.ackedVersion < mv.version {
+		return false, fmt.Sprintf("node %s has not acknowledged program version %d", nodeName, mv.version)
+	}
+	for _, e := range n.ackErrors {
+		if mv.ids[e.Id] {
+			return false, fmt.Sprintf("node %s failed to apply %s: %s", nodeName, e.Id, e.Message)
+		}
+	}
+	return true, ""
+}
+
+// Program returns node's current program (nil if compile has not named it) and the version
+// its agent acknowledged in this epoch; ok is false for a node neither compile nor an agent
+// has named.
+func (r *Registry) Program(nodeName string) (program *kuportv1.NodeProgram, acked uint64, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := r.nodes[nodeName]
+	if n == nil {
+		return nil, 0, false
+	}
+	return n.program, n.ackedVersion, true
+}
+
+// Nodes lists every node compile or an agent named, sorted by name.
+func (r *Registry) Nodes() []*kuportv1.NodeInfo {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]*kuportv1.NodeInfo, 0, len(r.nodes))
+	for name, n := range r.nodes {
+		info := &kuportv1.NodeInfo{
+			Node:         name,
+			Connected:    n.session != nil,
+			AgentVersion: n.agentVersion,
+			AckedVersion: n.ackedVersion,
+		}
+		if n.program != nil {
+			info.ProgramVersion = n.program.Version
+		}
+		out = append(out, info)
+	}
+	slices.SortFunc(out, func(a, b *kuportv1.NodeInfo) int { return cmp.Compare(a.Node, b.Node) })
+	return out
+}
+
+// Stats returns the counters and link statistics of node's latest Report.
+func (r *Registry) Stats(nodeName string) ([]*kuportv1.Counter, []*kuportv1.LinkStats) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if n := r.nodes[nodeName]; n != nil {
+		return n.counters, n.linkStats
+	}
+	return nil, nil
+}
+
+func wake(s *session) {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// connect registers a stream that opened with hello, replacing an older stream of the node.
+func (r *Registry) connect(hello *kuportv1.Hello) *session {
+	s := &session{node: hello.Node, wake: make(chan struct{}, 1), replaced: make(chan struct{})}
+	r.mu.Lock()
+	n := r.nodeLocked(hello.Node)
+	if n.session != nil {
+		close(n.session.replaced)
+	}
+	n.session = s
+	n.everHello = true
+	n.agentVersion = hello.AgentVersion
+	n.state = hello.State
+	n.ackErrors = nil
+	n.ackedVersion = 0
+	if hello.AppliedEpoch == r.epoch && n.program != nil && hello.AppliedVersion <= n.program.Version {
+		n.ackedVersion = hello.AppliedVersion
+		s.sent = hello.AppliedVersion
+	}
+	wake(s)
+	r.mu.Unlock()
+	r.log.Info("agent connected", "node", hello.Node, "agent_version", hello.AgentVersion,
+		"applied_epoch", hello.AppliedEpoch, "applied_version", hello.AppliedVersion)
+	r.onChange(StateChanged)
+	return s
+}
+
+// disconnect marks s's node disconnected unless a newer stream replaced s; the node keeps
+// its last state.
+func (r *Registry) disconnect(s *session) {
+	r.mu.Lock()
+	n := r.nodes[s.node]
+	current := n != nil && n.session == s
+	if current {
+		n.session = nil
+	}
+	r.mu.Unlock()
+	if current {
+		r.log.Info("agent disconnected", "node", s.node)
+		r.onChange(StateChanged)
+	}
+}
+
+// next returns the program s must be sent, or nil when its agent already has the current
+// one, none exists yet, or the startup hold is on.
+func (r *Registry) next(s *session) *kuportv1.NodeProgram {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := r.nodes[s.node]
+	if !r.released || n == nil || n.session != s || n.program == nil || n.program.Version == s.sent {
+		return nil
+	}
+	s.sent = n.program.Version
+	return n.program
+}
+
+// ack records an agent's acknowledgement of one program version.
+func (r *Registry) ack(s *session, a *kuportv1.Ack) {
+	r.mu.Lock()
+	n := r.nodes[s.node]
+	var reason string
+	switch {
+	case n == nil || n.session != s:
+		reason = "stream replaced"
+	case a.Epoch != r.epoch:
+		reason = "other epoch"
+	case n.program == nil || a.Version > n.program.Version:
+		reason = "version never sent"
+	case a.Version < n.ackedVersion:
+		reason = "older than the acknowledged version"
+	default:
+		n.ackedVersion = a.Version
+		n.ackErrors = a.Errors
+	}
+	r.mu.Unlock()
+	if reason != "" {
+		r.log.Warn("ignoring ack", "node", s.node, "epoch", a.Epoch, "version", a.Version, "reason", reason)
+		return
+	}
+	for _, e := range a.Errors {
+		r.log.Warn("agent failed to apply entry", "node", s.node, "version", a.Version, "id", e.Id, "error", e.Message)
+	}
+	r.log.Debug("program acknowledged", "node", s.node, "version", a.Version, "errors", len(a.Errors))
+	r.onChange(Acked)
+}
+
+// report records a Report; a different NodeState makes compile run again.
+func (r *Registry) report(s *session, rep *kuportv1.Report) {
+	r.mu.Lock()
+	n := r.nodes[s.node]
+	if n == nil || n.session != s {
+		r.mu.Unlock()
+		return
+	}
+	n.counters = rep.Counters
+	n.linkStats = rep.Links
+	changed := rep.State != nil && !proto.Equal(rep.State, n.state)
+	if changed {
+		n.state = rep.State
+	}
+	r.mu.Unlock()
+	if changed {
+		r.log.Info("node state changed", "node", s.node)
+		r.onChange(StateChanged)
+	}
+}

@@ -1,0 +1,208 @@
+package agents
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+// remoteProgram is edge-a's program for mapping games/remote (pod on worker-b) plus, when
+// withLocal, mapping games/local (pod on edge-a).
+func remoteProgram(podAddr string, withLocal bool) *kuportv1.NodeProgram {
+	p := &kuportv1.NodeProgram{
+		DnatRules: []*kuportv1.DnatRule{{
+			Id: "games/remote/dnat/enp1s0", Mapping: "games/remote", InInterface: "enp1s0",
+			Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: &kuportv1.PortRange{First: 3000, Last: 3000},
+			ToAddress: "169.254.77.1", ToPort: 3000,
+		}},
+		SnatRules: []*kuportv1.SnatRule{{
+			Id: "games/remote/snat", Mapping: "games/remote", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
+			OutInterface: "kup-1234abcd", Address: "169.254.77.1",
+			Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: &kuportv1.PortRange{First: 3000, Last: 3000},
+		}},
+		Links: []*kuportv1.Link{{
+			Name: "kup-1234abcd", ClassName: "public", PeerNode: "worker-b", Vni: 4242, Port: 4790,
+			LocalUnderlay: "100.64.93.143", RemoteUnderlay: "100.64.93.144",
+			LocalAddress: "169.254.77.0", PeerAddress: "169.254.77.1", Mtu: 1370,
+		}},
+	}
+	if withLocal {
+		p.DnatRules = append(p.DnatRules, &kuportv1.DnatRule{
+			Id: "games/local/dnat/enp1s0", Mapping: "games/local", InInterface: "enp1s0",
+			Protocol: kuportv1.Protocol_PROTOCOL_TCP, Ports: &kuportv1.PortRange{First: 8080, Last: 8080},
+			ToAddress: podAddr, ToPort: 8080,
+		})
+	}
+	return p
+}
+
+func newTestRegistry(changes *[]Change) *Registry {
+	return NewRegistry(Config{Epoch: 77, Start: t0, OnChange: func(c Change) {
+		if changes != nil {
+			*changes = append(*changes, c)
+		}
+	}})
+}
+
+func TestSetProgramsVersionsOnlyOnChange(t *testing.T) {
+	r := newTestRegistry(nil)
+
+	assert.Equal(t, []string{"edge-a", "worker-b"}, r.SetPrograms(map[string]*kuportv1.NodeProgram{
+		"edge-a": remoteProgram("10.244.17.5", false), "worker-b": {},
+	}))
+	p, _, ok := r.Program("edge-a")
+	require.True(t, ok)
+	assert.Equal(t, uint64(1), p.Version)
+	assert.Equal(t, uint64(77), p.Epoch)
+	assert.Equal(t, "edge-a", p.Node)
+
+	// The same content (whatever version/epoch compile left on it) is no change.
+	same := remoteProgram("10.244.17.5", false)
+	same.Version, same.Epoch = 99, 3
+	assert.Empty(t, r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": same, "worker-b": {}}))
+	p, _, _ = r.Program("edge-a")
+	assert.Equal(t, uint64(1), p.Version)
+
+	assert.Equal(t, []string{"edge-a"}, r.SetPrograms(map[string]*kuportv1.NodeProgram{
+		"edge-a": remoteProgram("10.244.17.5", true), "worker-b": {},
+	}))
+	p, _, _ = r.Program("edge-a")
+	assert.Equal(t, uint64(2), p.Version)
+	assert.Len(t, p.DnatRules, 2)
+
+	// A node compile no longer names is emptied once, then left alone.
+	assert.Equal(t, []string{"edge-a"}, r.SetPrograms(map[string]*kuportv1.NodeProgram{"worker-b": {}}))
+	p, _, _ = r.Program("edge-a")
+	assert.Equal(t, uint64(3), p.Version)
+	assert.Empty(t, p.DnatRules)
+	assert.Empty(t, r.SetPrograms(map[string]*kuportv1.NodeProgram{"worker-b": {}}))
+}
+
+func TestMappingVersionsAndAckGating(t *testing.T) {
+	var changes []Change
+	r := newTestRegistry(&changes)
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false)}) // v1
+
+	ok, why := r.MappingReady("edge-a", "games/remote")
+	assert.False(t, ok)
+	assert.Equal(t, "node edge-a: agent not connected", why)
+
+	s := r.connect(&kuportv1.Hello{Node: "edge-a", AgentVersion: "test"})
+	assert.Equal(t, []Change{StateChanged}, changes)
+	assert.Nil(t, r.next(s), "held: nothing is sent before Release")
+	released, _ := r.Release([]string{"edge-a"}, t0.Add(time.Second))
+	require.True(t, released)
+	require.NotNil(t, r.next(s))
+
+	ok, why = r.MappingReady("edge-a", "games/remote")
+	assert.False(t, ok)
+	assert.Equal(t, "node edge-a has not acknowledged program version 1", why)
+
+	r.ack(s, &kuportv1.Ack{Epoch: 77, Version: 1})
+	assert.Equal(t, []Change{StateChanged, Acked}, changes)
+	ok, _ = r.MappingReady("edge-a", "games/remote")
+	assert.True(t, ok)
+
+	// v2 adds games/local only: games/remote stays programmed at ack 1, games/local waits.
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", true)})
+	ok, _ = r.MappingReady("edge-a", "games/remote")
+	assert.True(t, ok)
+	ok, why = r.MappingReady("edge-a", "games/local")
+	assert.False(t, ok)
+	assert.Equal(t, "node edge-a has not acknowledged program version 2", why)
+
+	// v3 changes the link games/remote uses (its MTU): games/remote needs ack 3 now.
+	p := remoteProgram("10.244.17.5", true)
+	p.Links[0].Mtu = 1350
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": p})
+	r.ack(s, &kuportv1.Ack{Epoch: 77, Version: 2})
+	ok, _ = r.MappingReady("edge-a", "games/local")
+	assert.True(t, ok)
+	ok, why = r.MappingReady("edge-a", "games/remote")
+	assert.False(t, ok)
+	assert.Equal(t, "node edge-a has not acknowledged program version 3", why)
+
+	// Acks of another epoch, of a version never sent, or older than the last are ignored.
+	r.ack(s, &kuportv1.Ack{Epoch: 76, Version: 3})
+	r.ack(s, &kuportv1.Ack{Epoch: 77, Version: 4})
+	r.ack(s, &kuportv1.Ack{Epoch: 77, Version: 1})
+	_, acked, _ := r.Program("edge-a")
+	assert.Equal(t, uint64(2), acked)
+
+	// An ack with an error on one of the mapping's entries (here its link) is not programmed.
+	r.ack(s, &kuportv1.Ack{Epoch: 77, Version: 3, Errors: []*kuportv1.EntryError{{Id: "kup-1234abcd", Message: "file exists"}}})
+	ok, why = r.MappingReady("edge-a", "games/remote")
+	assert.False(t, ok)
+	assert.Equal(t, "node edge-a failed to apply kup-1234abcd: file exists", why)
+	ok, _ = r.MappingReady("edge-a", "games/local")
+	assert.True(t, ok)
+
+	r.disconnect(s)
+	ok, why = r.MappingReady("edge-a", "games/local")
+	assert.False(t, ok)
+	assert.Equal(t, "node edge-a: agent disconnected", why)
+	assert.False(t, r.Agents()["edge-a"].Connected)
+}
+
+func TestReleaseWaitsForExpectedNodesOrTimeout(t *testing.T) {
+	r := newTestRegistry(nil)
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false), "worker-b": {}})
+	s := r.connect(&kuportv1.Hello{Node: "edge-a"})
+
+	released, wait := r.Release([]string{"edge-a", "worker-b"}, t0.Add(5*time.Second))
+	assert.False(t, released)
+	assert.Equal(t, 10*time.Second, wait)
+	assert.Nil(t, r.next(s), "edge-a must not get a program before worker-b said hello")
+
+	r.connect(&kuportv1.Hello{Node: "worker-b"})
+	released, _ = r.Release([]string{"edge-a", "worker-b"}, t0.Add(6*time.Second))
+	assert.True(t, released)
+	assert.Equal(t, uint64(1), r.next(s).GetVersion())
+
+	// Without the peer, the hold ends at Start+Hold.
+	r2 := newTestRegistry(nil)
+	released, _ = r2.Release([]string{"worker-b"}, t0.Add(DefaultHold))
+	assert.True(t, released)
+}
+
+func TestHelloWithCurrentProgramIsNotResent(t *testing.T) {
+	r := newTestRegistry(nil)
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false)})
+	r.Release(nil, t0)
+	s := r.connect(&kuportv1.Hello{Node: "edge-a", AppliedEpoch: 77, AppliedVersion: 1})
+	assert.Nil(t, r.next(s))
+	ok, _ := r.MappingReady("edge-a", "games/remote")
+	assert.True(t, ok, "the agent said it holds version 1 of this epoch")
+
+	// A newer stream of the same node replaces the old one; the old one's end changes nothing.
+	s2 := r.connect(&kuportv1.Hello{Node: "edge-a", AppliedEpoch: 12, AppliedVersion: 1})
+	select {
+	case <-s.replaced:
+	default:
+		t.Fatal("old stream not told it was replaced")
+	}
+	r.disconnect(s)
+	assert.True(t, r.Agents()["edge-a"].Connected)
+	assert.Equal(t, uint64(1), r.next(s2).GetVersion(), "a program of another epoch is replaced")
+}
+
+func TestReportStateAndCounters(t *testing.T) {
+	var changes []Change
+	r := newTestRegistry(&changes)
+	state := &kuportv1.NodeState{UnderlayInterface: "wt0", Interfaces: []*kuportv1.Interface{{Name: "wt0", Addresses: []string{"100.64.93.143"}, Mtu: 1420}}}
+	s := r.connect(&kuportv1.Hello{Node: "edge-a", State: state})
+	r.report(s, &kuportv1.Report{State: state, Counters: []*kuportv1.Counter{{Id: "x", Packets: 3, Bytes: 120}}})
+	assert.Equal(t, []Change{StateChanged}, changes, "the same state is no change")
+	counters, _ := r.Stats("edge-a")
+	assert.Equal(t, uint64(3), counters[0].Packets)
+
+	r.report(s, &kuportv1.Report{State: &kuportv1.NodeState{UnderlayInterface: "wt0", IpForward: true}})
+	assert.Equal(t, []Change{StateChanged, StateChanged}, changes)
+	assert.True(t, r.Agents()["edge-a"].State.IpForward)
+}

@@ -1,0 +1,149 @@
+package agents
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
+
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// TestServerOverUnixSocket drives the real gRPC server through a unix socket with a real
+// client, as an agent and grpcurl would.
+func TestServerOverUnixSocket(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	acked := make(chan struct{}, 8)
+	reg := NewRegistry(Config{Epoch: 77, Start: time.Now(), OnChange: func(c Change) {
+		if c == Acked {
+			acked <- struct{}{}
+		}
+	}})
+	reg.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false), "worker-b": {}})
+	reg.Release(nil, time.Now())
+
+	sock := "unix://" + filepath.Join(t.TempDir(), "run", "controller.sock")
+	lis, err := Listen(sock)
+	require.NoError(t, err)
+	srv := NewServer(reg, nil)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(lis) }()
+	defer func() {
+		srv.Stop()
+		assert.NoError(t, <-served)
+	}()
+
+	conn, err := grpc.NewClient(sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+
+	// Health: SERVING.
+	hr, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	require.NoError(t, err)
+	assert.Equal(t, healthpb.HealthCheckResponse_SERVING, hr.Status)
+
+	// Reflection lists the inspection service.
+	rs, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(ctx)
+	require.NoError(t, err)
+	require.NoError(t, rs.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}))
+	rr, err := rs.Recv()
+	require.NoError(t, err)
+	var services []string
+	for _, s := range rr.GetListServicesResponse().GetService() {
+		services = append(services, s.Name)
+	}
+	assert.Contains(t, services, "kuport.v1.ProgramService")
+	assert.Contains(t, services, "kuport.v1.AgentService")
+	require.NoError(t, rs.CloseSend())
+
+	// A stream that does not open with Hello is refused.
+	bad, err := kuportv1.NewAgentServiceClient(conn).Connect(ctx)
+	require.NoError(t, err)
+	require.NoError(t, bad.Send(&kuportv1.ConnectRequest{Message: &kuportv1.ConnectRequest_Ack{Ack: &kuportv1.Ack{}}}))
+	_, err = bad.Recv()
+	assert.Equal(t, codes.InvalidArgument, status.Code(err))
+
+	// Hello -> the current program.
+	agent, err := kuportv1.NewAgentServiceClient(conn).Connect(ctx)
+	require.NoError(t, err)
+	require.NoError(t, agent.Send(&kuportv1.ConnectRequest{Message: &kuportv1.ConnectRequest_Hello{Hello: &kuportv1.Hello{Node: "edge-a", AgentVersion: "v-test"}}}))
+	msg, err := agent.Recv()
+	require.NoError(t, err)
+	prog := msg.GetProgram()
+	require.NotNil(t, prog)
+	assert.Equal(t, "edge-a", prog.Node)
+	assert.Equal(t, uint64(1), prog.Version)
+	assert.Equal(t, uint64(77), prog.Epoch)
+	assert.Len(t, prog.DnatRules, 1)
+
+	ps := kuportv1.NewProgramServiceClient(conn)
+	gp, err := ps.GetProgram(ctx, &kuportv1.GetProgramRequest{Node: "edge-a"})
+	require.NoError(t, err)
+	assert.Equal(t, uint64(0), gp.AckedVersion)
+
+	// Ack -> GetProgram shows the acked version.
+	require.NoError(t, agent.Send(&kuportv1.ConnectRequest{Message: &kuportv1.ConnectRequest_Ack{Ack: &kuportv1.Ack{Epoch: 77, Version: 1}}}))
+	select {
+	case <-acked:
+	case <-ctx.Done():
+		t.Fatal("ack never recorded")
+	}
+	gp, err = ps.GetProgram(ctx, &kuportv1.GetProgramRequest{Node: "edge-a"})
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), gp.AckedVersion)
+	assert.Equal(t, uint64(1), gp.Program.Version)
+
+	// A program change is pushed on the open stream.
+	reg.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", true), "worker-b": {}})
+	msg, err = agent.Recv()
+	require.NoError(t, err)
+	assert.Equal(t, uint64(2), msg.GetProgram().GetVersion())
+	assert.Len(t, msg.GetProgram().GetDnatRules(), 2)
+
+	_, err = ps.GetProgram(ctx, &kuportv1.GetProgramRequest{Node: "nowhere"})
+	assert.Equal(t, codes.NotFound, status.Code(err))
+
+	ln, err := ps.ListNodes(ctx, &kuportv1.ListNodesRequest{})
+	require.NoError(t, err)
+	require.Len(t, ln.Nodes, 2)
+	assert.Equal(t, "edge-a", ln.Nodes[0].Node)
+	assert.True(t, ln.Nodes[0].Connected)
+	assert.Equal(t, "v-test", ln.Nodes[0].AgentVersion)
+	assert.Equal(t, uint64(2), ln.Nodes[0].ProgramVersion)
+	assert.Equal(t, uint64(1), ln.Nodes[0].AckedVersion)
+	assert.Equal(t, "worker-b", ln.Nodes[1].Node)
+	assert.False(t, ln.Nodes[1].Connected)
+
+	// Closing the stream marks the node disconnected, keeping what it knew.
+	require.NoError(t, agent.CloseSend())
+	_, err = agent.Recv()
+	require.Error(t, err)
+	require.Eventually(t, func() bool { return !reg.Agents()["edge-a"].Connected }, 20*time.Second, 10*time.Millisecond)
+	ln, err = ps.ListNodes(ctx, &kuportv1.ListNodesRequest{})
+	require.NoError(t, err)
+	assert.False(t, ln.Nodes[0].Connected)
+	assert.Equal(t, "v-test", ln.Nodes[0].AgentVersion)
+}
+
+func TestListenReplacesStaleSocket(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.sock")
+	lis, err := Listen("unix://" + path)
+	require.NoError(t, err)
+	// A crashed controller leaves the file behind: emulate by keeping it on Close.
+	lis.(interface{ SetUnlinkOnClose(bool) }).SetUnlinkOnClose(false)
+	require.NoError(t, lis.Close())
+	lis, err = Listen("unix://" + path)
+	require.NoError(t, err)
+	require.NoError(t, lis.Close())
+}

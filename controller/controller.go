@@ -1,0 +1,365 @@
+// Package controller wires kuport's controller runtime (DESIGN.md, "Shape"): informers on
+// PortMapClass, PortMap, Service, EndpointSlice, Node and Namespace feed one work queue; its
+// worker copies the caches and the agent registry into a compile.Snapshot, runs the pure
+// compile.Compile, hands the programs to the agents.Registry (which versions them and pushes
+// them to connected agents) and writes statuses through the status package.
+//
+// It owns the work queue and the informers; it makes no datapath decision (compile does) and
+// touches no kernel state.
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	discoverylisters "k8s.io/client-go/listers/discovery/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+
+	"kuport.wlz.li/kuport/api/v1alpha1"
+	"kuport.wlz.li/kuport/controller/agents"
+	"kuport.wlz.li/kuport/controller/compile"
+	"kuport.wlz.li/kuport/controller/status"
+)
+
+// Work queue keys: the queue deduplicates them, which debounces bursts of events.
+const (
+	// keyCompile: recompile, push changed programs, write every status.
+	keyCompile = "compile"
+	// keyStatus: rewrite statuses from the last compile (an agent acknowledged a version).
+	keyStatus = "status"
+)
+
+// resyncPeriod recompiles periodically even without events, so link claims age
+// (unusedSince, LinkRetention) and a missed event heals.
+const resyncPeriod = time.Minute
+
+// DefaultLinkRetention is how long an unused link slot claim is kept (API.md: 24 h).
+const DefaultLinkRetention = 24 * time.Hour
+
+// Config configures a Controller.
+type Config struct {
+	// Kube reads core objects and writes Events.
+	Kube kubernetes.Interface
+	// Dynamic reads PortMapClasses and PortMaps and writes their status.
+	Dynamic dynamic.Interface
+	// Epoch stamps every program (unix seconds at start; leader election will set it).
+	Epoch uint64
+	// Start is when the controller started (startup hold); zero means now.
+	Start time.Time
+	// Hold bounds the startup hold (agents.DefaultHold when zero).
+	Hold time.Duration
+	// LinkRetention is how long an unused link claim is kept (DefaultLinkRetention when zero).
+	LinkRetention time.Duration
+	// Log is the controller's logger; nil discards.
+	Log hclog.Logger
+}
+
+// Controller runs the informers, the work queue and its worker.
+type Controller struct {
+	log           hclog.Logger
+	linkRetention time.Duration
+	reg           *agents.Registry
+	writer        *status.Writer
+	broadcaster   record.EventBroadcaster
+	queue         workqueue.TypedRateLimitingInterface[string]
+
+	core    informers.SharedInformerFactory
+	dyn     dynamicinformer.DynamicSharedInformerFactory
+	synced  []cache.InformerSynced
+	classes cache.Indexer // *v1alpha1.PortMapClass
+	pms     cache.Indexer // *v1alpha1.PortMap
+
+	services   corelisters.ServiceLister
+	namespaces corelisters.NamespaceLister
+	nodes      corelisters.NodeLister
+	slices     discoverylisters.EndpointSliceLister
+
+	// last is the latest compile result (touched only by the single worker).
+	last *compile.Result
+}
+
+// New builds a Controller and its agents.Registry; nothing runs until Run.
+func New(cfg Config) (*Controller, error) {
+	log := cfg.Log
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	start := cfg.Start
+	if start.IsZero() {
+		start = time.Now()
+	}
+	retention := cfg.LinkRetention
+	if retention == 0 {
+		retention = DefaultLinkRetention
+	}
+	scheme := runtime.NewScheme()
+	if err := errors.Join(clientgoscheme.AddToScheme(scheme), v1alpha1.AddToScheme(scheme)); err != nil {
+		return nil, fmt.Errorf("scheme: %w", err)
+	}
+	broadcaster := record.NewBroadcaster()
+	c := &Controller{
+		log:           log,
+		linkRetention: retention,
+		broadcaster:   broadcaster,
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "kuport"}),
+		core: informers.NewSharedInformerFactory(cfg.Kube, 0),
+		dyn:  dynamicinformer.NewDynamicSharedInformerFactory(cfg.Dynamic, 0),
+	}
+	c.writer = status.NewWriter(cfg.Dynamic, broadcaster.NewRecorder(scheme, corev1.EventSource{Component: "kuport-controller"}))
+	c.reg = agents.NewRegistry(agents.Config{
+		Epoch: cfg.Epoch, Start: start, Hold: cfg.Hold, Log: log.Named("agents"),
+		OnChange: func(ch agents.Change) {
+			if ch == agents.Acked {
+				c.queue.Add(keyStatus)
+			} else {
+				c.queue.Add(keyCompile)
+			}
+		},
+	})
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cfg.Kube.CoreV1().Events("")})
+
+	handler := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { c.queue.Add(keyCompile) },
+		UpdateFunc: func(any, any) { c.queue.Add(keyCompile) },
+		DeleteFunc: func(any) { c.queue.Add(keyCompile) },
+	}
+	for _, inf := range []cache.SharedIndexInformer{
+		c.core.Core().V1().Services().Informer(),
+		c.core.Core().V1().Namespaces().Informer(),
+		c.core.Core().V1().Nodes().Informer(),
+		c.core.Discovery().V1().EndpointSlices().Informer(),
+	} {
+		if _, err := inf.AddEventHandler(handler); err != nil {
+			return nil, fmt.Errorf("event handler: %w", err)
+		}
+		c.synced = append(c.synced, inf.HasSynced)
+	}
+	c.services = c.core.Core().V1().Services().Lister()
+	c.namespaces = c.core.Core().V1().Namespaces().Lister()
+	c.nodes = c.core.Core().V1().Nodes().Lister()
+	c.slices = c.core.Discovery().V1().EndpointSlices().Lister()
+
+	var err error
+	if c.classes, err = c.typedInformer(status.PortMapClasses, toTyped[v1alpha1.PortMapClass], handler); err != nil {
+		return nil, err
+	}
+	if c.pms, err = c.typedInformer(status.PortMaps, toTyped[v1alpha1.PortMap], handler); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// typedInformer starts a dynamic informer whose cache holds typed objects (converted once, on
+// arrival) and returns its indexer.
+func (c *Controller) typedInformer(gvr schema.GroupVersionResource, transform cache.TransformFunc, h cache.ResourceEventHandler) (cache.Indexer, error) {
+	inf := c.dyn.ForResource(gvr).Informer()
+	if err := inf.SetTransform(transform); err != nil {
+		return nil, fmt.Errorf("%s informer: %w", gvr.Resource, err)
+	}
+	if _, err := inf.AddEventHandler(h); err != nil {
+		return nil, fmt.Errorf("%s event handler: %w", gvr.Resource, err)
+	}
+	c.synced = append(c.synced, inf.HasSynced)
+	return inf.GetIndexer(), nil
+}
+
+// toTyped converts an unstructured kuport object into *T; anything else passes unchanged
+// (tombstones, already converted objects).
+func toTyped[T any](obj any) (any, error) {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return obj, nil
+	}
+	out := new(T)
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, out); err != nil {
+		return nil, fmt.Errorf("convert %s %s: %w", u.GetKind(), u.GetName(), err)
+	}
+	return out, nil
+}
+
+// Registry returns the agent registry the gRPC server serves.
+func (c *Controller) Registry() *agents.Registry { return c.reg }
+
+// Run starts the informers, waits for their caches, then compiles on every event until ctx
+// ends. It returns an error only if the caches never sync.
+func (c *Controller) Run(ctx context.Context) error {
+	defer c.broadcaster.Shutdown()
+	defer c.queue.ShutDown()
+	c.core.Start(ctx.Done())
+	c.dyn.Start(ctx.Done())
+	defer c.core.Shutdown()
+	defer c.dyn.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
+		return fmt.Errorf("informer caches did not sync: %w", context.Cause(ctx))
+	}
+	c.log.Info("caches synced", "epoch", c.reg.Epoch())
+	c.queue.Add(keyCompile)
+	go func() {
+		<-ctx.Done()
+		c.queue.ShutDown()
+	}()
+	for c.processNext(ctx) {
+	}
+	return nil
+}
+
+func (c *Controller) processNext(ctx context.Context) bool {
+	key, quit := c.queue.Get()
+	if quit {
+		return false
+	}
+	defer c.queue.Done(key)
+	var err error
+	if key == keyCompile {
+		err = c.compile(ctx)
+	} else {
+		err = c.writeStatuses(ctx)
+	}
+	if err != nil {
+		c.log.Warn("sync failed, retrying", "key", key, "error", err)
+		c.queue.AddRateLimited(key)
+		return true
+	}
+	c.queue.Forget(key)
+	return true
+}
+
+// compile runs compile.Compile on a fresh snapshot, hands the programs to the registry, ends
+// the startup hold when it may, and writes statuses.
+func (c *Controller) compile(ctx context.Context) error {
+	snap, err := c.snapshot()
+	if err != nil {
+		return err
+	}
+	res := compile.Compile(snap)
+	c.reg.SetPrograms(res.Programs)
+	if released, wait := c.reg.Release(expectedNodes(snap), snap.Now); !released {
+		c.queue.AddAfter(keyCompile, wait)
+	}
+	c.last = res
+	c.queue.AddAfter(keyCompile, resyncPeriod)
+	return c.writeStatuses(ctx)
+}
+
+// expectedNodes are the nodes the startup hold waits for: every existing node a class names
+// as accepting or as a peer of a recorded link.
+func expectedNodes(s *compile.Snapshot) []string {
+	var out []string
+	for _, cls := range s.Classes {
+		for name := range cls.Spec.Nodes {
+			out = append(out, name)
+		}
+		for _, l := range cls.Status.Links {
+			out = append(out, l.Peers...)
+		}
+	}
+	out = slices.DeleteFunc(out, func(n string) bool { return s.Nodes[n] == nil })
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// writeStatuses writes every PortMap and PortMapClass status of the last compile that
+// differs from the cached object; errors (conflicts included) are joined so the key retries.
+func (c *Controller) writeStatuses(ctx context.Context) error {
+	if c.last == nil {
+		return nil
+	}
+	var errs []error
+	for key, res := range c.last.PortMaps {
+		obj, ok, err := c.pms.GetByKey(key.String())
+		if err != nil || !ok {
+			continue
+		}
+		if _, err := c.writer.PortMap(ctx, obj.(*v1alpha1.PortMap), res, c.reg); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for name, st := range c.last.Classes {
+		obj, ok, err := c.classes.GetByKey(name)
+		if err != nil || !ok {
+			continue
+		}
+		if _, err := c.writer.Class(ctx, obj.(*v1alpha1.PortMapClass), st); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// snapshot copies the caches and the registry into a compile.Snapshot. Objects are shared
+// with the caches: compile never mutates its snapshot.
+func (c *Controller) snapshot() (*compile.Snapshot, error) {
+	s := &compile.Snapshot{
+		Now:            time.Now(),
+		LinkRetention:  c.linkRetention,
+		Classes:        map[string]*v1alpha1.PortMapClass{},
+		Services:       map[types.NamespacedName]*corev1.Service{},
+		EndpointSlices: map[types.NamespacedName][]*discoveryv1.EndpointSlice{},
+		Namespaces:     map[string]*corev1.Namespace{},
+		Nodes:          map[string]*corev1.Node{},
+		Agents:         c.reg.Agents(),
+	}
+	for _, o := range c.classes.List() {
+		if cls, ok := o.(*v1alpha1.PortMapClass); ok {
+			s.Classes[cls.Name] = cls
+		}
+	}
+	for _, o := range c.pms.List() {
+		if pm, ok := o.(*v1alpha1.PortMap); ok {
+			s.PortMaps = append(s.PortMaps, pm)
+		}
+	}
+	svcs, err := c.services.List(labels.Everything())
+	if err != nil {
+		return nil, fmt.Errorf("list services: %w", err)
+	}
+	for _, svc := range svcs {
+		s.Services[types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}] = svc
+	}
+	eps, err := c.slices.List(labels.Everything())
+	if err != nil {
+		return nil, fmt.Errorf("list endpointslices: %w", err)
+	}
+	for _, es := range eps {
+		if svc := es.Labels[discoveryv1.LabelServiceName]; svc != "" {
+			key := types.NamespacedName{Namespace: es.Namespace, Name: svc}
+			s.EndpointSlices[key] = append(s.EndpointSlices[key], es)
+		}
+	}
+	nss, err := c.namespaces.List(labels.Everything())
+	if err != nil {
+		return nil, fmt.Errorf("list namespaces: %w", err)
+	}
+	for _, ns := range nss {
+		s.Namespaces[ns.Name] = ns
+	}
+	nodes, err := c.nodes.List(labels.Everything())
+	if err != nil {
+		return nil, fmt.Errorf("list nodes: %w", err)
+	}
+	for _, n := range nodes {
+		s.Nodes[n.Name] = n
+	}
+	return s, nil
+}

@@ -1,0 +1,153 @@
+// Package status writes what compile decided, and what the agents acknowledged, into the
+// status subresource of PortMaps and PortMapClasses, and emits Kubernetes Events for the
+// changes an operator must see. It owns nothing but status and events: it never changes a
+// spec, and it writes only when the status differs from the object's.
+package status
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/tools/record"
+
+	"kuport.wlz.li/kuport/api/v1alpha1"
+	"kuport.wlz.li/kuport/controller/compile"
+)
+
+// Resources of the kuport API.
+var (
+	PortMaps       = v1alpha1.GroupVersion.WithResource("portmaps")
+	PortMapClasses = v1alpha1.GroupVersion.WithResource("portmapclasses")
+)
+
+// ReasonEndpointChanged is the Event reason when a PortMap's endpoint moves to another pod.
+const ReasonEndpointChanged = "EndpointChanged"
+
+// Gate says whether a node's kernel holds a mapping's entries (agents.Registry.MappingReady):
+// false with a message naming the node and what is missing.
+type Gate interface {
+	MappingReady(node, mapping string) (bool, string)
+}
+
+// Writer writes statuses through the status subresource and records Events.
+type Writer struct {
+	client   dynamic.Interface
+	recorder record.EventRecorder
+}
+
+// NewWriter returns a Writer using client for the status subresource and recorder for Events.
+func NewWriter(client dynamic.Interface, recorder record.EventRecorder) *Writer {
+	return &Writer{client: client, recorder: recorder}
+}
+
+// GatePortMap returns compile's status for a PortMap with Programmed downgraded to False,
+// reason NodeNotReady, when compile found it True but a node in res.Nodes has not applied it
+// (API.md: Programmed=True means every node whose program carries the mapping acknowledged
+// the version containing it). The message lists each such node, "; "-separated.
+func GatePortMap(mapping string, res *compile.PortMapResult, gate Gate) v1alpha1.PortMapStatus {
+	st := *res.Status.DeepCopy()
+	prog := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionProgrammed)
+	if prog == nil || prog.Status != metav1.ConditionTrue {
+		return st
+	}
+	var missing []string
+	for _, node := range res.Nodes {
+		if ok, why := gate.MappingReady(node, mapping); !ok {
+			missing = append(missing, why)
+		}
+	}
+	if len(missing) > 0 {
+		prog.Status = metav1.ConditionFalse
+		prog.Reason = v1alpha1.ReasonNodeNotReady
+		prog.Message = strings.Join(missing, "; ")
+	}
+	return st
+}
+
+// mergeConditions returns want with each condition's lastTransitionTime owned here: old's
+// when the condition's status is unchanged (so re-computing a condition is no churn), now
+// when it is new or its status changed (whatever time compile put there); old's order is
+// kept and conditions absent from want are dropped.
+func mergeConditions(old, want []metav1.Condition, now metav1.Time) []metav1.Condition {
+	out := make([]metav1.Condition, 0, len(want))
+	for _, c := range old {
+		if meta.FindStatusCondition(want, c.Type) != nil {
+			out = append(out, c)
+		}
+	}
+	for _, c := range want {
+		c.LastTransitionTime = now
+		meta.SetStatusCondition(&out, c)
+	}
+	return out
+}
+
+// PortMap writes pm's status from res (gated by gate) when it differs from pm's, with pm's
+// resourceVersion (a conflict error means pm changed meanwhile: retry from a fresh copy), and
+// records Events: a Warning with the condition's reason when Accepted or Programmed turns
+// False (or changes reason while False; not for Programmed's NotAccepted, which restates
+// Accepted), a Normal EndpointChanged when the endpoint moves.
+// It returns whether it wrote.
+func (w *Writer) PortMap(ctx context.Context, pm *v1alpha1.PortMap, res *compile.PortMapResult, gate Gate) (bool, error) {
+	want := GatePortMap(compile.MappingKey(pm), res, gate)
+	want.Conditions = mergeConditions(pm.Status.Conditions, want.Conditions, metav1.Now())
+	if equality.Semantic.DeepEqual(pm.Status, want) {
+		return false, nil
+	}
+	obj := pm.DeepCopy()
+	obj.Status = want
+	obj.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("PortMap"))
+	if err := w.update(ctx, PortMaps, obj.Namespace, obj); err != nil {
+		return false, fmt.Errorf("portmap %s/%s status: %w", pm.Namespace, pm.Name, err)
+	}
+	for _, t := range []string{v1alpha1.ConditionAccepted, v1alpha1.ConditionProgrammed} {
+		before := meta.FindStatusCondition(pm.Status.Conditions, t)
+		after := meta.FindStatusCondition(want.Conditions, t)
+		// Programmed/NotAccepted only restates Accepted's event.
+		if after != nil && after.Status == metav1.ConditionFalse && after.Reason != v1alpha1.ReasonNotAccepted &&
+			(before == nil || before.Status != metav1.ConditionFalse || before.Reason != after.Reason) {
+			w.recorder.Eventf(obj, corev1.EventTypeWarning, after.Reason, "%s: %s", t, after.Message)
+		}
+	}
+	if before, after := pm.Status.Endpoint, want.Endpoint; before != nil && after != nil && *before != *after {
+		w.recorder.Eventf(obj, corev1.EventTypeNormal, ReasonEndpointChanged, "endpoint moved from %s on %s to %s on %s",
+			before.Address, before.Node, after.Address, after.Node)
+	}
+	return true, nil
+}
+
+// Class writes cls's status as compile computed it (want) when it differs from cls's, with
+// cls's resourceVersion; conditions keep their lastTransitionTime while their status holds.
+// It returns whether it wrote.
+func (w *Writer) Class(ctx context.Context, cls *v1alpha1.PortMapClass, want *v1alpha1.PortMapClassStatus) (bool, error) {
+	st := *want.DeepCopy()
+	st.Conditions = mergeConditions(cls.Status.Conditions, st.Conditions, metav1.Now())
+	if equality.Semantic.DeepEqual(cls.Status, st) {
+		return false, nil
+	}
+	obj := cls.DeepCopy()
+	obj.Status = st
+	obj.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("PortMapClass"))
+	if err := w.update(ctx, PortMapClasses, "", obj); err != nil {
+		return false, fmt.Errorf("portmapclass %s status: %w", cls.Name, err)
+	}
+	return true, nil
+}
+
+func (w *Writer) update(ctx context.Context, gvr schema.GroupVersionResource, namespace string, obj runtime.Object) error {
+	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	if err != nil {
+		return fmt.Errorf("to unstructured: %w", err)
+	}
+	_, err = w.client.Resource(gvr).Namespace(namespace).UpdateStatus(ctx, &unstructured.Unstructured{Object: u}, metav1.UpdateOptions{})
+	return err
+}

@@ -1,0 +1,178 @@
+package status
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/tools/record"
+
+	"kuport.wlz.li/kuport/api/v1alpha1"
+	"kuport.wlz.li/kuport/controller/compile"
+)
+
+// gate is a Gate answering from a table: node -> message ("" = ready).
+type gate map[string]string
+
+func (g gate) MappingReady(node, _ string) (bool, string) {
+	why, notReady := g[node]
+	return !notReady, why
+}
+
+var t1 = metav1.NewTime(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+
+func cond(t, s, reason string) metav1.Condition {
+	return metav1.Condition{Type: t, Status: metav1.ConditionStatus(s), Reason: reason, LastTransitionTime: t1}
+}
+
+func portMap(st v1alpha1.PortMapStatus) *v1alpha1.PortMap {
+	return &v1alpha1.PortMap{
+		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "PortMap"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "games", Name: "remote", ResourceVersion: "5"},
+		Spec:       v1alpha1.PortMapSpec{ClassName: "public", Protocol: v1alpha1.ProtocolUDP, Port: 3000, ServiceRef: v1alpha1.ServiceRef{Name: "s", Port: "p"}},
+		Status:     st,
+	}
+}
+
+func programmedTrue() v1alpha1.PortMapStatus {
+	return v1alpha1.PortMapStatus{
+		Endpoint: &v1alpha1.EndpointStatus{Node: "worker-b", Address: "10.244.18.107"},
+		Conditions: []metav1.Condition{
+			cond(v1alpha1.ConditionAccepted, "True", v1alpha1.ReasonValid),
+			cond(v1alpha1.ConditionProgrammed, "True", v1alpha1.ReasonAllNodesReady),
+		},
+	}
+}
+
+func TestGatePortMap(t *testing.T) {
+	res := &compile.PortMapResult{Status: programmedTrue(), Nodes: []string{"edge-a", "worker-b"}}
+
+	st := GatePortMap("games/remote", res, gate{})
+	assert.Equal(t, metav1.ConditionTrue, meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionProgrammed).Status)
+
+	st = GatePortMap("games/remote", res, gate{"worker-b": "node worker-b has not acknowledged program version 7"})
+	c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionProgrammed)
+	assert.Equal(t, metav1.ConditionFalse, c.Status)
+	assert.Equal(t, v1alpha1.ReasonNodeNotReady, c.Reason)
+	assert.Equal(t, "node worker-b has not acknowledged program version 7", c.Message)
+	assert.Equal(t, metav1.ConditionTrue, meta.FindStatusCondition(res.Status.Conditions, v1alpha1.ConditionProgrammed).Status, "compile's result is not mutated")
+
+	// A mapping compile already refused stays as compile said.
+	refused := v1alpha1.PortMapStatus{Conditions: []metav1.Condition{
+		cond(v1alpha1.ConditionAccepted, "False", v1alpha1.ReasonClassNotFound),
+		cond(v1alpha1.ConditionProgrammed, "False", v1alpha1.ReasonNotAccepted),
+	}}
+	st = GatePortMap("games/remote", &compile.PortMapResult{Status: refused}, gate{"edge-a": "node edge-a: agent disconnected"})
+	assert.Equal(t, refused, st)
+}
+
+func newFake(objs ...runtime.Object) *dynamicfake.FakeDynamicClient {
+	scheme := runtime.NewScheme()
+	_ = v1alpha1.AddToScheme(scheme)
+	return dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{
+		PortMaps: "PortMapList", PortMapClasses: "PortMapClassList",
+	}, objs...)
+}
+
+func getPortMap(t *testing.T, c *dynamicfake.FakeDynamicClient) *v1alpha1.PortMap {
+	t.Helper()
+	u, err := c.Resource(PortMaps).Namespace("games").Get(context.Background(), "remote", metav1.GetOptions{})
+	require.NoError(t, err)
+	var pm v1alpha1.PortMap
+	require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &pm))
+	return &pm
+}
+
+func TestWriterPortMap(t *testing.T) {
+	ctx := context.Background()
+	pm := portMap(programmedTrue())
+	client := newFake(pm)
+	rec := record.NewFakeRecorder(10)
+	w := NewWriter(client, rec)
+
+	// Compile recomputed the same status with a fresh transition time: no write, no event.
+	again := programmedTrue()
+	for i := range again.Conditions {
+		again.Conditions[i].LastTransitionTime = metav1.NewTime(t1.Add(time.Hour))
+	}
+	wrote, err := w.PortMap(ctx, pm, &compile.PortMapResult{Status: again, Nodes: []string{"edge-a"}}, gate{})
+	require.NoError(t, err)
+	assert.False(t, wrote)
+	assert.Empty(t, client.Actions())
+
+	// The node has not acknowledged: Programmed turns False/NodeNotReady, Accepted keeps its time.
+	moved := programmedTrue()
+	moved.Endpoint = &v1alpha1.EndpointStatus{Node: "edge-a", Address: "10.244.17.9"}
+	wrote, err = w.PortMap(ctx, pm, &compile.PortMapResult{Status: moved, Nodes: []string{"edge-a"}},
+		gate{"edge-a": "node edge-a has not acknowledged program version 3"})
+	require.NoError(t, err)
+	assert.True(t, wrote)
+	got := getPortMap(t, client)
+	acc := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionAccepted)
+	assert.True(t, acc.LastTransitionTime.Equal(&t1), "unchanged condition keeps its lastTransitionTime")
+	prog := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionProgrammed)
+	assert.Equal(t, metav1.ConditionFalse, prog.Status)
+	assert.Equal(t, v1alpha1.ReasonNodeNotReady, prog.Reason)
+	assert.False(t, prog.LastTransitionTime.Equal(&t1), "a changed condition gets a new lastTransitionTime")
+	assert.Equal(t, "10.244.17.9", got.Status.Endpoint.Address)
+	assert.Equal(t, "public", got.Spec.ClassName, "spec untouched")
+
+	events := []string{<-rec.Events, <-rec.Events}
+	assert.Equal(t, "Warning NodeNotReady Programmed: node edge-a has not acknowledged program version 3", events[0])
+	assert.Equal(t, "Normal EndpointChanged endpoint moved from 10.244.18.107 on worker-b to 10.244.17.9 on edge-a", events[1])
+	assert.Empty(t, rec.Events)
+}
+
+func TestWriterClass(t *testing.T) {
+	ctx := context.Background()
+	cls := &v1alpha1.PortMapClass{
+		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "PortMapClass"},
+		ObjectMeta: metav1.ObjectMeta{Name: "public", ResourceVersion: "3"},
+		Spec:       v1alpha1.PortMapClassSpec{Nodes: map[string]v1alpha1.ClassNode{"edge-a": {Interfaces: []string{"wt0"}}}},
+	}
+	client := newFake(cls)
+	w := NewWriter(client, record.NewFakeRecorder(1))
+	want := &v1alpha1.PortMapClassStatus{
+		Conditions: []metav1.Condition{{Type: v1alpha1.ClassConditionReady, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonValid}},
+		Links:      []v1alpha1.LinkStatus{{Key: "edge-a/worker-b", Peers: []string{"edge-a", "worker-b"}, Subnet: "169.254.77.0/31"}},
+	}
+	wrote, err := w.Class(ctx, cls, want)
+	require.NoError(t, err)
+	assert.True(t, wrote)
+	u, err := client.Resource(PortMapClasses).Get(ctx, "public", metav1.GetOptions{})
+	require.NoError(t, err)
+	var got v1alpha1.PortMapClass
+	require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &got))
+	assert.Equal(t, want.Links, got.Status.Links)
+	ready := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ClassConditionReady)
+	require.NotNil(t, ready)
+	assert.False(t, ready.LastTransitionTime.IsZero(), "a zero transition time is stamped")
+
+	// Writing the same status onto the updated object is a no-op.
+	wrote, err = w.Class(ctx, &got, want)
+	require.NoError(t, err)
+	assert.False(t, wrote)
+}
+
+func TestWriterRefusedMappingEmitsOneEvent(t *testing.T) {
+	pm := portMap(v1alpha1.PortMapStatus{})
+	rec := record.NewFakeRecorder(10)
+	w := NewWriter(newFake(pm), rec)
+	refused := v1alpha1.PortMapStatus{Conditions: []metav1.Condition{
+		cond(v1alpha1.ConditionAccepted, "False", v1alpha1.ReasonClassNotFound),
+		cond(v1alpha1.ConditionProgrammed, "False", v1alpha1.ReasonNotAccepted),
+	}}
+	refused.Conditions[0].Message = `PortMapClass "nope" not found`
+	wrote, err := w.PortMap(context.Background(), pm, &compile.PortMapResult{Status: refused}, gate{})
+	require.NoError(t, err)
+	assert.True(t, wrote)
+	assert.Equal(t, `Warning ClassNotFound Accepted: PortMapClass "nope" not found`, <-rec.Events)
+	assert.Empty(t, rec.Events)
+}
