@@ -66,20 +66,20 @@ LDFLAGS := -X main.version=$(VERSION)
 .PHONY: build
 build:
 	@mkdir -p $(BIN)
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
+	@CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
 
 # deps installs the Debian packages the datapath, the lab and the tests use.
 .PHONY: deps
 deps:
 	@if ! command -v nft >/dev/null || ! command -v conntrack >/dev/null || ! command -v ip >/dev/null; then \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables conntrack iproute2; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables conntrack iproute2) >&2; \
 	fi
 
 # lab-binaries builds (once per version, cached outside the repo) etcd, kube-apiserver and
 # kubectl; see lab/build-binaries.sh.
 .PHONY: lab-binaries
 lab-binaries:
-	lab/build-binaries.sh >/dev/null
+	@lab/build-binaries.sh >/dev/null
 
 # ---------------------------------------------------------------------------------------
 # Checks and tests
@@ -103,12 +103,13 @@ test: deps tools lab-binaries check-generated lint build
 LAB_DIR ?= /run/kuport-lab
 
 .PHONY: demo
+# Only the SCENARIO lines reach stdout: recipes are silent and logs go to stderr.
 demo: deps lab-binaries build
-	$(BIN)/kuport-lab demo --k8s-bin $$(lab/build-binaries.sh) --bin $(BIN) --dir $(LAB_DIR)
+	@$(BIN)/kuport-lab demo --k8s-bin $$(lab/build-binaries.sh) --bin $(BIN) --dir $(LAB_DIR)
 
 .PHONY: lab-up
 lab-up: deps tools lab-binaries build
-	$(BIN)/kuport-lab up --k8s-bin $$(lab/build-binaries.sh) --bin $(BIN) --dir $(LAB_DIR)
+	@$(BIN)/kuport-lab up --k8s-bin $$(lab/build-binaries.sh) --bin $(BIN) --dir $(LAB_DIR)
 
 .PHONY: lab-down
 lab-down:

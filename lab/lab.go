@@ -98,6 +98,10 @@ func (l *Lab) up(ctx context.Context) error {
 	if err := cluster.StopDir(l.opt.Dir); err != nil {
 		return fmt.Errorf("lab: stop leftovers: %w", err)
 	}
+	// Every lab starts from an empty cluster: objects of an earlier run would collide.
+	if err := os.RemoveAll(l.etcdDir()); err != nil {
+		return fmt.Errorf("lab: %w", err)
+	}
 	var err error
 	l.log.Info("building the lab network")
 	l.Net, err = netlab.Build(ctx, netlab.Config{
@@ -140,6 +144,9 @@ func (l *Lab) up(ctx context.Context) error {
 }
 
 func (l *Lab) logDir() string { return filepath.Join(l.opt.Dir, "logs") }
+
+// etcdDir is where lab/cluster keeps etcd's data.
+func (l *Lab) etcdDir() string { return filepath.Join(l.opt.Dir, "etcd") }
 
 // Kubeconfig is the admin kubeconfig's path.
 func (l *Lab) Kubeconfig() string { return l.Cluster.Kubeconfig() }
@@ -272,6 +279,7 @@ func (l *Lab) Close() error {
 		if l.Net != nil {
 			errs = append(errs, l.Net.Close())
 		}
+		errs = append(errs, os.RemoveAll(l.etcdDir()))
 		l.closeErr = errors.Join(errs...)
 	})
 	return l.closeErr
