@@ -88,6 +88,10 @@ type PortMapStatus struct {
 	// published lists the addresses the port answers on now, one row per interface.
 	// +optional
 	Published []PublishedAddress `json:"published,omitempty"`
+	// publishedAddresses joins the published rows' addresses with commas, for the PUBLISHED
+	// printer column (added: a printer column shows only the first match of a list).
+	// +optional
+	PublishedAddresses string `json:"publishedAddresses,omitempty"`
 	// conditions: Accepted, Programmed.
 	// +listType=map
 	// +listMapKey=type
@@ -121,7 +125,7 @@ type PublishedAddress struct {
 // +kubebuilder:printcolumn:name="ENDPOINT",type=string,JSONPath=`.status.endpoint.address`
 // +kubebuilder:printcolumn:name="PROGRAMMED",type=string,JSONPath=`.status.conditions[?(@.type=="Programmed")].status`
 // +kubebuilder:printcolumn:name="NODE",type=string,JSONPath=`.status.endpoint.node`,priority=1
-// +kubebuilder:printcolumn:name="PUBLISHED",type=string,JSONPath=`.status.published[*].address`,priority=1
+// +kubebuilder:printcolumn:name="PUBLISHED",type=string,JSONPath=`.status.publishedAddresses`,priority=1
 type PortMap struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

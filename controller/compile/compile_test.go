@@ -455,6 +455,10 @@ func TestCompile(t *testing.T) {
 				if d := cmp.Diff(want, got); d != "" {
 					t.Errorf("published (-want +got):\n%s", d)
 				}
+				// The PUBLISHED printer column lists only the addresses known.
+				if got := r.PortMaps[types.NamespacedName{Namespace: "demo", Name: "local"}].Status.PublishedAddresses; got != "203.0.113.9" {
+					t.Errorf("publishedAddresses = %q, want %q", got, "203.0.113.9")
+				}
 			},
 		},
 		{

@@ -28,6 +28,13 @@ func (c *compiler) condition(old []metav1.Condition, typ string, ok bool, reason
 func (c *compiler) portMapResult(p *plan) *PortMapResult {
 	pm := p.pm
 	st := v1alpha1.PortMapStatus{ObservedGeneration: pm.Generation, Ports: p.ports.String(), Published: p.published}
+	var addrs []string
+	for _, a := range p.published {
+		if a.Address != "" {
+			addrs = append(addrs, a.Address)
+		}
+	}
+	st.PublishedAddresses = strings.Join(addrs, ",")
 	if p.ep != nil {
 		st.Endpoint = &v1alpha1.EndpointStatus{Node: p.ep.node, Address: p.ep.address}
 	}

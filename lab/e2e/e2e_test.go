@@ -1,0 +1,348 @@
+// Package e2e is kuport's end-to-end suite: a real kube-apiserver, real network namespaces,
+// the real kernel's nftables, vxlan and policy routing, real gRPC and real traffic, all
+// started through the lab (package lab). It runs only as root with KUPORT_PRIVILEGED=1
+// and KUPORT_LAB_BIN naming the lab's etcd/kube-apiserver/kubectl (`make test` sets both).
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"kuport.wlz.li/kuport/api/v1alpha1"
+	"kuport.wlz.li/kuport/lab"
+	"kuport.wlz.li/kuport/lab/cluster"
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+const (
+	// Link device names: "kup-" + first 8 hex digits of sha256("<class>/<peer node>").
+	linkOnEdgeA   = "kup-5e30a797" // printf public/worker-b | sha256sum
+	linkOnWorkerB = "kup-dcc4266d" // printf public/edge-a | sha256sum
+)
+
+var repoRoot = func() string { r, _ := filepath.Abs("../.."); return r }()
+
+// startLab brings the lab up in the default state dir (so lab/env, as the README uses it,
+// points at it) with the demo's classes and pods.
+func startLab(t *testing.T) *lab.Lab {
+	t.Helper()
+	if os.Getenv("KUPORT_PRIVILEGED") != "1" || os.Getenv("KUPORT_LAB_BIN") == "" {
+		t.Skip("end-to-end tests need root, KUPORT_PRIVILEGED=1 and KUPORT_LAB_BIN (run `make test`)")
+	}
+	bin := os.Getenv("KUPORT_BIN")
+	if bin == "" {
+		bin = t.TempDir()
+		out, err := exec.Command("go", "build", "-o", bin+"/", "kuport.wlz.li/kuport/cmd/...").CombinedOutput()
+		require.NoError(t, err, "%s", out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	l, err := lab.Up(ctx, lab.Options{
+		Dir:    cluster.DefaultDir,
+		K8sBin: os.Getenv("KUPORT_LAB_BIN"),
+		Bin:    bin,
+		CRDDir: filepath.Join(repoRoot, "deploy", "crds"),
+		Log:    hclog.New(&hclog.LoggerOptions{Name: "lab", Level: hclog.Info, Output: os.Stderr}),
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, l.Close()) })
+	require.NoError(t, l.SetupDemo(ctx))
+	return l
+}
+
+func condition(pm *v1alpha1.PortMap, typ string) string {
+	c := meta.FindStatusCondition(pm.Status.Conditions, typ)
+	if c == nil || c.ObservedGeneration != pm.Generation {
+		return "none"
+	}
+	if c.Status == metav1.ConditionTrue {
+		return "True"
+	}
+	return "False:" + c.Reason
+}
+
+func waitCondition(t *testing.T, l *lab.Lab, ns, name, typ, want string, timeout time.Duration) {
+	t.Helper()
+	last := "none"
+	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		pm, err := l.GetPortMap(ctx, ns, name)
+		if err != nil {
+			return false, nil
+		}
+		last = condition(pm, typ)
+		return last == want, nil
+	})
+	require.NoError(t, err, "PortMap %s/%s %s: want %s, last saw %s", ns, name, typ, want, last)
+}
+
+// linkStats reads a kup-* device's rx/tx packets and tx_errors in a node's namespace.
+type linkStats struct {
+	Ifindex int `json:"ifindex"`
+	Stats64 struct {
+		RX struct {
+			Packets uint64 `json:"packets"`
+		} `json:"rx"`
+		TX struct {
+			Packets uint64 `json:"packets"`
+			Errors  uint64 `json:"errors"`
+		} `json:"tx"`
+	} `json:"stats64"`
+}
+
+func readLink(t *testing.T, l *lab.Lab, node, dev string) (linkStats, bool) {
+	t.Helper()
+	out, err := l.Net.Exec(context.Background(), node, "ip", "-j", "-s", "link", "show", "dev", dev)
+	if err != nil {
+		return linkStats{}, false
+	}
+	var s []linkStats
+	require.NoError(t, json.Unmarshal([]byte(out), &s))
+	require.Len(t, s, 1)
+	return s[0], true
+}
+
+// kernelState is what kuport owns on a node, as the kernel lists it: links named kup-*,
+// ip rules at prefs 101/102, routes in tables 201+, and the ip kuport table with handles.
+func kernelState(t *testing.T, l *lab.Lab, node string) string {
+	t.Helper()
+	ctx := context.Background()
+	var b strings.Builder
+	links, err := l.Net.Exec(ctx, node, "ip", "-o", "link", "show", "type", "vxlan")
+	require.NoError(t, err)
+	for _, line := range strings.Split(links, "\n") {
+		// Keep index, name, flags and mtu; drop the queue state that traffic may change.
+		if f := strings.Fields(line); len(f) > 4 {
+			fmt.Fprintln(&b, strings.Join(f[:5], " "))
+		}
+	}
+	for _, pref := range []string{"101", "102"} {
+		rules, err := l.Net.Exec(ctx, node, "ip", "rule", "show", "pref", pref)
+		require.NoError(t, err)
+		b.WriteString(rules)
+	}
+	routes, err := l.Net.Exec(ctx, node, "ip", "route", "show", "table", "all")
+	require.NoError(t, err)
+	for _, line := range strings.Split(routes, "\n") {
+		if strings.Contains(line, "kup-") {
+			fmt.Fprintln(&b, line)
+		}
+	}
+	table, err := l.Net.Exec(ctx, node, "nft", "-a", "list", "table", "ip", "kuport")
+	if err == nil {
+		b.WriteString(regexp.MustCompile(`counter packets \d+ bytes \d+`).ReplaceAllString(table, "counter"))
+	}
+	return b.String()
+}
+
+func TestPrivilegedE2E(t *testing.T) {
+	l := startLab(t)
+	ctx := context.Background()
+
+	t.Run("demo scenarios", func(t *testing.T) {
+		outcomes, err := l.RunDemo(ctx)
+		require.NoError(t, err)
+		require.Len(t, outcomes, 4)
+		for _, o := range outcomes {
+			assert.True(t, o.Pass(), o.Line()+" %v", o.Problems)
+			assert.True(t, strings.HasSuffix(o.Line(), " PASS"), o.Line())
+		}
+	})
+
+	remote := lab.DemoScenarios()[1]
+
+	t.Run("remote reaches worker-b over the link", func(t *testing.T) {
+		require.NoError(t, l.StartScenario(ctx, remote))
+		waitCondition(t, l, lab.DemoNamespace, remote.Name, v1alpha1.ConditionProgrammed, "True", 30*time.Second)
+		before, ok := readLink(t, l, "worker-b", linkOnWorkerB)
+		require.True(t, ok, "worker-b has no link %s", linkOnWorkerB)
+		podSaw, replyFrom, err := l.Probe(ctx, corev1.ProtocolTCP, 3000, 3)
+		require.NoError(t, err)
+		assert.Equal(t, lab.ClientAddr, podSaw)
+		assert.Equal(t, lab.PublicAddr+":3000", replyFrom)
+		after, _ := readLink(t, l, "worker-b", linkOnWorkerB)
+		assert.Greater(t, after.Stats64.RX.Packets, before.Stats64.RX.Packets, "worker-b's link received nothing")
+		assert.Greater(t, after.Stats64.TX.Packets, before.Stats64.TX.Packets, "worker-b's link sent nothing")
+		assert.Zero(t, after.Stats64.TX.Errors-before.Stats64.TX.Errors, "tx_errors rose: the pref 101 rule is not doing its job")
+		log, err := l.Net.ServerLog(lab.PodB.Name, "tcp", 3000)
+		require.NoError(t, err)
+		assert.Contains(t, log, "saw "+lab.ClientAddr+":")
+	})
+
+	t.Run("README commands against the lab", func(t *testing.T) {
+		sh := func(cmd string) string {
+			c := exec.Command("bash", "-c", "source lab/env && "+cmd)
+			c.Dir = repoRoot
+			out, err := c.CombinedOutput()
+			require.NoError(t, err, "%s: %s", cmd, out)
+			return string(out)
+		}
+		out := sh("kubectl get portmaps -A")
+		assert.Regexp(t, `(?m)^NAMESPACE\s+NAME\s+CLASS\s+PROTOCOL\s+PORT\s+ENDPOINT\s+PROGRAMMED\s+`, out)
+		assert.Regexp(t, `(?m)^demo\s+remote\s+public\s+TCP\s+3000\s+10\.244\.18\.107\s+True\s*$`, out)
+		out = sh("kubectl get portmaps -A -o wide")
+		assert.Regexp(t, `(?m)^NAMESPACE\s+NAME\s+CLASS\s+PROTOCOL\s+PORT\s+ENDPOINT\s+PROGRAMMED\s+NODE\s+PUBLISHED\s*$`, out)
+		assert.Regexp(t, `(?m)^demo\s+remote\s+public\s+TCP\s+3000\s+10\.244\.18\.107\s+True\s+worker-b\s+203\.0\.113\.9,100\.64\.93\.143\s*$`, out)
+		out = sh("grpcurl -plaintext 127.0.0.1:7443 list")
+		assert.Contains(t, out, "kuport.v1.ProgramService")
+		assert.Contains(t, out, "kuport.v1.AgentService")
+		out = sh(`grpcurl -plaintext -d '{"node":"edge-a"}' 127.0.0.1:7443 kuport.v1.ProgramService/GetProgram`)
+		assert.Contains(t, out, `"node": "edge-a"`)
+		assert.Contains(t, out, `"demo/remote/dnat/enp1s0"`)
+		assert.Contains(t, out, `"name": "`+linkOnEdgeA+`"`)
+		out = sh(`grpcurl -plaintext 127.0.0.1:7443 kuport.v1.ProgramService/ListNodes`)
+		assert.Contains(t, out, `"node": "worker-b"`)
+	})
+
+	t.Run("bad input is refused and the other mappings keep working", func(t *testing.T) {
+		reserving := lab.DemoClass("reserving", v1alpha1.ReturnPathNone)
+		reserving.Spec.Ports.Reserved = []int32{3005}
+		require.NoError(t, l.ApplyClass(ctx, reserving))
+		t.Cleanup(func() { _ = l.DeleteClass(ctx, "reserving") })
+		require.NoError(t, l.Expose(ctx, lab.DemoNamespace, "notready", "app", corev1.ProtocolTCP, 3010, lab.Backend{Pod: lab.PodA, Ready: false}))
+		t.Cleanup(func() { _ = l.Unexpose(ctx, lab.DemoNamespace, "notready") })
+		cases := []struct {
+			name, class string
+			port        int32
+			svc         string
+			cond, want  string
+		}{
+			{"noclass", "missing", 3002, "remote", v1alpha1.ConditionAccepted, "False:" + v1alpha1.ReasonClassNotFound},
+			{"outofrange", "public", 1000, "remote", v1alpha1.ConditionAccepted, "False:" + v1alpha1.ReasonPortOutOfRange},
+			{"reserved", "reserving", 3005, "remote", v1alpha1.ConditionAccepted, "False:" + v1alpha1.ReasonPortReserved},
+			{"notready", "public", 3010, "notready", v1alpha1.ConditionProgrammed, "False:" + v1alpha1.ReasonNoReadyEndpoint},
+		}
+		for _, c := range cases {
+			require.NoError(t, l.ApplyPortMap(ctx, &v1alpha1.PortMap{
+				ObjectMeta: metav1.ObjectMeta{Namespace: lab.DemoNamespace, Name: c.name},
+				Spec: v1alpha1.PortMapSpec{ClassName: c.class, Protocol: v1alpha1.ProtocolTCP, Port: c.port,
+					ServiceRef: v1alpha1.ServiceRef{Name: c.svc, Port: "app"}},
+			}))
+			t.Cleanup(func() { _ = l.DeletePortMap(ctx, lab.DemoNamespace, c.name) })
+		}
+		for _, c := range cases {
+			waitCondition(t, l, lab.DemoNamespace, c.name, c.cond, c.want, 20*time.Second)
+		}
+		rules, err := l.RulesMentioning(ctx, `"demo/noclass/`, `"demo/outofrange/`, `"demo/reserved/`, `"demo/notready/`)
+		require.NoError(t, err)
+		assert.Empty(t, rules, "a refused mapping reached a kernel")
+		waitCondition(t, l, lab.DemoNamespace, remote.Name, v1alpha1.ConditionProgrammed, "True", 10*time.Second)
+		podSaw, replyFrom, err := l.Probe(ctx, corev1.ProtocolTCP, 3000, 3)
+		require.NoError(t, err)
+		assert.Equal(t, lab.ClientAddr, podSaw)
+		assert.Equal(t, lab.PublicAddr+":3000", replyFrom)
+	})
+
+	t.Run("a restarted controller changes nothing in the kernel", func(t *testing.T) {
+		before := map[string]string{}
+		for _, n := range []string{"edge-a", "worker-b"} {
+			before[n] = kernelState(t, l, n)
+		}
+		require.Contains(t, before["edge-a"], linkOnEdgeA)
+		require.Contains(t, before["worker-b"], linkOnWorkerB)
+		require.NoError(t, l.StopController(false))
+		require.NoError(t, l.StartController())
+		conn, err := grpc.NewClient(lab.ControllerAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		require.NoError(t, err)
+		defer conn.Close()
+		client := kuportv1.NewProgramServiceClient(conn)
+		// Both agents reconnect and acknowledge the new controller's programs.
+		require.Eventually(t, func() bool {
+			for _, n := range []string{"edge-a", "worker-b"} {
+				r, err := client.GetProgram(ctx, &kuportv1.GetProgramRequest{Node: n})
+				if err != nil || r.GetAckedVersion() == 0 || r.GetAckedVersion() != r.GetProgram().GetVersion() {
+					return false
+				}
+			}
+			return true
+		}, 60*time.Second, 250*time.Millisecond)
+		for _, n := range []string{"edge-a", "worker-b"} {
+			assert.Equal(t, before[n], kernelState(t, l, n), "kernel state on %s changed across a controller restart", n)
+		}
+		podSaw, _, err := l.Probe(ctx, corev1.ProtocolTCP, 3000, 3)
+		require.NoError(t, err)
+		assert.Equal(t, lab.ClientAddr, podSaw)
+	})
+
+	t.Run("deleting the mapping removes its rules, then the link", func(t *testing.T) {
+		require.NoError(t, l.DeletePortMap(ctx, lab.DemoNamespace, remote.Name))
+		require.NoError(t, l.Unexpose(ctx, lab.DemoNamespace, remote.Name))
+		require.NoError(t, l.WaitRulesGone(ctx, 30*time.Second, `"demo/remote/`))
+		require.Eventually(t, func() bool {
+			_, onA := readLink(t, l, "edge-a", linkOnEdgeA)
+			_, onB := readLink(t, l, "worker-b", linkOnWorkerB)
+			return !onA && !onB
+		}, 30*time.Second, 200*time.Millisecond, "the unused link is still there")
+		for _, n := range []string{"edge-a", "worker-b"} {
+			state := kernelState(t, l, n)
+			assert.NotContains(t, state, "kup-", "node %s still holds kuport objects:\n%s", n, state)
+			assert.NotContains(t, state, "fwmark", "node %s still holds ip rules:\n%s", n, state)
+		}
+		cls, err := l.GetClass(ctx, "public")
+		require.NoError(t, err)
+		require.Len(t, cls.Status.Links, 1, "the slot claim must stay")
+		assert.Equal(t, "edge-a/worker-b", cls.Status.Links[0].Key)
+		assert.NotNil(t, cls.Status.Links[0].UnusedSince, "an unused claim carries unusedSince")
+	})
+
+	t.Run("a node whose agent is down holds Programmed at NodeNotReady", func(t *testing.T) {
+		require.NoError(t, l.StopAgent("worker-b", false))
+		require.NoError(t, l.StartScenario(ctx, remote))
+		waitCondition(t, l, lab.DemoNamespace, remote.Name, v1alpha1.ConditionProgrammed, "False:"+v1alpha1.ReasonNodeNotReady, 10*time.Second)
+		deadline := time.Now().Add(30 * time.Second)
+		for time.Now().Before(deadline) {
+			pm, err := l.GetPortMap(ctx, lab.DemoNamespace, remote.Name)
+			require.NoError(t, err)
+			require.Equal(t, "False:"+v1alpha1.ReasonNodeNotReady, condition(pm, v1alpha1.ConditionProgrammed))
+			time.Sleep(time.Second)
+		}
+		pm, err := l.GetPortMap(ctx, lab.DemoNamespace, remote.Name)
+		require.NoError(t, err)
+		assert.Contains(t, meta.FindStatusCondition(pm.Status.Conditions, v1alpha1.ConditionProgrammed).Message, "worker-b")
+		require.NoError(t, l.StartAgent("worker-b"))
+		waitCondition(t, l, lab.DemoNamespace, remote.Name, v1alpha1.ConditionProgrammed, "True", 10*time.Second)
+		podSaw, replyFrom, err := l.Probe(ctx, corev1.ProtocolTCP, 3000, 3)
+		require.NoError(t, err)
+		assert.Equal(t, lab.ClientAddr, podSaw)
+		assert.Equal(t, lab.PublicAddr+":3000", replyFrom)
+	})
+
+	t.Run("deleting the class removes everything it made", func(t *testing.T) {
+		require.NoError(t, l.DeleteClass(ctx, "public"))
+		waitCondition(t, l, lab.DemoNamespace, remote.Name, v1alpha1.ConditionAccepted, "False:"+v1alpha1.ReasonClassNotFound, 20*time.Second)
+		require.Eventually(t, func() bool {
+			for _, n := range []string{"edge-a", "worker-b"} {
+				if strings.Contains(kernelState(t, l, n), "kup-") {
+					return false
+				}
+			}
+			return true
+		}, 30*time.Second, 200*time.Millisecond, "class objects left in a kernel")
+		for _, n := range []string{"edge-a", "worker-b"} {
+			table, err := l.NftTable(ctx, n)
+			require.NoError(t, err)
+			assert.NotContains(t, table, "demo/", "node %s still has rules", n)
+		}
+		podSaw, replyFrom, err := l.Probe(ctx, corev1.ProtocolTCP, 3000, 1)
+		require.NoError(t, err)
+		assert.Equal(t, "none", podSaw)
+		assert.Equal(t, "none", replyFrom)
+	})
+}
