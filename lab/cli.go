@@ -72,7 +72,9 @@ func Demo(ctx context.Context, args []string, stdout, stderr io.Writer) (err err
 }
 
 const (
-	supervisorPid = "lab.pid"
+	// supervisorPid holds the supervisor's pid; not named *.pid, which lab/cluster's StopDir
+	// (run by Up on leftovers) would stop: the supervisor itself.
+	supervisorPid = "supervisor-pid"
 	readyFile     = "ready"
 )
 
