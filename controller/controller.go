@@ -161,10 +161,10 @@ func New(cfg Config) (*Controller, error) {
 	c.slices = c.core.Discovery().V1().EndpointSlices().Lister()
 
 	var err error
-	if c.classes, err = c.typedInformer(status.PortMapClasses, toTyped[v1alpha1.PortMapClass], handler); err != nil {
+	if c.classes, err = c.typedInformer(v1alpha1.PortMapClassesResource, toTyped[v1alpha1.PortMapClass], handler); err != nil {
 		return nil, err
 	}
-	if c.pms, err = c.typedInformer(status.PortMaps, toTyped[v1alpha1.PortMap], handler); err != nil {
+	if c.pms, err = c.typedInformer(v1alpha1.PortMapsResource, toTyped[v1alpha1.PortMap], handler); err != nil {
 		return nil, err
 	}
 	return c, nil

@@ -26,7 +26,6 @@ import (
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/controller/agents"
 	"kuport.wlz.li/kuport/controller/compile"
-	"kuport.wlz.li/kuport/controller/status"
 	"kuport.wlz.li/kuport/lab/cluster"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
@@ -129,13 +128,13 @@ func TestPrivilegedControllerAPI(t *testing.T) {
 			Interfaces: []*kuportv1.Interface{{Name: "wt0", Addresses: []string{"100.64.93.143"}, Mtu: 1420}}},
 	}}}))
 
-	create(t, ctx, dyn, status.PortMapClasses, &v1alpha1.PortMapClass{
+	create(t, ctx, dyn, v1alpha1.PortMapClassesResource, &v1alpha1.PortMapClass{
 		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "PortMapClass"},
 		ObjectMeta: metav1.ObjectMeta{Name: "public"},
 		Spec:       v1alpha1.PortMapClassSpec{Nodes: map[string]v1alpha1.ClassNode{"edge-a": {Interfaces: []string{"wt0"}}}},
 	})
 	for name, class := range map[string]string{"orphan": "missing", "local": "public"} {
-		create(t, ctx, dyn, status.PortMaps, &v1alpha1.PortMap{
+		create(t, ctx, dyn, v1alpha1.PortMapsResource, &v1alpha1.PortMap{
 			TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "PortMap"},
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "games"},
 			Spec: v1alpha1.PortMapSpec{ClassName: class, Protocol: v1alpha1.ProtocolTCP, Port: 8080,
@@ -144,7 +143,7 @@ func TestPrivilegedControllerAPI(t *testing.T) {
 	}
 
 	condition := func(name, typ string) *metav1.Condition {
-		u, err := dyn.Resource(status.PortMaps).Namespace("games").Get(ctx, name, metav1.GetOptions{})
+		u, err := dyn.Resource(v1alpha1.PortMapsResource).Namespace("games").Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return nil
 		}

@@ -40,22 +40,32 @@ func parseOptions(name string, args []string, stderr io.Writer) (Options, error)
 	return opt, nil
 }
 
+// upDemo parses a subcommand's flags, starts the lab and writes the demo's classes and
+// pods; on error nothing is left running.
+func upDemo(ctx context.Context, name string, args []string, stderr io.Writer) (*Lab, Options, error) {
+	opt, err := parseOptions(name, args, stderr)
+	if err != nil {
+		return nil, opt, err
+	}
+	l, err := Up(ctx, opt)
+	if err != nil {
+		return nil, opt, err
+	}
+	if err := l.SetupDemo(ctx); err != nil {
+		return nil, opt, errors.Join(err, l.Close())
+	}
+	return l, opt, nil
+}
+
 // Demo runs `make demo`: it starts the lab, runs the demo scenarios, prints one SCENARIO
 // line each to stdout and tears everything down on every exit path. It returns ErrFailed
 // when any scenario failed.
 func Demo(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
-	opt, err := parseOptions("demo", args, stderr)
-	if err != nil {
-		return err
-	}
-	l, err := Up(ctx, opt)
+	l, _, err := upDemo(ctx, "demo", args, stderr)
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, l.Close()) }()
-	if err := l.SetupDemo(ctx); err != nil {
-		return err
-	}
 	outcomes, runErr := l.RunDemo(ctx)
 	failed := false
 	for _, o := range outcomes {
@@ -131,18 +141,11 @@ func UpDetached(ctx context.Context, args []string, stderr io.Writer) error {
 // and the `remote` mapping, marks the lab ready and keeps it until ctx ends (SIGTERM from
 // Down), then tears it down.
 func Run(ctx context.Context, args []string, stderr io.Writer) (err error) {
-	opt, err := parseOptions("run", args, stderr)
-	if err != nil {
-		return err
-	}
-	l, err := Up(ctx, opt)
+	l, opt, err := upDemo(ctx, "run", args, stderr)
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, l.Close()) }()
-	if err := l.SetupDemo(ctx); err != nil {
-		return err
-	}
 	remote := DemoScenarios()[1]
 	if err := l.StartScenario(ctx, remote); err != nil {
 		return err

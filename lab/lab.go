@@ -94,6 +94,16 @@ func (l *Lab) up(ctx context.Context) error {
 	if err := os.MkdirAll(l.logDir(), 0o755); err != nil {
 		return fmt.Errorf("lab: %w", err)
 	}
+	var err error
+	// Build first: it waits for the machine-wide lab lock, so a lab already running is
+	// never torn down by the clean-up below.
+	l.log.Info("building the lab network")
+	l.Net, err = netlab.Build(ctx, netlab.Config{
+		Log: l.log.Named("net"), Dir: l.logDir(), ToolBin: filepath.Join(l.opt.Bin, "kuport-lab"),
+	})
+	if err != nil {
+		return err
+	}
 	// Leftovers of a crashed run: stop its processes before reusing the dir.
 	if err := cluster.StopDir(l.opt.Dir); err != nil {
 		return fmt.Errorf("lab: stop leftovers: %w", err)
@@ -101,14 +111,6 @@ func (l *Lab) up(ctx context.Context) error {
 	// Every lab starts from an empty cluster: objects of an earlier run would collide.
 	if err := os.RemoveAll(l.etcdDir()); err != nil {
 		return fmt.Errorf("lab: %w", err)
-	}
-	var err error
-	l.log.Info("building the lab network")
-	l.Net, err = netlab.Build(ctx, netlab.Config{
-		Log: l.log.Named("net"), Dir: l.logDir(), ToolBin: filepath.Join(l.opt.Bin, "kuport-lab"),
-	})
-	if err != nil {
-		return err
 	}
 	l.log.Info("proving the mesh and CNI emulations bite")
 	if err := l.Net.SelfCheck(ctx); err != nil {

@@ -16,11 +16,6 @@ import (
 	"kuport.wlz.li/kuport/api/v1alpha1"
 )
 
-var (
-	classesGVR  = v1alpha1.GroupVersion.WithResource("portmapclasses")
-	portmapsGVR = v1alpha1.GroupVersion.WithResource("portmaps")
-)
-
 // Pod is a lab pod: a network namespace behind its node's cilium_host and the Pod object
 // that a kubelet would have reported Running and Ready.
 type Pod struct {
@@ -144,7 +139,7 @@ func (l *Lab) ApplyClass(ctx context.Context, c *v1alpha1.PortMapClass) error {
 	if err != nil {
 		return err
 	}
-	if _, err := l.Dyn.Resource(classesGVR).Create(ctx, u, metav1.CreateOptions{}); err != nil {
+	if _, err := l.Dyn.Resource(v1alpha1.PortMapClassesResource).Create(ctx, u, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("lab: portmapclass %s: %w", c.Name, err)
 	}
 	return nil
@@ -152,7 +147,7 @@ func (l *Lab) ApplyClass(ctx context.Context, c *v1alpha1.PortMapClass) error {
 
 // DeleteClass deletes a PortMapClass; absent is fine.
 func (l *Lab) DeleteClass(ctx context.Context, name string) error {
-	err := l.Dyn.Resource(classesGVR).Delete(ctx, name, metav1.DeleteOptions{})
+	err := l.Dyn.Resource(v1alpha1.PortMapClassesResource).Delete(ctx, name, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("lab: delete portmapclass %s: %w", name, err)
 	}
@@ -161,7 +156,7 @@ func (l *Lab) DeleteClass(ctx context.Context, name string) error {
 
 // GetClass reads a PortMapClass.
 func (l *Lab) GetClass(ctx context.Context, name string) (*v1alpha1.PortMapClass, error) {
-	u, err := l.Dyn.Resource(classesGVR).Get(ctx, name, metav1.GetOptions{})
+	u, err := l.Dyn.Resource(v1alpha1.PortMapClassesResource).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return nil, err
 	}
@@ -175,15 +170,27 @@ func (l *Lab) ApplyPortMap(ctx context.Context, pm *v1alpha1.PortMap) error {
 	if err != nil {
 		return err
 	}
-	if _, err := l.Dyn.Resource(portmapsGVR).Namespace(pm.Namespace).Create(ctx, u, metav1.CreateOptions{}); err != nil {
+	if _, err := l.Dyn.Resource(v1alpha1.PortMapsResource).Namespace(pm.Namespace).Create(ctx, u, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("lab: portmap %s/%s: %w", pm.Namespace, pm.Name, err)
+	}
+	return nil
+}
+
+// UpdatePortMap updates a PortMap's spec (with its resourceVersion).
+func (l *Lab) UpdatePortMap(ctx context.Context, pm *v1alpha1.PortMap) error {
+	u, err := toUnstructured(pm, "PortMap")
+	if err != nil {
+		return err
+	}
+	if _, err := l.Dyn.Resource(v1alpha1.PortMapsResource).Namespace(pm.Namespace).Update(ctx, u, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("lab: update portmap %s/%s: %w", pm.Namespace, pm.Name, err)
 	}
 	return nil
 }
 
 // DeletePortMap deletes a PortMap; absent is fine.
 func (l *Lab) DeletePortMap(ctx context.Context, namespace, name string) error {
-	err := l.Dyn.Resource(portmapsGVR).Namespace(namespace).Delete(ctx, name, metav1.DeleteOptions{})
+	err := l.Dyn.Resource(v1alpha1.PortMapsResource).Namespace(namespace).Delete(ctx, name, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("lab: delete portmap %s/%s: %w", namespace, name, err)
 	}
@@ -192,7 +199,7 @@ func (l *Lab) DeletePortMap(ctx context.Context, namespace, name string) error {
 
 // GetPortMap reads a PortMap.
 func (l *Lab) GetPortMap(ctx context.Context, namespace, name string) (*v1alpha1.PortMap, error) {
-	u, err := l.Dyn.Resource(portmapsGVR).Namespace(namespace).Get(ctx, name, metav1.GetOptions{})
+	u, err := l.Dyn.Resource(v1alpha1.PortMapsResource).Namespace(namespace).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return nil, err
 	}

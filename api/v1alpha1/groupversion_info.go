@@ -15,6 +15,12 @@ import (
 // GroupVersion is the API group and version of kuport's resources.
 var GroupVersion = schema.GroupVersion{Group: "kuport.wlz.li", Version: "v1alpha1"}
 
+// Resources of the group, for dynamic clients and informers.
+var (
+	PortMapClassesResource = GroupVersion.WithResource("portmapclasses")
+	PortMapsResource       = GroupVersion.WithResource("portmaps")
+)
+
 var (
 	// SchemeBuilder registers the kuport types.
 	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)

@@ -146,7 +146,7 @@ func sharedAcceptingNode(a, b *classInfo) string {
 // classStatus is the status to write for a class: its Ready condition, one row per accepting
 // node and its surviving link claims.
 func (c *compiler) classStatus(ci *classInfo) *v1alpha1.PortMapClassStatus {
-	reason, msg := v1alpha1.ReasonValid, ""
+	reason, msg := v1alpha1.ReasonValid, "the class is valid"
 	switch {
 	case ci.refusal != "":
 		reason, msg = ci.refusal, ci.refusalMsg

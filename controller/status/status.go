@@ -23,12 +23,6 @@ import (
 	"kuport.wlz.li/kuport/controller/compile"
 )
 
-// Resources of the kuport API.
-var (
-	PortMaps       = v1alpha1.GroupVersion.WithResource("portmaps")
-	PortMapClasses = v1alpha1.GroupVersion.WithResource("portmapclasses")
-)
-
 // ReasonEndpointChanged is the Event reason when a PortMap's endpoint moves to another pod.
 const ReasonEndpointChanged = "EndpointChanged"
 
@@ -106,7 +100,7 @@ func (w *Writer) PortMap(ctx context.Context, pm *v1alpha1.PortMap, res *compile
 	obj := pm.DeepCopy()
 	obj.Status = want
 	obj.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("PortMap"))
-	if err := w.update(ctx, PortMaps, obj.Namespace, obj); err != nil {
+	if err := w.update(ctx, v1alpha1.PortMapsResource, obj.Namespace, obj); err != nil {
 		return false, fmt.Errorf("portmap %s/%s status: %w", pm.Namespace, pm.Name, err)
 	}
 	for _, t := range []string{v1alpha1.ConditionAccepted, v1alpha1.ConditionProgrammed} {
@@ -137,7 +131,7 @@ func (w *Writer) Class(ctx context.Context, cls *v1alpha1.PortMapClass, want *v1
 	obj := cls.DeepCopy()
 	obj.Status = st
 	obj.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("PortMapClass"))
-	if err := w.update(ctx, PortMapClasses, "", obj); err != nil {
+	if err := w.update(ctx, v1alpha1.PortMapClassesResource, "", obj); err != nil {
 		return false, fmt.Errorf("portmapclass %s status: %w", cls.Name, err)
 	}
 	return true, nil

@@ -77,13 +77,13 @@ func newFake(objs ...runtime.Object) *dynamicfake.FakeDynamicClient {
 	scheme := runtime.NewScheme()
 	_ = v1alpha1.AddToScheme(scheme)
 	return dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{
-		PortMaps: "PortMapList", PortMapClasses: "PortMapClassList",
+		v1alpha1.PortMapsResource: "PortMapList", v1alpha1.PortMapClassesResource: "PortMapClassList",
 	}, objs...)
 }
 
 func getPortMap(t *testing.T, c *dynamicfake.FakeDynamicClient) *v1alpha1.PortMap {
 	t.Helper()
-	u, err := c.Resource(PortMaps).Namespace("games").Get(context.Background(), "remote", metav1.GetOptions{})
+	u, err := c.Resource(v1alpha1.PortMapsResource).Namespace("games").Get(context.Background(), "remote", metav1.GetOptions{})
 	require.NoError(t, err)
 	var pm v1alpha1.PortMap
 	require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &pm))
@@ -146,7 +146,7 @@ func TestWriterClass(t *testing.T) {
 	wrote, err := w.Class(ctx, cls, want)
 	require.NoError(t, err)
 	assert.True(t, wrote)
-	u, err := client.Resource(PortMapClasses).Get(ctx, "public", metav1.GetOptions{})
+	u, err := client.Resource(v1alpha1.PortMapClassesResource).Get(ctx, "public", metav1.GetOptions{})
 	require.NoError(t, err)
 	var got v1alpha1.PortMapClass
 	require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &got))

@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/lab"
@@ -91,6 +92,19 @@ func waitCondition(t *testing.T, l *lab.Lab, ns, name, typ, want string, timeout
 		return last == want, nil
 	})
 	require.NoError(t, err, "PortMap %s/%s %s: want %s, last saw %s", ns, name, typ, want, last)
+}
+
+// updatePortMap reads, mutates and updates a demo PortMap, retrying while the controller's
+// status writes make the read stale.
+func updatePortMap(ctx context.Context, l *lab.Lab, name string, mutate func(*v1alpha1.PortMap)) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := l.GetPortMap(ctx, lab.DemoNamespace, name)
+		if err != nil {
+			return err
+		}
+		mutate(cur)
+		return l.UpdatePortMap(ctx, cur)
+	})
 }
 
 // linkStats reads a kup-* device's rx/tx packets and tx_errors in a node's namespace.
@@ -344,5 +358,51 @@ func TestPrivilegedE2E(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, "none", podSaw)
 		assert.Equal(t, "none", replyFrom)
+	})
+	t.Run("the founding document's classes apply unchanged and get their defaults", func(t *testing.T) {
+		c := exec.Command("bash", "-c", "source lab/env && kubectl apply -f lab/e2e/testdata/founding-classes.yaml")
+		c.Dir = repoRoot
+		out, err := c.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		t.Cleanup(func() { _ = l.DeleteClass(ctx, "public"); _ = l.DeleteClass(ctx, "intranet") })
+		public, err := l.GetClass(ctx, "public")
+		require.NoError(t, err)
+		assert.Equal(t, v1alpha1.ServingModeSingle, public.Spec.ServingMode)
+		assert.Equal(t, v1alpha1.VxlanConfig{VNI: 4242, Port: 4790, Subnet: "169.254.77.0/24"}, public.Spec.ReturnPath.Vxlan)
+		intranet, err := l.GetClass(ctx, "intranet")
+		require.NoError(t, err)
+		assert.Equal(t, v1alpha1.ServingModeMulti, intranet.Spec.ServingMode)
+		assert.Equal(t, v1alpha1.PortPolicy{Min: 1, Max: 65535}, intranet.Spec.Ports)
+		assert.Equal(t, v1alpha1.VxlanConfig{VNI: 4300, Port: 4790, Subnet: "169.254.79.0/24"}, intranet.Spec.ReturnPath.Vxlan)
+	})
+
+	t.Run("the API server enforces the CEL rules", func(t *testing.T) {
+		pm := func(name string, port int32, end *int32) *v1alpha1.PortMap {
+			return &v1alpha1.PortMap{
+				ObjectMeta: metav1.ObjectMeta{Namespace: lab.DemoNamespace, Name: name},
+				Spec: v1alpha1.PortMapSpec{ClassName: "public", Protocol: v1alpha1.ProtocolUDP, Port: port, EndPort: end,
+					ServiceRef: v1alpha1.ServiceRef{Name: "svc", Port: "app"}},
+			}
+		}
+		end := int32(27000)
+		err := l.ApplyPortMap(ctx, pm("backwards", 27015, &end))
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "endPort must be >= port")
+
+		end = int32(27115)
+		require.NoError(t, l.ApplyPortMap(ctx, pm("games", 27015, &end)))
+		t.Cleanup(func() { _ = l.DeletePortMap(ctx, lab.DemoNamespace, "games") })
+		for field, mutate := range map[string]func(*v1alpha1.PortMap){
+			"className is immutable": func(p *v1alpha1.PortMap) { p.Spec.ClassName = "other" },
+			"protocol is immutable":  func(p *v1alpha1.PortMap) { p.Spec.Protocol = v1alpha1.ProtocolTCP },
+			"port is immutable":      func(p *v1alpha1.PortMap) { p.Spec.Port = 27016 },
+			"endPort is immutable":   func(p *v1alpha1.PortMap) { p.Spec.EndPort = nil },
+		} {
+			err := updatePortMap(ctx, l, "games", mutate)
+			require.Error(t, err, field)
+			assert.Contains(t, err.Error(), field)
+		}
+		// interfaces stays mutable.
+		require.NoError(t, updatePortMap(ctx, l, "games", func(p *v1alpha1.PortMap) { p.Spec.Interfaces = []string{"wt0"} }))
 	})
 }
