@@ -54,7 +54,10 @@ generate: proto crds
 # generators produce.
 .PHONY: check-generated
 check-generated: generate
-	@git diff --exit-code -- proto api deploy/crds || { echo "generated code is stale: run make generate" >&2; exit 1; }
+	@if [ -n "$$(git status --porcelain -- proto api deploy/crds)" ]; then \
+		git status --short -- proto api deploy/crds; git diff -- proto api deploy/crds; \
+		echo "generated code is stale: run make generate and commit the result" >&2; exit 1; \
+	fi
 
 # ---------------------------------------------------------------------------------------
 # Build
@@ -68,11 +71,11 @@ build:
 	@mkdir -p $(BIN)
 	@CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
 
-# deps installs the Debian packages the datapath, the lab and the tests use.
+# deps installs the Debian packages the datapath, the lab and the tests use (sysctl is procps).
 .PHONY: deps
 deps:
-	@if ! command -v nft >/dev/null || ! command -v conntrack >/dev/null || ! command -v ip >/dev/null; then \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables conntrack iproute2) >&2; \
+	@if ! command -v nft >/dev/null || ! command -v conntrack >/dev/null || ! command -v ip >/dev/null || ! command -v sysctl >/dev/null; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables conntrack iproute2 procps) >&2; \
 	fi
 
 # lab-binaries builds (once per version, cached outside the repo) etcd, kube-apiserver and

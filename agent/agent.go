@@ -205,12 +205,11 @@ func (a *Agent) session(ctx context.Context, target string, resync <-chan time.T
 	if err != nil {
 		return false, fmt.Errorf("read node state: %w", err)
 	}
-	hello := &kuportv1.Hello{
-		Node:           a.cfg.NodeName,
-		AgentVersion:   a.cfg.AgentVersion,
-		State:          state,
-		AppliedVersion: a.current.GetVersion(),
-		AppliedEpoch:   a.current.GetEpoch(),
+	hello := &kuportv1.Hello{Node: a.cfg.NodeName, AgentVersion: a.cfg.AgentVersion, State: state}
+	// Claim only a program the kernel holds whole: the controller takes Hello's version as
+	// an acknowledgement, and a failed one must be resent and acked with its errors.
+	if len(a.currentErr) == 0 {
+		hello.AppliedVersion, hello.AppliedEpoch = a.current.GetVersion(), a.current.GetEpoch()
 	}
 	if err := stream.Send(&kuportv1.ConnectRequest{Message: &kuportv1.ConnectRequest_Hello{Hello: hello}}); err != nil {
 		return false, fmt.Errorf("send hello to %s: %w", target, err)

@@ -409,6 +409,24 @@ func TestReconnectKeepsProgramAndDoesNotReapply(t *testing.T) {
 	require.Equal(t, uint64(4), s.hello.GetAppliedEpoch())
 }
 
+func TestHelloAfterFailedApplyClaimsNothing(t *testing.T) {
+	c, target := startController(t)
+	dp := newFakeDatapath()
+	dp.setFail(errors.New("nftables: transaction refused"))
+	startAgent(t, testConfig(dp, &syncBuffer{}, target))
+
+	s := nextSession(t, c)
+	s.send(t, program(5, 2, 27015))
+	require.NotEmpty(t, s.nextAck(t).GetErrors())
+	close(s.end)
+
+	// The kernel does not hold version 5 whole: Hello must not present it as applied, or
+	// the controller would count it as acknowledged.
+	s = nextSession(t, c)
+	require.Zero(t, s.hello.GetAppliedVersion())
+	require.Zero(t, s.hello.GetAppliedEpoch())
+}
+
 func TestLowerEpochProgramRefused(t *testing.T) {
 	c, target := startController(t)
 	dp := newFakeDatapath()
@@ -420,8 +438,11 @@ func TestLowerEpochProgramRefused(t *testing.T) {
 	s.nextAck(t)
 
 	s.send(t, program(9, 1, 27016))
-	// Programs are handled in order, so the next Ack being this one's proves the stale one
-	// got none.
+	// The stale program is not applied; its Ack says it was fenced.
+	fenced := s.nextAck(t)
+	require.Equal(t, uint64(9), fenced.GetVersion())
+	require.Len(t, fenced.GetErrors(), 1)
+	require.Contains(t, fenced.GetErrors()[0].GetMessage(), "refused by fencing")
 	current := program(4, 2, 27017)
 	s.send(t, current)
 	requireProtoEqual(t, &kuportv1.Ack{Version: 4, Epoch: 2}, s.nextAck(t))

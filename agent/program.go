@@ -9,9 +9,9 @@ import (
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
-// handleProgram applies p when it must and returns the Ack to send, or nil when p is refused
-// by fencing (its epoch is lower than the current program's: a deposed leader's program,
-// proto/kuport/v1/program.proto, NodeProgram.epoch).
+// handleProgram applies p when it must and returns the Ack to send. A program whose epoch is
+// lower than the current program's (a deposed leader's, proto/kuport/v1/program.proto,
+// NodeProgram.epoch) is not applied: its Ack carries one error saying it was fenced.
 //
 // A program whose content (everything but version and epoch) equals the current program's,
 // which applied without errors, is acknowledged without calling Apply: the kernel already
@@ -28,7 +28,10 @@ func (a *Agent) handleProgram(p *kuportv1.NodeProgram) *kuportv1.Ack {
 	if cur != nil && p.GetEpoch() < cur.GetEpoch() {
 		a.log.Warn("refusing a program from a lower epoch (fencing)",
 			"version", p.GetVersion(), "epoch", p.GetEpoch(), "applied_version", cur.GetVersion(), "applied_epoch", cur.GetEpoch())
-		return nil
+		// Say so, so the sender's status shows why the node does not follow it.
+		return &kuportv1.Ack{Version: p.GetVersion(), Epoch: p.GetEpoch(), Errors: []*kuportv1.EntryError{{
+			Message: fmt.Sprintf("refused by fencing: program epoch %d is lower than the applied epoch %d", p.GetEpoch(), cur.GetEpoch()),
+		}}}
 	}
 	if cur != nil && len(a.currentErr) == 0 && sameContent(p, cur) {
 		a.log.Debug("program content already applied, acknowledging",

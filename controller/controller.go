@@ -245,14 +245,20 @@ func (c *Controller) processNext(ctx context.Context) bool {
 	return true
 }
 
-// compile runs compile.Compile on a fresh snapshot, hands the programs to the registry, ends
-// the startup hold when it may, and writes statuses.
+// compile runs compile.Compile on a fresh snapshot, records the class statuses (the link
+// slot and table claims), hands the programs to the registry, ends the startup hold when it
+// may, and writes the PortMap statuses.
 func (c *Controller) compile(ctx context.Context) error {
 	snap, err := c.snapshot()
 	if err != nil {
 		return err
 	}
 	res := compile.Compile(snap)
+	// Claims are persisted before any kernel may use them, so a restart or a failed write
+	// can never renumber a live link: no program leaves until its claims are recorded.
+	if err := c.writeClassStatuses(ctx, res); err != nil {
+		return err
+	}
 	c.reg.SetPrograms(res.Programs)
 	if released, wait := c.reg.Release(expectedNodes(snap), snap.Now); !released {
 		c.queue.AddAfter(keyCompile, wait)
@@ -279,8 +285,8 @@ func expectedNodes(s *compile.Snapshot) []string {
 	return slices.Compact(out)
 }
 
-// writeStatuses writes every PortMap and PortMapClass status of the last compile that
-// differs from the cached object; errors (conflicts included) are joined so the key retries.
+// writeStatuses writes every PortMap status of the last compile that differs from the
+// cached object; errors (conflicts included) are joined so the key retries.
 func (c *Controller) writeStatuses(ctx context.Context) error {
 	if c.last == nil {
 		return nil
@@ -295,7 +301,14 @@ func (c *Controller) writeStatuses(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	for name, st := range c.last.Classes {
+	return errors.Join(errs...)
+}
+
+// writeClassStatuses writes every PortMapClass status of res that differs from the cached
+// object; errors (conflicts included) are joined so the key retries.
+func (c *Controller) writeClassStatuses(ctx context.Context, res *compile.Result) error {
+	var errs []error
+	for name, st := range res.Classes {
 		obj, ok, err := c.classes.GetByKey(name)
 		if err != nil || !ok {
 			continue

@@ -2,7 +2,6 @@ package controller
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -27,6 +26,7 @@ import (
 	"kuport.wlz.li/kuport/controller/agents"
 	"kuport.wlz.li/kuport/controller/compile"
 	"kuport.wlz.li/kuport/lab/cluster"
+	"kuport.wlz.li/kuport/lab/labtest"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -45,9 +45,6 @@ func TestExpectedNodes(t *testing.T) {
 	assert.Equal(t, []string{"edge-a", "worker-b"}, expectedNodes(s))
 }
 
-// labBinDir holds the lab's kube-apiserver, etcd and kubectl (lab/build-binaries.sh).
-const labBinDir = "/var/cache/kuport-lab/k8s-v1.36.3-etcd-v3.6.8"
-
 func create(t *testing.T, ctx context.Context, c dynamic.Interface, gvr schema.GroupVersionResource, obj runtime.Object) {
 	t.Helper()
 	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
@@ -62,17 +59,12 @@ func create(t *testing.T, ctx context.Context, c dynamic.Interface, gvr schema.G
 // the agent acknowledges the program version carrying it, then True, and False again once the
 // agent disconnects.
 func TestPrivilegedControllerAPI(t *testing.T) {
-	if os.Getenv("KUPORT_PRIVILEGED") != "1" {
-		t.Skip("set KUPORT_PRIVILEGED=1 to run against a real API server")
-	}
-	if _, err := os.Stat(filepath.Join(labBinDir, "kube-apiserver")); err != nil {
-		t.Skipf("lab binaries missing (run lab/build-binaries.sh): %v", err)
-	}
+	binDir := labtest.K8sBin(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	log := hclog.New(&hclog.LoggerOptions{Name: "test", Level: hclog.Debug, Output: t.Output()})
 
-	cl, err := cluster.Start(ctx, cluster.Config{Dir: t.TempDir(), BinDir: labBinDir, CRDDir: "../deploy/crds", Log: log})
+	cl, err := cluster.Start(ctx, cluster.Config{Dir: t.TempDir(), BinDir: binDir, CRDDir: "../deploy/crds", Log: log})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, cl.Stop()) })
 	kube, err := kubernetes.NewForConfig(cl.RESTConfig())

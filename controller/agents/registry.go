@@ -354,11 +354,26 @@ func (r *Registry) MappingReady(nodeName, mapping string) (bool, string) {
 		return false, fmt.Sprintf("node %s has not acknowledged program version %d", nodeName, mv.version)
 	}
 	for _, e := range n.ackErrors {
-		if mv.ids[e.Id] {
+		switch {
+		case mv.ids[e.Id]:
 			return false, fmt.Sprintf("node %s failed to apply %s: %s", nodeName, e.Id, e.Message)
+		case !n.hasEntry(e.Id):
+			// An error no entry owns (a failed kernel read, a refused transaction, fencing)
+			// leaves nothing on the node known to be in place.
+			return false, fmt.Sprintf("node %s failed to apply its program: %s", nodeName, e.Message)
 		}
 	}
 	return true, ""
+}
+
+// hasEntry reports whether id names an entry of some mapping in n's current program.
+func (n *node) hasEntry(id string) bool {
+	for _, mv := range n.mappings {
+		if mv.ids[id] {
+			return true
+		}
+	}
+	return false
 }
 
 // Program returns node's current program (nil if compile has not named it) and the version

@@ -143,6 +143,16 @@ func TestMappingVersionsAndAckGating(t *testing.T) {
 	ok, _ = r.MappingReady("edge-a", "games/local")
 	assert.True(t, ok)
 
+	// An error no entry owns (a refused transaction, fencing) fails every mapping on the node.
+	for _, id := range []string{"", "ip rule 101 stale"} {
+		r.ack(s, &kuportv1.Ack{Epoch: 77, Version: 3, Errors: []*kuportv1.EntryError{{Id: id, Message: "transaction refused"}}})
+		for _, m := range []string{"games/local", "games/remote"} {
+			ok, why = r.MappingReady("edge-a", m)
+			assert.False(t, ok, "%s with error id %q", m, id)
+			assert.Equal(t, "node edge-a failed to apply its program: transaction refused", why)
+		}
+	}
+
 	r.disconnect(s)
 	ok, why = r.MappingReady("edge-a", "games/local")
 	assert.False(t, ok)

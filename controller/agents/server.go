@@ -80,16 +80,35 @@ func (s *Server) Stop() {
 	})
 }
 
+// helloTimeout bounds how long a new stream may stay silent before its Hello.
+const helloTimeout = 10 * time.Second
+
 // Connect implements kuport.v1.AgentService/Connect: the first message must be a Hello
-// naming the node (else INVALID_ARGUMENT); the stream then receives the node's current
+// naming the node (else INVALID_ARGUMENT, or DEADLINE_EXCEEDED after helloTimeout without
+// one); the stream then receives the node's current
 // program and every new version, and carries the agent's Acks and Reports. A newer stream
 // of the same node ends this one with ABORTED.
 func (s *Server) Connect(stream grpc.BidiStreamingServer[kuportv1.ConnectRequest, kuportv1.ConnectResponse]) error {
-	first, err := stream.Recv()
-	if err != nil {
-		return err
+	type received struct {
+		msg *kuportv1.ConnectRequest
+		err error
 	}
-	hello := first.GetHello()
+	firstc := make(chan received, 1)
+	go func() {
+		msg, err := stream.Recv()
+		firstc <- received{msg, err}
+	}()
+	var first received
+	select {
+	case first = <-firstc:
+	case <-time.After(helloTimeout):
+		// Returning ends the stream, which unblocks the Recv above.
+		return status.Errorf(codes.DeadlineExceeded, "no Hello within %s", helloTimeout)
+	}
+	if first.err != nil {
+		return first.err
+	}
+	hello := first.msg.GetHello()
 	if hello == nil || hello.Node == "" {
 		return status.Error(codes.InvalidArgument, "first message must be a Hello with the node name")
 	}

@@ -147,6 +147,10 @@ func sharedAcceptingNode(a, b *classInfo) string {
 // node and its surviving link claims.
 func (c *compiler) classStatus(ci *classInfo) *v1alpha1.PortMapClassStatus {
 	reason, msg := v1alpha1.ReasonValid, "the class is valid"
+	if ci.obj.Spec.ServingMode == v1alpha1.ServingModeMulti {
+		// Multi lands in its own issue; until then say plainly what the class gets.
+		msg = "the class is valid; servingMode Multi is served as Single for now: only the serving node programs each mapping"
+	}
 	switch {
 	case ci.refusal != "":
 		reason, msg = ci.refusal, ci.refusalMsg
@@ -206,7 +210,12 @@ func (c *compiler) nodeRow(ci *classInfo, name string) v1alpha1.ClassNodeStatus 
 // linkMTU is the MTU of a link between ends with these underlay MTUs: the smaller less the
 // vxlan encapsulation (DESIGN.md, MTU), 0 (the kernel's default) when unknown.
 func linkMTU(a, b uint32) uint32 {
-	m := min(a, b)
+	// An end that reports no MTU yet does not drag the link down: the known end's figure
+	// holds until the other's arrives (founding document, MTU agreement).
+	m := max(a, b)
+	if a != 0 && b != 0 {
+		m = min(a, b)
+	}
 	if m <= vxlanOverheadBytes {
 		return 0
 	}

@@ -2,6 +2,7 @@ package compile
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -636,8 +638,8 @@ func TestCompile(t *testing.T) {
 			},
 			check: func(t *testing.T, r *Result) {
 				want := []*kuportv1.ReturnPath{
-					{Id: intranetToEA, Link: intranetToEA, Mark: 0x6b700002, Table: 202, PeerUnderlay: "100.64.93.143", PeerLinkAddress: "169.254.79.0"},
-					{Id: linkToEdgeA, Link: linkToEdgeA, Mark: 0x6b700001, Table: 201, PeerUnderlay: "100.64.93.143", PeerLinkAddress: "169.254.77.0"},
+					{Id: intranetToEA + "/return", Link: intranetToEA, Mark: 0x6b700002, Table: 202, PeerUnderlay: "100.64.93.143", PeerLinkAddress: "169.254.79.0"},
+					{Id: linkToEdgeA + "/return", Link: linkToEdgeA, Mark: 0x6b700001, Table: 201, PeerUnderlay: "100.64.93.143", PeerLinkAddress: "169.254.77.0"},
 				}
 				if d := cmp.Diff(want, r.Programs["worker-b"].ReturnPaths, cmpOpts...); d != "" {
 					t.Errorf("worker-b return paths (-want +got):\n%s", d)
@@ -759,6 +761,22 @@ func TestCompile(t *testing.T) {
 				for _, n := range []string{"edge-a", "worker-b"} {
 					if m := r.Programs[n].Links[0].Mtu; m != 1330 {
 						t.Errorf("%s link MTU %d, want 1330", n, m)
+					}
+				}
+			},
+		},
+		{
+			name: "an end that reports no MTU leaves the link at the other end's figure",
+			snap: func() *Snapshot {
+				s := world(mkPortMap("remote", 0, 3000))
+				s.Agents["worker-b"].State.Interfaces[0].Mtu = 0
+				return s
+			},
+			want: map[string]outcome{"demo/remote": served(epRemote, "edge-a", "worker-b")},
+			check: func(t *testing.T, r *Result) {
+				for _, n := range []string{"edge-a", "worker-b"} {
+					if m := r.Programs[n].Links[0].Mtu; m != 1370 {
+						t.Errorf("%s link MTU %d, want 1370", n, m)
 					}
 				}
 			},
@@ -995,5 +1013,16 @@ func TestNilAndEmptyInputs(t *testing.T) {
 	s.Services = map[types.NamespacedName]*corev1.Service{}
 	if got := Compile(s).PortMaps[types.NamespacedName{Namespace: "demo", Name: "remote"}]; got.Status.Conditions[1].Reason != v1alpha1.ReasonNoReadyEndpoint {
 		t.Errorf("remote without service: %+v", got.Status.Conditions)
+	}
+}
+
+// Multi is a later issue: a Multi class says in its Ready message that it is served as Single.
+func TestMultiClassSaysItIsServedAsSingle(t *testing.T) {
+	s := world(mkPortMap("remote", 0, 3000))
+	s.Classes["public"].Spec.ServingMode = v1alpha1.ServingModeMulti
+	r := Compile(s)
+	ready := meta.FindStatusCondition(r.Classes["public"].Conditions, v1alpha1.ClassConditionReady)
+	if ready == nil || ready.Status != metav1.ConditionTrue || !strings.Contains(ready.Message, "served as Single") {
+		t.Errorf("Ready condition %+v: want True with a message saying Multi is served as Single", ready)
 	}
 }

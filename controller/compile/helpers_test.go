@@ -225,7 +225,7 @@ func remoteWorkerB() *kuportv1.NodeProgram {
 				LocalAddress: "169.254.77.1", PeerAddress: "169.254.77.0", Mtu: 1370},
 		},
 		ReturnPaths: []*kuportv1.ReturnPath{
-			{Id: linkToEdgeA, Link: linkToEdgeA, Mark: 0x6b700001, Table: 201,
+			{Id: linkToEdgeA + "/return", Link: linkToEdgeA, Mark: 0x6b700001, Table: 201,
 				PeerUnderlay: "100.64.93.143", PeerLinkAddress: "169.254.77.0"},
 		},
 	}

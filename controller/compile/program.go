@@ -188,7 +188,7 @@ func (c *compiler) emitPodEnd(p *plan, t *target, podPorts portRange) {
 		Ports: podPorts.wire(), Mark: markOf(table),
 	})
 	b.addReturnPath(&kuportv1.ReturnPath{
-		Id: dev, Link: dev, Mark: markOf(table), Table: uint32(table),
+		Id: dev + "/return", Link: dev, Mark: markOf(table), Table: uint32(table),
 		PeerUnderlay: peerUnderlay, PeerLinkAddress: cl.address(t.node).String(),
 	})
 }

@@ -19,30 +19,16 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
-)
 
-// labBin returns $KUPORT_LAB_BIN (the output of lab/build-binaries.sh) or skips the test
-// unless KUPORT_PRIVILEGED=1 and the binaries are there.
-func labBin(t *testing.T) string {
-	t.Helper()
-	if os.Getenv("KUPORT_PRIVILEGED") != "1" {
-		t.Skip("set KUPORT_PRIVILEGED=1 to run the lab control plane")
-	}
-	bin := os.Getenv("KUPORT_LAB_BIN")
-	for _, b := range []string{"etcd", "kube-apiserver", "kubectl"} {
-		if _, err := os.Stat(filepath.Join(bin, b)); bin == "" || err != nil {
-			t.Skipf("KUPORT_LAB_BIN=%q has no %s; set it to the output of lab/build-binaries.sh", bin, b)
-		}
-	}
-	return bin
-}
+	"kuport.wlz.li/kuport/lab/labtest"
+)
 
 func testLogger(t *testing.T) hclog.Logger {
 	return hclog.New(&hclog.LoggerOptions{Name: "cluster", Level: hclog.Debug, Output: t.Output()})
 }
 
 func TestPrivilegedCluster(t *testing.T) {
-	bin := labBin(t)
+	bin := labtest.K8sBin(t)
 	ctx := t.Context()
 	dir := t.TempDir()
 
@@ -131,7 +117,7 @@ func TestPrivilegedCluster(t *testing.T) {
 // TestPrivilegedClusterDetached covers the `make lab-up`/`lab-down` path: a detached start
 // recorded in pid files, refused a second start, and stopped by StopDir alone.
 func TestPrivilegedClusterDetached(t *testing.T) {
-	bin := labBin(t)
+	bin := labtest.K8sBin(t)
 	ctx := t.Context()
 	dir := t.TempDir()
 

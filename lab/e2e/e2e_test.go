@@ -30,6 +30,7 @@ import (
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/lab"
 	"kuport.wlz.li/kuport/lab/cluster"
+	"kuport.wlz.li/kuport/lab/labtest"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -45,9 +46,7 @@ var repoRoot = func() string { r, _ := filepath.Abs("../.."); return r }()
 // points at it) with the demo's classes and pods.
 func startLab(t *testing.T) *lab.Lab {
 	t.Helper()
-	if os.Getenv("KUPORT_PRIVILEGED") != "1" || os.Getenv("KUPORT_LAB_BIN") == "" {
-		t.Skip("end-to-end tests need root, KUPORT_PRIVILEGED=1 and KUPORT_LAB_BIN (run `make test`)")
-	}
+	k8sBin := labtest.K8sBin(t)
 	bin := os.Getenv("KUPORT_BIN")
 	if bin == "" {
 		bin = t.TempDir()
@@ -58,7 +57,7 @@ func startLab(t *testing.T) *lab.Lab {
 	defer cancel()
 	l, err := lab.Up(ctx, lab.Options{
 		Dir:    cluster.DefaultDir,
-		K8sBin: os.Getenv("KUPORT_LAB_BIN"),
+		K8sBin: k8sBin,
 		Bin:    bin,
 		CRDDir: filepath.Join(repoRoot, "deploy", "crds"),
 		Log:    hclog.New(&hclog.LoggerOptions{Name: "lab", Level: hclog.Info, Output: os.Stderr}),

@@ -1,0 +1,27 @@
+// Package labtest gates tests that need the lab's real control plane: they run only as
+// root with KUPORT_PRIVILEGED=1, and then must not pass silently when the binaries are
+// missing.
+package labtest
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// K8sBin returns KUPORT_LAB_BIN, the dir holding the lab's etcd, kube-apiserver and kubectl
+// (the output of lab/build-binaries.sh, which `make test` sets). It skips the test unless
+// KUPORT_PRIVILEGED=1, and fails it when the binaries are not there.
+func K8sBin(t testing.TB) string {
+	t.Helper()
+	if os.Getenv("KUPORT_PRIVILEGED") != "1" {
+		t.Skip("set KUPORT_PRIVILEGED=1 (as root) to run against the lab's control plane; `make test` does")
+	}
+	bin := os.Getenv("KUPORT_LAB_BIN")
+	for _, b := range []string{"etcd", "kube-apiserver", "kubectl"} {
+		if _, err := os.Stat(filepath.Join(bin, b)); bin == "" || err != nil {
+			t.Fatalf("KUPORT_LAB_BIN=%q has no %s; set it to the output of lab/build-binaries.sh", bin, b)
+		}
+	}
+	return bin
+}
