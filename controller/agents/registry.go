@@ -366,6 +366,20 @@ func (r *Registry) MappingReady(nodeName, mapping string) (bool, string) {
 	return true, ""
 }
 
+// AwaitingAck reports whether mapping is not yet in node's kernel only because the node's
+// connected agent has not acknowledged the version carrying it: the ordinary moment after a
+// change, not a fault.
+func (r *Registry) AwaitingAck(nodeName, mapping string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := r.nodes[nodeName]
+	if n == nil || n.session == nil {
+		return false
+	}
+	mv := n.mappings[mapping]
+	return mv == nil || n.ackedVersion < mv.version
+}
+
 // hasEntry reports whether id names an entry of some mapping in n's current program.
 func (n *node) hasEntry(id string) bool {
 	for _, mv := range n.mappings {

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -57,25 +58,28 @@ type compiler struct {
 	// a subnet or VNI dispute.
 	classes    map[string]*classInfo
 	classOrder []*classInfo
-	// plans in age order (creationTimestamp, then namespace/name): the older mapping holds a
-	// contested port.
+	// plans in holding order: mappings whose status says they are accepted first, then by
+	// age (creationTimestamp, then namespace/name); the first holds a contested port.
 	plans []*plan
 	// tables in use per node across every class's claims.
 	tables map[string]map[int32]bool
 	// held: the port ranges accepted mappings hold per (node, interface, protocol).
-	held     map[hold][]holding
-	programs map[string]*programBuilder
+	held map[hold][]holding
+	// crossings: the dialed port ranges that emitted mappings send over each link.
+	crossings map[crossing][]holding
+	programs  map[string]*programBuilder
 }
 
 func newCompiler(s *Snapshot) *compiler {
 	c := &compiler{
-		s:        s,
-		stamp:    metav1.NewTime(s.Now.Truncate(time.Second)),
-		nodes:    map[string]*nodeView{},
-		classes:  map[string]*classInfo{},
-		tables:   map[string]map[int32]bool{},
-		held:     map[hold][]holding{},
-		programs: map[string]*programBuilder{},
+		s:         s,
+		stamp:     metav1.NewTime(s.Now.Truncate(time.Second)),
+		nodes:     map[string]*nodeView{},
+		classes:   map[string]*classInfo{},
+		tables:    map[string]map[int32]bool{},
+		held:      map[hold][]holding{},
+		crossings: map[crossing][]holding{},
+		programs:  map[string]*programBuilder{},
 	}
 	for name, n := range s.Nodes {
 		if n != nil {
@@ -125,10 +129,20 @@ func (c *compiler) sortedPortMaps() []*v1alpha1.PortMap {
 		}
 	}
 	slices.SortFunc(pms, func(a, b *v1alpha1.PortMap) int {
-		return cmp.Or(compareTime(a.CreationTimestamp, b.CreationTimestamp),
+		return cmp.Or(-cmp.Compare(holdsPorts(a), holdsPorts(b)), compareTime(a.CreationTimestamp, b.CreationTimestamp),
 			cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 	})
 	return pms
+}
+
+// holdsPorts is 1 for a mapping whose recorded status says it is accepted: it holds its
+// ports, and an older mapping that becomes valid later (its class appears, say) does not
+// take them from it under live traffic.
+func holdsPorts(pm *v1alpha1.PortMap) int {
+	if meta.IsStatusConditionTrue(pm.Status.Conditions, v1alpha1.ConditionAccepted) {
+		return 1
+	}
+	return 0
 }
 
 func (c *compiler) result() *Result {

@@ -300,7 +300,7 @@ func TestCompile(t *testing.T) {
 				return s
 			},
 			want: map[string]outcome{"demo/web": unprogrammed(v1alpha1.ReasonNoReadyEndpoint, "").msg(
-				`service demo/web has no ready, non-terminating IPv4 endpoint with a node for port "http"`)},
+				`service demo/web has no ready, non-terminating IPv4 endpoint with a node for TCP port "http"`)},
 			programs: map[string]*kuportv1.NodeProgram{"edge-a": empty("edge-a"), "worker-b": empty("worker-b")},
 		},
 		{
@@ -1024,5 +1024,109 @@ func TestMultiClassSaysItIsServedAsSingle(t *testing.T) {
 	ready := meta.FindStatusCondition(r.Classes["public"].Conditions, v1alpha1.ClassConditionReady)
 	if ready == nil || ready.Status != metav1.ConditionTrue || !strings.Contains(ready.Message, "served as Single") {
 		t.Errorf("Ready condition %+v: want True with a message saying Multi is served as Single", ready)
+	}
+}
+
+// dnatOf returns the program's DNAT rule with id, or nil.
+func dnatOf(p *kuportv1.NodeProgram, id string) *kuportv1.DnatRule {
+	for _, r := range p.GetDnatRules() {
+		if r.Id == id {
+			return r
+		}
+	}
+	return nil
+}
+
+// Over a link the dialed port is kept and the pod's node translates it: two mappings that
+// reach pods on one node at the same pod port stay apart on the link (a link-side DNAT on
+// the pod port alone would send both to whichever rule came first).
+func TestLinkCarriesTheDialedPort(t *testing.T) {
+	s := world(mkPortMap("remote", 0, 3000), mkPortMap("other", 1, 5000))
+	addService(s, "other", 3000, mkEndpoint("other-0", "10.244.18.200", "worker-b"))
+	r := Compile(s)
+	for _, name := range []string{"remote", "other"} {
+		st := r.PortMaps[types.NamespacedName{Namespace: "demo", Name: name}].Status
+		if c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionProgrammed); c.Status != metav1.ConditionTrue {
+			t.Fatalf("%s not programmed: %s %s", name, c.Reason, c.Message)
+		}
+	}
+	want := map[string]struct {
+		node, id string
+		first    uint32
+		to       string
+		toPort   uint32
+	}{
+		"accepting node, remote": {"edge-a", "demo/remote/dnat/enp1s0", 3000, "169.254.77.1", 3000},
+		"accepting node, other":  {"edge-a", "demo/other/dnat/enp1s0", 5000, "169.254.77.1", 5000},
+		"pod node, remote":       {"worker-b", "demo/remote/dnat/" + linkToEdgeA, 3000, "10.244.18.107", 3000},
+		"pod node, other":        {"worker-b", "demo/other/dnat/" + linkToEdgeA, 5000, "10.244.18.200", 3000},
+	}
+	for name, w := range want {
+		d := dnatOf(r.Programs[w.node], w.id)
+		if d == nil {
+			t.Errorf("%s: no rule %s", name, w.id)
+			continue
+		}
+		if d.Ports.First != w.first || d.ToAddress != w.to || d.ToPort != w.toPort {
+			t.Errorf("%s: dport %d dnat to %s:%d, want dport %d dnat to %s:%d",
+				name, d.Ports.First, d.ToAddress, d.ToPort, w.first, w.to, w.toPort)
+		}
+	}
+	// The pod's node claims and marks by the pod's port.
+	for _, sn := range r.Programs["worker-b"].SnatRules {
+		if sn.Mapping == "demo/other" && sn.Ports.First != 3000 {
+			t.Errorf("%s matches port %d, want the pod's 3000", sn.Id, sn.Ports.First)
+		}
+	}
+}
+
+// One port on two interfaces of a node may belong to two mappings (API.md PortConflict is
+// per interface), but not when both cross the same link: the newer is refused.
+func TestSamePortOnTwoInterfacesCannotShareALink(t *testing.T) {
+	s := world(mkPortMap("remote", 0, 3000, interfaces("enp1s0")), mkPortMap("other", 1, 3000, interfaces("wt0")))
+	addService(s, "other", 3000, mkEndpoint("other-0", "10.244.18.200", "worker-b"))
+	r := Compile(s)
+	other := r.PortMaps[types.NamespacedName{Namespace: "demo", Name: "other"}].Status
+	acc := meta.FindStatusCondition(other.Conditions, v1alpha1.ConditionAccepted)
+	if acc.Reason != v1alpha1.ReasonPortConflict || !strings.Contains(acc.Message, "demo/remote") {
+		t.Errorf("other: Accepted %s %q, want PortConflict naming demo/remote", acc.Reason, acc.Message)
+	}
+	if dnatOf(r.Programs["worker-b"], "demo/other/dnat/"+linkToEdgeA) != nil || dnatOf(r.Programs["edge-a"], "demo/other/dnat/wt0") != nil {
+		t.Error("the refused mapping reached a program")
+	}
+	if dnatOf(r.Programs["worker-b"], "demo/remote/dnat/"+linkToEdgeA) == nil {
+		t.Error("the older mapping lost its rule")
+	}
+}
+
+// A mapping that holds its port keeps it when an older one becomes valid later (its class
+// appears): live traffic is not taken away.
+func TestHeldPortIsNotTakenByAnOlderMappingThatBecomesValid(t *testing.T) {
+	held := func(pm *v1alpha1.PortMap) {
+		pm.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionAccepted, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonValid}}
+	}
+	older := mkPortMap("local", 0, 3000)        // was ClassNotFound until now: no Accepted=True
+	newer := mkPortMap("remote", 5, 3000, held) // accepted, serving
+	r := Compile(world(older, newer))
+	for name, want := range map[string]string{"remote": v1alpha1.ReasonValid, "local": v1alpha1.ReasonPortConflict} {
+		c := meta.FindStatusCondition(r.PortMaps[types.NamespacedName{Namespace: "demo", Name: name}].Status.Conditions, v1alpha1.ConditionAccepted)
+		if c.Reason != want {
+			t.Errorf("%s: Accepted reason %s (%s), want %s", name, c.Reason, c.Message, want)
+		}
+	}
+}
+
+// A UDP mapping never binds a Service port served over TCP: no endpoint, not a dead rule.
+func TestProtocolMustMatchTheServicePort(t *testing.T) {
+	s := world(mkPortMap("web", 0, 3000, proto(v1alpha1.ProtocolUDP)))
+	k := types.NamespacedName{Namespace: "demo", Name: "web"}
+	s.Services[k] = &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "demo", Name: "web"}}
+	sl := mkSlice(discoveryv1.AddressTypeIPv4, 3000, mkEndpoint("web-0", "10.244.17.7", "edge-a"))
+	sl.Ports = sl.Ports[:2] // "http" over TCP only
+	s.EndpointSlices[k] = []*discoveryv1.EndpointSlice{sl}
+	r := Compile(s)
+	c := meta.FindStatusCondition(r.PortMaps[k].Status.Conditions, v1alpha1.ConditionProgrammed)
+	if c.Reason != v1alpha1.ReasonNoReadyEndpoint || !strings.Contains(c.Message, `UDP port "http"`) {
+		t.Errorf("Programmed %s %q, want NoReadyEndpoint naming UDP port \"http\"", c.Reason, c.Message)
 	}
 }

@@ -69,8 +69,12 @@ func addService(s *Snapshot, name string, port int32, eps ...discoveryv1.Endpoin
 func mkSlice(family discoveryv1.AddressType, port int32, eps ...discoveryv1.Endpoint) *discoveryv1.EndpointSlice {
 	return &discoveryv1.EndpointSlice{
 		AddressType: family,
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("metrics"), Port: ptr.To[int32](9090)}, {Name: ptr.To("http"), Port: ptr.To(port)}},
-		Endpoints:   eps,
+		// "http" is served on both protocols so one fixture backs TCP and UDP mappings alike (a
+		// real Service would name the two apart); an unset protocol is TCP.
+		Ports: []discoveryv1.EndpointPort{{Name: ptr.To("metrics"), Port: ptr.To[int32](9090)},
+			{Name: ptr.To("http"), Port: ptr.To(port)},
+			{Name: ptr.To("http"), Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To(port)}},
+		Endpoints: eps,
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -275,7 +276,7 @@ func (c *compiler) chooseEndpoint(p *plan) (*endpoint, string) {
 		if sl == nil || sl.AddressType != discoveryv1.AddressTypeIPv4 {
 			continue
 		}
-		port, ok := slicePort(sl.Ports, pm.Spec.ServiceRef.Port)
+		port, ok := slicePort(sl.Ports, pm.Spec.ServiceRef.Port, pm.Spec.Protocol)
 		if !ok || uint64(port)+uint64(p.ports.last-p.ports.first) > 65535 {
 			continue
 		}
@@ -294,8 +295,8 @@ func (c *compiler) chooseEndpoint(p *plan) (*endpoint, string) {
 		}
 	}
 	if len(cands) == 0 {
-		return nil, fmt.Sprintf("service %s has no ready, non-terminating IPv4 endpoint with a node for port %q",
-			svc, pm.Spec.ServiceRef.Port)
+		return nil, fmt.Sprintf("service %s has no ready, non-terminating IPv4 endpoint with a node for %s port %q",
+			svc, pm.Spec.Protocol, pm.Spec.ServiceRef.Port)
 	}
 	ci := p.class
 	slices.SortFunc(cands, func(a, b endpoint) int {
@@ -324,10 +325,15 @@ func nsName(ns, name string) types.NamespacedName {
 	return types.NamespacedName{Namespace: ns, Name: name}
 }
 
-// slicePort is the port an EndpointSlice gives for a Service port name.
-func slicePort(ports []discoveryv1.EndpointPort, name string) (uint32, bool) {
+// slicePort is the port an EndpointSlice gives for a Service port name and protocol (an
+// unset protocol is TCP, as in the discovery API): a UDP mapping never binds a TCP port.
+func slicePort(ports []discoveryv1.EndpointPort, name string, proto v1alpha1.Protocol) (uint32, bool) {
 	for _, p := range ports {
-		if p.Name != nil && *p.Name == name && p.Port != nil && *p.Port > 0 && *p.Port <= 65535 {
+		pp := corev1.ProtocolTCP
+		if p.Protocol != nil {
+			pp = *p.Protocol
+		}
+		if p.Name != nil && *p.Name == name && string(pp) == string(proto) && p.Port != nil && *p.Port > 0 && *p.Port <= 65535 {
 			return uint32(*p.Port), true
 		}
 	}

@@ -107,6 +107,9 @@ func (c *compiler) emit(p *plan) {
 	if !p.ok() {
 		return
 	}
+	if c.crossesTaken(p) {
+		return
+	}
 	problems, blocking := c.checkNodes(p)
 	if len(problems) > 0 {
 		p.fail(v1alpha1.ReasonNodeNotReady, strings.Join(problems, "; "))
@@ -120,14 +123,17 @@ func (c *compiler) emit(p *plan) {
 	for _, t := range p.targets {
 		b := c.programs[t.node]
 		carriers[t.node] = true
-		to, egress := ep.address, cniHostDevice
+		// A local pod is translated to at once. Over a link the dialed port is kept, so the
+		// pod's node tells mappings that share a pod port apart by it, and translates there.
+		to, toPorts, egress := ep.address, podPorts, cniHostDevice
 		if t.link != nil {
-			to, egress = t.link.address(ep.node).String(), linkName(p.class.name, ep.node)
+			to, toPorts, egress = t.link.address(ep.node).String(), p.ports, linkName(p.class.name, ep.node)
+			c.cross(p, t.link)
 		}
 		for _, i := range t.ifaces {
 			b.p.DnatRules = append(b.p.DnatRules, &kuportv1.DnatRule{
 				Id: p.key + "/dnat/" + i, Mapping: p.key, InInterface: i,
-				Protocol: p.proto, Ports: p.ports.wire(), ToAddress: to, ToPort: ep.port,
+				Protocol: p.proto, Ports: p.ports.wire(), ToAddress: to, ToPort: toPorts.first,
 			})
 			p.published = append(p.published, v1alpha1.PublishedAddress{
 				Node: t.node, Interface: i, Address: c.node(t.node).address(i),
@@ -135,7 +141,7 @@ func (c *compiler) emit(p *plan) {
 		}
 		b.p.SnatRules = append(b.p.SnatRules, &kuportv1.SnatRule{
 			Id: p.key + "/snat", Mapping: p.key, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
-			OutInterface: egress, Address: to, Protocol: p.proto, Ports: podPorts.wire(),
+			OutInterface: egress, Address: to, Protocol: p.proto, Ports: toPorts.wire(),
 		})
 		if t.link != nil {
 			carriers[ep.node] = true
@@ -144,6 +150,37 @@ func (c *compiler) emit(p *plan) {
 		}
 	}
 	p.nodes = slices.Sorted(maps.Keys(carriers))
+}
+
+// crossing is traffic of one protocol over one link: on the pod's node, the link-side DNAT
+// matches the link device, its /31 address, the protocol and the dialed port, nothing more.
+type crossing struct {
+	class, pair string
+	proto       kuportv1.Protocol
+}
+
+// crossesTaken refuses a plan whose dialed ports would cross one of its links alongside an
+// older mapping's (two interfaces of one node may hold the same port, API.md PortConflict,
+// but one link cannot carry both to different pods): the newer is not accepted.
+func (c *compiler) crossesTaken(p *plan) bool {
+	for _, t := range p.remoteTargets() {
+		k := crossing{class: p.class.name, pair: t.link.key(), proto: p.proto}
+		for _, other := range c.crossings[k] {
+			if other.ports.overlaps(p.ports) {
+				p.acceptReason = v1alpha1.ReasonPortConflict
+				p.acceptMsg = fmt.Sprintf("%s ports %s cross link %s of class %q, which already carries them for %s",
+					p.pm.Spec.Protocol, other.ports, t.link.key(), p.class.name, other.by)
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// cross records that p's dialed ports cross link cl.
+func (c *compiler) cross(p *plan, cl *claim) {
+	k := crossing{class: p.class.name, pair: cl.key(), proto: p.proto}
+	c.crossings[k] = append(c.crossings[k], holding{ports: p.ports, by: p.key})
 }
 
 // emitLink puts a link's device on both of its nodes, each named after the other.
@@ -164,6 +201,7 @@ func (c *compiler) emitLink(cl *claim, a, b string) {
 // emitPodEnd writes the pod node's side of a link target: the DNAT of what arrives on the
 // link, the identity SNATs of the request and the reply, the reply's mark and its return path.
 func (c *compiler) emitPodEnd(p *plan, t *target, podPorts portRange) {
+	// The link carries the dialed ports (see emit); translate them to the pod's here.
 	ep, cl := p.ep, t.link
 	b := c.programs[ep.node]
 	dev := linkName(p.class.name, t.node)
@@ -171,7 +209,7 @@ func (c *compiler) emitPodEnd(p *plan, t *target, podPorts portRange) {
 	peerUnderlay, _ := c.node(t.node).underlay()
 	b.p.DnatRules = append(b.p.DnatRules, &kuportv1.DnatRule{
 		Id: p.key + "/dnat/" + dev, Mapping: p.key, InInterface: dev,
-		MatchDestination: cl.address(ep.node).String(), Protocol: p.proto, Ports: podPorts.wire(),
+		MatchDestination: cl.address(ep.node).String(), Protocol: p.proto, Ports: p.ports.wire(),
 		ToAddress: ep.address, ToPort: ep.port,
 	})
 	b.p.SnatRules = append(b.p.SnatRules,

@@ -27,9 +27,11 @@ import (
 const ReasonEndpointChanged = "EndpointChanged"
 
 // Gate says whether a node's kernel holds a mapping's entries (agents.Registry.MappingReady):
-// false with a message naming the node and what is missing.
+// false with a message naming the node and what is missing. AwaitingAck tells the ordinary
+// moment after a change, when a connected agent has yet to acknowledge the mapping's version.
 type Gate interface {
 	MappingReady(node, mapping string) (bool, string)
+	AwaitingAck(node, mapping string) bool
 }
 
 // Writer writes statuses through the status subresource and records Events.
@@ -47,24 +49,28 @@ func NewWriter(client dynamic.Interface, recorder record.EventRecorder) *Writer 
 // reason NodeNotReady, when compile found it True but a node in res.Nodes has not applied it
 // (API.md: Programmed=True means every node whose program carries the mapping acknowledged
 // the version containing it). The message lists each such node, "; "-separated.
-func GatePortMap(mapping string, res *compile.PortMapResult, gate Gate) v1alpha1.PortMapStatus {
-	st := *res.Status.DeepCopy()
+// awaiting is true when every node missing is only awaiting its agent's acknowledgement.
+func GatePortMap(mapping string, res *compile.PortMapResult, gate Gate) (st v1alpha1.PortMapStatus, awaiting bool) {
+	st = *res.Status.DeepCopy()
 	prog := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionProgrammed)
 	if prog == nil || prog.Status != metav1.ConditionTrue {
-		return st
+		return st, false
 	}
 	var missing []string
+	awaiting = true
 	for _, node := range res.Nodes {
 		if ok, why := gate.MappingReady(node, mapping); !ok {
 			missing = append(missing, why)
+			awaiting = awaiting && gate.AwaitingAck(node, mapping)
 		}
 	}
-	if len(missing) > 0 {
-		prog.Status = metav1.ConditionFalse
-		prog.Reason = v1alpha1.ReasonNodeNotReady
-		prog.Message = strings.Join(missing, "; ")
+	if len(missing) == 0 {
+		return st, false
 	}
-	return st
+	prog.Status = metav1.ConditionFalse
+	prog.Reason = v1alpha1.ReasonNodeNotReady
+	prog.Message = strings.Join(missing, "; ")
+	return st, awaiting
 }
 
 // mergeConditions returns want with each condition's lastTransitionTime owned here: old's
@@ -88,11 +94,12 @@ func mergeConditions(old, want []metav1.Condition, now metav1.Time) []metav1.Con
 // PortMap writes pm's status from res (gated by gate) when it differs from pm's, with pm's
 // resourceVersion (a conflict error means pm changed meanwhile: retry from a fresh copy), and
 // records Events: a Warning with the condition's reason when Accepted or Programmed turns
-// False (or changes reason while False; not for Programmed's NotAccepted, which restates
-// Accepted), a Normal EndpointChanged when the endpoint moves.
+// False (or changes reason or message while False; not for Programmed's NotAccepted, which restates
+// Accepted, nor while the agents have yet to acknowledge a change), a Normal EndpointChanged
+// when the endpoint moves.
 // It returns whether it wrote.
 func (w *Writer) PortMap(ctx context.Context, pm *v1alpha1.PortMap, res *compile.PortMapResult, gate Gate) (bool, error) {
-	want := GatePortMap(compile.MappingKey(pm), res, gate)
+	want, awaiting := GatePortMap(compile.MappingKey(pm), res, gate)
 	want.Conditions = mergeConditions(pm.Status.Conditions, want.Conditions, metav1.Now())
 	if equality.Semantic.DeepEqual(pm.Status, want) {
 		return false, nil
@@ -106,9 +113,11 @@ func (w *Writer) PortMap(ctx context.Context, pm *v1alpha1.PortMap, res *compile
 	for _, t := range []string{v1alpha1.ConditionAccepted, v1alpha1.ConditionProgrammed} {
 		before := meta.FindStatusCondition(pm.Status.Conditions, t)
 		after := meta.FindStatusCondition(want.Conditions, t)
-		// Programmed/NotAccepted only restates Accepted's event.
-		if after != nil && after.Status == metav1.ConditionFalse && after.Reason != v1alpha1.ReasonNotAccepted &&
-			(before == nil || before.Status != metav1.ConditionFalse || before.Reason != after.Reason) {
+		// Programmed/NotAccepted only restates Accepted's event, and waiting for the agents'
+		// acknowledgement after every change is no warning.
+		quiet := t == v1alpha1.ConditionProgrammed && (awaiting || after != nil && after.Reason == v1alpha1.ReasonNotAccepted)
+		if after != nil && after.Status == metav1.ConditionFalse && !quiet &&
+			(before == nil || before.Status != metav1.ConditionFalse || before.Reason != after.Reason || before.Message != after.Message) {
 			w.recorder.Eventf(obj, corev1.EventTypeWarning, after.Reason, "%s: %s", t, after.Message)
 		}
 	}

@@ -2,6 +2,7 @@ package status
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,11 +20,17 @@ import (
 )
 
 // gate is a Gate answering from a table: node -> message ("" = ready).
+// gate maps a node that is not ready to why; "has not acknowledged" marks a node that is
+// only awaiting its agent's acknowledgement.
 type gate map[string]string
 
 func (g gate) MappingReady(node, _ string) (bool, string) {
 	why, notReady := g[node]
 	return !notReady, why
+}
+
+func (g gate) AwaitingAck(node, _ string) bool {
+	return strings.Contains(g[node], "has not acknowledged")
 }
 
 var t1 = metav1.NewTime(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
@@ -54,10 +61,11 @@ func programmedTrue() v1alpha1.PortMapStatus {
 func TestGatePortMap(t *testing.T) {
 	res := &compile.PortMapResult{Status: programmedTrue(), Nodes: []string{"edge-a", "worker-b"}}
 
-	st := GatePortMap("games/remote", res, gate{})
+	st, _ := GatePortMap("games/remote", res, gate{})
 	assert.Equal(t, metav1.ConditionTrue, meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionProgrammed).Status)
 
-	st = GatePortMap("games/remote", res, gate{"worker-b": "node worker-b has not acknowledged program version 7"})
+	st, awaiting := GatePortMap("games/remote", res, gate{"worker-b": "node worker-b has not acknowledged program version 7"})
+	assert.True(t, awaiting)
 	c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionProgrammed)
 	assert.Equal(t, metav1.ConditionFalse, c.Status)
 	assert.Equal(t, v1alpha1.ReasonNodeNotReady, c.Reason)
@@ -69,8 +77,13 @@ func TestGatePortMap(t *testing.T) {
 		cond(v1alpha1.ConditionAccepted, "False", v1alpha1.ReasonClassNotFound),
 		cond(v1alpha1.ConditionProgrammed, "False", v1alpha1.ReasonNotAccepted),
 	}}
-	st = GatePortMap("games/remote", &compile.PortMapResult{Status: refused}, gate{"edge-a": "node edge-a: agent disconnected"})
+	st, _ = GatePortMap("games/remote", &compile.PortMapResult{Status: refused}, gate{"edge-a": "node edge-a: agent disconnected"})
 	assert.Equal(t, refused, st)
+
+	// One node awaiting its ack and one disconnected is a fault, not the ordinary wait.
+	_, awaiting = GatePortMap("games/remote", res, gate{
+		"edge-a": "node edge-a: agent disconnected", "worker-b": "node worker-b has not acknowledged program version 7"})
+	assert.False(t, awaiting)
 }
 
 func newFake(objs ...runtime.Object) *dynamicfake.FakeDynamicClient {
@@ -124,9 +137,17 @@ func TestWriterPortMap(t *testing.T) {
 	assert.Equal(t, "10.244.17.9", got.Status.Endpoint.Address)
 	assert.Equal(t, "public", got.Spec.ClassName, "spec untouched")
 
-	events := []string{<-rec.Events, <-rec.Events}
-	assert.Equal(t, "Warning NodeNotReady Programmed: node edge-a has not acknowledged program version 3", events[0])
-	assert.Equal(t, "Normal EndpointChanged endpoint moved from 10.244.18.107 on worker-b to 10.244.17.9 on edge-a", events[1])
+	// Waiting for the acknowledgement is no warning; the endpoint move is an event.
+	assert.Equal(t, "Normal EndpointChanged endpoint moved from 10.244.18.107 on worker-b to 10.244.17.9 on edge-a", nextEvent(t, rec))
+	assert.Empty(t, rec.Events)
+
+	// The agent disconnects: that is a warning.
+	pm = getPortMap(t, client)
+	wrote, err = w.PortMap(ctx, pm, &compile.PortMapResult{Status: moved, Nodes: []string{"edge-a"}},
+		gate{"edge-a": "node edge-a: agent disconnected"})
+	require.NoError(t, err)
+	assert.True(t, wrote)
+	assert.Equal(t, "Warning NodeNotReady Programmed: node edge-a: agent disconnected", nextEvent(t, rec))
 	assert.Empty(t, rec.Events)
 }
 
@@ -173,6 +194,18 @@ func TestWriterRefusedMappingEmitsOneEvent(t *testing.T) {
 	wrote, err := w.PortMap(context.Background(), pm, &compile.PortMapResult{Status: refused}, gate{})
 	require.NoError(t, err)
 	assert.True(t, wrote)
-	assert.Equal(t, `Warning ClassNotFound Accepted: PortMapClass "nope" not found`, <-rec.Events)
+	assert.Equal(t, `Warning ClassNotFound Accepted: PortMapClass "nope" not found`, nextEvent(t, rec))
 	assert.Empty(t, rec.Events)
+}
+
+// nextEvent returns the recorder's next event, failing the test when none comes.
+func nextEvent(t *testing.T, rec *record.FakeRecorder) string {
+	t.Helper()
+	select {
+	case e := <-rec.Events:
+		return e
+	case <-time.After(5 * time.Second):
+		t.Fatal("no event recorded")
+		return ""
+	}
 }
