@@ -263,6 +263,45 @@ func TestPrivilegedE2E(t *testing.T) {
 		assert.Equal(t, lab.PublicAddr+":3000", replyFrom)
 	})
 
+	t.Run("two mappings to pods sharing a port on one node stay apart", func(t *testing.T) {
+		webC := lab.Pod{Namespace: lab.DemoNamespace, Name: "web-c", Node: "worker-b", IP: "10.244.18.200"}
+		require.NoError(t, l.AddPod(ctx, webC))
+		_, err := l.Net.Serve(webC.Name, "tcp", 3000)
+		require.NoError(t, err)
+		require.NoError(t, l.Expose(ctx, lab.DemoNamespace, "other", "app", corev1.ProtocolTCP, 3000, lab.Backend{Pod: webC, Ready: true}))
+		t.Cleanup(func() { _ = l.Unexpose(ctx, lab.DemoNamespace, "other") })
+		// Port 5000 reaches web-c's port 3000 across the same link as remote's 3000 to web-b.
+		require.NoError(t, l.ApplyPortMap(ctx, &v1alpha1.PortMap{
+			ObjectMeta: metav1.ObjectMeta{Namespace: lab.DemoNamespace, Name: "other"},
+			Spec: v1alpha1.PortMapSpec{ClassName: "public", Protocol: v1alpha1.ProtocolTCP, Port: 5000,
+				ServiceRef: v1alpha1.ServiceRef{Name: "other", Port: "app"}},
+		}))
+		t.Cleanup(func() { _ = l.DeletePortMap(ctx, lab.DemoNamespace, "other") })
+		waitCondition(t, l, lab.DemoNamespace, "other", v1alpha1.ConditionProgrammed, "True", 20*time.Second)
+		waitCondition(t, l, lab.DemoNamespace, remote.Name, v1alpha1.ConditionProgrammed, "True", 10*time.Second)
+
+		seen := func(pod string) int {
+			log, err := l.Net.ServerLog(pod, "tcp", 3000)
+			require.NoError(t, err)
+			return strings.Count(log, "saw "+lab.ClientAddr+":")
+		}
+		for _, c := range []struct {
+			port       int32
+			pod, other string
+		}{{5000, webC.Name, lab.PodB.Name}, {3000, lab.PodB.Name, webC.Name}} {
+			before, otherBefore := seen(c.pod), seen(c.other)
+			podSaw, replyFrom, err := l.Probe(ctx, corev1.ProtocolTCP, c.port, 3)
+			require.NoError(t, err)
+			assert.Equal(t, lab.ClientAddr, podSaw, "port %d", c.port)
+			assert.Equal(t, fmt.Sprintf("%s:%d", lab.PublicAddr, c.port), replyFrom)
+			assert.Equal(t, before+1, seen(c.pod), "port %d must reach %s", c.port, c.pod)
+			assert.Equal(t, otherBefore, seen(c.other), "port %d reached %s", c.port, c.other)
+		}
+		// Gone before the next step reads the kernel.
+		require.NoError(t, l.DeletePortMap(ctx, lab.DemoNamespace, "other"))
+		require.NoError(t, l.WaitRulesGone(ctx, 30*time.Second, `"demo/other/`))
+	})
+
 	t.Run("a restarted controller changes nothing in the kernel", func(t *testing.T) {
 		before := map[string]string{}
 		for _, n := range []string{"edge-a", "worker-b"} {
