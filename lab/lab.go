@@ -104,6 +104,10 @@ func (l *Lab) up(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Each lab's process logs start empty, so grepping them reads only this run.
+	if err := clearLogs(l.logDir()); err != nil {
+		return fmt.Errorf("lab: %w", err)
+	}
 	// Leftovers of a crashed run: stop its processes before reusing the dir.
 	if err := cluster.StopDir(l.opt.Dir); err != nil {
 		return fmt.Errorf("lab: stop leftovers: %w", err)
@@ -146,6 +150,20 @@ func (l *Lab) up(ctx context.Context) error {
 }
 
 func (l *Lab) logDir() string { return filepath.Join(l.opt.Dir, "logs") }
+
+// clearLogs empties the earlier runs' *.log files in dir.
+func clearLogs(dir string) error {
+	logs, err := filepath.Glob(filepath.Join(dir, "*.log"))
+	if err != nil {
+		return err
+	}
+	for _, f := range logs {
+		if err := os.Truncate(f, 0); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // etcdDir is where lab/cluster keeps etcd's data.
 func (l *Lab) etcdDir() string { return filepath.Join(l.opt.Dir, "etcd") }

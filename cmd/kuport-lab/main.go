@@ -38,6 +38,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	var err error
 	switch args[0] {
+	case "help", "-h", "--help":
+		_, _ = fmt.Fprintln(stdout, usage)
+		return 0
 	case "serve":
 		err = labtool.Serve(ctx, args[1:], stdout)
 	case "probe":
