@@ -18,6 +18,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -237,12 +238,30 @@ func (c *Controller) processNext(ctx context.Context) bool {
 		err = c.writeStatuses(ctx)
 	}
 	if err != nil {
-		c.log.Warn("sync failed, retrying", "key", key, "error", err)
+		// A conflict only means the cache had not yet seen our own last write: routine.
+		log := c.log.Warn
+		if isOnlyConflicts(err) {
+			log = c.log.Debug
+		}
+		log("sync failed, retrying", "key", key, "error", err)
 		c.queue.AddRateLimited(key)
 		return true
 	}
 	c.queue.Forget(key)
 	return true
+}
+
+// isOnlyConflicts reports whether err, possibly joined, holds nothing but API conflicts.
+func isOnlyConflicts(err error) bool {
+	if joined, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range joined.Unwrap() {
+			if !isOnlyConflicts(e) {
+				return false
+			}
+		}
+		return true
+	}
+	return apierrors.IsConflict(err)
 }
 
 // compile runs compile.Compile on a fresh snapshot, records the class statuses (the link

@@ -2,6 +2,8 @@ package controller
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -198,3 +201,12 @@ func TestPrivilegedControllerAPI(t *testing.T) {
 }
 
 func itoa(v uint64) string { return strconv.FormatUint(v, 10) }
+
+func TestIsOnlyConflicts(t *testing.T) {
+	gr := schema.GroupResource{Group: "kuport.wlz.li", Resource: "portmaps"}
+	conflict := fmt.Errorf("portmap demo/a status: %w", apierrors.NewConflict(gr, "a", errors.New("modified")))
+	assert.True(t, isOnlyConflicts(conflict))
+	assert.True(t, isOnlyConflicts(errors.Join(conflict, conflict)))
+	assert.False(t, isOnlyConflicts(errors.Join(conflict, errors.New("forbidden"))))
+	assert.False(t, isOnlyConflicts(errors.New("forbidden")))
+}
