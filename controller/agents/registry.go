@@ -144,10 +144,18 @@ func (r *Registry) SetPrograms(programs map[string]*kuportv1.NodeProgram) []stri
 	defer r.mu.Unlock()
 	var changed []string
 	for name, n := range r.nodes {
-		if _, ok := programs[name]; !ok && n.program != nil && !isEmpty(n.program) {
+		if _, ok := programs[name]; ok {
+			continue
+		}
+		switch {
+		case n.program != nil && !isEmpty(n.program):
 			if r.storeLocked(name, n, &kuportv1.NodeProgram{}) {
 				changed = append(changed, name)
 			}
+		case n.session == nil:
+			// A node compile no longer names (its Node object is gone), with nothing to
+			// clear and no agent connected, is forgotten: ListNodes stops showing it.
+			delete(r.nodes, name)
 		}
 	}
 	for name, p := range programs {

@@ -76,12 +76,17 @@ func TestSetProgramsVersionsOnlyOnChange(t *testing.T) {
 	assert.Equal(t, uint64(2), p.Version)
 	assert.Len(t, p.DnatRules, 2)
 
-	// A node compile no longer names is emptied once, then left alone.
+	// A node compile no longer names is emptied once, then, with no agent connected,
+	// forgotten.
 	assert.Equal(t, []string{"edge-a"}, r.SetPrograms(map[string]*kuportv1.NodeProgram{"worker-b": {}}))
 	p, _, _ = r.Program("edge-a")
 	assert.Equal(t, uint64(3), p.Version)
 	assert.Empty(t, p.DnatRules)
 	assert.Empty(t, r.SetPrograms(map[string]*kuportv1.NodeProgram{"worker-b": {}}))
+	_, _, ok = r.Program("edge-a")
+	assert.False(t, ok)
+	require.Len(t, r.Nodes(), 1)
+	assert.Equal(t, "worker-b", r.Nodes()[0].Node)
 }
 
 func TestMappingVersionsAndAckGating(t *testing.T) {
