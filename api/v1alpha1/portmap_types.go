@@ -36,8 +36,9 @@ type PortMapSpec struct {
 	// +optional
 	EndPort *int32 `json:"endPort,omitempty"`
 	// interfaces narrows the class's interfaces per node; empty uses all of them.
+	// +listType=set
 	// +optional
-	Interfaces []string `json:"interfaces,omitempty"`
+	Interfaces []InterfaceName `json:"interfaces,omitempty"`
 	// serviceRef names the Service whose endpoint receives the traffic.
 	ServiceRef ServiceRef `json:"serviceRef"`
 }

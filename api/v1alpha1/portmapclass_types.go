@@ -53,11 +53,19 @@ type PortMapClassSpec struct {
 	ReturnPath ReturnPath `json:"returnPath,omitempty"`
 }
 
+// InterfaceName is a Linux network interface name: 1-15 bytes, no whitespace, quote, slash,
+// backslash or "*" (nftables reads "*" in an interface match as a wildcard).
+// +kubebuilder:validation:MinLength=1
+// +kubebuilder:validation:MaxLength=15
+// +kubebuilder:validation:Pattern=`^[^\s"*/\\]+$`
+type InterfaceName = string
+
 // ClassNode lists the interfaces of one accepting node.
 type ClassNode struct {
 	// interfaces are interface names on that node; one DNAT rule per interface.
 	// +kubebuilder:validation:MinItems=1
-	Interfaces []string `json:"interfaces"`
+	// +listType=set
+	Interfaces []InterfaceName `json:"interfaces"`
 }
 
 // PortPolicy is the inclusive range of ports a class allows, less its reserved ports.
@@ -76,6 +84,8 @@ type PortPolicy struct {
 	// +optional
 	Max int32 `json:"max,omitempty"`
 	// reserved ports inside [min, max] that no mapping may use.
+	// +kubebuilder:validation:items:Minimum=1
+	// +kubebuilder:validation:items:Maximum=65535
 	// +optional
 	Reserved []int32 `json:"reserved,omitempty"`
 }

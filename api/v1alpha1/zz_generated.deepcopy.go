@@ -14,7 +14,7 @@ func (in *ClassNode) DeepCopyInto(out *ClassNode) {
 	*out = *in
 	if in.Interfaces != nil {
 		in, out := &in.Interfaces, &out.Interfaces
-		*out = make([]string, len(*in))
+		*out = make([]InterfaceName, len(*in))
 		copy(*out, *in)
 	}
 }
@@ -303,7 +303,7 @@ func (in *PortMapSpec) DeepCopyInto(out *PortMapSpec) {
 	}
 	if in.Interfaces != nil {
 		in, out := &in.Interfaces, &out.Interfaces
-		*out = make([]string, len(*in))
+		*out = make([]InterfaceName, len(*in))
 		copy(*out, *in)
 	}
 	out.ServiceRef = in.ServiceRef

@@ -414,7 +414,7 @@ func TestPrivilegedE2E(t *testing.T) {
 		assert.Equal(t, v1alpha1.VxlanConfig{VNI: 4300, Port: 4790, Subnet: "169.254.79.0/24"}, intranet.Spec.ReturnPath.Vxlan)
 	})
 
-	t.Run("the API server enforces the CEL rules", func(t *testing.T) {
+	t.Run("the API server enforces the schema and the CEL rules", func(t *testing.T) {
 		pm := func(name string, port int32, end *int32) *v1alpha1.PortMap {
 			return &v1alpha1.PortMap{
 				ObjectMeta: metav1.ObjectMeta{Namespace: lab.DemoNamespace, Name: name},
@@ -440,7 +440,23 @@ func TestPrivilegedE2E(t *testing.T) {
 			require.Error(t, err, field)
 			assert.Contains(t, err.Error(), field)
 		}
-		// interfaces stays mutable.
+		// interfaces stays mutable, and holds interface names only.
 		require.NoError(t, updatePortMap(ctx, l, "games", func(p *v1alpha1.PortMap) { p.Spec.Interfaces = []string{"wt0"} }))
+		err = updatePortMap(ctx, l, "games", func(p *v1alpha1.PortMap) { p.Spec.Interfaces = []string{"eth*"} })
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "spec.interfaces[0]")
+
+		for name, mutate := range map[string]func(*v1alpha1.PortMapClass){
+			"spec.nodes.edge-a.interfaces[0]": func(c *v1alpha1.PortMapClass) {
+				c.Spec.Nodes["edge-a"] = v1alpha1.ClassNode{Interfaces: []string{"a very long name"}}
+			},
+			"spec.ports.reserved[0]": func(c *v1alpha1.PortMapClass) { c.Spec.Ports.Reserved = []int32{-5} },
+		} {
+			c := lab.DemoClass("invalid", v1alpha1.ReturnPathNone)
+			mutate(c)
+			err := l.ApplyClass(ctx, c)
+			require.Error(t, err, name)
+			assert.Contains(t, err.Error(), name)
+		}
 	})
 }
