@@ -279,12 +279,22 @@ func (c *Controller) compile(ctx context.Context) error {
 		return err
 	}
 	c.reg.SetPrograms(res.Programs)
-	if released, wait := c.reg.Release(expectedNodes(snap), snap.Now); !released {
+	if released, wait := c.reg.Release(unheardNodes(snap), snap.Now); !released {
 		c.queue.AddAfter(keyCompile, wait)
 	}
 	c.last = res
 	c.queue.AddAfter(keyCompile, resyncPeriod)
 	return c.writeStatuses(ctx)
+}
+
+// unheardNodes are the nodes the startup hold waits for that the snapshot has no agent state
+// from: the programs compiled from it would lack what those nodes' state brings (the links to
+// them), so they must not leave yet.
+func unheardNodes(s *compile.Snapshot) []string {
+	return slices.DeleteFunc(expectedNodes(s), func(n string) bool {
+		a := s.Agents[n]
+		return a != nil && a.State != nil
+	})
 }
 
 // expectedNodes are the nodes the startup hold waits for: every existing node a class names

@@ -299,20 +299,16 @@ func mappingDigests(p *kuportv1.NodeProgram) map[string]*mappingVersion {
 
 // Release ends the startup hold (DESIGN.md: after a restart an agent that reconnects first
 // must not be handed a program missing its peer's link, which would make it tear a live link
-// down): once every node in expected has said Hello since start, or at Start+Hold, programs
-// flow. It returns true when released, else how long until the hold times out.
-func (r *Registry) Release(expected []string, now time.Time) (bool, time.Duration) {
+// down). unheard are the nodes the caller expects whose agents' state the programs it just
+// stored were compiled without: the hold lasts until a compile has heard every one of them,
+// or until Start+Hold. It returns true when released, else how long until the hold times out.
+func (r *Registry) Release(unheard []string, now time.Time) (bool, time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.released {
 		return true, 0
 	}
-	var missing []string
-	for _, name := range expected {
-		if n := r.nodes[name]; n == nil || !n.everHello {
-			missing = append(missing, name)
-		}
-	}
+	missing := unheard
 	if len(missing) > 0 && now.Before(r.holdUntil) {
 		r.log.Info("holding programs until every node said hello", "missing", missing, "until", r.holdUntil)
 		return false, r.holdUntil.Sub(now)
