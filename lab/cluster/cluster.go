@@ -195,6 +195,8 @@ func apiserverArgs(dir string, p *pki, etcdURL string, port int) []string {
 		"--service-cluster-ip-range=" + serviceClusterIPRange,
 		"--endpoint-reconciler-type=none",
 		"--profiling=false",
+		// As kubeadm clusters do: the agent DaemonSet in deploy/ is privileged.
+		"--allow-privileged=true",
 	}
 }
 

@@ -224,6 +224,19 @@ func TestPrivilegedE2E(t *testing.T) {
 		assert.Contains(t, out, `"node": "worker-b"`)
 	})
 
+	t.Run("the deploy base is accepted by the API server", func(t *testing.T) {
+		// Server-side dry run validates every object against the real API; the namespace must
+		// exist for its namespaced objects to be checked.
+		require.NoError(t, l.Cluster.EnsureNamespace(ctx, "kuport-system", nil))
+		c := exec.Command("bash", "-c", "source lab/env && kubectl apply --dry-run=server -k deploy/")
+		c.Dir = repoRoot
+		out, err := c.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		for _, obj := range []string{"clusterrole.rbac.authorization.k8s.io/kuport-controller", "deployment.apps/kuport-controller", "daemonset.apps/kuport-agent"} {
+			assert.Contains(t, string(out), obj)
+		}
+	})
+
 	t.Run("bad input is refused and the other mappings keep working", func(t *testing.T) {
 		reserving := lab.DemoClass("reserving", v1alpha1.ReturnPathNone)
 		reserving.Spec.Ports.Reserved = []int32{3005}
