@@ -1130,3 +1130,25 @@ func TestProtocolMustMatchTheServicePort(t *testing.T) {
 		t.Errorf("Programmed %s %q, want NoReadyEndpoint naming UDP port \"http\"", c.Reason, c.Message)
 	}
 }
+
+// A class that loses its usable subnet (returnPath None, or an invalid subnet) keeps its
+// claims whole, /31 included, so switching back reuses them.
+func TestClaimKeepsItsSubnetWhileTheClassHasNone(t *testing.T) {
+	first := Compile(world(mkPortMap("remote", 0, 3000)))
+	claims := first.Classes["public"].Links
+	if len(claims) != 1 || claims[0].Subnet != "169.254.77.0/31" {
+		t.Fatalf("claims %+v, want one for 169.254.77.0/31", claims)
+	}
+	for name, mutate := range map[string]func(*v1alpha1.PortMapClass){
+		"None":           func(c *v1alpha1.PortMapClass) { c.Spec.ReturnPath.Mode = v1alpha1.ReturnPathNone },
+		"invalid subnet": func(c *v1alpha1.PortMapClass) { c.Spec.ReturnPath.Vxlan.Subnet = "169.254.88.0/32" },
+	} {
+		s := world(mkPortMap("remote", 0, 3000))
+		s.Classes["public"].Status = *first.Classes["public"]
+		mutate(s.Classes["public"])
+		got := Compile(s).Classes["public"].Links
+		if len(got) != 1 || got[0].Subnet != "169.254.77.0/31" || got[0].Slot != 0 {
+			t.Errorf("%s: claims %+v, want slot 0 keeping 169.254.77.0/31", name, got)
+		}
+	}
+}

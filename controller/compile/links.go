@@ -31,6 +31,9 @@ type claim struct {
 	unusedSince *metav1.Time
 	// ends: the routing table a node's return path over this link uses.
 	ends map[string]int32
+	// recordedSubnet is the /31 the class status recorded, kept while the class has no
+	// usable subnet.
+	recordedSubnet string
 }
 
 func pairOf(a, b string) [2]string {
@@ -66,6 +69,9 @@ func (cl *claim) status() v1alpha1.LinkStatus {
 	}
 	if cl.class.subnet.IsValid() {
 		ls.Subnet = netip.PrefixFrom(slotBase(cl.class.subnet, cl.slot), 31).String()
+	} else {
+		// The class has no usable subnet now (None, or invalid): the claim keeps its /31.
+		ls.Subnet = cl.recordedSubnet
 	}
 	for _, n := range cl.peers {
 		if t, ok := cl.ends[n]; ok {
@@ -111,7 +117,8 @@ func (c *compiler) loadClaims() {
 			if ci.subnet.IsValid() && !slotFits(ci.subnet, ls.Slot) {
 				continue
 			}
-			cl := &claim{class: ci, peers: pairOf(ls.Peers[0], ls.Peers[1]), slot: ls.Slot, ends: map[string]int32{}}
+			cl := &claim{class: ci, peers: pairOf(ls.Peers[0], ls.Peers[1]), slot: ls.Slot, ends: map[string]int32{},
+				recordedSubnet: ls.Subnet}
 			if _, dup := ci.claims[cl.key()]; dup {
 				continue
 			}
