@@ -100,7 +100,13 @@ func (d *Datapath) Apply(p *kuportv1.NodeProgram) error {
 	changes := 0
 	err := d.apply(p, &changes)
 	d.lastChanges = changes
-	d.log.Debug("applied program", "node", p.GetNode(), "version", p.GetVersion(), "changes", changes, "error", err)
+	// Writes are news: a new program's, or a repair of what someone else changed in the
+	// kernel (the agent re-applies the same program on every resync).
+	log := d.log.Debug
+	if changes > 0 {
+		log = d.log.Info
+	}
+	log("applied program", "node", p.GetNode(), "version", p.GetVersion(), "kernel_writes", changes)
 	return err
 }
 
