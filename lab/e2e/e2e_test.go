@@ -93,6 +93,16 @@ func waitCondition(t *testing.T, l *lab.Lab, ns, name, typ, want string, timeout
 	require.NoError(t, err, "PortMap %s/%s %s: want %s, last saw %s", ns, name, typ, want, last)
 }
 
+// assertAnswers probes TCP port on the public address from the client: the pod must see
+// the client's address and the reply come from the address dialed.
+func assertAnswers(t *testing.T, l *lab.Lab, port int32) {
+	t.Helper()
+	podSaw, replyFrom, err := l.Probe(context.Background(), corev1.ProtocolTCP, port, 3)
+	require.NoError(t, err)
+	assert.Equal(t, lab.ClientAddr, podSaw, "port %d: the address the pod saw", port)
+	assert.Equal(t, fmt.Sprintf("%s:%d", lab.PublicAddr, port), replyFrom, "port %d: where the reply came from", port)
+}
+
 // updatePortMap reads, mutates and updates a demo PortMap, retrying while the controller's
 // status writes make the read stale.
 func updatePortMap(ctx context.Context, l *lab.Lab, name string, mutate func(*v1alpha1.PortMap)) error {
@@ -186,10 +196,7 @@ func TestPrivilegedE2E(t *testing.T) {
 		waitCondition(t, l, lab.DemoNamespace, remote.Name, v1alpha1.ConditionProgrammed, "True", 30*time.Second)
 		before, ok := readLink(t, l, "worker-b", linkOnWorkerB)
 		require.True(t, ok, "worker-b has no link %s", linkOnWorkerB)
-		podSaw, replyFrom, err := l.Probe(ctx, corev1.ProtocolTCP, 3000, 3)
-		require.NoError(t, err)
-		assert.Equal(t, lab.ClientAddr, podSaw)
-		assert.Equal(t, lab.PublicAddr+":3000", replyFrom)
+		assertAnswers(t, l, 3000)
 		after, _ := readLink(t, l, "worker-b", linkOnWorkerB)
 		assert.Greater(t, after.Stats64.RX.Packets, before.Stats64.RX.Packets, "worker-b's link received nothing")
 		assert.Greater(t, after.Stats64.TX.Packets, before.Stats64.TX.Packets, "worker-b's link sent nothing")
@@ -270,10 +277,7 @@ func TestPrivilegedE2E(t *testing.T) {
 		require.NoError(t, err)
 		assert.Empty(t, rules, "a refused mapping reached a kernel")
 		waitCondition(t, l, lab.DemoNamespace, remote.Name, v1alpha1.ConditionProgrammed, "True", 10*time.Second)
-		podSaw, replyFrom, err := l.Probe(ctx, corev1.ProtocolTCP, 3000, 3)
-		require.NoError(t, err)
-		assert.Equal(t, lab.ClientAddr, podSaw)
-		assert.Equal(t, lab.PublicAddr+":3000", replyFrom)
+		assertAnswers(t, l, 3000)
 	})
 
 	t.Run("two mappings to pods sharing a port on one node stay apart", func(t *testing.T) {
@@ -303,10 +307,7 @@ func TestPrivilegedE2E(t *testing.T) {
 			pod, other string
 		}{{5000, webC.Name, lab.PodB.Name}, {3000, lab.PodB.Name, webC.Name}} {
 			before, otherBefore := seen(c.pod), seen(c.other)
-			podSaw, replyFrom, err := l.Probe(ctx, corev1.ProtocolTCP, c.port, 3)
-			require.NoError(t, err)
-			assert.Equal(t, lab.ClientAddr, podSaw, "port %d", c.port)
-			assert.Equal(t, fmt.Sprintf("%s:%d", lab.PublicAddr, c.port), replyFrom)
+			assertAnswers(t, l, c.port)
 			assert.Equal(t, before+1, seen(c.pod), "port %d must reach %s", c.port, c.pod)
 			assert.Equal(t, otherBefore, seen(c.other), "port %d reached %s", c.port, c.other)
 		}
@@ -341,9 +342,7 @@ func TestPrivilegedE2E(t *testing.T) {
 		for _, n := range []string{"edge-a", "worker-b"} {
 			assert.Equal(t, before[n], kernelState(t, l, n), "kernel state on %s changed across a controller restart", n)
 		}
-		podSaw, _, err := l.Probe(ctx, corev1.ProtocolTCP, 3000, 3)
-		require.NoError(t, err)
-		assert.Equal(t, lab.ClientAddr, podSaw)
+		assertAnswers(t, l, 3000)
 	})
 
 	t.Run("deleting the mapping removes its rules, then the link", func(t *testing.T) {
@@ -383,10 +382,7 @@ func TestPrivilegedE2E(t *testing.T) {
 		assert.Contains(t, meta.FindStatusCondition(pm.Status.Conditions, v1alpha1.ConditionProgrammed).Message, "worker-b")
 		require.NoError(t, l.StartAgent("worker-b"))
 		waitCondition(t, l, lab.DemoNamespace, remote.Name, v1alpha1.ConditionProgrammed, "True", 10*time.Second)
-		podSaw, replyFrom, err := l.Probe(ctx, corev1.ProtocolTCP, 3000, 3)
-		require.NoError(t, err)
-		assert.Equal(t, lab.ClientAddr, podSaw)
-		assert.Equal(t, lab.PublicAddr+":3000", replyFrom)
+		assertAnswers(t, l, 3000)
 	})
 
 	t.Run("deleting the class removes everything it made", func(t *testing.T) {
