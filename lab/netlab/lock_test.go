@@ -1,0 +1,30 @@
+package netlab
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Only one lab runs on a machine at a time: a second waits for the lock and gives up when
+// its context ends, then gets it once the first releases it (README, the lab).
+func TestPrivilegedLabLockIsExclusive(t *testing.T) {
+	if os.Getenv("KUPORT_PRIVILEGED") != "1" {
+		t.Skip("needs root (the lock lives in /run): set KUPORT_PRIVILEGED=1")
+	}
+	first, err := acquireLock(context.Background())
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	_, err = acquireLock(ctx)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Contains(t, err.Error(), "another lab holds")
+	require.NoError(t, first.Close())
+	second, err := acquireLock(context.Background())
+	require.NoError(t, err)
+	require.NoError(t, second.Close())
+}
