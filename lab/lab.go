@@ -168,9 +168,6 @@ func clearLogs(dir string) error {
 // etcdDir is where lab/cluster keeps etcd's data.
 func (l *Lab) etcdDir() string { return filepath.Join(l.opt.Dir, "etcd") }
 
-// Kubeconfig is the admin kubeconfig's path.
-func (l *Lab) Kubeconfig() string { return l.Cluster.Kubeconfig() }
-
 // createNode writes the Node object for a lab node, Ready, with its mesh address as
 // InternalIP, as a kubelet would.
 func (l *Lab) createNode(ctx context.Context, n netlab.NodeSpec) error {

@@ -43,7 +43,7 @@ func ParseProbeResult(line string) (ProbeResult, error) {
 	saw, ok1 := strings.CutPrefix(fields[0], "pod_saw=")
 	from, ok2 := strings.CutPrefix(fields[1], "reply_from=")
 	if !ok1 || !ok2 {
-		return ProbeResult{}, fmt.Errorf("probe output %q: want pod_saw=... reply_from=...", line)
+		return ProbeResult{}, fmt.Errorf("probe output %q: want pod_saw=<ip|none> reply_from=<ip:port|none>", line)
 	}
 	return ProbeResult{PodSaw: fromNone(saw), ReplyFrom: fromNone(from)}, nil
 }

@@ -338,12 +338,6 @@ func (n *Net) Node(name string) (NodeSpec, bool) {
 	return nodes[i], true
 }
 
-// ClientAddr is the client's address (198.51.100.7).
-func (n *Net) ClientAddr() netip.Addr { return clientAddr.Addr() }
-
-// Dir is the directory holding the lab's process logs.
-func (n *Net) Dir() string { return n.dir }
-
 // Close kills every process the Net started, deletes every namespace it created and
 // releases the lab lock. It is idempotent; errors from each step are joined.
 func (n *Net) Close() error {

@@ -123,16 +123,6 @@ func (n *Net) RemovePod(name string) error {
 	return nil
 }
 
-// PodIP returns the address of pod name, or "" if there is no such pod.
-func (n *Net) PodIP(name string) string {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if p, ok := n.pods[name]; ok {
-		return p.addr.String()
-	}
-	return ""
-}
-
 // serverLogPath is Dir/serve-<pod>-<proto>-<port>.log.
 func (n *Net) serverLogPath(pod, proto string, port int) string {
 	return filepath.Join(n.dir, fmt.Sprintf("serve-%s-%s-%d.log", pod, proto, port))
