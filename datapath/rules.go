@@ -346,6 +346,9 @@ func markRule(e *kuportv1.MarkRule) (*rule, error) {
 	if err := checkID(e.GetId()); err != nil {
 		return nil, err
 	}
+	if e.GetKind() != kuportv1.MarkKind_MARK_KIND_STATIC {
+		return nil, fmt.Errorf("unknown mark kind %v", e.GetKind())
+	}
 	r := &rule{chain: "kup-mangle", action: actionMark, mark: e.GetMark()}
 	var err error
 	if r.saddr, err = ipv4("address", e.GetAddress()); err != nil {

@@ -676,8 +676,8 @@ func TestCompile(t *testing.T) {
 						len(r.Programs["edge-a"].Links), len(wb.Links), len(wb.ReturnPaths))
 				}
 				want := []*kuportv1.MarkRule{
-					{Id: "demo/remote-udp/mark", Mapping: "demo/remote-udp", Address: "10.244.18.107", Protocol: udp, Ports: ports(3000, 3000), Mark: 0x6b700001},
-					{Id: "demo/remote/mark", Mapping: "demo/remote", Address: "10.244.18.107", Protocol: tcp, Ports: ports(3000, 3000), Mark: 0x6b700001},
+					{Id: "demo/remote-udp/mark", Mapping: "demo/remote-udp", Kind: static, Address: "10.244.18.107", Protocol: udp, Ports: ports(3000, 3000), Mark: 0x6b700001},
+					{Id: "demo/remote/mark", Mapping: "demo/remote", Kind: static, Address: "10.244.18.107", Protocol: tcp, Ports: ports(3000, 3000), Mark: 0x6b700001},
 				}
 				if d := cmp.Diff(want, wb.MarkRules, cmpOpts...); d != "" {
 					t.Errorf("worker-b marks (-want +got):\n%s", d)

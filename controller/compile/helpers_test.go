@@ -19,8 +19,9 @@ import (
 var now = time.Date(2026, 9, 8, 12, 0, 0, 0, time.UTC)
 
 const (
-	tcp = kuportv1.Protocol_PROTOCOL_TCP
-	udp = kuportv1.Protocol_PROTOCOL_UDP
+	tcp    = kuportv1.Protocol_PROTOCOL_TCP
+	udp    = kuportv1.Protocol_PROTOCOL_UDP
+	static = kuportv1.MarkKind_MARK_KIND_STATIC
 	// Device names, computed independently: printf public/worker-b | sha256sum.
 	linkToWorkerB = "kup-5e30a797" // sha256("public/worker-b")
 	linkToEdgeA   = "kup-dcc4266d" // sha256("public/edge-a")
@@ -220,7 +221,7 @@ func remoteWorkerB() *kuportv1.NodeProgram {
 				OutInterface: "cilium_", Address: "10.244.18.107", Protocol: tcp, Ports: ports(3000, 3000)},
 		},
 		MarkRules: []*kuportv1.MarkRule{
-			{Id: "demo/remote/mark", Mapping: "demo/remote", Address: "10.244.18.107", Protocol: tcp,
+			{Id: "demo/remote/mark", Mapping: "demo/remote", Kind: static, Address: "10.244.18.107", Protocol: tcp,
 				Ports: ports(3000, 3000), Mark: 0x6b700001},
 		},
 		Links: []*kuportv1.Link{

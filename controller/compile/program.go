@@ -222,8 +222,8 @@ func (c *compiler) emitPodEnd(p *plan, t *target, podPorts portRange) {
 			OutInterface: cniDevicePrefix, Address: ep.address, Protocol: p.proto, Ports: podPorts.wire(),
 		})
 	b.p.MarkRules = append(b.p.MarkRules, &kuportv1.MarkRule{
-		Id: p.key + "/mark", Mapping: p.key, Address: ep.address, Protocol: p.proto,
-		Ports: podPorts.wire(), Mark: markOf(table),
+		Id: p.key + "/mark", Mapping: p.key, Kind: kuportv1.MarkKind_MARK_KIND_STATIC, Address: ep.address,
+		Protocol: p.proto, Ports: podPorts.wire(), Mark: markOf(table),
 	})
 	b.addReturnPath(&kuportv1.ReturnPath{
 		Id: dev + "/return", Link: dev, Mark: markOf(table), Table: uint32(table),

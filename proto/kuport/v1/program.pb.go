@@ -132,6 +132,70 @@ func (SnatKind) EnumDescriptor() ([]byte, []int) {
 	return file_kuport_v1_program_proto_rawDescGZIP(), []int{1}
 }
 
+// MarkKind selects the form of a return-marking rule in kup-mangle (DESIGN.md, "Return
+// marking forms that worked").
+type MarkKind int32
+
+const (
+	MarkKind_MARK_KIND_UNSPECIFIED MarkKind = 0
+	// Single: ip saddr <address> <protocol> sport <ports> counter meta mark set <mark>
+	MarkKind_MARK_KIND_STATIC MarkKind = 1
+	// Multi, per link: iifname "<in_interface>" ip daddr <address> <protocol> dport <ports>
+	//
+	//	counter ct mark set <mark>
+	//
+	// records on the flow which link (so which forwarder) the request came in on; the meta
+	// mark stays untouched so the request is not diverted on its way in.
+	MarkKind_MARK_KIND_CT_SAVE MarkKind = 2
+	// Multi: ip saddr <address> <protocol> sport <ports> counter meta mark set ct mark
+	// gives the pod's reply the mark its flow's request recorded (0 for a flow that came in
+	// by no link, which then matches no return path). mark is unused.
+	MarkKind_MARK_KIND_CT_RESTORE MarkKind = 3
+)
+
+// Enum value maps for MarkKind.
+var (
+	MarkKind_name = map[int32]string{
+		0: "MARK_KIND_UNSPECIFIED",
+		1: "MARK_KIND_STATIC",
+		2: "MARK_KIND_CT_SAVE",
+		3: "MARK_KIND_CT_RESTORE",
+	}
+	MarkKind_value = map[string]int32{
+		"MARK_KIND_UNSPECIFIED": 0,
+		"MARK_KIND_STATIC":      1,
+		"MARK_KIND_CT_SAVE":     2,
+		"MARK_KIND_CT_RESTORE":  3,
+	}
+)
+
+func (x MarkKind) Enum() *MarkKind {
+	p := new(MarkKind)
+	*p = x
+	return p
+}
+
+func (x MarkKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (MarkKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_kuport_v1_program_proto_enumTypes[2].Descriptor()
+}
+
+func (MarkKind) Type() protoreflect.EnumType {
+	return &file_kuport_v1_program_proto_enumTypes[2]
+}
+
+func (x MarkKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use MarkKind.Descriptor instead.
+func (MarkKind) EnumDescriptor() ([]byte, []int) {
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{2}
+}
+
 // PortRange is an inclusive range of transport ports; first == last for a single port.
 type PortRange struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -507,24 +571,26 @@ func (x *SnatRule) GetPorts() *PortRange {
 	return nil
 }
 
-// MarkRule renders, in chain kup-mangle (filter, prerouting, priority mangle + 10):
-//
-//	ip saddr <address> <protocol> sport <ports> meta mark set <mark>
-//
-// the Single return marking (DESIGN.md, "Return marking forms that worked").
+// MarkRule is a return-marking rule in chain kup-mangle (filter, prerouting, priority
+// mangle + 10); kind gives its form. Founding document, "kup-mangle" and the Multi section.
 type MarkRule struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Counter id, unique within the program.
 	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// PortMap the rule belongs to: "<namespace>/<name>".
 	Mapping string `protobuf:"bytes,2,opt,name=mapping,proto3" json:"mapping,omitempty"`
-	// The pod's IPv4 address.
+	// STATIC and CT_RESTORE: the pod's IPv4 address (reply source). CT_SAVE: this node's end
+	// of the link's /31 (the request's destination on arrival).
 	Address  string   `protobuf:"bytes,3,opt,name=address,proto3" json:"address,omitempty"`
 	Protocol Protocol `protobuf:"varint,4,opt,name=protocol,proto3,enum=kuport.v1.Protocol" json:"protocol,omitempty"`
-	// The pod's ports the reply leaves from.
+	// STATIC and CT_RESTORE: the pod's ports the reply leaves from. CT_SAVE: the dialed ports
+	// the request carries over the link.
 	Ports *PortRange `protobuf:"bytes,5,opt,name=ports,proto3" json:"ports,omitempty"`
-	// Firewall mark, 0x6b70xxxx, unique per node.
-	Mark          uint32 `protobuf:"varint,6,opt,name=mark,proto3" json:"mark,omitempty"`
+	// Firewall mark, 0x6b70xxxx, unique per node; 0 for CT_RESTORE.
+	Mark uint32   `protobuf:"varint,6,opt,name=mark,proto3" json:"mark,omitempty"`
+	Kind MarkKind `protobuf:"varint,7,opt,name=kind,proto3,enum=kuport.v1.MarkKind" json:"kind,omitempty"`
+	// CT_SAVE only: the link device the request arrives on.
+	InInterface   string `protobuf:"bytes,8,opt,name=in_interface,json=inInterface,proto3" json:"in_interface,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -599,6 +665,20 @@ func (x *MarkRule) GetMark() uint32 {
 		return x.Mark
 	}
 	return 0
+}
+
+func (x *MarkRule) GetKind() MarkKind {
+	if x != nil {
+		return x.Kind
+	}
+	return MarkKind_MARK_KIND_UNSPECIFIED
+}
+
+func (x *MarkRule) GetInInterface() string {
+	if x != nil {
+		return x.InInterface
+	}
+	return ""
 }
 
 // Link is one vxlan device between this node and a peer (founding document, the link).
@@ -1799,14 +1879,16 @@ const file_kuport_v1_program_proto_rawDesc = "" +
 	"\rout_interface\x18\x04 \x01(\tR\foutInterface\x12\x18\n" +
 	"\aaddress\x18\x05 \x01(\tR\aaddress\x12/\n" +
 	"\bprotocol\x18\x06 \x01(\x0e2\x13.kuport.v1.ProtocolR\bprotocol\x12*\n" +
-	"\x05ports\x18\a \x01(\v2\x14.kuport.v1.PortRangeR\x05ports\"\xbf\x01\n" +
+	"\x05ports\x18\a \x01(\v2\x14.kuport.v1.PortRangeR\x05ports\"\x8b\x02\n" +
 	"\bMarkRule\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\amapping\x18\x02 \x01(\tR\amapping\x12\x18\n" +
 	"\aaddress\x18\x03 \x01(\tR\aaddress\x12/\n" +
 	"\bprotocol\x18\x04 \x01(\x0e2\x13.kuport.v1.ProtocolR\bprotocol\x12*\n" +
 	"\x05ports\x18\x05 \x01(\v2\x14.kuport.v1.PortRangeR\x05ports\x12\x12\n" +
-	"\x04mark\x18\x06 \x01(\rR\x04mark\"\xa6\x02\n" +
+	"\x04mark\x18\x06 \x01(\rR\x04mark\x12'\n" +
+	"\x04kind\x18\a \x01(\x0e2\x13.kuport.v1.MarkKindR\x04kind\x12!\n" +
+	"\fin_interface\x18\b \x01(\tR\vinInterface\"\xa6\x02\n" +
 	"\x04Link\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +
@@ -1898,7 +1980,12 @@ const file_kuport_v1_program_proto_rawDesc = "" +
 	"\bSnatKind\x12\x19\n" +
 	"\x15SNAT_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11SNAT_KIND_REQUEST\x10\x01\x12\x13\n" +
-	"\x0fSNAT_KIND_REPLY\x10\x022T\n" +
+	"\x0fSNAT_KIND_REPLY\x10\x02*l\n" +
+	"\bMarkKind\x12\x19\n" +
+	"\x15MARK_KIND_UNSPECIFIED\x10\x00\x12\x14\n" +
+	"\x10MARK_KIND_STATIC\x10\x01\x12\x15\n" +
+	"\x11MARK_KIND_CT_SAVE\x10\x02\x12\x18\n" +
+	"\x14MARK_KIND_CT_RESTORE\x10\x032T\n" +
 	"\fAgentService\x12D\n" +
 	"\aConnect\x12\x19.kuport.v1.ConnectRequest\x1a\x1a.kuport.v1.ConnectResponse(\x010\x012\xa3\x01\n" +
 	"\x0eProgramService\x12I\n" +
@@ -1918,70 +2005,72 @@ func file_kuport_v1_program_proto_rawDescGZIP() []byte {
 	return file_kuport_v1_program_proto_rawDescData
 }
 
-var file_kuport_v1_program_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_kuport_v1_program_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
 var file_kuport_v1_program_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_kuport_v1_program_proto_goTypes = []any{
 	(Protocol)(0),              // 0: kuport.v1.Protocol
 	(SnatKind)(0),              // 1: kuport.v1.SnatKind
-	(*PortRange)(nil),          // 2: kuport.v1.PortRange
-	(*NodeProgram)(nil),        // 3: kuport.v1.NodeProgram
-	(*DnatRule)(nil),           // 4: kuport.v1.DnatRule
-	(*SnatRule)(nil),           // 5: kuport.v1.SnatRule
-	(*MarkRule)(nil),           // 6: kuport.v1.MarkRule
-	(*Link)(nil),               // 7: kuport.v1.Link
-	(*ReturnPath)(nil),         // 8: kuport.v1.ReturnPath
-	(*ConnectRequest)(nil),     // 9: kuport.v1.ConnectRequest
-	(*ConnectResponse)(nil),    // 10: kuport.v1.ConnectResponse
-	(*Interface)(nil),          // 11: kuport.v1.Interface
-	(*NodeState)(nil),          // 12: kuport.v1.NodeState
-	(*Hello)(nil),              // 13: kuport.v1.Hello
-	(*EntryError)(nil),         // 14: kuport.v1.EntryError
-	(*Ack)(nil),                // 15: kuport.v1.Ack
-	(*Counter)(nil),            // 16: kuport.v1.Counter
-	(*LinkStats)(nil),          // 17: kuport.v1.LinkStats
-	(*Report)(nil),             // 18: kuport.v1.Report
-	(*GetProgramRequest)(nil),  // 19: kuport.v1.GetProgramRequest
-	(*GetProgramResponse)(nil), // 20: kuport.v1.GetProgramResponse
-	(*ListNodesRequest)(nil),   // 21: kuport.v1.ListNodesRequest
-	(*NodeInfo)(nil),           // 22: kuport.v1.NodeInfo
-	(*ListNodesResponse)(nil),  // 23: kuport.v1.ListNodesResponse
+	(MarkKind)(0),              // 2: kuport.v1.MarkKind
+	(*PortRange)(nil),          // 3: kuport.v1.PortRange
+	(*NodeProgram)(nil),        // 4: kuport.v1.NodeProgram
+	(*DnatRule)(nil),           // 5: kuport.v1.DnatRule
+	(*SnatRule)(nil),           // 6: kuport.v1.SnatRule
+	(*MarkRule)(nil),           // 7: kuport.v1.MarkRule
+	(*Link)(nil),               // 8: kuport.v1.Link
+	(*ReturnPath)(nil),         // 9: kuport.v1.ReturnPath
+	(*ConnectRequest)(nil),     // 10: kuport.v1.ConnectRequest
+	(*ConnectResponse)(nil),    // 11: kuport.v1.ConnectResponse
+	(*Interface)(nil),          // 12: kuport.v1.Interface
+	(*NodeState)(nil),          // 13: kuport.v1.NodeState
+	(*Hello)(nil),              // 14: kuport.v1.Hello
+	(*EntryError)(nil),         // 15: kuport.v1.EntryError
+	(*Ack)(nil),                // 16: kuport.v1.Ack
+	(*Counter)(nil),            // 17: kuport.v1.Counter
+	(*LinkStats)(nil),          // 18: kuport.v1.LinkStats
+	(*Report)(nil),             // 19: kuport.v1.Report
+	(*GetProgramRequest)(nil),  // 20: kuport.v1.GetProgramRequest
+	(*GetProgramResponse)(nil), // 21: kuport.v1.GetProgramResponse
+	(*ListNodesRequest)(nil),   // 22: kuport.v1.ListNodesRequest
+	(*NodeInfo)(nil),           // 23: kuport.v1.NodeInfo
+	(*ListNodesResponse)(nil),  // 24: kuport.v1.ListNodesResponse
 }
 var file_kuport_v1_program_proto_depIdxs = []int32{
-	4,  // 0: kuport.v1.NodeProgram.dnat_rules:type_name -> kuport.v1.DnatRule
-	5,  // 1: kuport.v1.NodeProgram.snat_rules:type_name -> kuport.v1.SnatRule
-	6,  // 2: kuport.v1.NodeProgram.mark_rules:type_name -> kuport.v1.MarkRule
-	7,  // 3: kuport.v1.NodeProgram.links:type_name -> kuport.v1.Link
-	8,  // 4: kuport.v1.NodeProgram.return_paths:type_name -> kuport.v1.ReturnPath
+	5,  // 0: kuport.v1.NodeProgram.dnat_rules:type_name -> kuport.v1.DnatRule
+	6,  // 1: kuport.v1.NodeProgram.snat_rules:type_name -> kuport.v1.SnatRule
+	7,  // 2: kuport.v1.NodeProgram.mark_rules:type_name -> kuport.v1.MarkRule
+	8,  // 3: kuport.v1.NodeProgram.links:type_name -> kuport.v1.Link
+	9,  // 4: kuport.v1.NodeProgram.return_paths:type_name -> kuport.v1.ReturnPath
 	0,  // 5: kuport.v1.DnatRule.protocol:type_name -> kuport.v1.Protocol
-	2,  // 6: kuport.v1.DnatRule.ports:type_name -> kuport.v1.PortRange
+	3,  // 6: kuport.v1.DnatRule.ports:type_name -> kuport.v1.PortRange
 	1,  // 7: kuport.v1.SnatRule.kind:type_name -> kuport.v1.SnatKind
 	0,  // 8: kuport.v1.SnatRule.protocol:type_name -> kuport.v1.Protocol
-	2,  // 9: kuport.v1.SnatRule.ports:type_name -> kuport.v1.PortRange
+	3,  // 9: kuport.v1.SnatRule.ports:type_name -> kuport.v1.PortRange
 	0,  // 10: kuport.v1.MarkRule.protocol:type_name -> kuport.v1.Protocol
-	2,  // 11: kuport.v1.MarkRule.ports:type_name -> kuport.v1.PortRange
-	13, // 12: kuport.v1.ConnectRequest.hello:type_name -> kuport.v1.Hello
-	15, // 13: kuport.v1.ConnectRequest.ack:type_name -> kuport.v1.Ack
-	18, // 14: kuport.v1.ConnectRequest.report:type_name -> kuport.v1.Report
-	3,  // 15: kuport.v1.ConnectResponse.program:type_name -> kuport.v1.NodeProgram
-	11, // 16: kuport.v1.NodeState.interfaces:type_name -> kuport.v1.Interface
-	12, // 17: kuport.v1.Hello.state:type_name -> kuport.v1.NodeState
-	14, // 18: kuport.v1.Ack.errors:type_name -> kuport.v1.EntryError
-	12, // 19: kuport.v1.Report.state:type_name -> kuport.v1.NodeState
-	16, // 20: kuport.v1.Report.counters:type_name -> kuport.v1.Counter
-	17, // 21: kuport.v1.Report.links:type_name -> kuport.v1.LinkStats
-	3,  // 22: kuport.v1.GetProgramResponse.program:type_name -> kuport.v1.NodeProgram
-	22, // 23: kuport.v1.ListNodesResponse.nodes:type_name -> kuport.v1.NodeInfo
-	9,  // 24: kuport.v1.AgentService.Connect:input_type -> kuport.v1.ConnectRequest
-	19, // 25: kuport.v1.ProgramService.GetProgram:input_type -> kuport.v1.GetProgramRequest
-	21, // 26: kuport.v1.ProgramService.ListNodes:input_type -> kuport.v1.ListNodesRequest
-	10, // 27: kuport.v1.AgentService.Connect:output_type -> kuport.v1.ConnectResponse
-	20, // 28: kuport.v1.ProgramService.GetProgram:output_type -> kuport.v1.GetProgramResponse
-	23, // 29: kuport.v1.ProgramService.ListNodes:output_type -> kuport.v1.ListNodesResponse
-	27, // [27:30] is the sub-list for method output_type
-	24, // [24:27] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	3,  // 11: kuport.v1.MarkRule.ports:type_name -> kuport.v1.PortRange
+	2,  // 12: kuport.v1.MarkRule.kind:type_name -> kuport.v1.MarkKind
+	14, // 13: kuport.v1.ConnectRequest.hello:type_name -> kuport.v1.Hello
+	16, // 14: kuport.v1.ConnectRequest.ack:type_name -> kuport.v1.Ack
+	19, // 15: kuport.v1.ConnectRequest.report:type_name -> kuport.v1.Report
+	4,  // 16: kuport.v1.ConnectResponse.program:type_name -> kuport.v1.NodeProgram
+	12, // 17: kuport.v1.NodeState.interfaces:type_name -> kuport.v1.Interface
+	13, // 18: kuport.v1.Hello.state:type_name -> kuport.v1.NodeState
+	15, // 19: kuport.v1.Ack.errors:type_name -> kuport.v1.EntryError
+	13, // 20: kuport.v1.Report.state:type_name -> kuport.v1.NodeState
+	17, // 21: kuport.v1.Report.counters:type_name -> kuport.v1.Counter
+	18, // 22: kuport.v1.Report.links:type_name -> kuport.v1.LinkStats
+	4,  // 23: kuport.v1.GetProgramResponse.program:type_name -> kuport.v1.NodeProgram
+	23, // 24: kuport.v1.ListNodesResponse.nodes:type_name -> kuport.v1.NodeInfo
+	10, // 25: kuport.v1.AgentService.Connect:input_type -> kuport.v1.ConnectRequest
+	20, // 26: kuport.v1.ProgramService.GetProgram:input_type -> kuport.v1.GetProgramRequest
+	22, // 27: kuport.v1.ProgramService.ListNodes:input_type -> kuport.v1.ListNodesRequest
+	11, // 28: kuport.v1.AgentService.Connect:output_type -> kuport.v1.ConnectResponse
+	21, // 29: kuport.v1.ProgramService.GetProgram:output_type -> kuport.v1.GetProgramResponse
+	24, // 30: kuport.v1.ProgramService.ListNodes:output_type -> kuport.v1.ListNodesResponse
+	28, // [28:31] is the sub-list for method output_type
+	25, // [25:28] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_kuport_v1_program_proto_init() }
@@ -2002,7 +2091,7 @@ func file_kuport_v1_program_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kuport_v1_program_proto_rawDesc), len(file_kuport_v1_program_proto_rawDesc)),
-			NumEnums:      2,
+			NumEnums:      3,
 			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   2,
