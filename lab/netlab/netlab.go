@@ -2,8 +2,10 @@
 // (DESIGN.md "The lab" and "Lab facts already verified on this kernel"):
 //
 //	client (198.51.100.7) ── kup-router (the internet) ── edge-a  enp1s0 203.0.113.9
-//	                                                  └── worker-b eth0  192.0.2.2
-//	kup-mesh: a bridge joining every node's wt0 (MTU 1420): edge-a 100.64.93.143, worker-b 100.64.93.150
+//	                                                  ├── worker-b eth0  192.0.2.2
+//	                                                  └── worker-c eth0  198.18.0.3
+//	kup-mesh: a bridge joining every node's wt0 (MTU 1420): edge-a 100.64.93.143,
+//	          worker-b 100.64.93.150, worker-c 100.64.93.160
 //	each node: bridge cilium_host (first address of its pod CIDR), pods pod-<name> behind it
 //
 // Each node namespace also emulates what the datapath works around: the CNI's strict
@@ -95,6 +97,16 @@ var nodes = []NodeSpec{
 		UnderlayIface: "wt0",
 		UnderlayAddr:  netip.MustParsePrefix("100.64.93.150/24"),
 		PodCIDR:       netip.MustParsePrefix("10.244.18.0/24"),
+	},
+	{
+		// worker-c is the second accepting node of the lab's Multi class.
+		Name:          "worker-c",
+		UplinkIface:   "eth0",
+		UplinkAddr:    netip.MustParsePrefix("198.18.0.3/24"),
+		UplinkGateway: netip.MustParseAddr("198.18.0.1"),
+		UnderlayIface: "wt0",
+		UnderlayAddr:  netip.MustParsePrefix("100.64.93.160/24"),
+		PodCIDR:       netip.MustParsePrefix("10.244.19.0/24"),
 	},
 }
 
@@ -396,4 +408,17 @@ func Teardown() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// RouteVirtual points the router's route for a routed virtual address (a /32 no namespace
+// holds) at a node's uplink address, as a mesh or an upstream router would steer a VIP:
+// clients dialing vip reach that node, which holds no address for it and forwards it by
+// its kuport DNAT. Calling it again with another node moves the address. It returns an
+// error for an unknown node or when ip fails.
+func (n *Net) RouteVirtual(ctx context.Context, vip netip.Addr, node string) error {
+	s, ok := n.Node(node)
+	if !ok {
+		return fmt.Errorf("netlab: no node %q", node)
+	}
+	return n.ip(ctx, RouterNS, "route", "replace", netip.PrefixFrom(vip, 32).String(), "via", s.UplinkAddr.Addr().String())
 }
