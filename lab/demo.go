@@ -183,9 +183,15 @@ func (l *Lab) WaitRulesGone(ctx context.Context, timeout time.Duration, needles 
 // few times (a first UDP datagram can be lost to neighbour resolution) until something
 // comes back. Values are "none" when nothing did.
 func (l *Lab) Probe(ctx context.Context, proto corev1.Protocol, port int32, tries int) (podSaw, replyFrom string, err error) {
+	return l.ProbeAddr(ctx, proto, PublicAddr, port, tries)
+}
+
+// ProbeAddr is Probe to any address the client can reach (a node's uplink address, a
+// routed virtual address).
+func (l *Lab) ProbeAddr(ctx context.Context, proto corev1.Protocol, addr string, port int32, tries int) (podSaw, replyFrom string, err error) {
 	podSaw, replyFrom = "none", "none"
 	for i := 0; i < tries; i++ {
-		r, err := l.Net.Probe(ctx, strings.ToLower(string(proto)), fmt.Sprintf("%s:%d", PublicAddr, port), 2*time.Second)
+		r, err := l.Net.Probe(ctx, strings.ToLower(string(proto)), fmt.Sprintf("%s:%d", addr, port), 2*time.Second)
 		if err != nil {
 			return podSaw, replyFrom, err
 		}

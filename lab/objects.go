@@ -56,6 +56,16 @@ func (l *Lab) AddPod(ctx context.Context, p Pod) error {
 	return nil
 }
 
+// RemovePod deletes the Pod object (force, as a kubelet-less lab must) and the pod's
+// namespace with its servers. An absent pod is success.
+func (l *Lab) RemovePod(ctx context.Context, p Pod) error {
+	err := l.Kube.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("lab: delete pod %s/%s: %w", p.Namespace, p.Name, err)
+	}
+	return l.Net.RemovePod(p.Name)
+}
+
 // Backend is one endpoint of a lab Service.
 type Backend struct {
 	Pod   Pod

@@ -142,8 +142,9 @@ func readLink(t *testing.T, l *lab.Lab, node, dev string) (linkStats, bool) {
 	return s[0], true
 }
 
-// kernelState is what kuport owns on a node, as the kernel lists it: links named kup-*,
-// ip rules at prefs 101/102, routes in tables 201+, and the ip kuport table with handles.
+// kernelState is what kuport owns on a node, as the kernel lists it: links named kup-*
+// (index, name, mtu, VNI, underlay ends and /31 address), ip rules at prefs 101/102,
+// routes in tables 201+, and the ip kuport table with handles.
 func kernelState(t *testing.T, l *lab.Lab, node string) string {
 	t.Helper()
 	ctx := context.Background()
@@ -154,6 +155,18 @@ func kernelState(t *testing.T, l *lab.Lab, node string) string {
 		// Keep index, name, flags and mtu; drop the queue state that traffic may change.
 		if f := strings.Fields(line); len(f) > 4 {
 			fmt.Fprintln(&b, strings.Join(f[:5], " "))
+		}
+	}
+	details, err := l.Net.Exec(ctx, node, "ip", "-o", "-d", "link", "show", "type", "vxlan")
+	require.NoError(t, err)
+	for _, m := range regexp.MustCompile(`vxlan id \d+ remote \S+ local \S+`).FindAllString(details, -1) {
+		fmt.Fprintln(&b, m)
+	}
+	addrs, err := l.Net.Exec(ctx, node, "ip", "-o", "-4", "addr", "show")
+	require.NoError(t, err)
+	for _, line := range strings.Split(addrs, "\n") {
+		if f := strings.Fields(line); len(f) > 3 && strings.HasPrefix(f[1], "kup-") {
+			fmt.Fprintln(&b, strings.Join(f[:4], " "))
 		}
 	}
 	for _, pref := range []string{"101", "102"} {
@@ -173,6 +186,28 @@ func kernelState(t *testing.T, l *lab.Lab, node string) string {
 		b.WriteString(regexp.MustCompile(`counter packets \d+ bytes \d+`).ReplaceAllString(table, "counter"))
 	}
 	return b.String()
+}
+
+// restartController stops the controller (SIGTERM), starts it again and waits until every
+// named node's agent has reconnected and acknowledged the new controller's program.
+func restartController(t *testing.T, l *lab.Lab, nodes ...string) {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, l.StopController(false))
+	require.NoError(t, l.StartController())
+	conn, err := grpc.NewClient(lab.ControllerAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	client := kuportv1.NewProgramServiceClient(conn)
+	require.Eventually(t, func() bool {
+		for _, n := range nodes {
+			r, err := client.GetProgram(ctx, &kuportv1.GetProgramRequest{Node: n})
+			if err != nil || r.GetAckedVersion() == 0 || r.GetAckedVersion() != r.GetProgram().GetVersion() {
+				return false
+			}
+		}
+		return true
+	}, 60*time.Second, 250*time.Millisecond, "agents did not acknowledge the restarted controller's programs")
 }
 
 func TestPrivilegedE2E(t *testing.T) {
@@ -323,22 +358,7 @@ func TestPrivilegedE2E(t *testing.T) {
 		}
 		require.Contains(t, before["edge-a"], linkOnEdgeA)
 		require.Contains(t, before["worker-b"], linkOnWorkerB)
-		require.NoError(t, l.StopController(false))
-		require.NoError(t, l.StartController())
-		conn, err := grpc.NewClient(lab.ControllerAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		require.NoError(t, err)
-		defer conn.Close()
-		client := kuportv1.NewProgramServiceClient(conn)
-		// Both agents reconnect and acknowledge the new controller's programs.
-		require.Eventually(t, func() bool {
-			for _, n := range []string{"edge-a", "worker-b"} {
-				r, err := client.GetProgram(ctx, &kuportv1.GetProgramRequest{Node: n})
-				if err != nil || r.GetAckedVersion() == 0 || r.GetAckedVersion() != r.GetProgram().GetVersion() {
-					return false
-				}
-			}
-			return true
-		}, 60*time.Second, 250*time.Millisecond)
+		restartController(t, l, "edge-a", "worker-b")
 		for _, n := range []string{"edge-a", "worker-b"} {
 			assert.Equal(t, before[n], kernelState(t, l, n), "kernel state on %s changed across a controller restart", n)
 		}
