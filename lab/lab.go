@@ -221,6 +221,11 @@ func (l *Lab) StopController(kill bool) error {
 
 // StartAgent starts kuport-agent inside the node's namespace, as DESIGN.md pins it.
 func (l *Lab) StartAgent(node string) error {
+	return l.StartAgentBinary(node, filepath.Join(l.opt.Bin, "kuport-agent"))
+}
+
+// StartAgentBinary is StartAgent with another kuport-agent binary: an upgrade.
+func (l *Lab) StartAgentBinary(node, binary string) error {
 	spec, ok := l.Net.Node(node)
 	if !ok {
 		return fmt.Errorf("lab: no node %s", node)
@@ -230,8 +235,7 @@ func (l *Lab) StartAgent(node string) error {
 	if l.agents[node] != nil {
 		return fmt.Errorf("lab: agent on %s already running", node)
 	}
-	p, err := l.Net.Start(node, filepath.Join(l.logDir(), "agent-"+node+".log"),
-		filepath.Join(l.opt.Bin, "kuport-agent"),
+	p, err := l.Net.Start(node, filepath.Join(l.logDir(), "agent-"+node+".log"), binary,
 		"--node-name", node,
 		"--underlay-interface", spec.UnderlayIface,
 		"--controller", "unix://"+filepath.Join(l.opt.Dir, ControllerSocket),

@@ -2,6 +2,7 @@
 //
 //	serve  the pod server: answers each request with the peer address it saw
 //	probe  the client: sends one request and prints what the pod saw and where the reply came from
+//	stream the client: sends a request every interval and prints how many replies came back
 //	demo   starts the lab, runs the demo scenarios (one SCENARIO line each on stdout), tears down
 //	up     starts the lab with the demo's classes and the remote mapping and leaves it running
 //	run    the lab supervisor behind up
@@ -23,7 +24,7 @@ import (
 	"kuport.wlz.li/kuport/lab/labtool"
 )
 
-const usage = "usage: kuport-lab serve|probe|demo|up|down [flags]"
+const usage = "usage: kuport-lab serve|probe|stream|demo|up|down [flags]"
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
@@ -45,6 +46,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = labtool.Serve(ctx, args[1:], stdout)
 	case "probe":
 		err = labtool.Probe(ctx, args[1:], stdout)
+	case "stream":
+		err = labtool.Stream(ctx, args[1:], stdout)
 	case "demo":
 		err = lab.Demo(ctx, args[1:], stdout, stderr)
 	case "up":

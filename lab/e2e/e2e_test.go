@@ -174,7 +174,7 @@ func kernelState(t *testing.T, l *lab.Lab, node string) string {
 		require.NoError(t, err)
 		b.WriteString(rules)
 	}
-	routes, err := l.Net.Exec(ctx, node, "ip", "route", "show", "table", "all")
+	routes, err := l.Net.Exec(ctx, node, "ip", "-4", "route", "show", "table", "all")
 	require.NoError(t, err)
 	for _, line := range strings.Split(routes, "\n") {
 		if strings.Contains(line, "kup-") {

@@ -19,8 +19,8 @@ const tcpIdle = 10 * time.Second
 
 // Serve runs `kuport-lab serve --proto tcp|udp --port N` until ctx ends (then it returns
 // nil). It listens on 0.0.0.0:N and, once bound, writes ListeningLine to stdout. For each
-// TCP connection it logs `saw <peer ip:port> tcp <port>`, reads one line, replies
-// `saw=<peer ip>\n` and closes; for each UDP datagram it logs the same line with `udp`
+// TCP connection it logs `saw <peer ip:port> tcp <port>` and replies `saw=<peer ip>\n` to
+// every line it reads, until the peer closes; for each UDP datagram it logs the same line with `udp`
 // and sends the reply to the datagram's source. Lines are written whole, one at a time.
 // Errors: ErrUsage for bad arguments, or the listen/accept error.
 func Serve(ctx context.Context, args []string, stdout io.Writer) error {
@@ -65,20 +65,28 @@ func serveTCP(ctx context.Context, addr string, port int, out *lineWriter) error
 	}
 }
 
+// answerTCP logs the connection once, then answers every line it reads until the peer
+// closes or stays silent for tcpIdle: a probe sends one line, a stream many.
 func answerTCP(c net.Conn, port int, out *lineWriter) {
 	defer func() { _ = c.Close() }()
 	peer := c.RemoteAddr().(*net.TCPAddr).AddrPort()
 	out.line(sawLine(peer, "tcp", port))
-	if err := c.SetDeadline(time.Now().Add(tcpIdle)); err != nil {
-		out.line(fmt.Sprintf("error %s: %v", peer, err))
-		return
-	}
-	if _, err := bufio.NewReader(c).ReadString('\n'); err != nil {
-		out.line(fmt.Sprintf("error %s: read: %v", peer, err))
-		return
-	}
-	if _, err := c.Write(reply(peer.Addr().Unmap())); err != nil {
-		out.line(fmt.Sprintf("error %s: reply: %v", peer, err))
+	r := bufio.NewReader(c)
+	for {
+		if err := c.SetDeadline(time.Now().Add(tcpIdle)); err != nil {
+			out.line(fmt.Sprintf("error %s: %v", peer, err))
+			return
+		}
+		if _, err := r.ReadString('\n'); err != nil {
+			if !errors.Is(err, io.EOF) {
+				out.line(fmt.Sprintf("error %s: read: %v", peer, err))
+			}
+			return
+		}
+		if _, err := c.Write(reply(peer.Addr().Unmap())); err != nil {
+			out.line(fmt.Sprintf("error %s: reply: %v", peer, err))
+			return
+		}
 	}
 }
 

@@ -1,0 +1,93 @@
+package labtool
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestStreamResultLine(t *testing.T) {
+	for _, c := range []struct {
+		res  StreamResult
+		line string
+	}{
+		{StreamResult{Sent: 10, Received: 10, MaxGapMillis: 21}, "sent=10 received=10 lost=0 max_gap_ms=21 error=none"},
+		{StreamResult{Sent: 4, Received: 3, MaxGapMillis: 5000, Error: "read: i/o timeout"}, "sent=4 received=3 lost=1 max_gap_ms=5000 error=read:_i/o_timeout"},
+	} {
+		assert.Equal(t, c.line, c.res.String())
+		got, err := ParseStreamResult(c.line)
+		require.NoError(t, err)
+		assert.Equal(t, c.res.Sent, got.Sent)
+		assert.Equal(t, c.res.Received, got.Received)
+		assert.Equal(t, c.res.MaxGapMillis, got.MaxGapMillis)
+		assert.Equal(t, c.res.Error == "", got.Error == "")
+	}
+	for _, bad := range []string{"", "sent=1 received=1 lost=1 max_gap_ms=0 error=none", "pod_saw=none reply_from=none"} {
+		_, err := ParseStreamResult(bad)
+		assert.Error(t, err, "%q", bad)
+	}
+}
+
+// A stream against the lab's own server on loopback gets every reply, over both protocols.
+func TestStreamAgainstServe(t *testing.T) {
+	for _, proto := range []string{"tcp", "udp"} {
+		t.Run(proto, func(t *testing.T) {
+			port := freePort(t, proto)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			served := &syncBuffer{}
+			go func() { _ = Serve(ctx, []string{"--proto", proto, "--port", fmt.Sprint(port)}, served) }()
+			require.Eventually(t, func() bool {
+				return strings.Contains(served.String(), ListeningLine(proto, port))
+			}, 5*time.Second, 10*time.Millisecond)
+			var out bytes.Buffer
+			require.NoError(t, Stream(ctx, []string{"--proto", proto, "--to", fmt.Sprintf("127.0.0.1:%d", port),
+				"--interval", "5ms", "--duration", "200ms"}, &out))
+			res, err := ParseStreamResult(out.String())
+			require.NoError(t, err)
+			assert.Positive(t, res.Sent)
+			assert.Zero(t, res.Lost(), out.String())
+			assert.Empty(t, res.Error)
+		})
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for one writer and one reader at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func freePort(t *testing.T, proto string) int {
+	t.Helper()
+	if proto == "udp" {
+		pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
+		require.NoError(t, err)
+		defer pc.Close()
+		return pc.LocalAddr().(*net.UDPAddr).Port
+	}
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
