@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	corev1 "k8s.io/api/core/v1"
@@ -32,6 +33,9 @@ const (
 	// ControllerSocket is the controller's unix socket inside the lab dir: a filesystem path
 	// crosses network namespaces, so the agents in node namespaces reach it.
 	ControllerSocket = "controller.sock"
+	// AgentResyncInterval is the lab agents' --resync-interval: shorter than the default
+	// 30 s so that the e2e suite sees a repair quickly.
+	AgentResyncInterval = 5 * time.Second
 	// ControllerAddr is the controller's loopback listener for grpcurl.
 	ControllerAddr = "127.0.0.1:7443"
 )
@@ -240,6 +244,7 @@ func (l *Lab) StartAgentBinary(node, binary string) error {
 		"--underlay-interface", spec.UnderlayIface,
 		"--controller", "unix://"+filepath.Join(l.opt.Dir, ControllerSocket),
 		"--report-interval", "2s",
+		"--resync-interval", AgentResyncInterval.String(),
 		"--log-level", "debug")
 	if err != nil {
 		return err

@@ -2,7 +2,8 @@
 // applies the node's program to the kernel of the network namespace it runs in.
 //
 //	kuport-agent --node-name N --controller TARGET [--controller TARGET2 ...]
-//	             [--underlay-interface IF] [--report-interval 10s] [--log-level info]
+//	             [--underlay-interface IF] [--report-interval 10s] [--resync-interval 30s]
+//	             [--log-level info]
 //	kuport-agent cleanup [--log-level info]
 //	kuport-agent --version
 //
@@ -63,6 +64,8 @@ func runErr(args []string, stdout, stderr io.Writer) error {
 	underlay := fs.String("underlay-interface", "", "underlay interface (default: the device of the IPv4 default route)")
 	targets := fs.StringArray("controller", nil, "controller gRPC target, unix:///path or host:port; repeat for replicas, tried in turn (required to run)")
 	reportInterval := fs.Duration("report-interval", agent.DefaultReportInterval, "period of reports to the controller")
+	resyncInterval := fs.Duration("resync-interval", agent.DefaultResyncInterval,
+		"period of full resyncs of the applied program against the kernel, which repair what others changed")
 	logLevel := fs.String("log-level", "info", "log level: trace, debug, info, warn or error")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
@@ -97,6 +100,8 @@ func runErr(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%w: --controller is required", errUsage)
 	case *reportInterval <= 0:
 		return fmt.Errorf("%w: --report-interval must be positive", errUsage)
+	case *resyncInterval <= 0:
+		return fmt.Errorf("%w: --resync-interval must be positive", errUsage)
 	}
 
 	dp, closeKernel, err := openDatapath(log)
@@ -121,6 +126,7 @@ func runErr(args []string, stdout, stderr io.Writer) error {
 		EntryErrors:    datapath.EntryErrors,
 		Log:            log,
 		ReportInterval: *reportInterval,
+		ResyncInterval: *resyncInterval,
 	})
 	if err != nil {
 		return err
