@@ -92,8 +92,11 @@ func EntryErrors(err error) []*kuportv1.EntryError {
 // only what differs, so re-applying the program the kernel holds writes nothing (rule
 // handles, counters and device indexes stay). The nftables table is rewritten in one
 // transaction; links are set up before the routes that use them, and stale ip rules and
-// routes are removed before stale links. An invalid or failing entry does not stop the
-// others: the returned error joins one *EntryError per failed entry (see EntryErrors).
+// routes are removed before stale links. When the DNAT rules change, the conntrack entries
+// of flows that still go the old way (to a target no rule names any more, or un-NATed past
+// a rule added now) are deleted last, so the flows' next packets take the new rules. An
+// invalid or failing entry does not stop the others: the returned error joins one
+// *EntryError per failed entry (see EntryErrors).
 func (d *Datapath) Apply(p *kuportv1.NodeProgram) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -112,9 +115,11 @@ func (d *Datapath) Apply(p *kuportv1.NodeProgram) error {
 
 func (d *Datapath) apply(p *kuportv1.NodeProgram, changes *int) error {
 	rules, errs := compileRules(p)
+	stale := d.staleFlowsOf(rules)
 	added, n, err := d.syncTable(rules)
 	*changes += n
 	if err != nil {
+		stale = nil // the transaction failed: kup-pre is as it was
 		if len(added) == 0 {
 			errs = append(errs, err)
 		}
@@ -156,12 +161,15 @@ func (d *Datapath) apply(p *kuportv1.NodeProgram, changes *int) error {
 	}
 	errs = append(errs, d.syncReturnPaths(returns, changes)...)
 	errs = append(errs, d.pruneLinks(keep, changes)...)
+	// Last, so a flow's next packet finds the links and routes its new target needs.
+	d.deleteStaleFlows(stale)
 	return errors.Join(errs...)
 }
 
 // Cleanup removes everything kuport made in the namespace: table ip kuport, every kup-*
 // device, the ip rules at prefs 101/102 and the routes of the kuport tables they point
-// at. Nothing else is touched. It is Apply of an empty program.
+// at, and the conntrack entries of flows kuport's DNAT rules translated. Nothing else is
+// touched. It is Apply of an empty program.
 func (d *Datapath) Cleanup() error {
 	return d.Apply(&kuportv1.NodeProgram{})
 }

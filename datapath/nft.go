@@ -101,9 +101,32 @@ func (r *rule) exprs(set *nftables.Set) []expr.Any {
 	case actionMark:
 		e = append(e, &expr.Immediate{Register: 1, Data: binaryutil.NativeEndian.PutUint32(r.mark)},
 			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1})
+	case actionCtMark:
+		e = append(e, &expr.Immediate{Register: 1, Data: binaryutil.NativeEndian.PutUint32(r.mark)},
+			&expr.Ct{Key: expr.CtKeyMARK, SourceRegister: true, Register: 1})
+	case actionRestoreMark:
+		e = append(e, &expr.Ct{Key: expr.CtKeyMARK, Register: 1},
+			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1})
 	}
 	return e
 }
+
+// ctMarkSetReg is the source register of a decoded "ct set mark". The library (v0.3.0)
+// decodes no NFTA_CT_SREG, so a set the kernel lists comes back with neither a register
+// nor SourceRegister, where a load always has its destination; exprs loads the mark into
+// register 1 for every set it writes.
+func ctMarkSetReg(c *expr.Ct) (reg uint32, set bool) {
+	switch {
+	case c.SourceRegister:
+		return c.Register, true
+	case c.Register == 0:
+		return 1, true
+	}
+	return 0, false
+}
+
+// ctMark is a register holding the flow's mark (ct load mark).
+type ctMark struct{}
 
 // errForeign marks a kernel rule that is not in one of kuport's forms.
 var errForeign = fmt.Errorf("not in a kuport rule form")
@@ -120,7 +143,7 @@ func decodeRule(chain string, kr *nftables.Rule, mapElems func(name string) ([]p
 		return nil, fmt.Errorf("%w: %s", errForeign, fmt.Sprintf(what, args...))
 	}
 	// regs holds what each register was loaded with: an expr.MetaKey, an expr.Payload
-	// (without register), immediate bytes, or a port map's elements.
+	// (without register), immediate bytes, a port map's elements, or ctMark.
 	regs := map[uint32]any{}
 	counted := false
 	for _, x := range kr.Exprs {
@@ -133,11 +156,34 @@ func decodeRule(chain string, kr *nftables.Rule, mapElems func(name string) ([]p
 				regs[e.Register] = e.Key
 				continue
 			}
-			data, ok := regs[e.Register].([]byte)
-			if e.Key != expr.MetaKeyMARK || !ok || len(data) != 4 || !counted {
+			if e.Key != expr.MetaKeyMARK || !counted {
 				return foreign("meta set")
 			}
-			r.action, r.mark = actionMark, binaryutil.NativeEndian.Uint32(data)
+			switch v := regs[e.Register].(type) {
+			case ctMark:
+				r.action = actionRestoreMark
+			case []byte:
+				if len(v) != 4 {
+					return foreign("meta set")
+				}
+				r.action, r.mark = actionMark, binaryutil.NativeEndian.Uint32(v)
+			default:
+				return foreign("meta set")
+			}
+		case *expr.Ct:
+			if e.Key != expr.CtKeyMARK {
+				return foreign("ct %v", e.Key)
+			}
+			reg, set := ctMarkSetReg(e)
+			if !set {
+				regs[e.Register] = ctMark{}
+				continue
+			}
+			data, ok := regs[reg].([]byte)
+			if !ok || len(data) != 4 || !counted {
+				return foreign("ct set")
+			}
+			r.action, r.mark = actionCtMark, binaryutil.NativeEndian.Uint32(data)
 		case *expr.Payload:
 			if e.OperationType != expr.PayloadLoad {
 				return foreign("payload write")

@@ -114,11 +114,25 @@ func (tn *testNS) snapshot(t *testing.T) string {
 		tn.exec(t, "ip", "rule", "show") + tn.exec(t, "ip", "route", "show", "table", "all")
 }
 
-// pokeMarkRule sends a TCP SYN from each mark rule's address and port over loopback, so
-// its counter (kup-mangle sees loopback packets at prerouting) is not zero.
+// pokedMarkRules are the mark rules that match a reply by its source: a packet sent from
+// their address and port over loopback reaches them (kup-mangle sees loopback packets at
+// prerouting). A CT_SAVE rule matches a request arriving on a link, which a lone
+// namespace cannot receive.
+func pokedMarkRules(p *kuportv1.NodeProgram) []*kuportv1.MarkRule {
+	var out []*kuportv1.MarkRule
+	for _, m := range p.GetMarkRules() {
+		if m.GetKind() != kuportv1.MarkKind_MARK_KIND_CT_SAVE {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// pokeMarkRule sends a TCP SYN from each poked mark rule's address and port over
+// loopback, so its counter is not zero.
 func (tn *testNS) pokeMarkRule(t *testing.T, p *kuportv1.NodeProgram) {
 	t.Helper()
-	for _, m := range p.GetMarkRules() {
+	for _, m := range pokedMarkRules(p) {
 		tn.exec(t, "ip", "addr", "add", m.GetAddress()+"/32", "dev", "lo")
 		done := make(chan error, 1)
 		go func() {
@@ -171,7 +185,7 @@ func TestPrivilegedGolden(t *testing.T) {
 			again, err := tn.dp.Counters()
 			require.NoError(t, err)
 			assert.Equal(t, counters, again)
-			for _, m := range p.GetMarkRules() {
+			for _, m := range pokedMarkRules(p) {
 				c := counterOf(counters, m.GetId())
 				require.NotNil(t, c, "counter of %s", m.GetId())
 				assert.NotZero(t, c.GetPackets(), "mark rule %s saw the probe", m.GetId())
@@ -226,16 +240,26 @@ func TestPrivilegedLifecycle(t *testing.T) {
 	privileged(t)
 	base := goldenPrograms(t)["remote-worker-b"]
 	tn := newTestNS(t, "100.64.93.150")
-	// Foreign state that must survive everything below.
-	tn.exec(t, "nft", "add", "table", "inet", "filter")
-	tn.exec(t, "nft", "add", "chain", "inet", "filter", "input", "{ type filter hook input priority 0; policy accept; }")
-	tn.exec(t, "ip", "rule", "add", "pref", "500", "fwmark", "0x1", "lookup", "300")
-	tn.exec(t, "ip", "route", "add", "default", "via", "100.64.93.1", "dev", "wt0", "table", "300")
-	tn.exec(t, "ip", "link", "add", "kup-stale", "type", "vxlan", "id", "99", "dstport", "4791", "local", "100.64.93.150", "remote", "100.64.93.9")
-	foreign := func() string {
-		return tn.exec(t, "nft", "list", "table", "inet", "filter") + tn.exec(t, "ip", "rule", "show", "pref", "500") +
-			tn.exec(t, "ip", "route", "show", "table", "300")
+	// Foreign state that must survive everything below byte for byte: a filter table with
+	// a rule, another NAT table on kup-pre's hook, ip rules on both sides of kuport's band
+	// and one far off, routes in main and in a table above 201 that no kuport rule names.
+	for _, args := range [][]string{
+		{"nft", "add", "table", "inet", "filter"},
+		{"nft", "add", "chain", "inet", "filter", "input", "{ type filter hook input priority 0; }"},
+		{"nft", "add", "rule", "inet", "filter", "input", "tcp", "dport", "22", "counter", "accept"},
+		{"nft", "add", "table", "ip", "othernat"},
+		{"nft", "add", "chain", "ip", "othernat", "prerouting", "{ type nat hook prerouting priority dstnat; }"},
+		{"nft", "add", "rule", "ip", "othernat", "prerouting", "iifname", "wt0", "tcp", "dport", "3000", "counter", "dnat", "to", "10.9.0.1:80"},
+		{"ip", "rule", "add", "pref", "100", "fwmark", "0x2", "lookup", "300"},
+		{"ip", "rule", "add", "pref", "110", "from", "10.9.0.0/16", "lookup", "300"},
+		{"ip", "rule", "add", "pref", "500", "fwmark", "0x1", "lookup", "300"},
+		{"ip", "route", "add", "10.9.0.0/16", "via", "100.64.93.1", "dev", "wt0"},
+		{"ip", "route", "add", "default", "via", "100.64.93.1", "dev", "wt0", "table", "300"},
+		{"ip", "link", "add", "kup-stale", "type", "vxlan", "id", "99", "dstport", "4791", "local", "100.64.93.150", "remote", "100.64.93.9"},
+	} {
+		tn.exec(t, args...)
 	}
+	foreign := func() string { return tn.foreignState(t) }
 	foreignBefore := foreign()
 	// A table ip kuport left in a wrong shape (a chain at another priority, a stray chain)
 	// is rebuilt.
@@ -246,6 +270,7 @@ func TestPrivilegedLifecycle(t *testing.T) {
 	require.NoError(t, tn.dp.Apply(base))
 	assert.Equal(t, Render(base), tn.nftList(t))
 	tn.checkKernel(t, base)
+	assert.Equal(t, foreignBefore, foreign())
 	assert.NotContains(t, tn.exec(t, "ip", "-o", "link", "show"), "kup-stale", "a kup-* device the program does not name is removed")
 	link, err := tn.nl.LinkByName("kup-dcc4266d")
 	require.NoError(t, err)
@@ -258,12 +283,14 @@ func TestPrivilegedLifecycle(t *testing.T) {
 		}
 	}
 
-	// Damage: route gone, rp_filter strict, device down. Apply repairs exactly that.
+	// Damage: loop guard rule deleted, route gone, rp_filter strict, device down. Apply
+	// (what the agent's resync runs) repairs exactly that.
+	tn.exec(t, "ip", "rule", "del", "pref", "101", "fwmark", "0x6b700001", "to", "100.64.93.143", "lookup", "main")
 	tn.exec(t, "ip", "route", "flush", "table", "201")
 	tn.exec(t, "sysctl", "-qw", "net.ipv4.conf.kup-dcc4266d.rp_filter=1")
 	tn.exec(t, "ip", "link", "set", "kup-dcc4266d", "down")
 	require.NoError(t, tn.dp.Apply(base))
-	assert.Equal(t, 3, tn.dp.lastChanges, "route, rp_filter and up state restored")
+	assert.Equal(t, 4, tn.dp.lastChanges, "ip rule, route, rp_filter and up state restored")
 	tn.checkKernel(t, base)
 
 	// A changed program: a rule inserted before an existing one, a changed mark, the
@@ -281,6 +308,7 @@ func TestPrivilegedLifecycle(t *testing.T) {
 	require.NoError(t, tn.dp.Apply(changed))
 	assert.Equal(t, Render(changed), tn.nftList(t))
 	tn.checkKernel(t, changed)
+	assert.Equal(t, foreignBefore, foreign())
 	kt, err = tn.dp.readTable()
 	require.NoError(t, err)
 	for _, c := range kt.chains {
@@ -384,4 +412,54 @@ func TestPrivilegedEntryErrors(t *testing.T) {
 	assert.Contains(t, ids["bad/return"], "not a kuport table")
 	assert.Equal(t, Render(goldenPrograms(t)["remote-worker-b"]), tn.nftList(t), "the valid rules are all in")
 	tn.checkKernel(t, goldenPrograms(t)["remote-worker-b"])
+}
+
+// TestPrivilegedLinkChanges changes one attribute of a link at a time and checks whether
+// the device was kept (same ifindex) or replaced, and that the kernel then holds the
+// changed program. The split is README.md's (Reconciling, links).
+func TestPrivilegedLinkChanges(t *testing.T) {
+	privileged(t)
+	cases := []struct {
+		name   string
+		change func(p *kuportv1.NodeProgram)
+		kept   bool
+	}{
+		{"mtu", func(p *kuportv1.NodeProgram) { p.Links[0].Mtu = 1300 }, true},
+		{"link addresses", func(p *kuportv1.NodeProgram) {
+			p.Links[0].LocalAddress, p.Links[0].PeerAddress = "169.254.77.3", "169.254.77.2"
+			p.DnatRules[0].MatchDestination = "169.254.77.3"
+			p.ReturnPaths[0].PeerLinkAddress = "169.254.77.2"
+		}, true},
+		{"vni", func(p *kuportv1.NodeProgram) { p.Links[0].Vni = 4243 }, false},
+		{"port", func(p *kuportv1.NodeProgram) { p.Links[0].Port = 4791 }, false},
+		{"remote underlay", func(p *kuportv1.NodeProgram) {
+			p.Links[0].RemoteUnderlay = "100.64.93.160"
+			p.ReturnPaths[0].PeerUnderlay = "100.64.93.160"
+		}, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			base := goldenPrograms(t)["remote-worker-b"]
+			tn := newTestNS(t, "100.64.93.150")
+			require.NoError(t, tn.dp.Apply(base))
+			name := base.Links[0].GetName()
+			before, err := tn.nl.LinkByName(name)
+			require.NoError(t, err)
+
+			changed := proto.Clone(base).(*kuportv1.NodeProgram)
+			c.change(changed)
+			require.NoError(t, tn.dp.Apply(changed))
+			after, err := tn.nl.LinkByName(name)
+			require.NoError(t, err)
+			if c.kept {
+				assert.Equal(t, before.Attrs().Index, after.Attrs().Index, "changed in place")
+			} else {
+				assert.NotEqual(t, before.Attrs().Index, after.Attrs().Index, "replaced")
+			}
+			assert.Equal(t, Render(changed), tn.nftList(t))
+			tn.checkKernel(t, changed)
+			require.NoError(t, tn.dp.Apply(changed))
+			assert.Zero(t, tn.dp.lastChanges, "the changed program is all in the kernel")
+		})
+	}
 }

@@ -76,7 +76,12 @@ type actionKind int
 const (
 	actionDNAT actionKind = iota + 1
 	actionSNATSaddr
+	// actionMark sets the packet's mark: meta mark set <mark> (Single's return marking).
 	actionMark
+	// actionCtMark records the mark on the flow: ct mark set <mark> (Multi, per link).
+	actionCtMark
+	// actionRestoreMark gives the packet its flow's mark: meta mark set ct mark (Multi).
+	actionRestoreMark
 )
 
 // rule is one kuport nftables rule in a form both the program and the kernel map onto:
@@ -100,7 +105,8 @@ type rule struct {
 	toPorts portRange
 	// portMap, when set, replaces toPorts: dnat to toAddr : <proto> dport map { ... }.
 	portMap []portPair
-	mark    uint32
+	// mark is the value actionMark and actionCtMark set.
+	mark uint32
 
 	// packets and bytes are the kernel counter's values (decoded rules only).
 	packets uint64
@@ -166,6 +172,10 @@ func (r *rule) String() string {
 		word("snat to ip saddr")
 	case actionMark:
 		word("meta mark set 0x%08x", r.mark)
+	case actionCtMark:
+		word("ct mark set 0x%08x", r.mark)
+	case actionRestoreMark:
+		word("meta mark set ct mark")
 	}
 	if r.id != "" {
 		word("comment %q", r.id)
@@ -341,26 +351,49 @@ func snatRule(e *kuportv1.SnatRule) (*rule, error) {
 	return r, nil
 }
 
-// markRule is the Single return marking (DESIGN.md, "Return marking forms that worked").
+// markRule is a return-marking form of program.proto's MarkKind (DESIGN.md, "Return
+// marking forms that worked"). Single marks the reply by its source. Multi cannot: the
+// reply says nothing about which forwarder its request came through, so the request's
+// arrival link is saved on the flow and the reply takes it back from there (founding
+// document, Multi). The save writes only the ct mark, so the request itself is not
+// diverted on its way in.
 func markRule(e *kuportv1.MarkRule) (*rule, error) {
 	if err := checkID(e.GetId()); err != nil {
 		return nil, err
 	}
-	if e.GetKind() != kuportv1.MarkKind_MARK_KIND_STATIC {
-		return nil, fmt.Errorf("unknown mark kind %v", e.GetKind())
-	}
-	r := &rule{chain: "kup-mangle", action: actionMark, mark: e.GetMark()}
-	var err error
-	if r.saddr, err = ipv4("address", e.GetAddress()); err != nil {
+	r := &rule{chain: "kup-mangle", mark: e.GetMark()}
+	addr, err := ipv4("address", e.GetAddress())
+	if err != nil {
 		return nil, err
 	}
 	if r.proto, err = protocol(e.GetProtocol()); err != nil {
 		return nil, err
 	}
-	if r.sport, err = ports(e.GetPorts()); err != nil {
+	pr, err := ports(e.GetPorts())
+	if err != nil {
 		return nil, err
 	}
-	if r.mark == 0 {
+	kind := e.GetKind()
+	if kind != kuportv1.MarkKind_MARK_KIND_CT_SAVE && e.GetInInterface() != "" {
+		return nil, fmt.Errorf("in_interface is for %v only", kuportv1.MarkKind_MARK_KIND_CT_SAVE)
+	}
+	switch kind {
+	case kuportv1.MarkKind_MARK_KIND_STATIC:
+		r.action, r.saddr, r.sport = actionMark, addr, pr
+	case kuportv1.MarkKind_MARK_KIND_CT_SAVE:
+		if r.iface, err = exactIface(false, e.GetInInterface()); err != nil {
+			return nil, err
+		}
+		r.action, r.daddr, r.dport = actionCtMark, addr, pr
+	case kuportv1.MarkKind_MARK_KIND_CT_RESTORE:
+		r.action, r.saddr, r.sport = actionRestoreMark, addr, pr
+	default:
+		return nil, fmt.Errorf("unknown mark kind %v", kind)
+	}
+	switch restore := r.action == actionRestoreMark; {
+	case restore && r.mark != 0:
+		return nil, fmt.Errorf("mark %#x is set: a restore takes the flow's mark", r.mark)
+	case !restore && r.mark == 0:
 		return nil, fmt.Errorf("mark is 0")
 	}
 	return r, nil

@@ -438,6 +438,28 @@ func (r *Registry) Stats(nodeName string) ([]*kuportv1.Counter, []*kuportv1.Link
 	return nil, nil
 }
 
+// MappingCounters returns, by node, the counters of mapping's rules in the node's latest
+// Report: those whose id is an entry of the mapping in the node's current program, in
+// report order. Nodes with none are left out. They stay per rule, not summed: one packet
+// passes several rules of a mapping (the request's DNAT and SNAT, the reply's mark).
+func (r *Registry) MappingCounters(mapping string) map[string][]*kuportv1.Counter {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string][]*kuportv1.Counter{}
+	for name, n := range r.nodes {
+		mv := n.mappings[mapping]
+		if mv == nil {
+			continue
+		}
+		for _, c := range n.counters {
+			if mv.ids[c.Id] {
+				out[name] = append(out[name], c)
+			}
+		}
+	}
+	return out
+}
+
 func wake(s *session) {
 	select {
 	case s.wake <- struct{}{}:

@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
@@ -227,4 +228,41 @@ func TestReportStateAndCounters(t *testing.T) {
 	r.report(s, &kuportv1.Report{State: &kuportv1.NodeState{UnderlayInterface: "wt0", IpForward: true}})
 	assert.Equal(t, []Change{StateChanged, StateChanged}, changes)
 	assert.True(t, r.Agents()["edge-a"].State.IpForward)
+}
+
+func TestMappingCounters(t *testing.T) {
+	r := newTestRegistry(nil)
+	worker := &kuportv1.NodeProgram{DnatRules: []*kuportv1.DnatRule{{
+		Id: "games/remote/dnat/kup-5e30a797", Mapping: "games/remote", InInterface: "kup-5e30a797",
+		Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: &kuportv1.PortRange{First: 3000, Last: 3000},
+		ToAddress: "10.244.18.107", ToPort: 3000,
+	}}}
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", true), "worker-b": worker})
+	edge := r.connect(&kuportv1.Hello{Node: "edge-a"})
+	r.report(edge, &kuportv1.Report{Counters: []*kuportv1.Counter{
+		{Id: "games/remote/dnat/enp1s0", Packets: 7, Bytes: 700},
+		{Id: "games/local/dnat/enp1s0", Packets: 2, Bytes: 120},
+		{Id: "games/remote/snat", Packets: 7, Bytes: 700},
+		{Id: "gone/old/dnat/enp1s0", Packets: 1, Bytes: 60}, // an entry the current program lacks
+	}})
+	wb := r.connect(&kuportv1.Hello{Node: "worker-b"})
+	r.report(wb, &kuportv1.Report{Counters: []*kuportv1.Counter{{Id: "games/remote/dnat/kup-5e30a797", Packets: 6, Bytes: 600}}})
+
+	got := r.MappingCounters("games/remote")
+	requireCounters := func(node string, want ...*kuportv1.Counter) {
+		t.Helper()
+		require.Len(t, got[node], len(want), node)
+		for i := range want {
+			assert.True(t, proto.Equal(want[i], got[node][i]), "%s: %v", node, got[node][i])
+		}
+	}
+	assert.Len(t, got, 2)
+	requireCounters("edge-a", &kuportv1.Counter{Id: "games/remote/dnat/enp1s0", Packets: 7, Bytes: 700},
+		&kuportv1.Counter{Id: "games/remote/snat", Packets: 7, Bytes: 700})
+	requireCounters("worker-b", &kuportv1.Counter{Id: "games/remote/dnat/kup-5e30a797", Packets: 6, Bytes: 600})
+
+	got = r.MappingCounters("games/local")
+	assert.Len(t, got, 1)
+	requireCounters("edge-a", &kuportv1.Counter{Id: "games/local/dnat/enp1s0", Packets: 2, Bytes: 120})
+	assert.Empty(t, r.MappingCounters("gone/old"), "only entries of the current program count")
 }

@@ -34,10 +34,12 @@ type classInfo struct {
 	// ifaces are the class's interfaces per accepting node, sorted and deduplicated.
 	ifaces           map[string][]string
 	portMin, portMax int32
-	mode             v1alpha1.ReturnPathMode
-	vni, port        uint32
-	subnetText       string
-	subnet           netip.Prefix // valid only when the class builds links
+	// multi is servingMode Multi: every accepting node programs each mapping.
+	multi      bool
+	mode       v1alpha1.ReturnPathMode
+	vni, port  uint32
+	subnetText string
+	subnet     netip.Prefix // valid only when the class builds links
 	// refusal is the Ready=False reason decided before allocation ("" when none): the class
 	// then builds no links.
 	refusal, refusalMsg string
@@ -55,6 +57,7 @@ func newClassInfo(name string, obj *v1alpha1.PortMapClass, nodes map[string]*nod
 		ifaces:     map[string][]string{},
 		portMin:    max(cmp.Or(spec.Ports.Min, defaultPortMin), 1),
 		portMax:    min(cmp.Or(spec.Ports.Max, defaultPortMax), 65535),
+		multi:      spec.ServingMode == v1alpha1.ServingModeMulti,
 		mode:       cmp.Or(spec.ReturnPath.Mode, v1alpha1.ReturnPathVxlan),
 		vni:        uint32(max(cmp.Or(spec.ReturnPath.Vxlan.VNI, defaultVNI), 0)),
 		port:       uint32(max(cmp.Or(spec.ReturnPath.Vxlan.Port, defaultVxlanPort), 0)),
@@ -84,10 +87,15 @@ func (ci *classInfo) buildsLinks() bool {
 	return ci.mode == v1alpha1.ReturnPathVxlan && ci.refusal == ""
 }
 
-// programmingNodes are the nodes that hold the mapping's DNAT rules (founding document,
-// decision flowchart): the serving node under Single. Multi, which programs every accepting
-// node, is compiled as Single for now.
-func (ci *classInfo) programmingNodes(serving string) []string { return []string{serving} }
+// programmingNodes are the nodes that may hold a mapping's DNAT rules (founding document,
+// servingMode table and decision flowchart): the serving node under Single, every accepting
+// node (sorted) under Multi. A mapping's interfaces then narrow them per node.
+func (ci *classInfo) programmingNodes(serving string) []string {
+	if ci.multi {
+		return ci.accepting
+	}
+	return []string{serving}
+}
 
 // validateClasses decides, oldest class first, which Vxlan classes are refused before any
 // allocation: the CNI's vxlan port, an invalid subnet, or a subnet or base VNI (on the same
@@ -147,10 +155,6 @@ func sharedAcceptingNode(a, b *classInfo) string {
 // node and its surviving link claims.
 func (c *compiler) classStatus(ci *classInfo) *v1alpha1.PortMapClassStatus {
 	reason, msg := v1alpha1.ReasonValid, "the class is valid"
-	if ci.obj.Spec.ServingMode == v1alpha1.ServingModeMulti {
-		// Multi lands in its own issue; until then say plainly what the class gets.
-		msg = "the class is valid; servingMode Multi is served as Single for now: only the serving node programs each mapping"
-	}
 	switch {
 	case ci.refusal != "":
 		reason, msg = ci.refusal, ci.refusalMsg

@@ -29,7 +29,7 @@ const (
 // Decisions follow API.md and DESIGN.md "Decisions the controller owns": acceptance in the
 // API's reason order, the endpoint choice, the serving node, per-node interfaces, the return
 // path of the founding document's decision flowchart and refusal table, link slots, per-node
-// tables and marks, and link MTU. servingMode Multi is compiled as Single for now.
+// tables and marks, and link MTU, under servingMode Single and Multi alike.
 func Compile(s *Snapshot) *Result {
 	if s == nil {
 		s = &Snapshot{}

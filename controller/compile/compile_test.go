@@ -345,12 +345,10 @@ func TestCompile(t *testing.T) {
 			name: "with no pod on an accepting node the smallest pod name wins",
 			snap: func() *Snapshot {
 				s := world(mkPortMap("web", 0, 3000))
-				addNodes(s, "worker-c")
-				s.Agents["worker-c"] = mkAgent(iface("wt0", "100.64.93.151", 1420))
-				addService(s, "web", 3000, mkEndpoint("pod-2", "10.244.18.2", "worker-b"), mkEndpoint("pod-1", "10.244.20.1", "worker-c"))
+				addService(s, "web", 3000, mkEndpoint("pod-2", "10.244.18.2", "worker-b"), mkEndpoint("pod-1", "10.244.19.1", "worker-c"))
 				return s
 			},
-			want: map[string]outcome{"demo/web": served("worker-c 10.244.20.1", "edge-a", "worker-c")},
+			want: map[string]outcome{"demo/web": served("worker-c 10.244.19.1", "edge-a", "worker-c")},
 		},
 		{
 			name: "the current endpoint is kept while it stays a candidate",
@@ -598,14 +596,12 @@ func TestCompile(t *testing.T) {
 			snap: func() *Snapshot {
 				s := world(mkPortMap("remote", 0, 3000), mkPortMap("web", 1, 3001))
 				s.Classes["public"].Spec.ReturnPath.Vxlan.Subnet = "169.254.77.0/31"
-				addNodes(s, "worker-c")
-				s.Agents["worker-c"] = mkAgent(iface("wt0", "100.64.93.151", 1420))
-				addService(s, "web", 3000, mkEndpoint("web-0", "10.244.20.1", "worker-c"))
+				addService(s, "web", 3000, mkEndpoint("web-0", "10.244.19.1", "worker-c"))
 				return s
 			},
 			want: map[string]outcome{
 				"demo/remote": served(epRemote, "edge-a", "worker-b"),
-				"demo/web": unprogrammed(v1alpha1.ReasonReturnPathUnavailable, "worker-c 10.244.20.1").msg(
+				"demo/web": unprogrammed(v1alpha1.ReasonReturnPathUnavailable, "worker-c 10.244.19.1").msg(
 					`class "public" has no free link slot in subnet 169.254.77.0/31 for nodes edge-a and worker-c`),
 			},
 			programs: map[string]*kuportv1.NodeProgram{"worker-c": empty("worker-c"), "worker-b": remoteWorkerB()},
@@ -726,7 +722,7 @@ func TestCompile(t *testing.T) {
 			name: "a new slot skips a VNI another class's link uses on a node of the pair",
 			snap: func() *Snapshot {
 				s := world(mkPortMap("i-remote", 0, 4000, className("intranet"), service("remote")))
-				addNodes(s, "worker-c", "worker-d")
+				addNodes(s, "worker-d")
 				s.Classes["public"].Status.Links = []v1alpha1.LinkStatus{claimOf("edge-a", "worker-c", 0, "169.254.77.0/31", nil)}
 				s.Classes["intranet"] = intranet(1, map[string][]string{"edge-a": {"wt0"}})
 				s.Classes["intranet"].Spec.ReturnPath.Vxlan.VNI = 4241
@@ -1013,17 +1009,6 @@ func TestNilAndEmptyInputs(t *testing.T) {
 	s.Services = map[types.NamespacedName]*corev1.Service{}
 	if got := Compile(s).PortMaps[types.NamespacedName{Namespace: "demo", Name: "remote"}]; got.Status.Conditions[1].Reason != v1alpha1.ReasonNoReadyEndpoint {
 		t.Errorf("remote without service: %+v", got.Status.Conditions)
-	}
-}
-
-// Multi is a later issue: a Multi class says in its Ready message that it is served as Single.
-func TestMultiClassSaysItIsServedAsSingle(t *testing.T) {
-	s := world(mkPortMap("remote", 0, 3000))
-	s.Classes["public"].Spec.ServingMode = v1alpha1.ServingModeMulti
-	r := Compile(s)
-	ready := meta.FindStatusCondition(r.Classes["public"].Conditions, v1alpha1.ClassConditionReady)
-	if ready == nil || ready.Status != metav1.ConditionTrue || !strings.Contains(ready.Message, "served as Single") {
-		t.Errorf("Ready condition %+v: want True with a message saying Multi is served as Single", ready)
 	}
 }
 

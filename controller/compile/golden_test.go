@@ -23,16 +23,31 @@ var update = flag.Bool("update", false, "rewrite testdata/*.program.json from th
 // lab; when a file of the same name exists there, the compiled program must equal it.
 const datapathGolden = "../../datapath/testdata"
 
-// TestGoldenPrograms compiles the founding document's two shapes and compares each node's
+// TestGoldenPrograms compiles the founding document's shapes and compares each node's
 // program with testdata/<case>-<node>.program.json (protojson; -update rewrites them). The
 // remote mapping is narrowed to enp1s0, the founding document's sequence diagram, as the
-// datapath team's golden remote program is.
+// datapath team's golden remote program is. "multi" is the Multi shape of multiWorld: class
+// intranet accepting on edge-a and worker-c, the pod on worker-b reached over a link from each.
+// "twoclasses" is class public (demo/remote on enp1s0) beside a second Vxlan class with its
+// own vni 4300 and subnet 169.254.79.0/24 accepting edge-a's wt0 (demo/i-remote, TCP 4000),
+// both reaching pods on worker-b: two links over one node pair.
 func TestGoldenPrograms(t *testing.T) {
+	twoClasses := world(mkPortMap("remote", 0, 3000, interfaces("enp1s0")),
+		mkPortMap("i-remote", 1, 4000, className("intranet"), service("i-remote")))
+	twoClasses.Classes["intranet"] = intranet(1, map[string][]string{"edge-a": {"wt0"}})
+	addService(twoClasses, "i-remote", 4000, mkEndpoint("i-remote-0", "10.244.18.108", "worker-b"))
 	cases := map[string]*Snapshot{
-		"local":  world(mkPortMap("local", 0, 3000)),
-		"remote": world(mkPortMap("remote", 0, 3000, interfaces("enp1s0"))),
+		"local":      world(mkPortMap("local", 0, 3000)),
+		"remote":     world(mkPortMap("remote", 0, 3000, interfaces("enp1s0"))),
+		"multi":      multiWorld(),
+		"twoclasses": twoClasses,
 	}
-	nodes := map[string][]string{"local": {"edge-a"}, "remote": {"edge-a", "worker-b"}}
+	nodes := map[string][]string{
+		"local":      {"edge-a"},
+		"remote":     {"edge-a", "worker-b"},
+		"multi":      {"edge-a", "worker-b", "worker-c"},
+		"twoclasses": {"edge-a", "worker-b"},
+	}
 	for name, s := range cases {
 		r := Compile(s)
 		for _, node := range nodes[name] {

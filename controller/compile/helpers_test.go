@@ -14,20 +14,25 @@ import (
 )
 
 // The lab of DESIGN.md and the founding document: class public accepts on edge-a (enp1s0
-// 203.0.113.9, wt0 100.64.93.143), worker-b holds wt0 100.64.93.150, both underlays MTU 1420;
-// pod local-0 10.244.17.7 on edge-a, pod remote-0 10.244.18.107 on worker-b, TCP 3000.
+// 203.0.113.9, wt0 100.64.93.143); worker-b holds eth0 192.0.2.2 and wt0 100.64.93.150,
+// worker-c (the lab's second accepting node for Multi, pod CIDR 10.244.19.0/24) eth0
+// 198.18.0.3 and wt0 100.64.93.160; every underlay is wt0 at MTU 1420, every eth0 and enp1s0
+// at 1500. Pod local-0 10.244.17.7 on edge-a, pod remote-0 10.244.18.107 on worker-b, TCP 3000.
 var now = time.Date(2026, 9, 8, 12, 0, 0, 0, time.UTC)
 
 const (
-	tcp    = kuportv1.Protocol_PROTOCOL_TCP
-	udp    = kuportv1.Protocol_PROTOCOL_UDP
-	static = kuportv1.MarkKind_MARK_KIND_STATIC
+	tcp       = kuportv1.Protocol_PROTOCOL_TCP
+	udp       = kuportv1.Protocol_PROTOCOL_UDP
+	static    = kuportv1.MarkKind_MARK_KIND_STATIC
+	ctSave    = kuportv1.MarkKind_MARK_KIND_CT_SAVE
+	ctRestore = kuportv1.MarkKind_MARK_KIND_CT_RESTORE
 	// Device names, computed independently: printf public/worker-b | sha256sum.
 	linkToWorkerB = "kup-5e30a797" // sha256("public/worker-b")
 	linkToEdgeA   = "kup-dcc4266d" // sha256("public/edge-a")
 	linkToWorkerC = "kup-13ff4a6d" // sha256("public/worker-c")
 	intranetToWB  = "kup-1a1f198d" // sha256("intranet/worker-b")
 	intranetToEA  = "kup-cfd0305c" // sha256("intranet/edge-a")
+	intranetToWC  = "kup-d86d73d7" // sha256("intranet/worker-c")
 )
 
 // world is the lab with the given mappings; services demo/local and demo/remote exist.
@@ -45,10 +50,11 @@ func world(pms ...*v1alpha1.PortMap) *Snapshot {
 		Nodes:          map[string]*corev1.Node{},
 		Agents: map[string]*AgentState{
 			"edge-a":   mkAgent(iface("enp1s0", "203.0.113.9", 1500), iface("wt0", "100.64.93.143", 1420)),
-			"worker-b": mkAgent(iface("wt0", "100.64.93.150", 1420)),
+			"worker-b": mkAgent(iface("wt0", "100.64.93.150", 1420), iface("eth0", "192.0.2.2", 1500)),
+			"worker-c": mkAgent(iface("wt0", "100.64.93.160", 1420), iface("eth0", "198.18.0.3", 1500)),
 		},
 	}
-	addNodes(s, "edge-a", "worker-b")
+	addNodes(s, "edge-a", "worker-b", "worker-c")
 	addService(s, "local", 3000, mkEndpoint("local-0", "10.244.17.7", "edge-a"))
 	addService(s, "remote", 3000, mkEndpoint("remote-0", "10.244.18.107", "worker-b"))
 	return s
@@ -245,4 +251,105 @@ func claimOf(a, b string, slot int32, subnet string, unusedSince *time.Time, end
 		ls.UnusedSince = &metav1.Time{Time: *unusedSince}
 	}
 	return ls
+}
+
+// The expected programs of the founding document's Multi shape: class intranet (servingMode
+// Multi, vni 4300, subnet 169.254.79.0/24) accepts on edge-a [enp1s0] and worker-c [eth0],
+// and demo/remote reaches remote-0 on worker-b over one link from each. Slots follow the
+// accepting nodes' order: edge-a/worker-b takes 0, worker-b/worker-c takes 1.
+
+// multiWorld is the world with that class and demo/remote (TCP 3000) in it.
+func multiWorld() *Snapshot {
+	s := world(mkPortMap("remote", 0, 3000, className("intranet")))
+	s.Classes["intranet"] = multiClass(map[string][]string{"edge-a": {"enp1s0"}, "worker-c": {"eth0"}})
+	return s
+}
+
+// multiClass is class intranet with servingMode Multi on the given nodes.
+func multiClass(nodes map[string][]string) *v1alpha1.PortMapClass {
+	cl := intranet(1, nodes)
+	cl.Spec.ServingMode = v1alpha1.ServingModeMulti
+	return cl
+}
+
+func multiEdgeA() *kuportv1.NodeProgram {
+	return &kuportv1.NodeProgram{
+		Node: "edge-a",
+		DnatRules: []*kuportv1.DnatRule{
+			{Id: "demo/remote/dnat/enp1s0", Mapping: "demo/remote", InInterface: "enp1s0", Protocol: tcp,
+				Ports: ports(3000, 3000), ToAddress: "169.254.79.1", ToPort: 3000},
+		},
+		SnatRules: []*kuportv1.SnatRule{
+			{Id: "demo/remote/snat", Mapping: "demo/remote", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
+				OutInterface: intranetToWB, Address: "169.254.79.1", Protocol: tcp, Ports: ports(3000, 3000)},
+		},
+		Links: []*kuportv1.Link{
+			{Name: intranetToWB, ClassName: "intranet", PeerNode: "worker-b", Vni: 4300, Port: 4790,
+				LocalUnderlay: "100.64.93.143", RemoteUnderlay: "100.64.93.150",
+				LocalAddress: "169.254.79.0", PeerAddress: "169.254.79.1", Mtu: 1370},
+		},
+	}
+}
+
+func multiWorkerC() *kuportv1.NodeProgram {
+	return &kuportv1.NodeProgram{
+		Node: "worker-c",
+		DnatRules: []*kuportv1.DnatRule{
+			{Id: "demo/remote/dnat/eth0", Mapping: "demo/remote", InInterface: "eth0", Protocol: tcp,
+				Ports: ports(3000, 3000), ToAddress: "169.254.79.2", ToPort: 3000},
+		},
+		SnatRules: []*kuportv1.SnatRule{
+			{Id: "demo/remote/snat", Mapping: "demo/remote", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
+				OutInterface: intranetToWB, Address: "169.254.79.2", Protocol: tcp, Ports: ports(3000, 3000)},
+		},
+		Links: []*kuportv1.Link{
+			{Name: intranetToWB, ClassName: "intranet", PeerNode: "worker-b", Vni: 4301, Port: 4790,
+				LocalUnderlay: "100.64.93.160", RemoteUnderlay: "100.64.93.150",
+				LocalAddress: "169.254.79.3", PeerAddress: "169.254.79.2", Mtu: 1370},
+		},
+	}
+}
+
+// multiWorkerB is the pod's node: a link-side DNAT and a ct-mark save per link, the request
+// and reply identity SNATs once, one ct-mark restore, and a return path per link.
+func multiWorkerB() *kuportv1.NodeProgram {
+	return &kuportv1.NodeProgram{
+		Node: "worker-b",
+		DnatRules: []*kuportv1.DnatRule{
+			{Id: "demo/remote/dnat/" + intranetToEA, Mapping: "demo/remote", InInterface: intranetToEA,
+				MatchDestination: "169.254.79.1", Protocol: tcp, Ports: ports(3000, 3000),
+				ToAddress: "10.244.18.107", ToPort: 3000},
+			{Id: "demo/remote/dnat/" + intranetToWC, Mapping: "demo/remote", InInterface: intranetToWC,
+				MatchDestination: "169.254.79.2", Protocol: tcp, Ports: ports(3000, 3000),
+				ToAddress: "10.244.18.107", ToPort: 3000},
+		},
+		SnatRules: []*kuportv1.SnatRule{
+			{Id: "demo/remote/snat", Mapping: "demo/remote", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
+				OutInterface: "cilium_host", Address: "10.244.18.107", Protocol: tcp, Ports: ports(3000, 3000)},
+			{Id: "demo/remote/snat-reply", Mapping: "demo/remote", Kind: kuportv1.SnatKind_SNAT_KIND_REPLY,
+				OutInterface: "cilium_", Address: "10.244.18.107", Protocol: tcp, Ports: ports(3000, 3000)},
+		},
+		MarkRules: []*kuportv1.MarkRule{
+			{Id: "demo/remote/ct-restore", Mapping: "demo/remote", Kind: ctRestore, Address: "10.244.18.107",
+				Protocol: tcp, Ports: ports(3000, 3000)},
+			{Id: "demo/remote/ct-save/" + intranetToEA, Mapping: "demo/remote", Kind: ctSave, InInterface: intranetToEA,
+				Address: "169.254.79.1", Protocol: tcp, Ports: ports(3000, 3000), Mark: 0x6b700001},
+			{Id: "demo/remote/ct-save/" + intranetToWC, Mapping: "demo/remote", Kind: ctSave, InInterface: intranetToWC,
+				Address: "169.254.79.2", Protocol: tcp, Ports: ports(3000, 3000), Mark: 0x6b700002},
+		},
+		Links: []*kuportv1.Link{
+			{Name: intranetToEA, ClassName: "intranet", PeerNode: "edge-a", Vni: 4300, Port: 4790,
+				LocalUnderlay: "100.64.93.150", RemoteUnderlay: "100.64.93.143",
+				LocalAddress: "169.254.79.1", PeerAddress: "169.254.79.0", Mtu: 1370},
+			{Name: intranetToWC, ClassName: "intranet", PeerNode: "worker-c", Vni: 4301, Port: 4790,
+				LocalUnderlay: "100.64.93.150", RemoteUnderlay: "100.64.93.160",
+				LocalAddress: "169.254.79.2", PeerAddress: "169.254.79.3", Mtu: 1370},
+		},
+		ReturnPaths: []*kuportv1.ReturnPath{
+			{Id: intranetToEA + "/return", Link: intranetToEA, Mark: 0x6b700001, Table: 201,
+				PeerUnderlay: "100.64.93.143", PeerLinkAddress: "169.254.79.0"},
+			{Id: intranetToWC + "/return", Link: intranetToWC, Mark: 0x6b700002, Table: 202,
+				PeerUnderlay: "100.64.93.160", PeerLinkAddress: "169.254.79.3"},
+		},
+	}
 }

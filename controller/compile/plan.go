@@ -59,8 +59,8 @@ type plan struct {
 	published []v1alpha1.PublishedAddress
 }
 
-// target is one programming node with the interfaces it binds, and the link to the pod's
-// node when it lacks the pod (set by allocate).
+// target is one programming node with the interfaces it binds (at least one), and the link
+// to the pod's node when it lacks the pod (set by allocate).
 type target struct {
 	node   string
 	ifaces []string
@@ -104,7 +104,9 @@ type holding struct {
 }
 
 // plan decides acceptance and, for an accepted mapping, its endpoint, serving node and
-// targets, before any link slot is allocated.
+// targets (the programming nodes that bind an interface), before any link slot is
+// allocated. A target lacking the pod in a class that builds no links refuses the mapping
+// with ReturnPathUnavailable (founding document, refusal table).
 func (c *compiler) plan(pm *v1alpha1.PortMap) {
 	p := &plan{pm: pm, key: MappingKey(pm)}
 	c.plans = append(c.plans, p)
@@ -133,30 +135,39 @@ func (c *compiler) plan(pm *v1alpha1.PortMap) {
 	if ci.accepts(ep.node) {
 		serving = ep.node
 	}
-	for _, n := range ci.programmingNodes(serving) {
-		ifs := narrow(ci.ifaces[n], pm.Spec.Interfaces)
-		if len(ifs) == 0 {
-			p.fail(v1alpha1.ReasonNoInterfaceOnNode, fmt.Sprintf("node %s has none of the interfaces %s",
-				n, strings.Join(pm.Spec.Interfaces, ", ")))
-			return
+	// Under Multi an accepting node the narrowing leaves no interface carries nothing
+	// (API.md, interfaces resolve per node).
+	candidates := ci.programmingNodes(serving)
+	for _, n := range candidates {
+		if ifs := narrow(ci.ifaces[n], pm.Spec.Interfaces); len(ifs) > 0 {
+			p.targets = append(p.targets, &target{node: n, ifaces: ifs})
 		}
-		p.targets = append(p.targets, &target{node: n, ifaces: ifs})
 	}
+	if len(p.targets) == 0 {
+		p.fail(v1alpha1.ReasonNoInterfaceOnNode, fmt.Sprintf("node %s has none of the interfaces %s",
+			strings.Join(candidates, ", "), strings.Join(pm.Spec.Interfaces, ", ")))
+		return
+	}
+	// Founding document, refusal table: a programming node that lacks the pod needs a link.
+	var lacking []string
 	for _, t := range p.targets {
-		if t.node == ep.node {
-			continue
-		}
-		switch {
-		case ci.mode != v1alpha1.ReturnPathVxlan:
-			p.fail(v1alpha1.ReasonReturnPathUnavailable, fmt.Sprintf(
-				"the pod is on %s, not on %s which holds the mapping, and class %q has returnPath %s",
-				ep.node, t.node, ci.name, ci.mode))
-		case ci.refusal != "":
-			p.fail(v1alpha1.ReasonReturnPathUnavailable, fmt.Sprintf(
-				"the pod is on %s, not on %s which holds the mapping, and class %q builds no links: %s",
-				ep.node, t.node, ci.name, ci.refusal))
+		if t.node != ep.node {
+			lacking = append(lacking, t.node)
 		}
 	}
+	if len(lacking) == 0 || ci.buildsLinks() {
+		return
+	}
+	cause := fmt.Sprintf("has returnPath %s", ci.mode)
+	if ci.refusal != "" {
+		cause = "builds no links: " + ci.refusal
+	}
+	holds := "holds"
+	if len(lacking) > 1 {
+		holds = "hold"
+	}
+	p.fail(v1alpha1.ReasonReturnPathUnavailable, fmt.Sprintf("the pod is on %s, not on %s which %s the mapping, and class %q %s",
+		ep.node, strings.Join(lacking, ", "), holds, ci.name, cause))
 }
 
 // narrow is the class's interfaces for a node restricted to the mapping's, when it names any.

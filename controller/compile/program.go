@@ -47,88 +47,99 @@ func (b *programBuilder) program() *kuportv1.NodeProgram {
 	return b.p
 }
 
-// nodeNeeds is what a node must have for a mapping's entries: addresses on the interfaces it
-// binds and, when it holds a link, on its underlay.
-type nodeNeeds struct {
-	ifaces   []string
-	underlay bool
+// lacks reports what a node carrying a mapping's entries is missing: addresses on the
+// interfaces it binds, net.ipv4.ip_forward and, when it is a link end, an underlay address.
+// blocking is true when its entries cannot be built at all: no Node object, no reported state,
+// or a link end with no underlay address. Otherwise the entries are built and only the status
+// says what is missing (API.md, NodeNotReady).
+func (c *compiler) lacks(name string, ifaces []string, linkEnd bool) (miss []string, blocking bool) {
+	v := c.node(name)
+	switch {
+	case !v.exists:
+		return []string{"no Node object"}, true
+	case v.state == nil:
+		return []string{"no agent has connected"}, true
+	}
+	for _, i := range ifaces {
+		if v.address(i) == "" {
+			miss = append(miss, fmt.Sprintf("interface %s has no IPv4 address", i))
+		}
+	}
+	if addr, _ := v.underlay(); linkEnd && addr == "" {
+		miss, blocking = append(miss, fmt.Sprintf("underlay interface %q has no IPv4 address", v.underlayName())), true
+	}
+	if !v.state.GetIpForward() {
+		miss = append(miss, "net.ipv4.ip_forward is 0")
+	}
+	return miss, blocking
 }
 
-// checkNodes reports what the nodes carrying a plan lack (NodeNotReady). blocking is true
-// when an entry cannot be built at all: a node with no Node object, no reported state, or a
-// link end with no underlay address. Otherwise the entries are emitted and only the status
-// says what is missing.
-func (c *compiler) checkNodes(p *plan) (problems []string, blocking bool) {
-	needs := map[string]*nodeNeeds{}
-	get := func(n string) *nodeNeeds {
-		if needs[n] == nil {
-			needs[n] = &nodeNeeds{}
-		}
-		return needs[n]
-	}
+// checkNodes returns what the nodes a plan needs lack, one "node <name>: <what>" per node
+// sorted by name (NodeNotReady), and the targets whose entries can be built, in target
+// order. A forwarder that
+// cannot be built is left out and the other nodes still serve (under Multi); when the pod's
+// node cannot be built, nothing is.
+func (c *compiler) checkNodes(p *plan) (problems []string, built []*target) {
+	missing := map[string][]string{}
+	// forwarders: the targets lacking the pod, each a link end, and whether it is left out.
+	forwarders := map[string]bool{}
+	var podIfaces []string
 	for _, t := range p.targets {
-		get(t.node).ifaces = t.ifaces
-		if t.link != nil {
-			get(t.node).underlay = true
-			get(p.ep.node).underlay = true
+		if t.node == p.ep.node {
+			podIfaces = t.ifaces
+			continue
+		}
+		var blocking bool
+		missing[t.node], blocking = c.lacks(t.node, t.ifaces, true)
+		forwarders[t.node] = blocking
+	}
+	miss, blocking := c.lacks(p.ep.node, podIfaces, len(forwarders) > 0)
+	missing[p.ep.node] = miss
+	if !blocking {
+		for _, t := range p.targets {
+			if !forwarders[t.node] {
+				built = append(built, t)
+			}
 		}
 	}
-	for _, name := range slices.Sorted(maps.Keys(needs)) {
-		v, need := c.node(name), needs[name]
-		var miss []string
-		switch {
-		case !v.exists:
-			miss, blocking = append(miss, "no Node object"), true
-		case v.state == nil:
-			miss, blocking = append(miss, "no agent has connected"), true
-		default:
-			for _, i := range need.ifaces {
-				if v.address(i) == "" {
-					miss = append(miss, fmt.Sprintf("interface %s has no IPv4 address", i))
-				}
-			}
-			if addr, _ := v.underlay(); need.underlay && addr == "" {
-				miss, blocking = append(miss, fmt.Sprintf("underlay interface %q has no IPv4 address", v.underlayName())), true
-			}
-			if !v.state.GetIpForward() {
-				miss = append(miss, "net.ipv4.ip_forward is 0")
-			}
-		}
-		if len(miss) > 0 {
-			problems = append(problems, fmt.Sprintf("node %s: %s", name, strings.Join(miss, ", ")))
+	for _, name := range slices.Sorted(maps.Keys(missing)) {
+		if m := missing[name]; len(m) > 0 {
+			problems = append(problems, fmt.Sprintf("node %s: %s", name, strings.Join(m, ", ")))
 		}
 	}
-	return problems, blocking
+	return problems, built
 }
 
 // emit writes a viable plan's entries into the programs of its nodes (founding document, the
-// two nft blocks and the return path; DESIGN.md for the identity SNAT on the pod's node).
+// two nft blocks and the return path; DESIGN.md for the identity SNAT on the pod's node): on
+// each programming node a DNAT per interface, translating to the local pod or to the far end
+// of its link, with the request's identity SNAT; on the pod's node that SNAT once, and the
+// far ends of the links (emitPodEnd).
 func (c *compiler) emit(p *plan) {
-	if !p.ok() {
+	if !p.ok() || c.crossesTaken(p) {
 		return
 	}
-	if c.crossesTaken(p) {
-		return
-	}
-	problems, blocking := c.checkNodes(p)
+	problems, built := c.checkNodes(p)
 	if len(problems) > 0 {
 		p.fail(v1alpha1.ReasonNodeNotReady, strings.Join(problems, "; "))
 	}
-	if blocking {
+	if len(built) == 0 {
 		return
 	}
 	ep := p.ep
 	podPorts := p.ports.startingAt(ep.port)
-	carriers := map[string]bool{}
-	for _, t := range p.targets {
+	carriers := map[string]bool{ep.node: true}
+	var links []*target
+	for _, t := range built {
 		b := c.programs[t.node]
 		carriers[t.node] = true
 		// A local pod is translated to at once. Over a link the dialed port is kept, so the
 		// pod's node tells mappings that share a pod port apart by it, and translates there.
-		to, toPorts, egress := ep.address, podPorts, cniHostDevice
+		to, toPorts := ep.address, podPorts
 		if t.link != nil {
-			to, toPorts, egress = t.link.address(ep.node).String(), p.ports, linkName(p.class.name, ep.node)
-			c.cross(p, t.link)
+			to, toPorts = t.link.address(ep.node).String(), p.ports
+			links = append(links, t)
+			b.p.SnatRules = append(b.p.SnatRules, requestSnat(p, linkName(p.class.name, ep.node), to, toPorts))
 		}
 		for _, i := range t.ifaces {
 			b.p.DnatRules = append(b.p.DnatRules, &kuportv1.DnatRule{
@@ -139,17 +150,23 @@ func (c *compiler) emit(p *plan) {
 				Node: t.node, Interface: i, Address: c.node(t.node).address(i),
 			})
 		}
-		b.p.SnatRules = append(b.p.SnatRules, &kuportv1.SnatRule{
-			Id: p.key + "/snat", Mapping: p.key, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
-			OutInterface: egress, Address: to, Protocol: p.proto, Ports: toPorts.wire(),
-		})
-		if t.link != nil {
-			carriers[ep.node] = true
-			c.emitLink(t.link, t.node, ep.node)
-			c.emitPodEnd(p, t, podPorts)
-		}
+	}
+	// The pod's node delivers every request, local or off a link, through the CNI's device.
+	pod := c.programs[ep.node]
+	pod.p.SnatRules = append(pod.p.SnatRules, requestSnat(p, cniHostDevice, ep.address, podPorts))
+	if len(links) > 0 {
+		c.emitPodEnd(p, links, podPorts)
 	}
 	p.nodes = slices.Sorted(maps.Keys(carriers))
+}
+
+// requestSnat is the identity SNAT claiming a mapping's forwarded request as it leaves by
+// egress towards address:ports (founding document, kup-post).
+func requestSnat(p *plan, egress, address string, ports portRange) *kuportv1.SnatRule {
+	return &kuportv1.SnatRule{
+		Id: p.key + "/snat", Mapping: p.key, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
+		OutInterface: egress, Address: address, Protocol: p.proto, Ports: ports.wire(),
+	}
 }
 
 // crossing is traffic of one protocol over one link: on the pod's node, the link-side DNAT
@@ -159,11 +176,14 @@ type crossing struct {
 	proto       kuportv1.Protocol
 }
 
-// crossesTaken refuses a plan whose dialed ports would cross one of its links alongside an
+// crossesTaken refuses a plan whose dialed ports would cross any of its links alongside an
 // older mapping's (two interfaces of one node may hold the same port, API.md PortConflict,
-// but one link cannot carry both to different pods): the newer is not accepted.
+// but one link cannot carry both to different pods): the newer is not accepted. Otherwise
+// it records the plan's ports on every one of its links, built or not, so a link whose
+// forwarder is not ready yet stays the older mapping's.
 func (c *compiler) crossesTaken(p *plan) bool {
-	for _, t := range p.remoteTargets() {
+	targets := p.remoteTargets()
+	for _, t := range targets {
 		k := crossing{class: p.class.name, pair: t.link.key(), proto: p.proto}
 		for _, other := range c.crossings[k] {
 			if other.ports.overlaps(p.ports) {
@@ -174,13 +194,11 @@ func (c *compiler) crossesTaken(p *plan) bool {
 			}
 		}
 	}
+	for _, t := range targets {
+		k := crossing{class: p.class.name, pair: t.link.key(), proto: p.proto}
+		c.crossings[k] = append(c.crossings[k], holding{ports: p.ports, by: p.key})
+	}
 	return false
-}
-
-// cross records that p's dialed ports cross link cl.
-func (c *compiler) cross(p *plan, cl *claim) {
-	k := crossing{class: p.class.name, pair: cl.key(), proto: p.proto}
-	c.crossings[k] = append(c.crossings[k], holding{ports: p.ports, by: p.key})
 }
 
 // emitLink puts a link's device on both of its nodes, each named after the other.
@@ -198,35 +216,52 @@ func (c *compiler) emitLink(cl *claim, a, b string) {
 	}
 }
 
-// emitPodEnd writes the pod node's side of a link target: the DNAT of what arrives on the
-// link, the identity SNATs of the request and the reply, the reply's mark and its return path.
-func (c *compiler) emitPodEnd(p *plan, t *target, podPorts portRange) {
-	// The link carries the dialed ports (see emit); translate them to the pod's here.
-	ep, cl := p.ep, t.link
+// emitPodEnd writes the pod node's side of a plan's links (founding document, second nft
+// block, return path and the Multi section; DESIGN.md, return marking forms): per link the
+// device on both ends, the DNAT of what arrives on it and its return path; the reply's
+// identity SNAT once; and the return marking. Single has one link and a static mark rule.
+// Multi records the arrival link in the flow's conntrack mark (a CT_SAVE rule per link) and
+// restores it onto the reply (one CT_RESTORE rule).
+func (c *compiler) emitPodEnd(p *plan, links []*target, podPorts portRange) {
+	ep := p.ep
 	b := c.programs[ep.node]
-	dev := linkName(p.class.name, t.node)
-	table := cl.ends[ep.node]
-	peerUnderlay, _ := c.node(t.node).underlay()
-	b.p.DnatRules = append(b.p.DnatRules, &kuportv1.DnatRule{
-		Id: p.key + "/dnat/" + dev, Mapping: p.key, InInterface: dev,
-		MatchDestination: cl.address(ep.node).String(), Protocol: p.proto, Ports: p.ports.wire(),
-		ToAddress: ep.address, ToPort: ep.port,
-	})
-	b.p.SnatRules = append(b.p.SnatRules,
-		&kuportv1.SnatRule{
-			Id: p.key + "/snat", Mapping: p.key, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
-			OutInterface: cniHostDevice, Address: ep.address, Protocol: p.proto, Ports: podPorts.wire(),
-		},
-		&kuportv1.SnatRule{
-			Id: p.key + "/snat-reply", Mapping: p.key, Kind: kuportv1.SnatKind_SNAT_KIND_REPLY,
-			OutInterface: cniDevicePrefix, Address: ep.address, Protocol: p.proto, Ports: podPorts.wire(),
+	for _, t := range links {
+		cl := t.link
+		c.emitLink(cl, t.node, ep.node)
+		dev := linkName(p.class.name, t.node)
+		here := cl.address(ep.node).String()
+		mark := markOf(cl.ends[ep.node])
+		peerUnderlay, _ := c.node(t.node).underlay()
+		// The link carries the dialed ports (see emit); translate them to the pod's here.
+		b.p.DnatRules = append(b.p.DnatRules, &kuportv1.DnatRule{
+			Id: p.key + "/dnat/" + dev, Mapping: p.key, InInterface: dev,
+			MatchDestination: here, Protocol: p.proto, Ports: p.ports.wire(),
+			ToAddress: ep.address, ToPort: ep.port,
 		})
-	b.p.MarkRules = append(b.p.MarkRules, &kuportv1.MarkRule{
-		Id: p.key + "/mark", Mapping: p.key, Kind: kuportv1.MarkKind_MARK_KIND_STATIC, Address: ep.address,
-		Protocol: p.proto, Ports: podPorts.wire(), Mark: markOf(table),
+		if p.class.multi {
+			b.p.MarkRules = append(b.p.MarkRules, &kuportv1.MarkRule{
+				Id: p.key + "/ct-save/" + dev, Mapping: p.key, Kind: kuportv1.MarkKind_MARK_KIND_CT_SAVE,
+				InInterface: dev, Address: here, Protocol: p.proto, Ports: p.ports.wire(), Mark: mark,
+			})
+		} else {
+			b.p.MarkRules = append(b.p.MarkRules, &kuportv1.MarkRule{
+				Id: p.key + "/mark", Mapping: p.key, Kind: kuportv1.MarkKind_MARK_KIND_STATIC,
+				Address: ep.address, Protocol: p.proto, Ports: podPorts.wire(), Mark: mark,
+			})
+		}
+		b.addReturnPath(&kuportv1.ReturnPath{
+			Id: dev + "/return", Link: dev, Mark: mark, Table: uint32(cl.ends[ep.node]),
+			PeerUnderlay: peerUnderlay, PeerLinkAddress: cl.address(t.node).String(),
+		})
+	}
+	b.p.SnatRules = append(b.p.SnatRules, &kuportv1.SnatRule{
+		Id: p.key + "/snat-reply", Mapping: p.key, Kind: kuportv1.SnatKind_SNAT_KIND_REPLY,
+		OutInterface: cniDevicePrefix, Address: ep.address, Protocol: p.proto, Ports: podPorts.wire(),
 	})
-	b.addReturnPath(&kuportv1.ReturnPath{
-		Id: dev + "/return", Link: dev, Mark: markOf(table), Table: uint32(table),
-		PeerUnderlay: peerUnderlay, PeerLinkAddress: cl.address(t.node).String(),
-	})
+	if p.class.multi {
+		b.p.MarkRules = append(b.p.MarkRules, &kuportv1.MarkRule{
+			Id: p.key + "/ct-restore", Mapping: p.key, Kind: kuportv1.MarkKind_MARK_KIND_CT_RESTORE,
+			Address: ep.address, Protocol: p.proto, Ports: podPorts.wire(),
+		})
+	}
 }

@@ -1,0 +1,220 @@
+package datapath
+
+import (
+	"maps"
+	"net"
+	"net/netip"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/vishvananda/netlink"
+
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// dnat builds a valid DNAT rule: iifname "enp1s0" (or the link with its address when
+// daddr is set) <proto> dport first-last dnat to addr:to.
+func dnat(t *testing.T, id string, proto kuportv1.Protocol, first, last uint32, daddr, addr string, to uint32) *rule {
+	t.Helper()
+	e := &kuportv1.DnatRule{Id: id, InInterface: "enp1s0", MatchDestination: daddr, Protocol: proto,
+		Ports: &kuportv1.PortRange{First: first, Last: last}, ToAddress: addr, ToPort: to}
+	if daddr != "" {
+		e.InInterface = "kup-dcc4266d"
+	}
+	r, err := dnatRule(e)
+	require.NoError(t, err)
+	r.kind, r.id = "dnat", id
+	return r
+}
+
+// ctFlow is a conntrack entry: the original tuple src:sport -> dst:dport, and the reply's
+// source replySrc:replyPort (the DNAT target, or dst:dport when not translated).
+func ctFlow(proto uint8, src string, sport uint16, dst string, dport uint16, replySrc string, replyPort uint16) *netlink.ConntrackFlow {
+	return &netlink.ConntrackFlow{FamilyType: netlink.FAMILY_V4,
+		Forward: netlink.IPTuple{Protocol: proto, SrcIP: net.ParseIP(src).To4(), SrcPort: sport, DstIP: net.ParseIP(dst).To4(), DstPort: dport},
+		Reverse: netlink.IPTuple{Protocol: proto, SrcIP: net.ParseIP(replySrc).To4(), SrcPort: replyPort, DstIP: net.ParseIP(src).To4(), DstPort: sport},
+	}
+}
+
+func TestStaleFlows(t *testing.T) {
+	const (
+		udp    = kuportv1.Protocol_PROTOCOL_UDP
+		tcp    = kuportv1.Protocol_PROTOCOL_TCP
+		client = "198.51.100.7"
+		node   = "203.0.113.9"
+		link   = "169.254.77.1"
+	)
+	unchanged := dnat(t, "a/other/dnat/enp1s0", udp, 3001, 3001, "", "10.244.17.5", 3001)
+	old := []*rule{
+		dnat(t, "a/moves/dnat/enp1s0", udp, 3000, 3000, "", "10.244.17.5", 3000),
+		unchanged,
+		dnat(t, "a/gone/dnat/enp1s0", tcp, 4000, 4000, "", "10.244.17.5", 4000),
+		dnat(t, "a/range/dnat/enp1s0", udp, 27015, 27115, "", "10.244.17.5", 27015),
+		dnat(t, "a/shifted/dnat/enp1s0", tcp, 40000, 40009, "", "10.244.17.5", 7000),
+		dnat(t, "a/link/dnat/kup-dcc4266d", tcp, 5000, 5000, link, "10.244.18.107", 5000),
+		dnat(t, "a/renamed/dnat/enp1s0", udp, 6000, 6000, "", "10.244.17.5", 6000),
+	}
+	want := []*rule{
+		dnat(t, "a/moves/dnat/enp1s0", udp, 3000, 3000, "", "10.244.17.6", 3000),
+		unchanged,
+		dnat(t, "a/range/dnat/enp1s0", udp, 27015, 27115, "", "10.244.17.6", 27015),
+		dnat(t, "a/shifted/dnat/enp1s0", tcp, 40000, 40009, "", "10.244.17.6", 7000),
+		dnat(t, "a/link/dnat/kup-dcc4266d", tcp, 5000, 5000, link, "10.244.18.120", 5000),
+		dnat(t, "b/renamed/dnat/enp1s0", udp, 6000, 6000, "", "10.244.17.5", 6000),
+		dnat(t, "a/new/dnat/enp1s0", udp, 3002, 3002, "", "10.244.17.5", 3002),
+	}
+	s := newStaleFlows(old, want)
+	require.NotNil(t, s)
+	s.local = []netip.Prefix{netip.MustParsePrefix(node + "/32"), netip.MustParsePrefix(link + "/32"), netip.MustParsePrefix("127.0.0.0/8")}
+
+	for _, c := range []struct {
+		name  string
+		flow  *netlink.ConntrackFlow
+		stale bool
+	}{
+		{"to the old target", ctFlow(17, client, 5555, node, 3000, "10.244.17.5", 3000), true},
+		{"to the new target", ctFlow(17, client, 5555, node, 3000, "10.244.17.6", 3000), false},
+		{"unchanged rule", ctFlow(17, client, 5555, node, 3001, "10.244.17.5", 3001), false},
+		{"rule removed", ctFlow(6, client, 5555, node, 4000, "10.244.17.5", 4000), true},
+		{"other protocol", ctFlow(6, client, 5555, node, 3000, "10.244.17.5", 3000), false},
+		{"range keeps the port", ctFlow(17, client, 5555, node, 27064, "10.244.17.5", 27064), true},
+		{"range, port outside", ctFlow(17, client, 5555, node, 27116, "10.244.17.5", 27116), false},
+		{"shifted range by its map", ctFlow(6, client, 5555, node, 40003, "10.244.17.5", 7003), true},
+		{"shifted range, not what the map gave", ctFlow(6, client, 5555, node, 40003, "10.244.17.5", 7000), false},
+		{"link rule, old pod", ctFlow(6, client, 5555, link, 5000, "10.244.18.107", 5000), true},
+		{"link rule, other destination", ctFlow(6, client, 5555, node, 5000, "10.244.18.107", 5000), false},
+		{"same rule under another id", ctFlow(17, client, 5555, node, 6000, "10.244.17.5", 6000), false},
+		{"un-NATed, rule added", ctFlow(17, client, 5555, node, 3002, node, 3002), true},
+		{"un-NATed, rule changed", ctFlow(17, client, 5555, node, 3000, node, 3000), true},
+		{"un-NATed, rule unchanged", ctFlow(17, client, 5555, node, 3001, node, 3001), false},
+		{"un-NATed, no rule", ctFlow(17, client, 5555, node, 3003, node, 3003), false},
+		{"from this node", ctFlow(17, node, 5555, node, 3000, "10.244.17.5", 3000), false},
+		{"un-NATed from this node", ctFlow(17, node, 5555, node, 3002, node, 3002), false},
+		{"forwarded, not to this node", ctFlow(17, client, 5555, "192.0.2.1", 3000, "10.244.17.5", 3000), false},
+		{"un-NATed forwarded", ctFlow(17, client, 5555, "192.0.2.1", 3002, "192.0.2.1", 3002), false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			assert.Equal(t, c.stale, s.MatchConntrackFlow(c.flow))
+		})
+	}
+
+	assert.Nil(t, newStaleFlows(old, old), "the same DNAT rules change nothing")
+	assert.Nil(t, newStaleFlows(nil, nil))
+	mark := &rule{chain: "kup-mangle", action: actionMark, mark: 1}
+	assert.Nil(t, newStaleFlows(old, append(append([]*rule{}, old...), mark)), "only DNAT rules count")
+	assert.NotNil(t, newStaleFlows(old, old[1:]), "a rule removed")
+	assert.NotNil(t, newStaleFlows(old[1:], old), "a rule added")
+}
+
+// flowsBySport lists the namespace's IPv4 conntrack entries of protocol proto by original
+// source port, as "<original destination>:<port> -> <reply source>:<port>".
+func (tn *testNS) flowsBySport(t *testing.T, proto uint8) map[uint16]string {
+	t.Helper()
+	flows, err := tn.nl.ConntrackTableList(netlink.ConntrackTable, netlink.FAMILY_V4)
+	require.NoError(t, err)
+	out := map[uint16]string{}
+	for _, f := range flows {
+		if f.Forward.Protocol == proto {
+			out[f.Forward.SrcPort] = net.JoinHostPort(f.Forward.DstIP.String(), itoa(uint32(f.Forward.DstPort))) + " -> " +
+				net.JoinHostPort(f.Reverse.SrcIP.String(), itoa(uint32(f.Reverse.SrcPort)))
+		}
+	}
+	return out
+}
+
+// waitFlows waits until the namespace's UDP conntrack entries are want, as flowsBySport
+// shows them, and asserts they are: a datagram sent reaches the node shortly after, not at
+// once (the client resolves the node's address first).
+func (tn *testNS) waitFlows(t *testing.T, want map[uint16]string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !maps.Equal(want, tn.flowsBySport(t, 17)) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	assert.Equal(t, want, tn.flowsBySport(t, 17))
+}
+
+// TestPrivilegedConntrack sends UDP flows through DNAT rules, changes the program, and
+// checks which conntrack entries Apply deleted: the flow whose target moved, the flow that
+// arrived before its rule existed, the flow of a removed mapping; never the others.
+func TestPrivilegedConntrack(t *testing.T) {
+	privileged(t)
+	tn := newTestNS(t, "100.64.93.143")
+	tn.addPodNetwork(t)
+	client := tn.addPeer(t, "enp1s0", "203.0.113.9", "203.0.113.7")
+	udp := func(mapping string, port uint32, pod string) *kuportv1.DnatRule {
+		return &kuportv1.DnatRule{Id: mapping + "/dnat/enp1s0", Mapping: mapping, InInterface: "enp1s0",
+			Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: &kuportv1.PortRange{First: port, Last: port}, ToAddress: pod, ToPort: port}
+	}
+	program := func(rules ...*kuportv1.DnatRule) *kuportv1.NodeProgram {
+		return &kuportv1.NodeProgram{Node: "edge-a", DnatRules: rules}
+	}
+	// Source ports name the flows.
+	const moves, stays, early, foreign = 5000, 5001, 5002, 5003
+	send := func() {
+		for sport, dport := range map[int]int{moves: 3000, stays: 3001, early: 3002, foreign: 4000} {
+			client.sendUDP(t, sport, "203.0.113.9", dport)
+		}
+	}
+
+	require.NoError(t, tn.dp.Apply(program(udp("g/moves", 3000, "10.244.17.5"), udp("g/stays", 3001, "10.244.17.5"))))
+	send()
+	tn.waitFlows(t, map[uint16]string{
+		moves:   "203.0.113.9:3000 -> 10.244.17.5:3000",
+		stays:   "203.0.113.9:3001 -> 10.244.17.5:3001",
+		early:   "203.0.113.9:3002 -> 203.0.113.9:3002",
+		foreign: "203.0.113.9:4000 -> 203.0.113.9:4000",
+	})
+
+	// The endpoint of g/moves changes, g/early's rule arrives after its client.
+	p2 := program(udp("g/moves", 3000, "10.244.17.6"), udp("g/stays", 3001, "10.244.17.5"), udp("g/early", 3002, "10.244.17.5"))
+	require.NoError(t, tn.dp.Apply(p2))
+	assert.Equal(t, map[uint16]string{
+		stays:   "203.0.113.9:3001 -> 10.244.17.5:3001",
+		foreign: "203.0.113.9:4000 -> 203.0.113.9:4000",
+	}, tn.flowsBySport(t, 17))
+	send() // the clients' next packets take the rules now in the kernel
+	tn.waitFlows(t, map[uint16]string{
+		moves:   "203.0.113.9:3000 -> 10.244.17.6:3000",
+		stays:   "203.0.113.9:3001 -> 10.244.17.5:3001",
+		early:   "203.0.113.9:3002 -> 10.244.17.5:3002",
+		foreign: "203.0.113.9:4000 -> 203.0.113.9:4000",
+	})
+
+	// Re-applying deletes nothing; removing g/stays deletes its flow only.
+	require.NoError(t, tn.dp.Apply(p2))
+	assert.Len(t, tn.flowsBySport(t, 17), 4)
+	require.NoError(t, tn.dp.Apply(program(udp("g/moves", 3000, "10.244.17.6"), udp("g/early", 3002, "10.244.17.5"))))
+	assert.Equal(t, map[uint16]string{
+		moves:   "203.0.113.9:3000 -> 10.244.17.6:3000",
+		early:   "203.0.113.9:3002 -> 10.244.17.5:3002",
+		foreign: "203.0.113.9:4000 -> 203.0.113.9:4000",
+	}, tn.flowsBySport(t, 17))
+
+	// A rule deleted by hand lets a new client past it; the resync that puts the rule back
+	// deletes that client's un-NATed entry, and only that.
+	const bypass = 5004
+	handle := regexp.MustCompile(`comment "g/early/dnat/enp1s0" # handle (\d+)`).FindStringSubmatch(tn.exec(t, "nft", "-a", "list", "chain", "ip", "kuport", "kup-pre"))
+	require.NotNil(t, handle)
+	tn.exec(t, "nft", "delete", "rule", "ip", "kuport", "kup-pre", "handle", handle[1])
+	client.sendUDP(t, bypass, "203.0.113.9", 3002)
+	tn.waitFlows(t, map[uint16]string{
+		moves:   "203.0.113.9:3000 -> 10.244.17.6:3000",
+		early:   "203.0.113.9:3002 -> 10.244.17.5:3002",
+		bypass:  "203.0.113.9:3002 -> 203.0.113.9:3002",
+		foreign: "203.0.113.9:4000 -> 203.0.113.9:4000",
+	})
+	require.NoError(t, tn.dp.Apply(program(udp("g/moves", 3000, "10.244.17.6"), udp("g/early", 3002, "10.244.17.5"))))
+	assert.Equal(t, map[uint16]string{
+		moves:   "203.0.113.9:3000 -> 10.244.17.6:3000",
+		early:   "203.0.113.9:3002 -> 10.244.17.5:3002",
+		foreign: "203.0.113.9:4000 -> 203.0.113.9:4000",
+	}, tn.flowsBySport(t, 17))
+
+	// Cleanup takes kuport's flows with its rules.
+	require.NoError(t, tn.dp.Cleanup())
+	assert.Equal(t, map[uint16]string{foreign: "203.0.113.9:4000 -> 203.0.113.9:4000"}, tn.flowsBySport(t, 17))
+}

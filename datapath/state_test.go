@@ -1,0 +1,268 @@
+package datapath
+
+import (
+	"fmt"
+	"net"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/vishvananda/netlink"
+
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// kernelDump is everything kuport owns in the namespace as text: `nft list table ip
+// kuport` (counters normalised), each kup-* device by name with its vxlan parameters, MTU, state,
+// addresses and rp_filter, the ip rules at prefs 101/102 and the routes of tables from
+// 201 other than 253-255, each read from the kernel with the ip tools or netlink.
+func (tn *testNS) kernelDump(t *testing.T) string {
+	t.Helper()
+	var b strings.Builder
+	b.WriteString(tn.nftList(t))
+	links, err := tn.nl.LinkList()
+	require.NoError(t, err)
+	slices.SortFunc(links, func(x, y netlink.Link) int { return strings.Compare(x.Attrs().Name, y.Attrs().Name) })
+	for _, l := range links {
+		a := l.Attrs()
+		if !strings.HasPrefix(a.Name, "kup-") {
+			continue
+		}
+		fmt.Fprintf(&b, "link %s", a.Name)
+		if v, ok := l.(*netlink.Vxlan); ok {
+			fmt.Fprintf(&b, " vxlan id %d local %s remote %s dstport %d ttl %d", v.VxlanId, v.SrcAddr, v.Group, v.Port, v.TTL)
+		}
+		state := "down"
+		if a.Flags&net.FlagUp != 0 {
+			state = "up"
+		}
+		fmt.Fprintf(&b, " mtu %d %s", a.MTU, state)
+		addrs, err := tn.nl.AddrList(l, netlink.FAMILY_V4)
+		require.NoError(t, err)
+		for _, ad := range addrs {
+			fmt.Fprintf(&b, " %s", ad.IPNet)
+		}
+		fmt.Fprintf(&b, " rp_filter %s", tn.exec(t, "cat", "/proc/sys/net/ipv4/conf/"+a.Name+"/rp_filter"))
+	}
+	for _, line := range strings.SplitAfter(tn.exec(t, "ip", "rule", "show"), "\n") {
+		if strings.HasPrefix(line, "101:") || strings.HasPrefix(line, "102:") {
+			b.WriteString(line)
+		}
+	}
+	tableRE := regexp.MustCompile(` table (\d+)\b`)
+	for _, line := range strings.SplitAfter(tn.exec(t, "ip", "-4", "route", "show", "table", "all"), "\n") {
+		if m := tableRE.FindStringSubmatch(line); m != nil {
+			if n, _ := strconv.Atoi(m[1]); ownedTable(n) {
+				b.WriteString(line)
+			}
+		}
+	}
+	return b.String()
+}
+
+// nftTable is the text `nft list table ip kuport` prints for these rule lines.
+func nftTable(pre, post, mangle []string) string {
+	var b strings.Builder
+	b.WriteString("table ip kuport {\n")
+	for i, c := range []struct {
+		name, header string
+		rules        []string
+	}{
+		{"kup-pre", "type nat hook prerouting priority dstnat - 10; policy accept;", pre},
+		{"kup-post", "type nat hook postrouting priority srcnat - 10; policy accept;", post},
+		{"kup-mangle", "type filter hook prerouting priority mangle + 10; policy accept;", mangle},
+	} {
+		if i > 0 {
+			b.WriteString("\n")
+		}
+		b.WriteString("\tchain " + c.name + " {\n\t\t" + c.header + "\n")
+		for _, r := range c.rules {
+			b.WriteString("\t\t" + r + "\n")
+		}
+		b.WriteString("\t}\n")
+	}
+	b.WriteString("}\n")
+	return b.String()
+}
+
+// podMapping is worker-b's part of a mapping whose pod it holds, reached from edge-a over
+// link (founding document, second nft block).
+type podMapping struct {
+	key   string
+	proto kuportv1.Protocol
+	port  uint32
+	pod   string
+	link  *kuportv1.Link
+	mark  uint32
+}
+
+// workerB is worker-b's program for the mappings: their rules, and each link and return
+// path they use once.
+func workerB(version uint64, ms ...podMapping) *kuportv1.NodeProgram {
+	p := &kuportv1.NodeProgram{Node: "worker-b", Version: version, Epoch: 1}
+	seen := map[string]bool{}
+	for _, m := range ms {
+		ports := &kuportv1.PortRange{First: m.port, Last: m.port}
+		p.DnatRules = append(p.DnatRules, &kuportv1.DnatRule{Id: m.key + "/dnat/" + m.link.Name, Mapping: m.key,
+			InInterface: m.link.Name, MatchDestination: m.link.LocalAddress, Protocol: m.proto, Ports: ports, ToAddress: m.pod, ToPort: m.port})
+		p.SnatRules = append(p.SnatRules,
+			&kuportv1.SnatRule{Id: m.key + "/snat", Mapping: m.key, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
+				OutInterface: "cilium_host", Address: m.pod, Protocol: m.proto, Ports: ports},
+			&kuportv1.SnatRule{Id: m.key + "/snat-reply", Mapping: m.key, Kind: kuportv1.SnatKind_SNAT_KIND_REPLY,
+				OutInterface: "cilium_", Address: m.pod, Protocol: m.proto, Ports: ports})
+		p.MarkRules = append(p.MarkRules, &kuportv1.MarkRule{Id: m.key + "/mark", Mapping: m.key, Kind: kuportv1.MarkKind_MARK_KIND_STATIC,
+			Address: m.pod, Protocol: m.proto, Ports: ports, Mark: m.mark})
+		if !seen[m.link.Name] {
+			seen[m.link.Name] = true
+			p.Links = append(p.Links, m.link)
+			p.ReturnPaths = append(p.ReturnPaths, &kuportv1.ReturnPath{Id: m.link.Name + "/return", Link: m.link.Name,
+				Mark: m.mark, Table: 201 + m.mark - 0x6b700001, PeerUnderlay: m.link.RemoteUnderlay, PeerLinkAddress: m.link.PeerAddress})
+		}
+	}
+	return p
+}
+
+// TestPrivilegedStates feeds worker-b a sequence of programs (tailscale's TestRouterStates)
+// and compares everything kuport owns in the kernel with the expected text after each,
+// then checks that re-applying the step writes nothing.
+func TestPrivilegedStates(t *testing.T) {
+	privileged(t)
+	public := &kuportv1.Link{Name: "kup-dcc4266d", ClassName: "public", PeerNode: "edge-a", Vni: 4242, Port: 4790,
+		LocalUnderlay: "100.64.93.150", RemoteUnderlay: "100.64.93.143", LocalAddress: "169.254.77.1", PeerAddress: "169.254.77.0", Mtu: 1370}
+	intranet := &kuportv1.Link{Name: "kup-2b1e7a90", ClassName: "intranet", PeerNode: "edge-c", Vni: 4300, Port: 4790,
+		LocalUnderlay: "100.64.93.150", RemoteUnderlay: "100.64.93.160", LocalAddress: "169.254.79.0", PeerAddress: "169.254.79.1", Mtu: 1370}
+	a := podMapping{"games/a", kuportv1.Protocol_PROTOCOL_UDP, 27015, "10.244.18.107", public, 0x6b700001}
+	aMoved := a
+	aMoved.pod = "10.244.18.120"
+	b := podMapping{"games/b", kuportv1.Protocol_PROTOCOL_TCP, 8080, "10.244.18.108", public, 0x6b700001}
+	c := podMapping{"web/c", kuportv1.Protocol_PROTOCOL_TCP, 443, "10.244.18.109", intranet, 0x6b700002}
+
+	const (
+		linkPublic   = "link kup-dcc4266d vxlan id 4242 local 100.64.93.150 remote 100.64.93.143 dstport 4790 ttl 64 mtu 1370 up 169.254.77.1/31 rp_filter 2\n"
+		linkIntranet = "link kup-2b1e7a90 vxlan id 4300 local 100.64.93.150 remote 100.64.93.160 dstport 4790 ttl 64 mtu 1370 up 169.254.79.0/31 rp_filter 2\n"
+		rulesPublic  = "101:\tfrom all to 100.64.93.143 fwmark 0x6b700001 lookup main\n"
+		rulesBoth    = "101:\tfrom all to 100.64.93.143 fwmark 0x6b700001 lookup main\n" +
+			"101:\tfrom all to 100.64.93.160 fwmark 0x6b700002 lookup main\n" +
+			"102:\tfrom all fwmark 0x6b700001 lookup 201\n" +
+			"102:\tfrom all fwmark 0x6b700002 lookup 202\n"
+		routePublic   = "default via 169.254.77.0 dev kup-dcc4266d table 201 \n"
+		routeIntranet = "default via 169.254.79.1 dev kup-2b1e7a90 table 202 \n"
+	)
+	var (
+		preA      = `iifname "kup-dcc4266d" ip daddr 169.254.77.1 udp dport 27015 counter dnat to 10.244.18.107:27015 comment "games/a/dnat/kup-dcc4266d"`
+		preAMoved = `iifname "kup-dcc4266d" ip daddr 169.254.77.1 udp dport 27015 counter dnat to 10.244.18.120:27015 comment "games/a/dnat/kup-dcc4266d"`
+		preB      = `iifname "kup-dcc4266d" ip daddr 169.254.77.1 tcp dport 8080 counter dnat to 10.244.18.108:8080 comment "games/b/dnat/kup-dcc4266d"`
+		preC      = `iifname "kup-2b1e7a90" ip daddr 169.254.79.0 tcp dport 443 counter dnat to 10.244.18.109:443 comment "web/c/dnat/kup-2b1e7a90"`
+		postA     = []string{
+			`oifname "cilium_host" ip daddr 10.244.18.107 udp dport 27015 counter snat to ip saddr comment "games/a/snat"`,
+			`oifname != "cilium_*" ip saddr 10.244.18.107 udp sport 27015 counter snat to ip saddr comment "games/a/snat-reply"`,
+		}
+		postAMoved = []string{
+			`oifname "cilium_host" ip daddr 10.244.18.120 udp dport 27015 counter snat to ip saddr comment "games/a/snat"`,
+			`oifname != "cilium_*" ip saddr 10.244.18.120 udp sport 27015 counter snat to ip saddr comment "games/a/snat-reply"`,
+		}
+		postB = []string{
+			`oifname "cilium_host" ip daddr 10.244.18.108 tcp dport 8080 counter snat to ip saddr comment "games/b/snat"`,
+			`oifname != "cilium_*" ip saddr 10.244.18.108 tcp sport 8080 counter snat to ip saddr comment "games/b/snat-reply"`,
+		}
+		postC = []string{
+			`oifname "cilium_host" ip daddr 10.244.18.109 tcp dport 443 counter snat to ip saddr comment "web/c/snat"`,
+			`oifname != "cilium_*" ip saddr 10.244.18.109 tcp sport 443 counter snat to ip saddr comment "web/c/snat-reply"`,
+		}
+		markA      = `ip saddr 10.244.18.107 udp sport 27015 counter meta mark set 0x6b700001 comment "games/a/mark"`
+		markAMoved = `ip saddr 10.244.18.120 udp sport 27015 counter meta mark set 0x6b700001 comment "games/a/mark"`
+		markB      = `ip saddr 10.244.18.108 tcp sport 8080 counter meta mark set 0x6b700001 comment "games/b/mark"`
+		markC      = `ip saddr 10.244.18.109 tcp sport 443 counter meta mark set 0x6b700002 comment "web/c/mark"`
+	)
+	cat := func(parts ...[]string) []string {
+		var out []string
+		for _, p := range parts {
+			out = append(out, p...)
+		}
+		return out
+	}
+	steps := []struct {
+		name    string
+		program *kuportv1.NodeProgram
+		want    string
+	}{{
+		name:    "add a mapping",
+		program: workerB(1, a),
+		want: nftTable([]string{preA}, postA, []string{markA}) + linkPublic +
+			rulesPublic + "102:\tfrom all fwmark 0x6b700001 lookup 201\n" + routePublic,
+	}, {
+		name:    "a second mapping shares the link",
+		program: workerB(2, a, b),
+		want: nftTable([]string{preA, preB}, cat(postA, postB), []string{markA, markB}) + linkPublic +
+			rulesPublic + "102:\tfrom all fwmark 0x6b700001 lookup 201\n" + routePublic,
+	}, {
+		name:    "a mapping over another class's link",
+		program: workerB(3, a, b, c),
+		want: nftTable([]string{preA, preB, preC}, cat(postA, postB, postC), []string{markA, markB, markC}) +
+			linkIntranet + linkPublic + rulesBoth + routePublic + routeIntranet,
+	}, {
+		name:    "the endpoint of the first changes",
+		program: workerB(4, aMoved, b, c),
+		want: nftTable([]string{preAMoved, preB, preC}, cat(postAMoved, postB, postC), []string{markAMoved, markB, markC}) +
+			linkIntranet + linkPublic + rulesBoth + routePublic + routeIntranet,
+	}, {
+		name:    "the first is removed",
+		program: workerB(5, b, c),
+		want: nftTable([]string{preB, preC}, cat(postB, postC), []string{markB, markC}) +
+			linkIntranet + linkPublic + rulesBoth + routePublic + routeIntranet,
+	}, {
+		name:    "the other class's mapping is removed",
+		program: workerB(6, b),
+		want: nftTable([]string{preB}, postB, []string{markB}) + linkPublic +
+			rulesPublic + "102:\tfrom all fwmark 0x6b700001 lookup 201\n" + routePublic,
+	}, {
+		name:    "all removed",
+		program: workerB(7),
+		want:    "",
+	}}
+
+	tn := newTestNS(t, "100.64.93.150")
+	for _, s := range steps {
+		require.NoError(t, tn.dp.Apply(s.program), s.name)
+		assert.Equal(t, s.want, tn.kernelDump(t), s.name)
+		require.NoError(t, tn.dp.Apply(s.program), s.name)
+		assert.Zero(t, tn.dp.lastChanges, "%s: re-applying writes nothing", s.name)
+		assert.Equal(t, s.want, tn.kernelDump(t), s.name)
+	}
+}
+
+// foreignState is what kuport does not own in the namespace: `nft list ruleset` without
+// table ip kuport, `ip rule` without prefs 101/102, `ip -4 route show table all` without
+// routes through kup-* devices (which includes every route of kuport's tables). IPv4 only:
+// kuport writes no IPv6, and the kernel adds IPv6 link-local routes whenever a device's
+// carrier comes up, which may be after the test's first look.
+func (tn *testNS) foreignState(t *testing.T) string {
+	t.Helper()
+	var b strings.Builder
+	inKuport := false
+	for _, line := range strings.SplitAfter(tn.exec(t, "nft", "list", "ruleset"), "\n") {
+		switch {
+		case line == "table ip kuport {\n":
+			inKuport = true
+		case inKuport:
+			inKuport = line != "}\n"
+		default:
+			b.WriteString(line)
+		}
+	}
+	for _, line := range strings.SplitAfter(tn.exec(t, "ip", "rule", "show"), "\n") {
+		if !strings.HasPrefix(line, "101:") && !strings.HasPrefix(line, "102:") {
+			b.WriteString(line)
+		}
+	}
+	for _, line := range strings.SplitAfter(tn.exec(t, "ip", "-4", "route", "show", "table", "all"), "\n") {
+		if !strings.Contains(line, " dev kup-") {
+			b.WriteString(line)
+		}
+	}
+	return b.String()
+}
