@@ -33,9 +33,11 @@ import (
 type staleFlows struct {
 	// local are the destinations of the local routing table (this node's addresses).
 	local []netip.Prefix
-	// old and want are kup-pre's DNAT rules before and after the change; added are the
-	// rules of want the kernel did not hold.
-	old, want, added []*rule
+	// want are kup-pre's DNAT rules after the change; gone are the rules before it that
+	// want lacks and added the rules of want the kernel did not hold (by their text). A
+	// flow an unchanged rule translated is translated the same way by want, so only gone
+	// and added are searched for every flow, want only for a flow a gone rule made.
+	want, gone, added []*rule
 	// matched is called with each flow the filter matches, for the trace log.
 	matched func(*netlink.ConntrackFlow)
 }
@@ -43,20 +45,26 @@ type staleFlows struct {
 // newStaleFlows returns the filter for a change of kup-pre from old to want (both in chain
 // order, any chain; only DNAT rules count), or nil when the DNAT rules are the same.
 func newStaleFlows(old, want []*rule) *staleFlows {
-	s := &staleFlows{old: dnatRules(old), want: dnatRules(want)}
-	have := map[string]bool{}
-	for _, r := range s.old {
-		have[r.String()] = true
+	s := &staleFlows{want: dnatRules(want)}
+	text := func(rules []*rule) map[string]bool {
+		m := map[string]bool{}
+		for _, r := range rules {
+			m[r.String()] = true
+		}
+		return m
 	}
-	keep := 0
+	had, has := text(old), text(s.want)
+	for _, r := range dnatRules(old) {
+		if !has[r.String()] {
+			s.gone = append(s.gone, r)
+		}
+	}
 	for _, r := range s.want {
-		if have[r.String()] {
-			keep++
-		} else {
+		if !had[r.String()] {
 			s.added = append(s.added, r)
 		}
 	}
-	if len(s.added) == 0 && keep == len(s.old) {
+	if len(s.gone) == 0 && len(s.added) == 0 {
 		return nil
 	}
 	return s
@@ -88,12 +96,32 @@ func (s *staleFlows) MatchConntrackFlow(f *netlink.ConntrackFlow) bool {
 			a, p := r.translate(dport)
 			return r.catches(proto, dst, dport) && a == to && p == toPort
 		}
-		match = anyRule(s.old, made) && !anyRule(s.want, made)
+		match = anyRule(s.gone, made) && !anyRule(s.want, made)
 	}
 	if match && s.matched != nil {
 		s.matched(f)
 	}
 	return match
+}
+
+// setLocal takes this node's addresses from the local table's routes, and adds each
+// changed rule's destination match: this node's end of a link, which is no longer in the
+// local table when this Apply removed the link, while flows to it may remain.
+func (s *staleFlows) setLocal(routes []netlink.Route) {
+	for _, r := range routes {
+		if r.Dst == nil {
+			continue
+		}
+		if p, ok := netip.AddrFromSlice(r.Dst.IP); ok {
+			ones, _ := r.Dst.Mask.Size()
+			s.local = append(s.local, netip.PrefixFrom(p.Unmap(), ones))
+		}
+	}
+	for _, r := range append(append([]*rule{}, s.gone...), s.added...) {
+		if r.daddr.IsValid() {
+			s.local = append(s.local, netip.PrefixFrom(r.daddr, 32))
+		}
+	}
 }
 
 func (s *staleFlows) isLocal(a netip.Addr) bool {
@@ -173,15 +201,7 @@ func (d *Datapath) deleteStaleFlows(s *staleFlows) {
 		d.log.Warn("conntrack entries of changed DNAT rules not deleted", "error", err)
 		return
 	}
-	for _, r := range routes {
-		if r.Dst == nil {
-			continue
-		}
-		if p, ok := netip.AddrFromSlice(r.Dst.IP); ok {
-			ones, _ := r.Dst.Mask.Size()
-			s.local = append(s.local, netip.PrefixFrom(p.Unmap(), ones))
-		}
-	}
+	s.setLocal(routes)
 	s.matched = func(f *netlink.ConntrackFlow) { d.log.Trace("delete conntrack entry", "flow", f.String()) }
 	n, err := d.nl.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, s)
 	if err != nil {

@@ -3,7 +3,6 @@ package datapath
 import (
 	"maps"
 	"net"
-	"net/netip"
 	"regexp"
 	"testing"
 	"time"
@@ -68,7 +67,14 @@ func TestStaleFlows(t *testing.T) {
 	}
 	s := newStaleFlows(old, want)
 	require.NotNil(t, s)
-	s.local = []netip.Prefix{netip.MustParsePrefix(node + "/32"), netip.MustParsePrefix(link + "/32"), netip.MustParsePrefix("127.0.0.0/8")}
+	// The link's address is not in the local table: this change removed the link (the
+	// rule's destination match makes it local all the same).
+	route := func(prefix string) netlink.Route {
+		_, dst, err := net.ParseCIDR(prefix)
+		require.NoError(t, err)
+		return netlink.Route{Dst: dst}
+	}
+	s.setLocal([]netlink.Route{route(node + "/32"), route("127.0.0.0/8")})
 
 	for _, c := range []struct {
 		name  string

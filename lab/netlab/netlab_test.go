@@ -54,7 +54,7 @@ func TestPrivilegedNetlab(t *testing.T) {
 	edge, ok := n.Node("edge-a")
 	require.True(t, ok)
 	assert.Equal(t, "10.244.17.1/24", edge.CiliumHost().String())
-	assert.Len(t, n.Nodes(), 2)
+	assert.Len(t, n.Nodes(), 3)
 
 	// The mesh carries node-to-node traffic at the underlay MTU.
 	link, err := n.Exec(ctx, "edge-a", "ip", "link", "show", "wt0")
