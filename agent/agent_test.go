@@ -375,6 +375,35 @@ func TestFailedApplyAcksErrorsAndResyncRetries(t *testing.T) {
 	}
 }
 
+// TestResyncReappliesCleanProgram: every resync tick applies the current program again,
+// so kernel state someone removed is repaired; a clean re-apply sends no Ack.
+func TestResyncReappliesCleanProgram(t *testing.T) {
+	c, target := startController(t)
+	dp := newFakeDatapath()
+	cfg := testConfig(dp, &syncBuffer{}, target)
+	cfg.ResyncInterval = 20 * time.Millisecond
+	startAgent(t, cfg)
+
+	s := nextSession(t, c)
+	p := program(1, 1, 27015)
+	s.send(t, p)
+	requireProtoEqual(t, &kuportv1.Ack{Version: 1, Epoch: 1}, s.nextAck(t))
+	_, first := dp.snapshot()
+	deadline := time.Now().Add(waitFor)
+	for {
+		applied, applies := dp.snapshot()
+		if applies >= first+2 {
+			requireProtoEqual(t, p, applied)
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "no resync")
+		time.Sleep(5 * time.Millisecond)
+	}
+	for len(s.messages) > 0 {
+		require.Nil(t, (<-s.messages).GetAck(), "a clean resync is not acknowledged")
+	}
+}
+
 func TestReconnectKeepsProgramAndDoesNotReapply(t *testing.T) {
 	c, target := startController(t)
 	dp := newFakeDatapath()

@@ -21,7 +21,9 @@ type Config struct {
 	// NFT is the nftables connection (nftables.New, with nftables.WithNetNSFd for another
 	// namespace).
 	NFT *nftables.Conn
-	// Netlink is the rtnetlink handle (netlink.NewHandle, or netlink.NewHandleAt).
+	// Netlink is the netlink handle (netlink.NewHandle, or netlink.NewHandleAt), with the
+	// NETLINK_ROUTE and NETLINK_NETFILTER (conntrack) families, as it has when created
+	// without a family list.
 	Netlink *netlink.Handle
 	// NetNS is the namespace whose /proc/sys the per-device sysctls (rp_filter) and
 	// ip_forward are read and written in; netns.None() (or any handle <= 0) means the

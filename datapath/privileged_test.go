@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -134,21 +133,14 @@ func (tn *testNS) pokeMarkRule(t *testing.T, p *kuportv1.NodeProgram) {
 	t.Helper()
 	for _, m := range pokedMarkRules(p) {
 		tn.exec(t, "ip", "addr", "add", m.GetAddress()+"/32", "dev", "lo")
-		done := make(chan error, 1)
-		go func() {
-			runtime.LockOSThread() // the thread ends with the goroutine, still in the namespace
-			if err := netns.Set(tn.ns); err != nil {
-				done <- err
-				return
-			}
+		inNS(t, tn.ns, func() error {
 			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(m.GetAddress()), Port: int(m.GetPorts().GetFirst())}}
 			c, err := d.Dial("tcp", "127.0.0.1:9")
 			if err == nil {
 				_ = c.Close()
 			}
-			done <- nil
-		}()
-		require.NoError(t, <-done)
+			return nil
+		})
 	}
 }
 

@@ -17,9 +17,10 @@ import (
 )
 
 // kernelDump is everything kuport owns in the namespace as text: `nft list table ip
-// kuport` (counters normalised), each kup-* device by name with its vxlan parameters, MTU, state,
-// addresses and rp_filter, the ip rules at prefs 101/102 and the routes of tables from
-// 201 other than 253-255, each read from the kernel with the ip tools or netlink.
+// kuport` (counters normalised), each kup-* device by name with its vxlan parameters,
+// MTU, state, addresses and rp_filter, the ip rules at prefs 101/102 and the routes of
+// tables from 201 other than 253-255, each read from the kernel with the ip tools or
+// netlink.
 func (tn *testNS) kernelDump(t *testing.T) string {
 	t.Helper()
 	var b strings.Builder

@@ -100,58 +100,65 @@ func (c *oneShotController) next(t *testing.T, pick func(*kuportv1.ConnectReques
 	}
 }
 
-// TestPrivilegedAgentFailStaticAndCleanup runs kuport-agent in a fresh network namespace:
-// it applies the program, keeps it in the kernel across SIGTERM, and `cleanup` removes it.
-func TestPrivilegedAgentFailStaticAndCleanup(t *testing.T) {
+// agentNS is a fresh network namespace for running kuport-agent in: wt0 (a veth whose
+// peer stays in the namespace) holds 100.64.93.143/10 and the default route.
+type agentNS struct {
+	name string
+}
+
+func newAgentNS(t *testing.T, suffix string) *agentNS {
+	t.Helper()
 	if os.Getenv("KUPORT_PRIVILEGED") != "1" {
 		t.Skip("needs root and network namespaces: set KUPORT_PRIVILEGED=1")
 	}
-	ns := fmt.Sprintf("kup-agent-test-%d", os.Getpid())
-	sh := func(args ...string) string {
-		t.Helper()
-		out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
-		require.NoError(t, err, "%s: %s", strings.Join(args, " "), out)
-		return string(out)
-	}
-	sh("ip", "netns", "add", ns)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "delete", ns).Run() })
-	sh("ip", "-n", ns, "link", "add", "wt0", "type", "veth", "peer", "name", "wt0-peer")
-	sh("ip", "-n", ns, "link", "set", "wt0-peer", "up")
-	sh("ip", "-n", ns, "addr", "add", "100.64.93.143/10", "dev", "wt0")
-	sh("ip", "-n", ns, "link", "set", "wt0", "up")
-	sh("ip", "-n", ns, "route", "add", "default", "dev", "wt0")
+	n := &agentNS{name: fmt.Sprintf("kup-agent-%s-%d", suffix, os.Getpid())}
+	sh(t, "ip", "netns", "add", n.name)
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "delete", n.name).Run() })
+	n.ip(t, "link", "add", "wt0", "type", "veth", "peer", "name", "wt0-peer")
+	n.ip(t, "link", "set", "wt0-peer", "up")
+	n.ip(t, "addr", "add", "100.64.93.143/10", "dev", "wt0")
+	n.ip(t, "link", "set", "wt0", "up")
+	n.ip(t, "route", "add", "default", "dev", "wt0")
+	return n
+}
 
-	sock := filepath.Join(t.TempDir(), "controller.sock")
-	lis, err := net.Listen("unix", sock)
-	require.NoError(t, err)
-	ctrl := &oneShotController{
-		messages: make(chan *kuportv1.ConnectRequest, 64),
-		program: &kuportv1.NodeProgram{Node: "edge-a", Version: 1, Epoch: 1, DnatRules: []*kuportv1.DnatRule{{
-			Id: "games/gs/dnat/wt0", Mapping: "games/gs", InInterface: "wt0",
-			Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: &kuportv1.PortRange{First: 27015, Last: 27015},
-			ToAddress: "10.244.17.5", ToPort: 27015,
-		}}},
-	}
-	srv := grpc.NewServer()
-	kuportv1.RegisterAgentServiceServer(srv, ctrl)
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
+func sh(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+	require.NoError(t, err, "%s: %s", strings.Join(args, " "), out)
+	return string(out)
+}
 
+// ip runs `ip -n <namespace> args...`.
+func (n *agentNS) ip(t *testing.T, args ...string) string {
+	t.Helper()
+	return sh(t, append([]string{"ip", "-n", n.name}, args...)...)
+}
+
+// exec runs a command inside the namespace.
+func (n *agentNS) exec(t *testing.T, args ...string) string {
+	t.Helper()
+	return sh(t, append([]string{"ip", "netns", "exec", n.name}, args...)...)
+}
+
+// agentCmd is kuport-agent (this test binary acting as main) run inside the namespace,
+// its output collected.
+func (n *agentNS) agentCmd(t *testing.T, args ...string) (*exec.Cmd, *bytes.Buffer) {
+	t.Helper()
 	self, err := os.Executable()
 	require.NoError(t, err)
-	agentCmd := func(args ...string) (*exec.Cmd, *bytes.Buffer) {
-		cmd := exec.Command("ip", append([]string{"netns", "exec", ns, self}, args...)...)
-		cmd.Env = append(os.Environ(), runMainEnv+"=1")
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		return cmd, &out
-	}
-	nftList := func() (string, error) {
-		out, err := exec.Command("ip", "netns", "exec", ns, "nft", "list", "table", "ip", "kuport").CombinedOutput()
-		return string(out), err
-	}
+	cmd := exec.Command("ip", append([]string{"netns", "exec", n.name, self}, args...)...)
+	cmd.Env = append(os.Environ(), runMainEnv+"=1")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	return cmd, &out
+}
 
-	cmd, out := agentCmd("--node-name", "edge-a", "--controller", "unix://"+sock, "--log-level", "debug")
+// startAgent starts kuport-agent in the namespace; it is killed when the test ends. The
+// returned channel yields its exit.
+func (n *agentNS) startAgent(t *testing.T, args ...string) (*exec.Cmd, chan error) {
+	t.Helper()
+	cmd, out := n.agentCmd(t, args...)
 	require.NoError(t, cmd.Start())
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
@@ -160,6 +167,39 @@ func TestPrivilegedAgentFailStaticAndCleanup(t *testing.T) {
 		<-exited
 		t.Logf("agent output:\n%s", out.String())
 	})
+	return cmd, exited
+}
+
+// serveOneShot serves a oneShotController holding program on a unix socket and returns it
+// with its gRPC target.
+func serveOneShot(t *testing.T, program *kuportv1.NodeProgram) (*oneShotController, string) {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "controller.sock")
+	lis, err := net.Listen("unix", sock)
+	require.NoError(t, err)
+	ctrl := &oneShotController{messages: make(chan *kuportv1.ConnectRequest, 64), program: program}
+	srv := grpc.NewServer()
+	kuportv1.RegisterAgentServiceServer(srv, ctrl)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	return ctrl, "unix://" + sock
+}
+
+// TestPrivilegedAgentFailStaticAndCleanup runs kuport-agent in a fresh network namespace:
+// it applies the program, keeps it in the kernel across SIGTERM, and `cleanup` removes it.
+func TestPrivilegedAgentFailStaticAndCleanup(t *testing.T) {
+	ns := newAgentNS(t, "failstatic")
+	ctrl, target := serveOneShot(t, &kuportv1.NodeProgram{Node: "edge-a", Version: 1, Epoch: 1, DnatRules: []*kuportv1.DnatRule{{
+		Id: "games/gs/dnat/wt0", Mapping: "games/gs", InInterface: "wt0",
+		Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: &kuportv1.PortRange{First: 27015, Last: 27015},
+		ToAddress: "10.244.17.5", ToPort: 27015,
+	}}})
+	nftList := func() (string, error) {
+		out, err := exec.Command("ip", "netns", "exec", ns.name, "nft", "list", "table", "ip", "kuport").CombinedOutput()
+		return string(out), err
+	}
+
+	cmd, exited := ns.startAgent(t, "--node-name", "edge-a", "--controller", target, "--log-level", "debug")
 
 	hello := ctrl.next(t, func(m *kuportv1.ConnectRequest) bool { return m.GetHello() != nil }).GetHello()
 	require.Equal(t, "edge-a", hello.GetNode())
@@ -192,7 +232,7 @@ func TestPrivilegedAgentFailStaticAndCleanup(t *testing.T) {
 	require.NoError(t, err, "fail static: the table stays after the agent stops")
 	require.Contains(t, table, "dnat to 10.244.17.5:27015")
 
-	cleanup, cleanupOut := agentCmd("cleanup")
+	cleanup, cleanupOut := ns.agentCmd(t, "cleanup")
 	require.NoError(t, cleanup.Run(), cleanupOut.String())
 	table, err = nftList()
 	require.Error(t, err, "cleanup removes table ip kuport: %s", table)

@@ -187,17 +187,14 @@ func (c *compiler) nodeRow(ci *classInfo, name string) v1alpha1.ClassNodeStatus 
 	}
 	var problems []string
 	for _, ifn := range ci.ifaces[name] {
-		switch a := v.address(ifn); {
-		case v.iface(ifn) == nil:
-			problems = append(problems, fmt.Sprintf("interface %s not present", ifn))
-		case a == "":
-			problems = append(problems, fmt.Sprintf("interface %s has no IPv4 address", ifn))
-		default:
-			if row.Addresses == nil {
-				row.Addresses = map[string]string{}
-			}
-			row.Addresses[ifn] = a
+		if p := v.ifaceProblem(ifn); p != "" {
+			problems = append(problems, p)
+			continue
 		}
+		if row.Addresses == nil {
+			row.Addresses = map[string]string{}
+		}
+		row.Addresses[ifn] = v.address(ifn)
 	}
 	if !v.state.GetIpForward() {
 		problems = append(problems, "net.ipv4.ip_forward is 0")

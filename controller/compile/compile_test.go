@@ -437,6 +437,18 @@ func TestCompile(t *testing.T) {
 			programs: map[string]*kuportv1.NodeProgram{"edge-a": empty("edge-a"), "worker-b": empty("worker-b")},
 		},
 		{
+			name: "NodeNotReady: an interface that is not there yet still gets its rules (nft matches by name)",
+			snap: func() *Snapshot {
+				s := world(mkPortMap("local", 0, 3000))
+				st := s.Agents["edge-a"].State
+				st.Interfaces = slices.DeleteFunc(slices.Clone(st.Interfaces), func(i *kuportv1.Interface) bool { return i.Name == "wt0" })
+				return s
+			},
+			want: map[string]outcome{"demo/local": unprogrammed(v1alpha1.ReasonNodeNotReady, epLocal, "edge-a").msg(
+				"node edge-a: interface wt0 not present")},
+			programs: map[string]*kuportv1.NodeProgram{"edge-a": localEdgeA()},
+		},
+		{
 			name: "NodeNotReady: a serving interface without an address still gets its rules",
 			snap: func() *Snapshot {
 				s := world(mkPortMap("local", 0, 3000))

@@ -1,6 +1,7 @@
 package compile
 
 import (
+	"fmt"
 	"net/netip"
 
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
@@ -38,6 +39,18 @@ func (v *nodeView) address(iface string) string {
 }
 
 // underlayName is the interface links' outer headers leave from.
+// ifaceProblem says why an interface gives no address on the node ("interface X not
+// present" or "interface X has no IPv4 address"), "" when it has one (API.md node rows).
+func (v *nodeView) ifaceProblem(name string) string {
+	switch {
+	case v.iface(name) == nil:
+		return fmt.Sprintf("interface %s not present", name)
+	case v.address(name) == "":
+		return fmt.Sprintf("interface %s has no IPv4 address", name)
+	}
+	return ""
+}
+
 func (v *nodeView) underlayName() string { return v.state.GetUnderlayInterface() }
 
 // underlay returns the underlay's first IPv4 address ("" when unknown) and its MTU in bytes

@@ -61,8 +61,8 @@ func (c *compiler) lacks(name string, ifaces []string, linkEnd bool) (miss []str
 		return []string{"no agent has connected"}, true
 	}
 	for _, i := range ifaces {
-		if v.address(i) == "" {
-			miss = append(miss, fmt.Sprintf("interface %s has no IPv4 address", i))
+		if p := v.ifaceProblem(i); p != "" {
+			miss = append(miss, p)
 		}
 	}
 	if addr, _ := v.underlay(); linkEnd && addr == "" {

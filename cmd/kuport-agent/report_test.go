@@ -1,0 +1,174 @@
+package main
+
+import (
+	"encoding/json"
+	"net"
+	"os/exec"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/vishvananda/netns"
+
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// sendUDP sends one datagram from src:sport to dst:dport inside namespace ns, on a thread
+// that ends with its goroutine so it is never reused outside ns.
+func sendUDP(t *testing.T, ns, src string, sport int, dst string, dport int) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		h, err := netns.GetFromName(ns)
+		if err != nil {
+			done <- err
+			return
+		}
+		defer func() { _ = h.Close() }()
+		if err := netns.Set(h); err != nil {
+			done <- err
+			return
+		}
+		c, err := net.DialUDP("udp4", &net.UDPAddr{IP: net.ParseIP(src), Port: sport}, &net.UDPAddr{IP: net.ParseIP(dst), Port: dport})
+		if err != nil {
+			done <- err
+			return
+		}
+		defer func() { _ = c.Close() }()
+		_, err = c.Write([]byte("kuport"))
+		done <- err
+	}()
+	require.NoError(t, <-done)
+}
+
+// traffic is one counter's packets and bytes.
+type traffic struct{ packets, bytes uint64 }
+
+// nftCounters reads the counter of every rule of table ip kuport, by comment, from
+// `nft -j list table ip kuport`.
+func (n *agentNS) nftCounters(t *testing.T) map[string]traffic {
+	t.Helper()
+	var listing struct {
+		Nftables []struct {
+			Rule *struct {
+				Comment string           `json:"comment"`
+				Expr    []map[string]any `json:"expr"`
+			} `json:"rule"`
+		} `json:"nftables"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(n.exec(t, "nft", "-j", "list", "table", "ip", "kuport")), &listing))
+	out := map[string]traffic{}
+	for _, o := range listing.Nftables {
+		if o.Rule == nil {
+			continue
+		}
+		for _, e := range o.Rule.Expr {
+			if c, ok := e["counter"].(map[string]any); ok {
+				out[o.Rule.Comment] = traffic{uint64(c["packets"].(float64)), uint64(c["bytes"].(float64))}
+			}
+		}
+	}
+	return out
+}
+
+// linkStats reads a device's statistics from `ip -j -s link show`.
+func (n *agentNS) linkStats(t *testing.T, dev string) *kuportv1.LinkStats {
+	t.Helper()
+	type dir struct {
+		Packets uint64 `json:"packets"`
+		Errors  uint64 `json:"errors"`
+	}
+	var links []struct {
+		Stats struct {
+			Rx dir `json:"rx"`
+			Tx dir `json:"tx"`
+		} `json:"stats64"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(n.ip(t, "-j", "-s", "link", "show", "dev", dev)), &links))
+	require.Len(t, links, 1)
+	s := links[0].Stats
+	return &kuportv1.LinkStats{Name: dev, TxPackets: s.Tx.Packets, RxPackets: s.Rx.Packets, TxErrors: s.Tx.Errors, RxErrors: s.Rx.Errors}
+}
+
+// TestPrivilegedAgentReportsCounters runs kuport-agent in a namespace, sends client traffic
+// through a mapping to a local pod and one to a remote pod over a link, and checks that
+// the agent's Report carries exactly the counters `nft list table ip kuport` shows and
+// the statistics `ip -s link` shows for the link.
+func TestPrivilegedAgentReportsCounters(t *testing.T) {
+	ns := newAgentNS(t, "counters")
+	// No IPv6, so the link sends nothing of its own (router solicitations, MLD).
+	ns.exec(t, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1", "net.ipv4.ip_forward=1")
+	// The pod network: cilium_host, a veth whose peer stays here.
+	ns.ip(t, "link", "add", "cilium_host", "type", "veth", "peer", "name", "cilium_net")
+	ns.ip(t, "addr", "add", "10.244.17.1/24", "dev", "cilium_host")
+	ns.ip(t, "link", "set", "cilium_net", "up")
+	ns.ip(t, "link", "set", "cilium_host", "up")
+	// The client, in a namespace of its own behind enp1s0.
+	client := ns.name + "-client"
+	sh(t, "ip", "netns", "add", client)
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "delete", client).Run() })
+	ns.ip(t, "link", "add", "enp1s0", "type", "veth", "peer", "name", "eth0", "netns", client)
+	ns.ip(t, "addr", "add", "203.0.113.9/24", "dev", "enp1s0")
+	ns.ip(t, "link", "set", "enp1s0", "up")
+	sh(t, "ip", "-n", client, "addr", "add", "203.0.113.7/24", "dev", "eth0")
+	sh(t, "ip", "-n", client, "link", "set", "eth0", "up")
+
+	udp := func(first uint32) *kuportv1.PortRange { return &kuportv1.PortRange{First: first, Last: first} }
+	program := &kuportv1.NodeProgram{Node: "edge-a", Version: 1, Epoch: 1,
+		DnatRules: []*kuportv1.DnatRule{
+			{Id: "games/local/dnat/enp1s0", Mapping: "games/local", InInterface: "enp1s0",
+				Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: udp(27015), ToAddress: "10.244.17.5", ToPort: 27015},
+			{Id: "games/remote/dnat/enp1s0", Mapping: "games/remote", InInterface: "enp1s0",
+				Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: udp(3000), ToAddress: "169.254.77.1", ToPort: 3000},
+		},
+		SnatRules: []*kuportv1.SnatRule{
+			{Id: "games/local/snat", Mapping: "games/local", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST, OutInterface: "cilium_host",
+				Address: "10.244.17.5", Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: udp(27015)},
+			{Id: "games/remote/snat", Mapping: "games/remote", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST, OutInterface: "kup-5e30a797",
+				Address: "169.254.77.1", Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: udp(3000)},
+		},
+		Links: []*kuportv1.Link{{Name: "kup-5e30a797", ClassName: "public", PeerNode: "worker-b", Vni: 4242, Port: 4790,
+			LocalUnderlay: "100.64.93.143", RemoteUnderlay: "100.64.93.150", LocalAddress: "169.254.77.0", PeerAddress: "169.254.77.1", Mtu: 1370}},
+	}
+	ctrl, target := serveOneShot(t, program)
+	ns.startAgent(t, "--node-name", "edge-a", "--controller", target, "--report-interval", "100ms")
+	ack := ctrl.next(t, func(m *kuportv1.ConnectRequest) bool { return m.GetAck() != nil }).GetAck()
+	require.Empty(t, ack.GetErrors())
+	// The far end answers no ARP: a fixed neighbour lets each request leave by the link.
+	ns.ip(t, "neigh", "add", "169.254.77.1", "lladdr", "02:00:00:00:00:01", "dev", "kup-5e30a797", "nud", "permanent")
+
+	// Each datagram is a flow of its own, so every NAT rule counts each one.
+	const local, remote = 5, 3
+	for i := range local {
+		sendUDP(t, client, "203.0.113.7", 41000+i, "203.0.113.9", 27015)
+	}
+	for i := range remote {
+		sendUDP(t, client, "203.0.113.7", 42000+i, "203.0.113.9", 3000)
+	}
+
+	var report *kuportv1.Report
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		report = ctrl.next(t, func(m *kuportv1.ConnectRequest) bool { return m.GetReport() != nil }).GetReport()
+		got := map[string]uint64{}
+		for _, c := range report.GetCounters() {
+			got[c.GetId()] = c.GetPackets()
+		}
+		if got["games/local/dnat/enp1s0"] == local && got["games/remote/dnat/enp1s0"] == remote &&
+			len(report.GetLinks()) == 1 && report.GetLinks()[0].GetTxPackets() == remote {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "no report with the traffic sent: %v", report)
+	}
+	reported := map[string]traffic{}
+	for _, c := range report.GetCounters() {
+		reported[c.GetId()] = traffic{c.GetPackets(), c.GetBytes()}
+	}
+	nft := ns.nftCounters(t)
+	assert.Equal(t, nft, reported, "the report carries nft's counters, by rule comment")
+	assert.Equal(t, traffic{remote, nft["games/remote/dnat/enp1s0"].bytes}, nft["games/remote/snat"], "every DNATed request left by the link")
+	assert.Equal(t, ns.linkStats(t, "kup-5e30a797").String(), report.GetLinks()[0].String(), "the report carries the link's statistics")
+}
