@@ -4,6 +4,7 @@ import (
 	"context"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,7 +13,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/lab"
 	"kuport.wlz.li/kuport/lab/netlab"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
@@ -152,4 +156,51 @@ func TestPrivilegedE2EAgentRepair(t *testing.T) {
 		return err == nil && now == guard
 	}, lab.AgentResyncInterval+5*time.Second, 100*time.Millisecond, "the pref 101 rule was not restored")
 	assertAnswers(t, l, 3000)
+}
+
+// TestPrivilegedE2ELateInterface: a class interface that a node does not have yet is
+// programmed anyway (nft matches by name); the mapping says NodeNotReady naming the missing
+// interface until the agent reports it, then turns True with no new program pushed.
+func TestPrivilegedE2ELateInterface(t *testing.T) {
+	l := startLab(t)
+	ctx := context.Background()
+	svc := programService(t)
+	late := lab.DemoClass("late", v1alpha1.ReturnPathVxlan)
+	late.Spec.Nodes["edge-a"] = v1alpha1.ClassNode{Interfaces: []string{"enp1s0", "enp9s0"}}
+	require.NoError(t, l.ApplyClass(ctx, late))
+	require.NoError(t, l.Expose(ctx, lab.DemoNamespace, "late", "app", corev1.ProtocolTCP, 3000, lab.Backend{Pod: lab.PodA, Ready: true}))
+	require.NoError(t, l.ApplyPortMap(ctx, &v1alpha1.PortMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: lab.DemoNamespace, Name: "late"},
+		Spec: v1alpha1.PortMapSpec{ClassName: "late", Protocol: v1alpha1.ProtocolTCP, Port: 3000,
+			ServiceRef: v1alpha1.ServiceRef{Name: "late", Port: "app"}},
+	}))
+	waitCondition(t, l, lab.DemoNamespace, "late", v1alpha1.ConditionProgrammed, "False:"+v1alpha1.ReasonNodeNotReady, 20*time.Second)
+	pm, err := l.GetPortMap(ctx, lab.DemoNamespace, "late")
+	require.NoError(t, err)
+	assert.Contains(t, meta.FindStatusCondition(pm.Status.Conditions, v1alpha1.ConditionProgrammed).Message, "interface enp9s0 not present")
+	require.Eventually(t, func() bool {
+		table, err := l.NftTable(ctx, "edge-a")
+		return err == nil && strings.Contains(table, `iifname "enp9s0" tcp dport 3000`)
+	}, 10*time.Second, 100*time.Millisecond, "the rule for the missing interface is not in edge-a's kernel")
+	assertAnswers(t, l, 3000)
+	before, err := svc.GetProgram(ctx, &kuportv1.GetProgramRequest{Node: "edge-a"})
+	require.NoError(t, err)
+
+	for _, args := range [][]string{
+		{"ip", "link", "add", "enp9s0", "type", "veth", "peer", "name", "enp9s0-peer"}, // no dummy module here
+		{"ip", "addr", "add", "192.0.2.99/32", "dev", "enp9s0"},
+		{"ip", "link", "set", "enp9s0", "up"},
+	} {
+		_, err := l.Net.Exec(ctx, "edge-a", args...)
+		require.NoError(t, err)
+	}
+	waitCondition(t, l, lab.DemoNamespace, "late", v1alpha1.ConditionProgrammed, "True", 20*time.Second)
+	after, err := svc.GetProgram(ctx, &kuportv1.GetProgramRequest{Node: "edge-a"})
+	require.NoError(t, err)
+	assert.Equal(t, before.GetProgram().GetVersion(), after.GetProgram().GetVersion(), "no new program was needed")
+	cls, err := l.GetClass(ctx, "late")
+	require.NoError(t, err)
+	require.Len(t, cls.Status.Nodes, 1)
+	assert.True(t, cls.Status.Nodes[0].Ready, cls.Status.Nodes[0].Message)
+	assert.Equal(t, "192.0.2.99", cls.Status.Nodes[0].Addresses["enp9s0"])
 }
