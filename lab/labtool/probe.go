@@ -33,9 +33,9 @@ func Probe(ctx context.Context, args []string, stdout io.Writer) error {
 	if err := parseFlags(fs, args, "kuport-lab probe --proto tcp|udp --to IP:PORT [--timeout 2s] [--size N]"); err != nil {
 		return err
 	}
-	dst, err := netip.ParseAddrPort(*to)
-	if err != nil || !dst.Addr().Is4() || dst.Port() == 0 {
-		return fmt.Errorf("%w: --to %q: want IPv4:port", ErrUsage, *to)
+	dst, err := parseDestination(*to)
+	if err != nil {
+		return err
 	}
 	if *timeout <= 0 {
 		return fmt.Errorf("%w: --timeout %s: want > 0", ErrUsage, *timeout)
@@ -45,16 +45,34 @@ func Probe(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	var res ProbeResult
-	switch *proto {
+	return printResult(stdout, *proto,
+		func() ProbeResult { return probeTCP(ctx, dst, payload(*size)) },
+		func() (ProbeResult, error) { return probeUDP(ctx, dst, payload(*size)) })
+}
+
+// parseDestination parses --to: an IPv4 address and a non-zero port, else ErrUsage.
+func parseDestination(to string) (netip.AddrPort, error) {
+	dst, err := netip.ParseAddrPort(to)
+	if err != nil || !dst.Addr().Is4() || dst.Port() == 0 {
+		return netip.AddrPort{}, fmt.Errorf("%w: --to %q: want IPv4:port", ErrUsage, to)
+	}
+	return dst, nil
+}
+
+// printResult runs a client command's tcp or udp variant and writes its one result line.
+// Errors: ErrUsage for another proto, the udp variant's error, failing to write stdout.
+func printResult[R fmt.Stringer](stdout io.Writer, proto string, tcp func() R, udp func() (R, error)) error {
+	var res R
+	switch proto {
 	case "tcp":
-		res = probeTCP(ctx, dst, payload(*size))
+		res = tcp()
 	case "udp":
-		if res, err = probeUDP(ctx, dst, payload(*size)); err != nil {
+		var err error
+		if res, err = udp(); err != nil {
 			return err
 		}
 	default:
-		return fmt.Errorf("%w: --proto %q: want tcp or udp", ErrUsage, *proto)
+		return fmt.Errorf("%w: --proto %q: want tcp or udp", ErrUsage, proto)
 	}
 	if _, err := fmt.Fprintln(stdout, res.String()); err != nil {
 		return fmt.Errorf("write result: %w", err)

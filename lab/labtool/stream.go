@@ -98,30 +98,18 @@ func Stream(ctx context.Context, args []string, stdout io.Writer) error {
 	if err := parseFlags(fs, args, "kuport-lab stream --proto tcp|udp --to IP:PORT [--interval 20ms] [--duration 10s]"); err != nil {
 		return err
 	}
-	dst, err := netip.ParseAddrPort(*to)
-	if err != nil || !dst.Addr().Is4() || dst.Port() == 0 {
-		return fmt.Errorf("%w: --to %q: want IPv4:port", ErrUsage, *to)
+	dst, err := parseDestination(*to)
+	if err != nil {
+		return err
 	}
 	if *interval <= 0 || *duration <= 0 {
 		return fmt.Errorf("%w: --interval and --duration must be > 0", ErrUsage)
 	}
 	ctx, cancel := context.WithTimeout(ctx, *duration)
 	defer cancel()
-	var res StreamResult
-	switch *proto {
-	case "tcp":
-		res = streamTCP(ctx, dst, *interval)
-	case "udp":
-		if res, err = streamUDP(ctx, dst, *interval); err != nil {
-			return err
-		}
-	default:
-		return fmt.Errorf("%w: --proto %q: want tcp or udp", ErrUsage, *proto)
-	}
-	if _, err := fmt.Fprintln(stdout, res.String()); err != nil {
-		return fmt.Errorf("write result: %w", err)
-	}
-	return nil
+	return printResult(stdout, *proto,
+		func() StreamResult { return streamTCP(ctx, dst, *interval) },
+		func() (StreamResult, error) { return streamUDP(ctx, dst, *interval) })
 }
 
 // streamUDP sends until ctx ends, then waits one second for replies still in flight.
