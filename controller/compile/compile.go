@@ -67,7 +67,9 @@ type compiler struct {
 	held map[hold][]holding
 	// crossings: the dialed port ranges that emitted mappings send over each link.
 	crossings map[crossing][]holding
-	programs  map[string]*programBuilder
+	// replies: how emitted mappings return each pod's replies.
+	replies  map[replies][]replyHolding
+	programs map[string]*programBuilder
 }
 
 func newCompiler(s *Snapshot) *compiler {
@@ -79,6 +81,7 @@ func newCompiler(s *Snapshot) *compiler {
 		tables:    map[string]map[int32]bool{},
 		held:      map[hold][]holding{},
 		crossings: map[crossing][]holding{},
+		replies:   map[replies][]replyHolding{},
 		programs:  map[string]*programBuilder{},
 	}
 	for name, n := range s.Nodes {

@@ -628,8 +628,10 @@ func TestCompile(t *testing.T) {
 		{
 			name: "tables and marks are unique per node across two classes",
 			snap: func() *Snapshot {
-				s := world(mkPortMap("remote", 0, 3000), mkPortMap("i-remote", 1, 4000, className("intranet"), service("remote")))
+				s := world(mkPortMap("remote", 0, 3000), mkPortMap("i-remote", 1, 4000, className("intranet"), service("i-remote")))
 				s.Classes["intranet"] = intranet(1, map[string][]string{"edge-a": {"wt0"}})
+				// The same pod on another port: one pod port's replies go back by one link.
+				addService(s, "i-remote", 4000, mkEndpoint("web-b", "10.244.18.107", "worker-b"))
 				return s
 			},
 			want: map[string]outcome{

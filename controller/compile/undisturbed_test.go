@@ -119,10 +119,15 @@ func TestFailuresLeaveOthersUndisturbed(t *testing.T) {
 			return s
 		}, programmed: v1alpha1.ReasonNodeNotReady},
 		{name: "NodeNotReady: a Multi forwarder has no agent", snap: func() *Snapshot {
-			s := with(bad(3000, className("intranet")), multiClass(map[string][]string{"edge-a": {"wt0"}, "worker-d": {"wt0"}}))
+			// Its own pod port: replies from remote's are statically marked into public's link.
+			s := with(bad(3000, className("intranet"), service("multi")), multiClass(map[string][]string{"edge-a": {"wt0"}, "worker-d": {"wt0"}}))
+			addService(s, "multi", 3001, mkEndpoint("web-b", "10.244.18.107", "worker-b"))
 			addNodes(s, "worker-d")
 			return s
 		}, programmed: v1alpha1.ReasonNodeNotReady},
+		{name: "PortConflict: a pod port whose replies another mapping marks into its link", snap: func() *Snapshot {
+			return with(bad(3000, className("intranet")), multiClass(map[string][]string{"edge-a": {"wt0"}, "worker-c": {"eth0"}}))
+		}, accepted: v1alpha1.ReasonPortConflict},
 		{name: "NoInterfaceOnNode", snap: func() *Snapshot {
 			narrow := mkClass("narrow", 1, map[string][]string{"edge-a": {"wt0"}, "worker-c": {"eth0"}})
 			narrow.Spec.ReturnPath.Mode = v1alpha1.ReturnPathNone
