@@ -195,6 +195,19 @@ func TestPrivilegedE2EShapes(t *testing.T) {
 		assert.ElementsMatch(t, []string{"edge-a/enp1s0=" + lab.PublicAddr, "worker-c/eth0=" + workerCAddr}, published)
 	})
 
+	t.Run("Multi: a flow whose conntrack entry is gone on the pod's node heals on the client's next packet", func(t *testing.T) {
+		s, err := l.Net.StartStream("udp", workerCAddr+":6000", 20*time.Millisecond, 3*time.Second)
+		require.NoError(t, err)
+		time.Sleep(time.Second)
+		_, err = l.Net.Exec(ctx, "worker-b", "conntrack", "-D", "-p", "udp", "--orig-port-dst", "6000")
+		require.NoError(t, err, "the flow's entry on worker-b")
+		res, err := s.Wait(ctx)
+		require.NoError(t, err)
+		t.Logf("udp stream through worker-c: %s", res)
+		assert.Positive(t, res.Sent)
+		assert.LessOrEqual(t, res.Lost(), 1, "at most the datagram in flight is lost: %s", res)
+	})
+
 	t.Run("two classes over the same nodes get distinct links, VNIs, /31s, marks and tables", func(t *testing.T) {
 		onA, onB := vxlanLinks(t, l, "edge-a"), vxlanLinks(t, l, "worker-b")
 		pub, intra := onA[linkName("public", "worker-b")], onA[linkName("intranet", "worker-b")]
