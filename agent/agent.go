@@ -19,7 +19,9 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"k8s.io/apimachinery/pkg/util/wait"
 
@@ -43,6 +45,7 @@ const (
 	DefaultReportInterval    = 10 * time.Second
 	DefaultStatePollInterval = 2 * time.Second
 	DefaultResyncInterval    = 30 * time.Second
+	DefaultFollowerRetry     = time.Second
 )
 
 // DefaultBackoff is the reconnect backoff: 200 ms doubling up to a 5 s cap, 10 % jitter, so a
@@ -85,6 +88,11 @@ type Config struct {
 	// Backoff paces reconnects; the zero value means DefaultBackoff. It restarts from its
 	// first step after a stream that delivered a program.
 	Backoff wait.Backoff
+	// FollowerRetry is the wait before the next target after a controller replica refused
+	// the stream with FAILED_PRECONDITION because it is not the leader (default 1 s): a
+	// controller is up and the leader is elsewhere or about to be elected, so the Backoff
+	// starts over instead of growing, and a failover is followed within about this much.
+	FollowerRetry time.Duration
 	// DialOptions are added to the defaults (insecure transport credentials, connect
 	// backoff capped like Backoff).
 	DialOptions []grpc.DialOption
@@ -126,6 +134,9 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Backoff.Duration <= 0 {
 		cfg.Backoff = DefaultBackoff
 	}
+	if cfg.FollowerRetry <= 0 {
+		cfg.FollowerRetry = DefaultFollowerRetry
+	}
 	return &Agent{cfg: cfg, log: cfg.Log}, nil
 }
 
@@ -133,8 +144,9 @@ func New(cfg Config) (*Agent, error) {
 var errSessionEnded = errors.New("controller closed the stream")
 
 // Run connects to the controller and serves programs until ctx is done; it then returns nil
-// and leaves the kernel as it is. A broken stream is retried with backoff, rotating through
-// Config.Targets, while the applied program stays in the kernel and is still resynced.
+// and leaves the kernel as it is. A broken stream is retried with backoff (after
+// Config.FollowerRetry when a follower refused it), rotating through Config.Targets, while
+// the applied program stays in the kernel and is still resynced.
 func (a *Agent) Run(ctx context.Context) error {
 	resync := time.NewTicker(a.cfg.ResyncInterval)
 	defer resync.Stop()
@@ -149,6 +161,11 @@ func (a *Agent) Run(ctx context.Context) error {
 			bo = a.cfg.Backoff
 		}
 		delay := bo.Step()
+		if status.Code(err) == codes.FailedPrecondition {
+			// A follower refused: the next target may be the leader (or soon become it).
+			bo = a.cfg.Backoff
+			delay = a.cfg.FollowerRetry
+		}
 		a.log.Warn("controller stream ended, reconnecting", "target", target, "error", err, "retry_in", delay)
 		if !a.waitResyncing(ctx, delay, resync.C) {
 			return nil
@@ -212,6 +229,10 @@ func (a *Agent) session(ctx context.Context, target string, resync <-chan time.T
 		hello.AppliedVersion, hello.AppliedEpoch = a.current.GetVersion(), a.current.GetEpoch()
 	}
 	if err := stream.Send(&kuportv1.ConnectRequest{Message: &kuportv1.ConnectRequest_Hello{Hello: hello}}); err != nil {
+		if errors.Is(err, io.EOF) {
+			// The controller ended the stream (a follower's refusal): Recv tells why.
+			_, err = stream.Recv()
+		}
 		return false, fmt.Errorf("send hello to %s: %w", target, err)
 	}
 	a.log.Info("connected to controller", "target", target, "applied_version", hello.AppliedVersion, "applied_epoch", hello.AppliedEpoch)

@@ -14,6 +14,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -586,4 +588,38 @@ func TestNewRequiresNodeTargetsAndDatapath(t *testing.T) {
 			require.ErrorContains(t, err, name)
 		})
 	}
+}
+
+// followerController refuses every stream as a controller replica that is not the leader
+// does (controller/agents.Server).
+type followerController struct {
+	kuportv1.UnimplementedAgentServiceServer
+}
+
+func (followerController) Connect(kuportv1.AgentService_ConnectServer) error {
+	return status.Error(codes.FailedPrecondition, "this controller replica is not the leader (leader: replica-1)")
+}
+
+// TestFollowerRefusalMovesOnWithoutBackoff: a follower's refusal sends the agent to its next
+// target after FollowerRetry, however long the reconnect backoff has grown.
+func TestFollowerRefusalMovesOnWithoutBackoff(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "follower.sock")
+	lis, err := net.Listen("unix", path)
+	require.NoError(t, err)
+	srv := grpc.NewServer()
+	kuportv1.RegisterAgentServiceServer(srv, followerController{})
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+
+	c, target := startController(t)
+	dp := newFakeDatapath()
+	logs := &syncBuffer{}
+	cfg := testConfig(dp, logs, "unix://"+path, target)
+	cfg.Backoff = wait.Backoff{Duration: time.Hour, Factor: 2, Steps: 100, Cap: time.Hour}
+	cfg.FollowerRetry = 10 * time.Millisecond
+	startAgent(t, cfg)
+
+	s := nextSession(t, c)
+	require.Equal(t, "edge-a", s.hello.GetNode())
+	require.Contains(t, logs.String(), "leader: replica-1")
 }

@@ -63,7 +63,8 @@ type Config struct {
 	Kube kubernetes.Interface
 	// Dynamic reads PortMapClasses and PortMaps and writes their status.
 	Dynamic dynamic.Interface
-	// Epoch stamps every program (unix seconds at start; leader election will set it).
+	// Epoch stamps every program: the leadership term's epoch (package controller/leader),
+	// higher for every later term (see agents.Config.Epoch).
 	Epoch uint64
 	// Start is when the controller started (startup hold); zero means now.
 	Start time.Time

@@ -1,9 +1,10 @@
 // Package lab runs the whole of kuport on one machine with no cluster (DESIGN.md, "The
 // lab"): a real etcd and kube-apiserver on loopback (lab/cluster), network namespaces for a
 // client, the accepting node edge-a, the worker worker-b and pods, with the mesh and CNI
-// emulations (lab/netlab), the controller in the root namespace and one agent per node
-// namespace reaching it over a unix socket. Node, Pod, Service and EndpointSlice objects are
-// written by hand, as kwok does, since no kubelet or controller-manager runs.
+// emulations (lab/netlab), the controller replicas in the root namespace (they elect a
+// leader on a Lease in kuport-system) and one agent per node namespace reaching them over
+// their unix sockets. Node, Pod, Service and EndpointSlice objects are written by hand, as
+// kwok does, since no kubelet or controller-manager runs.
 //
 // `make demo`, `make lab-up` and the end-to-end tests all start the lab through Up.
 package lab
@@ -25,20 +26,28 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"kuport.wlz.li/kuport/controller/leader"
 	"kuport.wlz.li/kuport/lab/cluster"
 	"kuport.wlz.li/kuport/lab/netlab"
 )
 
 const (
-	// ControllerSocket is the controller's unix socket inside the lab dir: a filesystem path
-	// crosses network namespaces, so the agents in node namespaces reach it.
-	ControllerSocket = "controller.sock"
 	// AgentResyncInterval is the lab agents' --resync-interval: shorter than the default
 	// 30 s so that the e2e suite sees a repair quickly.
 	AgentResyncInterval = 5 * time.Second
-	// ControllerAddr is the controller's loopback listener for grpcurl.
+	// ControllerAddr is controller replica 0's loopback listener for grpcurl
+	// (ReplicaAddr(0)); replica 0 is the first leader.
 	ControllerAddr = "127.0.0.1:7443"
 )
+
+// ReplicaSocket is controller replica i's unix socket, relative to the lab dir
+// ("controller-0.sock", ...): a filesystem path crosses network namespaces, so the agents in
+// node namespaces reach it.
+func ReplicaSocket(i int) string { return fmt.Sprintf("controller-%d.sock", i) }
+
+// ReplicaAddr is controller replica i's loopback listener: 127.0.0.1:7443 for replica 0,
+// 7444 for replica 1, and so on.
+func ReplicaAddr(i int) string { return fmt.Sprintf("127.0.0.1:%d", 7443+i) }
 
 // Options says where the lab keeps its state and finds its binaries.
 type Options struct {
@@ -51,6 +60,9 @@ type Options struct {
 	Bin string
 	// CRDDir holds the CRD YAMLs to install (deploy/crds).
 	CRDDir string
+	// ControllerReplicas is how many controller replicas run (1 when zero); every agent is
+	// given all of them as --controller targets.
+	ControllerReplicas int
 	// Log receives progress; nil discards.
 	Log hclog.Logger
 }
@@ -64,11 +76,11 @@ type Lab struct {
 	Kube    kubernetes.Interface
 	Dyn     dynamic.Interface
 
-	mu         sync.Mutex
-	controller *netlab.Proc
-	agents     map[string]*netlab.Proc
-	closeOnce  sync.Once
-	closeErr   error
+	mu          sync.Mutex
+	controllers []*netlab.Proc // by replica; nil while stopped
+	agents      map[string]*netlab.Proc
+	closeOnce   sync.Once
+	closeErr    error
 }
 
 // Up starts everything and returns once the controller and every agent run. On error
@@ -87,7 +99,10 @@ func Up(ctx context.Context, opt Options) (*Lab, error) {
 		}
 		*p = abs
 	}
-	l := &Lab{opt: opt, log: opt.Log, agents: map[string]*netlab.Proc{}}
+	if opt.ControllerReplicas <= 0 {
+		opt.ControllerReplicas = 1
+	}
+	l := &Lab{opt: opt, log: opt.Log, agents: map[string]*netlab.Proc{}, controllers: make([]*netlab.Proc, opt.ControllerReplicas)}
 	if err := l.up(ctx); err != nil {
 		return nil, errors.Join(err, l.Close())
 	}
@@ -142,8 +157,14 @@ func (l *Lab) up(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := l.StartController(); err != nil {
-		return err
+	if err := l.Cluster.EnsureNamespace(ctx, leader.DefaultNamespace, nil); err != nil {
+		return fmt.Errorf("lab: lease namespace: %w", err)
+	}
+	// Replica 0 starts first, so it creates the Lease and leads.
+	for i := range l.controllers {
+		if err := l.StartReplica(i); err != nil {
+			return err
+		}
 	}
 	for _, n := range l.Net.Nodes() {
 		if err := l.StartAgent(n.Name); err != nil {
@@ -193,32 +214,45 @@ func (l *Lab) createNode(ctx context.Context, n netlab.NodeSpec) error {
 	return nil
 }
 
-// StartController starts kuport-controller in the root namespace, listening on the unix
-// socket and on ControllerAddr.
-func (l *Lab) StartController() error {
+// StartController starts controller replica 0 (StartReplica).
+func (l *Lab) StartController() error { return l.StartReplica(0) }
+
+// StopController stops controller replica 0 (StopReplica).
+func (l *Lab) StopController(kill bool) error { return l.StopReplica(0, kill) }
+
+// StartReplica starts controller replica i (0 <= i < Options.ControllerReplicas) in the root
+// namespace, listening on ReplicaSocket(i) and ReplicaAddr(i), with the default leader
+// election flags (Lease kuport-system/kuport-controller, 15 s, 10 s, 2 s).
+func (l *Lab) StartReplica(i int) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.controller != nil {
-		return errors.New("lab: controller already running")
+	if i < 0 || i >= len(l.controllers) {
+		return fmt.Errorf("lab: no controller replica %d", i)
 	}
-	p, err := l.Net.Start("", filepath.Join(l.logDir(), "controller.log"),
+	if l.controllers[i] != nil {
+		return fmt.Errorf("lab: controller replica %d already running", i)
+	}
+	p, err := l.Net.Start("", filepath.Join(l.logDir(), fmt.Sprintf("controller-%d.log", i)),
 		filepath.Join(l.opt.Bin, "kuport-controller"),
 		"--kubeconfig", l.Cluster.Kubeconfig(),
-		"--grpc-listen", "unix://"+filepath.Join(l.opt.Dir, ControllerSocket),
-		"--grpc-listen", ControllerAddr,
+		"--grpc-listen", "unix://"+filepath.Join(l.opt.Dir, ReplicaSocket(i)),
+		"--grpc-listen", ReplicaAddr(i),
 		"--log-level", "debug")
 	if err != nil {
 		return err
 	}
-	l.controller = p
+	l.controllers[i] = p
 	return nil
 }
 
-// StopController stops the controller (SIGTERM); kill sends SIGKILL instead.
-func (l *Lab) StopController(kill bool) error {
+// StopReplica stops controller replica i (SIGTERM: a leader stops serving and releases the
+// Lease); kill sends SIGKILL instead. A stopped or unknown replica is a no-op.
+func (l *Lab) StopReplica(i int, kill bool) error {
 	l.mu.Lock()
-	p := l.controller
-	l.controller = nil
+	var p *netlab.Proc
+	if i >= 0 && i < len(l.controllers) {
+		p, l.controllers[i] = l.controllers[i], nil
+	}
 	l.mu.Unlock()
 	return stop(p, kill)
 }
@@ -239,13 +273,12 @@ func (l *Lab) StartAgentBinary(node, binary string) error {
 	if l.agents[node] != nil {
 		return fmt.Errorf("lab: agent on %s already running", node)
 	}
-	p, err := l.Net.Start(node, filepath.Join(l.logDir(), "agent-"+node+".log"), binary,
-		"--node-name", node,
-		"--underlay-interface", spec.UnderlayIface,
-		"--controller", "unix://"+filepath.Join(l.opt.Dir, ControllerSocket),
-		"--report-interval", "2s",
-		"--resync-interval", AgentResyncInterval.String(),
-		"--log-level", "debug")
+	args := []string{binary, "--node-name", node, "--underlay-interface", spec.UnderlayIface}
+	for i := range l.controllers {
+		args = append(args, "--controller", "unix://"+filepath.Join(l.opt.Dir, ReplicaSocket(i)))
+	}
+	args = append(args, "--report-interval", "2s", "--resync-interval", AgentResyncInterval.String(), "--log-level", "debug")
+	p, err := l.Net.Start(node, filepath.Join(l.logDir(), "agent-"+node+".log"), args...)
 	if err != nil {
 		return err
 	}
@@ -298,7 +331,9 @@ func (l *Lab) Close() error {
 		for _, p := range agents {
 			errs = append(errs, stop(p, false))
 		}
-		errs = append(errs, l.StopController(false))
+		for i := range l.controllers {
+			errs = append(errs, l.StopReplica(i, false))
+		}
 		if l.Cluster != nil {
 			errs = append(errs, l.Cluster.Stop())
 		}

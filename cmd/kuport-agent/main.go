@@ -7,7 +7,7 @@
 //	kuport-agent cleanup [--log-level info]
 //	kuport-agent --version
 //
-// TARGET is a gRPC target: unix:///run/kuport-lab/controller.sock or host:port. SIGTERM and
+// TARGET is a gRPC target: unix:///run/kuport-lab/controller-0.sock or host:port. SIGTERM and
 // SIGINT stop the agent and leave the kernel as it is (fail static); `cleanup` removes
 // everything kuport made on the node and exits.
 //

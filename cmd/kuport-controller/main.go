@@ -2,9 +2,20 @@
 // program per node and streams it to the node agents over gRPC (DESIGN.md, "Shape").
 //
 //	kuport-controller [--kubeconfig PATH] [--grpc-listen ADDR]... [--link-retention 24h] [--log-level info]
+//	                  [--leader-elect=true] [--lease-namespace kuport-system] [--lease-name kuport-controller]
+//	                  [--lease-duration 15s] [--renew-deadline 10s] [--retry-period 2s] [--identity ID]
 //
 // --grpc-listen is repeatable: "unix:///run/kuport/controller.sock" (the default) or
-// "127.0.0.1:7443". SIGTERM or SIGINT stops it gracefully.
+// "127.0.0.1:7443". Replicas elect a leader on a coordination.k8s.io Lease (package
+// controller/leader): only the leader watches the API, compiles, writes status and serves
+// programs; a follower listens but refuses agent streams and inspection calls with
+// FAILED_PRECONDITION. --leader-elect=false runs a single replica that leads at once, with
+// the start's unix seconds as its epoch (never mix it with elected replicas: their
+// lease-derived epochs are lower, so agents would refuse them until restarted).
+//
+// SIGTERM or SIGINT stops it gracefully (a leader stops serving, then releases the Lease).
+// Exit status: 0 after a signal, 1 on an error, including the loss of the leadership: a
+// supervisor restarts the process as a follower.
 package main
 
 import (
@@ -27,6 +38,7 @@ import (
 
 	"kuport.wlz.li/kuport/controller"
 	"kuport.wlz.li/kuport/controller/agents"
+	"kuport.wlz.li/kuport/controller/leader"
 )
 
 const defaultListen = "unix:///run/kuport/controller.sock"
@@ -55,6 +67,13 @@ func run(args []string) error {
 	fs.Var(&listen, "grpc-listen", "gRPC listen address, repeatable: unix:///path or host:port (default "+defaultListen+")")
 	retention := fs.Duration("link-retention", controller.DefaultLinkRetention, "how long an unused link slot claim is kept")
 	level := fs.String("log-level", "info", "log level: trace, debug, info, warn, error")
+	elect := fs.Bool("leader-elect", true, "elect a leader among replicas on a Lease; false runs one replica that leads at once")
+	leaseNamespace := fs.String("lease-namespace", leader.DefaultNamespace, "namespace of the leader election Lease")
+	leaseName := fs.String("lease-name", leader.DefaultName, "name of the leader election Lease")
+	leaseDuration := fs.Duration("lease-duration", leader.DefaultLeaseDuration, "how long followers wait after the leader's last renewal before taking the Lease over")
+	renewDeadline := fs.Duration("renew-deadline", leader.DefaultRenewDeadline, "how long the leader tries to renew before it gives up the leadership and exits (< --lease-duration)")
+	retryPeriod := fs.Duration("retry-period", leader.DefaultRetryPeriod, "how often candidates try to acquire and the leader renews")
+	identity := fs.String("identity", "", "this replica's identity in the Lease, unique per process (default <hostname>_<pid>_<random>)")
 	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
 		return nil
 	} else if err != nil {
@@ -82,15 +101,12 @@ func run(args []string) error {
 		return fmt.Errorf("dynamic client: %w", err)
 	}
 
-	start := time.Now()
-	ctl, err := controller.New(controller.Config{
-		Kube: kube, Dynamic: dyn, Epoch: uint64(start.Unix()), Start: start,
-		LinkRetention: *retention, Log: log,
-	})
-	if err != nil {
-		return err
+	if *identity == "" {
+		if *identity, err = leader.DefaultIdentity(); err != nil {
+			return err
+		}
 	}
-	srv := agents.NewServer(ctl.Registry(), log.Named("grpc"))
+	srv := agents.NewServer(log.Named("grpc"))
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -111,16 +127,39 @@ func run(args []string) error {
 			}
 		})
 	}
-	wg.Go(func() {
-		if err := ctl.Run(ctx); err != nil {
-			cancel(err)
-		}
-	})
 
-	<-ctx.Done()
-	log.Info("stopping", "cause", context.Cause(ctx))
+	// lead is one leadership term: the controller runs, and the server serves its programs,
+	// only until ctx ends.
+	lead := func(ctx context.Context, epoch uint64) error {
+		defer context.AfterFunc(ctx, srv.Stop)()
+		start := time.Now()
+		ctl, err := controller.New(controller.Config{
+			Kube: kube, Dynamic: dyn, Epoch: epoch, Start: start,
+			LinkRetention: *retention, Log: log,
+		})
+		if err != nil {
+			return err
+		}
+		srv.Lead(ctl.Registry())
+		return ctl.Run(ctx)
+	}
+	var leadErr error
+	if *elect {
+		leadErr = leader.Run(ctx, leader.Config{
+			Client: kube, Namespace: *leaseNamespace, Name: *leaseName, Identity: *identity,
+			LeaseDuration: *leaseDuration, RenewDeadline: *renewDeadline, RetryPeriod: *retryPeriod,
+			OnNewLeader: srv.SetLeader, Log: log.Named("leader"),
+		}, lead)
+	} else {
+		leadErr = lead(ctx, uint64(time.Now().Unix()))
+	}
+
+	log.Info("stopping", "cause", context.Cause(ctx), "error", leadErr)
 	srv.Stop()
 	wg.Wait()
+	if leadErr != nil {
+		return leadErr
+	}
 	if err := context.Cause(ctx); !errors.Is(err, context.Canceled) {
 		return err
 	}

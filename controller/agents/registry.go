@@ -43,7 +43,8 @@ const (
 // Config configures a Registry.
 type Config struct {
 	// Epoch stamps every program; agents refuse programs of a lower epoch than one they
-	// applied. Fixed for the Registry's life (unix seconds at controller start).
+	// applied. Fixed for the Registry's life: the leadership term's epoch (package
+	// controller/leader), or the start's unix seconds without leader election.
 	Epoch uint64
 	// Start is when the controller started; the startup hold ends at Start+Hold at the latest.
 	Start time.Time

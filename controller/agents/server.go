@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -24,13 +25,20 @@ import (
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
-// Server serves kuport.v1.AgentService and kuport.v1.ProgramService over a Registry, plus
-// grpc.health.v1 (SERVING while it runs) and server reflection (for grpcurl).
+// Server serves kuport.v1.AgentService and kuport.v1.ProgramService over the Registry of the
+// leader, plus grpc.health.v1 and server reflection (for grpcurl).
+//
+// A Server starts as a follower's: it refuses agent streams and inspection calls with
+// FAILED_PRECONDITION, naming the leader when known (SetLeader), so an agent moves on to its
+// next controller target. Lead makes it serve a Registry for the rest of its life; a replica
+// that loses the leadership stops its Server and exits. Health reports the overall service
+// ("") SERVING while it runs, and kuport.v1.AgentService SERVING only while it leads.
 type Server struct {
 	kuportv1.UnimplementedAgentServiceServer
 	kuportv1.UnimplementedProgramServiceServer
 
-	reg      *Registry
+	reg      atomic.Pointer[Registry] // nil while following
+	leader   atomic.Pointer[string]   // identity of the leader, as last observed
 	log      hclog.Logger
 	grpc     *grpc.Server
 	health   *health.Server
@@ -38,13 +46,12 @@ type Server struct {
 	stopOnce sync.Once
 }
 
-// NewServer returns a Server over reg; nothing listens until Serve.
-func NewServer(reg *Registry, log hclog.Logger) *Server {
+// NewServer returns a follower's Server (see Server); nothing listens until Serve.
+func NewServer(log hclog.Logger) *Server {
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
 	s := &Server{
-		reg:      reg,
 		log:      log,
 		health:   health.NewServer(),
 		stopping: make(chan struct{}),
@@ -59,7 +66,29 @@ func NewServer(reg *Registry, log hclog.Logger) *Server {
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus(kuportv1.AgentService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
 	return s
+}
+
+// Lead makes the Server serve reg's programs and state from now on; it never follows again.
+func (s *Server) Lead(reg *Registry) {
+	s.reg.Store(reg)
+	s.health.SetServingStatus(kuportv1.AgentService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+}
+
+// SetLeader records the identity of the current leader, which a follower's refusals name.
+func (s *Server) SetLeader(identity string) { s.leader.Store(&identity) }
+
+// leading returns the Registry to serve, or the FAILED_PRECONDITION refusal of a follower.
+func (s *Server) leading() (*Registry, error) {
+	if reg := s.reg.Load(); reg != nil {
+		return reg, nil
+	}
+	leader := "unknown"
+	if l := s.leader.Load(); l != nil && *l != "" {
+		leader = *l
+	}
+	return nil, status.Errorf(codes.FailedPrecondition, "this controller replica is not the leader (leader: %s)", leader)
 }
 
 // Serve accepts connections on lis until Stop; it returns nil after Stop.
@@ -83,12 +112,16 @@ func (s *Server) Stop() {
 // helloTimeout bounds how long a new stream may stay silent before its Hello.
 const helloTimeout = 10 * time.Second
 
-// Connect implements kuport.v1.AgentService/Connect: the first message must be a Hello
-// naming the node (else INVALID_ARGUMENT, or DEADLINE_EXCEEDED after helloTimeout without
-// one); the stream then receives the node's current
-// program and every new version, and carries the agent's Acks and Reports. A newer stream
-// of the same node ends this one with ABORTED.
+// Connect implements kuport.v1.AgentService/Connect: a follower refuses it with
+// FAILED_PRECONDITION. The first message must be a Hello naming the node (else
+// INVALID_ARGUMENT, or DEADLINE_EXCEEDED after helloTimeout without one); the stream then
+// receives the node's current program and every new version, and carries the agent's Acks
+// and Reports. A newer stream of the same node ends this one with ABORTED.
 func (s *Server) Connect(stream grpc.BidiStreamingServer[kuportv1.ConnectRequest, kuportv1.ConnectResponse]) error {
+	reg, err := s.leading()
+	if err != nil {
+		return err
+	}
 	type received struct {
 		msg *kuportv1.ConnectRequest
 		err error
@@ -112,8 +145,8 @@ func (s *Server) Connect(stream grpc.BidiStreamingServer[kuportv1.ConnectRequest
 	if hello == nil || hello.Node == "" {
 		return status.Error(codes.InvalidArgument, "first message must be a Hello with the node name")
 	}
-	sess := s.reg.connect(hello)
-	defer s.reg.disconnect(sess)
+	sess := reg.connect(hello)
+	defer reg.disconnect(sess)
 
 	recvErr := make(chan error, 1)
 	go func() {
@@ -125,9 +158,9 @@ func (s *Server) Connect(stream grpc.BidiStreamingServer[kuportv1.ConnectRequest
 			}
 			switch m := msg.Message.(type) {
 			case *kuportv1.ConnectRequest_Ack:
-				s.reg.ack(sess, m.Ack)
+				reg.ack(sess, m.Ack)
 			case *kuportv1.ConnectRequest_Report:
-				s.reg.report(sess, m.Report)
+				reg.report(sess, m.Report)
 			case *kuportv1.ConnectRequest_Hello:
 				s.log.Warn("ignoring a second hello", "node", sess.node)
 			}
@@ -137,7 +170,7 @@ func (s *Server) Connect(stream grpc.BidiStreamingServer[kuportv1.ConnectRequest
 	for {
 		select {
 		case <-sess.wake:
-			if p := s.reg.next(sess); p != nil {
+			if p := reg.next(sess); p != nil {
 				if err := stream.Send(&kuportv1.ConnectResponse{Message: &kuportv1.ConnectResponse_Program{Program: p}}); err != nil {
 					return fmt.Errorf("send program to %s: %w", sess.node, err)
 				}
@@ -157,21 +190,31 @@ func (s *Server) Connect(stream grpc.BidiStreamingServer[kuportv1.ConnectRequest
 }
 
 // GetProgram implements kuport.v1.ProgramService/GetProgram; NOT_FOUND for a node neither
-// compile nor an agent has named. A node known only from its agent gets an empty program.
+// compile nor an agent has named, FAILED_PRECONDITION on a follower. A node known only from
+// its agent gets an empty program.
 func (s *Server) GetProgram(_ context.Context, req *kuportv1.GetProgramRequest) (*kuportv1.GetProgramResponse, error) {
-	p, acked, ok := s.reg.Program(req.Node)
+	reg, err := s.leading()
+	if err != nil {
+		return nil, err
+	}
+	p, acked, ok := reg.Program(req.Node)
 	if !ok {
 		return nil, status.Errorf(codes.NotFound, "node %q is unknown", req.Node)
 	}
 	if p == nil {
-		p = &kuportv1.NodeProgram{Node: req.Node, Epoch: s.reg.Epoch()}
+		p = &kuportv1.NodeProgram{Node: req.Node, Epoch: reg.Epoch()}
 	}
 	return &kuportv1.GetProgramResponse{Program: p, AckedVersion: acked}, nil
 }
 
-// ListNodes implements kuport.v1.ProgramService/ListNodes: every known node, sorted by name.
+// ListNodes implements kuport.v1.ProgramService/ListNodes: every known node, sorted by name;
+// FAILED_PRECONDITION on a follower.
 func (s *Server) ListNodes(context.Context, *kuportv1.ListNodesRequest) (*kuportv1.ListNodesResponse, error) {
-	return &kuportv1.ListNodesResponse{Nodes: s.reg.Nodes()}, nil
+	reg, err := s.leading()
+	if err != nil {
+		return nil, err
+	}
+	return &kuportv1.ListNodesResponse{Nodes: reg.Nodes()}, nil
 }
 
 // Listen opens one --grpc-listen address: "unix:///path/to.sock" (the directory is created

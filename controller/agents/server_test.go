@@ -36,7 +36,8 @@ func TestServerOverUnixSocket(t *testing.T) {
 	sock := "unix://" + filepath.Join(t.TempDir(), "run", "controller.sock")
 	lis, err := Listen(sock)
 	require.NoError(t, err)
-	srv := NewServer(reg, nil)
+	srv := NewServer(nil)
+	srv.Lead(reg)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
 	defer func() {
@@ -146,4 +147,73 @@ func TestListenReplacesStaleSocket(t *testing.T) {
 	lis, err = Listen("unix://" + path)
 	require.NoError(t, err)
 	require.NoError(t, lis.Close())
+}
+
+// TestFollowerRefusesUntilItLeads: a follower's Server refuses agent streams and inspection
+// calls with FAILED_PRECONDITION naming the leader, and reports AgentService NOT_SERVING;
+// once it leads it serves like any leader.
+func TestFollowerRefusesUntilItLeads(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sock := "unix://" + filepath.Join(t.TempDir(), "controller.sock")
+	lis, err := Listen(sock)
+	require.NoError(t, err)
+	srv := NewServer(nil)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(lis) }()
+	defer func() {
+		srv.Stop()
+		assert.NoError(t, <-served)
+	}()
+	conn, err := grpc.NewClient(sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	health := healthpb.NewHealthClient(conn)
+	agentHealth := func() healthpb.HealthCheckResponse_ServingStatus {
+		hr, err := health.Check(ctx, &healthpb.HealthCheckRequest{Service: kuportv1.AgentService_ServiceDesc.ServiceName})
+		require.NoError(t, err)
+		return hr.Status
+	}
+	hello := &kuportv1.ConnectRequest{Message: &kuportv1.ConnectRequest_Hello{Hello: &kuportv1.Hello{Node: "edge-a"}}}
+	connect := func() (*kuportv1.ConnectResponse, error) {
+		stream, err := kuportv1.NewAgentServiceClient(conn).Connect(ctx)
+		require.NoError(t, err)
+		_ = stream.Send(hello) // may race with the refusal; Recv tells
+		return stream.Recv()
+	}
+	ps := kuportv1.NewProgramServiceClient(conn)
+
+	for _, leader := range []string{"", "replica-1"} {
+		if leader != "" {
+			srv.SetLeader(leader)
+		}
+		want := "leader: unknown"
+		if leader != "" {
+			want = "leader: " + leader
+		}
+		_, err = connect()
+		assert.Equal(t, codes.FailedPrecondition, status.Code(err), "%v", err)
+		assert.ErrorContains(t, err, want)
+		_, err = ps.GetProgram(ctx, &kuportv1.GetProgramRequest{Node: "edge-a"})
+		assert.Equal(t, codes.FailedPrecondition, status.Code(err), "%v", err)
+		assert.ErrorContains(t, err, want)
+		_, err = ps.ListNodes(ctx, &kuportv1.ListNodesRequest{})
+		assert.Equal(t, codes.FailedPrecondition, status.Code(err), "%v", err)
+	}
+	hr, err := health.Check(ctx, &healthpb.HealthCheckRequest{})
+	require.NoError(t, err)
+	assert.Equal(t, healthpb.HealthCheckResponse_SERVING, hr.Status, "a follower is alive and ready")
+	assert.Equal(t, healthpb.HealthCheckResponse_NOT_SERVING, agentHealth())
+
+	reg := NewRegistry(Config{Epoch: 3, Start: time.Now()})
+	reg.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false)})
+	reg.Release(nil, time.Now())
+	srv.Lead(reg)
+	assert.Equal(t, healthpb.HealthCheckResponse_SERVING, agentHealth())
+	msg, err := connect()
+	require.NoError(t, err)
+	assert.Equal(t, uint64(3), msg.GetProgram().GetEpoch())
+	gp, err := ps.GetProgram(ctx, &kuportv1.GetProgramRequest{Node: "edge-a"})
+	require.NoError(t, err)
+	assert.Equal(t, uint64(3), gp.GetProgram().GetEpoch())
 }

@@ -10,8 +10,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,13 +20,10 @@ import (
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
-// programService dials the lab controller's inspection listener.
+// programService dials the lab controller's inspection listener (replica 0).
 func programService(t *testing.T) kuportv1.ProgramServiceClient {
 	t.Helper()
-	conn, err := grpc.NewClient(lab.ControllerAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close() })
-	return kuportv1.NewProgramServiceClient(conn)
+	return replicaService(t, 0)
 }
 
 // waitAgent waits until node's agent is connected with agentVersion ("" for any) and has

@@ -43,8 +43,14 @@ const (
 var repoRoot = func() string { r, _ := filepath.Abs("../.."); return r }()
 
 // startLab brings the lab up in the default state dir (so lab/env, as the README uses it,
-// points at it) with the demo's classes and pods.
+// points at it) with the demo's classes and pods and one controller replica.
 func startLab(t *testing.T) *lab.Lab {
+	t.Helper()
+	return startLabReplicas(t, 1)
+}
+
+// startLabReplicas is startLab with replicas controller replicas.
+func startLabReplicas(t *testing.T, replicas int) *lab.Lab {
 	t.Helper()
 	k8sBin := labtest.K8sBin(t)
 	bin := os.Getenv("KUPORT_BIN")
@@ -61,6 +67,8 @@ func startLab(t *testing.T) *lab.Lab {
 		Bin:    bin,
 		CRDDir: filepath.Join(repoRoot, "deploy", "crds"),
 		Log:    hclog.New(&hclog.LoggerOptions{Name: "lab", Level: hclog.Info, Output: os.Stderr}),
+
+		ControllerReplicas: replicas,
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, l.Close()) })
@@ -274,7 +282,8 @@ func TestPrivilegedE2E(t *testing.T) {
 		c.Dir = repoRoot
 		out, err := c.CombinedOutput()
 		require.NoError(t, err, "%s", out)
-		for _, obj := range []string{"clusterrole.rbac.authorization.k8s.io/kuport-controller", "deployment.apps/kuport-controller", "daemonset.apps/kuport-agent"} {
+		for _, obj := range []string{"clusterrole.rbac.authorization.k8s.io/kuport-controller", "role.rbac.authorization.k8s.io/kuport-controller-leader-election",
+			"deployment.apps/kuport-controller", "daemonset.apps/kuport-agent"} {
 			assert.Contains(t, string(out), obj)
 		}
 	})

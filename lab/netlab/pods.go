@@ -91,6 +91,10 @@ func (n *Net) buildPod(ctx context.Context, name string, spec NodeSpec, addr net
 		{ns, "addr", "add", addr.String(), "dev", "eth0"},
 		{ns, "link", "set", "eth0", "up"},
 		{ns, "route", "add", "default", "via", spec.CiliumHost().Addr().String()},
+		// A pod address used before on this node may still sit in the node's neighbour
+		// cache with the old pod's MAC, which would black-hole the new pod for seconds; a
+		// CNI forgets it when the old pod goes, and so does the lab.
+		{spec.Name, "neigh", "flush", "to", addr.Addr().String()},
 	}
 	for _, st := range steps {
 		if err := n.ip(ctx, st[0], st[1:]...); err != nil {

@@ -1,0 +1,25 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestLeaderElectionFlagsAreChecked: durations client-go's leader election cannot work with
+// stop the controller before it campaigns or serves.
+func TestLeaderElectionFlagsAreChecked(t *testing.T) {
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600))
+	err := run([]string{"--kubeconfig", kubeconfig, "--grpc-listen", "127.0.0.1:0",
+		"--lease-duration", "10s", "--renew-deadline", "10s"})
+	require.ErrorContains(t, err, "leader election")
+}

@@ -1,0 +1,147 @@
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/leaderelection"
+
+	"kuport.wlz.li/kuport/agent"
+	"kuport.wlz.li/kuport/api/v1alpha1"
+	"kuport.wlz.li/kuport/controller/leader"
+	"kuport.wlz.li/kuport/lab"
+	"kuport.wlz.li/kuport/lab/netlab"
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// replicaService dials controller replica i's inspection listener.
+func replicaService(t *testing.T, i int) kuportv1.ProgramServiceClient {
+	t.Helper()
+	conn, err := grpc.NewClient(lab.ReplicaAddr(i), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	return kuportv1.NewProgramServiceClient(conn)
+}
+
+// leads reports whether the replica behind c serves as the leader; a follower answers
+// FAILED_PRECONDITION, a dead or starting replica UNAVAILABLE.
+func leads(t *testing.T, c kuportv1.ProgramServiceClient) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, err := c.ListNodes(ctx, &kuportv1.ListNodesRequest{})
+	return err == nil
+}
+
+// TestPrivilegedE2EFailover runs two controller replicas and SIGKILLs the leader under
+// traffic (issue 5): the streams lose nothing, the follower takes the Lease over and serves
+// with a higher epoch, a PortMap created right after the kill is Programmed by the new leader,
+// and the restarted replica follows, refusing inspection calls with the leader's name. That
+// an agent refuses a program of a lower epoch than the one it applied is
+// agent.TestLowerEpochProgramRefused's to show.
+func TestPrivilegedE2EFailover(t *testing.T) {
+	l := startLabReplicas(t, 2)
+	ctx := context.Background()
+	// Either replica may win the first election: first is the leader, second the follower.
+	replicas := []kuportv1.ProgramServiceClient{replicaService(t, 0), replicaService(t, 1)}
+	leading := -1
+	require.Eventually(t, func() bool {
+		for i, c := range replicas {
+			if leads(t, c) {
+				leading = i
+				return true
+			}
+		}
+		return false
+	}, 30*time.Second, 100*time.Millisecond, "no replica leads")
+	first, second := replicas[leading], replicas[1-leading]
+	nodes := []string{"edge-a", "worker-b"}
+	for _, n := range nodes {
+		waitAgent(t, first, n, "")
+	}
+	_, err := second.ListNodes(ctx, &kuportv1.ListNodesRequest{})
+	require.Equal(t, codes.FailedPrecondition, status.Code(err), "replica %d must follow: %v", 1-leading, err)
+
+	mapTo(t, l, "stream-tcp", "public", corev1.ProtocolTCP, 3000, 0, 3000, lab.PodB)
+	mapTo(t, l, "stream-udp", "public", corev1.ProtocolUDP, 27015, 0, 27015, lab.PodB)
+	before, err := first.GetProgram(ctx, &kuportv1.GetProgramRequest{Node: "edge-a"})
+	require.NoError(t, err)
+	serve(t, l, lab.PodB, corev1.ProtocolTCP, 3002)
+	require.NoError(t, l.Expose(ctx, lab.DemoNamespace, "after-kill", "app", corev1.ProtocolTCP, 3002,
+		lab.Backend{Pod: lab.PodB, Ready: true}))
+
+	// client-go's bound: a follower notices the last renewal at its next jittered poll, deems
+	// the Lease expired LeaseDuration later and takes it at the poll after that.
+	poll := time.Duration(float64(leader.DefaultRetryPeriod) * (1 + leaderelection.JitterFactor))
+	takeover := leader.DefaultLeaseDuration + 2*poll
+	// Then the agents, refused by the follower until now, come back within FollowerRetry.
+	programmed := takeover + agent.DefaultFollowerRetry + 2*time.Second
+
+	// The streams run from before the kill until the new leader has programmed the new
+	// mapping, at the latest.
+	const interval, lead = 20 * time.Millisecond, 2 * time.Second
+	tcp, err := l.Net.StartStream("tcp", lab.PublicAddr+":3000", interval, lead+programmed)
+	require.NoError(t, err)
+	udp, err := l.Net.StartStream("udp", lab.PublicAddr+":27015", interval, lead+programmed)
+	require.NoError(t, err)
+	time.Sleep(lead)
+
+	require.NoError(t, l.StopReplica(leading, true))
+	killed := time.Now()
+	require.NoError(t, l.ApplyPortMap(ctx, &v1alpha1.PortMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: lab.DemoNamespace, Name: "after-kill"},
+		Spec: v1alpha1.PortMapSpec{ClassName: "public", Protocol: v1alpha1.ProtocolTCP, Port: 3002,
+			ServiceRef: v1alpha1.ServiceRef{Name: "after-kill", Port: "app"}},
+	}))
+
+	require.Eventually(t, func() bool { return leads(t, second) }, takeover+5*time.Second, 50*time.Millisecond,
+		"replica %d did not take the leadership over", 1-leading)
+	tookOver := time.Since(killed)
+	waitCondition(t, l, lab.DemoNamespace, "after-kill", v1alpha1.ConditionProgrammed, "True", programmed+5*time.Second)
+	tookProgrammed := time.Since(killed)
+	t.Logf("after SIGKILL of the leader: replica %d led after %s (lease %s + retry %s = %s), the new PortMap was Programmed after %s",
+		1-leading, tookOver.Round(time.Millisecond), leader.DefaultLeaseDuration, leader.DefaultRetryPeriod,
+		leader.DefaultLeaseDuration+leader.DefaultRetryPeriod, tookProgrammed.Round(time.Millisecond))
+	assert.Less(t, tookOver, takeover, "leadership moved too slowly")
+	assert.Less(t, tookProgrammed, programmed, "the new PortMap was Programmed too slowly")
+	assertReaches(t, l, corev1.ProtocolTCP, lab.PublicAddr, 3002, lab.PodB, 3002)
+
+	after, err := second.GetProgram(ctx, &kuportv1.GetProgramRequest{Node: "edge-a"})
+	require.NoError(t, err)
+	t.Logf("epoch %d before the failover, %d after", before.GetProgram().GetEpoch(), after.GetProgram().GetEpoch())
+	assert.Greater(t, after.GetProgram().GetEpoch(), before.GetProgram().GetEpoch(), "the new leader's epoch must be higher")
+	lease, err := l.Kube.CoordinationV1().Leases(leader.DefaultNamespace).Get(ctx, leader.DefaultName, metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, uint64(*lease.Spec.LeaseTransitions)+1, after.GetProgram().GetEpoch(), "epoch = leaseTransitions+1")
+	holder := *lease.Spec.HolderIdentity
+
+	wctx, cancel := context.WithTimeout(ctx, programmed+time.Minute)
+	defer cancel()
+	for name, s := range map[string]*netlab.Stream{"tcp": tcp, "udp": udp} {
+		res, err := s.Wait(wctx)
+		require.NoError(t, err)
+		t.Logf("%s stream: %s", name, res)
+		assert.Positive(t, res.Sent, name)
+		assert.Zero(t, res.Lost(), "%s stream lost packets: %s", name, res)
+		assert.Empty(t, res.Error, "%s stream", name)
+	}
+
+	// The killed replica comes back as a follower and names the leader.
+	require.NoError(t, l.StartReplica(leading))
+	want := "leader: " + holder
+	require.Eventually(t, func() bool {
+		_, err := first.ListNodes(ctx, &kuportv1.ListNodesRequest{})
+		return status.Code(err) == codes.FailedPrecondition && strings.Contains(status.Convert(err).Message(), want)
+	}, 15*time.Second, 100*time.Millisecond, "the restarted replica must follow, naming %s", holder)
+	assert.True(t, leads(t, second), "replica %d must keep leading", 1-leading)
+}
