@@ -39,6 +39,7 @@ import (
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/controller/agents"
 	"kuport.wlz.li/kuport/controller/compile"
+	"kuport.wlz.li/kuport/controller/metrics"
 	"kuport.wlz.li/kuport/controller/status"
 )
 
@@ -98,6 +99,8 @@ type Controller struct {
 
 	// last is the latest compile result (touched only by the single worker).
 	last *compile.Result
+	// pushes measures each program version's time from store to acknowledgement.
+	pushes metrics.PushTracker
 }
 
 // New builds a Controller and its agents.Registry; nothing runs until Run.
@@ -132,6 +135,7 @@ func New(cfg Config) (*Controller, error) {
 	c.reg = agents.NewRegistry(agents.Config{
 		Epoch: cfg.Epoch, Start: start, Hold: cfg.Hold, Log: log.Named("agents"),
 		OnChange: func(ch agents.Change) {
+			c.pushes.Observe(c.reg.Nodes(), time.Now())
 			if ch == agents.Acked {
 				c.queue.Add(keyStatus)
 			} else {
@@ -273,13 +277,17 @@ func (c *Controller) compile(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	start := time.Now()
 	res := compile.Compile(snap)
+	metrics.ObserveCompile(time.Since(start))
+	metrics.SetRefusals(res.PortMaps)
 	// Claims are persisted before any kernel may use them, so a restart or a failed write
 	// can never renumber a live link: no program leaves until its claims are recorded.
 	if err := c.writeClassStatuses(ctx, res); err != nil {
 		return err
 	}
 	c.reg.SetPrograms(res.Programs)
+	c.pushes.Observe(c.reg.Nodes(), time.Now())
 	if released, wait := c.reg.Release(unheardNodes(snap), snap.Now); !released {
 		c.queue.AddAfter(keyCompile, wait)
 	}
@@ -363,16 +371,10 @@ func (c *Controller) snapshot() (*compile.Snapshot, error) {
 		Nodes:          map[string]*corev1.Node{},
 		Agents:         c.reg.Agents(),
 	}
-	for _, o := range c.classes.List() {
-		if cls, ok := o.(*v1alpha1.PortMapClass); ok {
-			s.Classes[cls.Name] = cls
-		}
+	for _, cls := range c.PortMapClasses() {
+		s.Classes[cls.Name] = cls
 	}
-	for _, o := range c.pms.List() {
-		if pm, ok := o.(*v1alpha1.PortMap); ok {
-			s.PortMaps = append(s.PortMaps, pm)
-		}
-	}
+	s.PortMaps = c.PortMaps()
 	svcs, err := c.services.List(labels.Everything())
 	if err != nil {
 		return nil, fmt.Errorf("list services: %w", err)
@@ -405,4 +407,23 @@ func (c *Controller) snapshot() (*compile.Snapshot, error) {
 		s.Nodes[n.Name] = n
 	}
 	return s, nil
+}
+
+// PortMaps lists the cached PortMaps.
+func (c *Controller) PortMaps() []*v1alpha1.PortMap { return cached[v1alpha1.PortMap](c.pms) }
+
+// PortMapClasses lists the cached PortMapClasses.
+func (c *Controller) PortMapClasses() []*v1alpha1.PortMapClass {
+	return cached[v1alpha1.PortMapClass](c.classes)
+}
+
+// cached lists the *T objects of an indexer holding typed objects (see toTyped).
+func cached[T any](idx cache.Indexer) []*T {
+	var out []*T
+	for _, o := range idx.List() {
+		if t, ok := o.(*T); ok {
+			out = append(out, t)
+		}
+	}
+	return out
 }

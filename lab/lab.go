@@ -237,6 +237,7 @@ func (l *Lab) StartReplica(i int) error {
 		"--kubeconfig", l.Cluster.Kubeconfig(),
 		"--grpc-listen", "unix://"+filepath.Join(l.opt.Dir, ReplicaSocket(i)),
 		"--grpc-listen", ReplicaAddr(i),
+		"--http-listen", ReplicaHTTPAddr(i),
 		"--log-level", "debug")
 	if err != nil {
 		return err

@@ -23,6 +23,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -38,7 +40,9 @@ import (
 
 	"kuport.wlz.li/kuport/controller"
 	"kuport.wlz.li/kuport/controller/agents"
+	"kuport.wlz.li/kuport/controller/dashboard"
 	"kuport.wlz.li/kuport/controller/leader"
+	"kuport.wlz.li/kuport/controller/metrics"
 )
 
 const defaultListen = "unix:///run/kuport/controller.sock"
@@ -73,6 +77,7 @@ func run(args []string) error {
 	leaseDuration := fs.Duration("lease-duration", leader.DefaultLeaseDuration, "how long followers wait after the leader's last renewal before taking the Lease over")
 	renewDeadline := fs.Duration("renew-deadline", leader.DefaultRenewDeadline, "how long the leader tries to renew before it gives up the leadership and exits (< --lease-duration)")
 	retryPeriod := fs.Duration("retry-period", leader.DefaultRetryPeriod, "how often candidates try to acquire and the leader renews")
+	httpListen := fs.String("http-listen", "", "HTTP listen address (host:port) of the dashboard (/, /api/state) and Prometheus metrics (/metrics); empty serves none")
 	identity := fs.String("identity", "", "this replica's identity in the Lease, unique per process (default <hostname>_<pid>_<random>)")
 	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
 		return nil
@@ -128,6 +133,24 @@ func run(args []string) error {
 		})
 	}
 
+	web := dashboard.New()
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", metrics.Handler())
+	mux.Handle("/", web)
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	if *httpListen != "" {
+		if lis, err := net.Listen("tcp", *httpListen); err != nil {
+			cancel(fmt.Errorf("http listen: %w", err))
+		} else {
+			log.Info("http listening", "address", *httpListen)
+			wg.Go(func() {
+				if err := hs.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+					cancel(err)
+				}
+			})
+		}
+	}
+
 	// lead is one leadership term: the controller runs, and the server serves its programs,
 	// only until ctx ends.
 	lead := func(ctx context.Context, epoch uint64) error {
@@ -141,6 +164,11 @@ func run(args []string) error {
 			return err
 		}
 		srv.Lead(ctl.Registry())
+		metrics.SetLeader(ctl.Registry())
+		defer metrics.SetLeader(nil)
+		web.SetSource(&dashboard.Source{Agents: ctl.Registry(), PortMaps: ctl.PortMaps, Classes: ctl.PortMapClasses})
+		defer web.SetSource(nil)
+		go web.Run(ctx)
 		return ctl.Run(ctx)
 	}
 	var leadErr error
@@ -156,6 +184,7 @@ func run(args []string) error {
 
 	log.Info("stopping", "cause", context.Cause(ctx), "error", leadErr)
 	srv.Stop()
+	_ = hs.Close()
 	wg.Wait()
 	if leadErr != nil {
 		return leadErr

@@ -1,0 +1,82 @@
+package dashboard
+
+import (
+	"sync"
+	"time"
+)
+
+// rateWindow is how far back rates look. Agents report every 10 s by default (2 s in the
+// lab), so a window of three default reports averages over at least two of them; it is
+// also how long a rate takes to fall to 0 after traffic stops.
+const rateWindow = 30 * time.Second
+
+// rates turns successive readings of cumulative counters (Server.Run's samples) into
+// per-second rates. A counter only moves when its agent reports, so a rate is not taken
+// between two samples (most see no change) but across the changes seen within rateWindow,
+// each timed by the sample that first saw it. Safe for concurrent use.
+type rates struct {
+	mu     sync.Mutex
+	series map[string]*series
+}
+
+// series is one counter's history.
+type series struct {
+	since   time.Time // first reading
+	last    reading   // latest value
+	changes []reading // the values first seen after since, within rateWindow, oldest first
+}
+
+type reading struct {
+	at             time.Time
+	packets, bytes uint64
+}
+
+// Rate is a counter's rate per second; nil fields mean unknown (fewer than two changes seen
+// since the counter was first read, less than rateWindow ago).
+type Rate struct {
+	PacketsPerSecond *float64 `json:"packetsPerSecond"`
+	BytesPerSecond   *float64 `json:"bytesPerSecond"`
+}
+
+// observe records the readings taken at now, keyed by counter, and returns each one's
+// rate. Counters absent from readings are forgotten.
+func (r *rates) observe(readings map[string]reading, now time.Time) map[string]Rate {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	next := make(map[string]*series, len(readings))
+	out := make(map[string]Rate, len(readings))
+	for key, v := range readings {
+		v.at = now
+		s := r.series[key]
+		switch {
+		case s == nil || v.packets < s.last.packets || v.bytes < s.last.bytes:
+			// New, or reset (its rule was re-created, its agent restarted).
+			s = &series{since: now, last: v}
+		case v.packets != s.last.packets || v.bytes != s.last.bytes:
+			s.changes = append(s.changes, v)
+			s.last = v
+		}
+		for len(s.changes) > 0 && now.Sub(s.changes[0].at) > rateWindow {
+			s.changes = s.changes[1:]
+		}
+		next[key] = s
+		out[key] = s.rate(now)
+	}
+	r.series = next
+	return out
+}
+
+func (s *series) rate(now time.Time) Rate {
+	if len(s.changes) < 2 {
+		if now.Sub(s.since) < rateWindow {
+			return Rate{}
+		}
+		zero := 0.0
+		return Rate{PacketsPerSecond: &zero, BytesPerSecond: &zero}
+	}
+	first, last := s.changes[0], s.changes[len(s.changes)-1]
+	secs := last.at.Sub(first.at).Seconds()
+	pps := float64(last.packets-first.packets) / secs
+	bps := float64(last.bytes-first.bytes) / secs
+	return Rate{PacketsPerSecond: &pps, BytesPerSecond: &bps}
+}

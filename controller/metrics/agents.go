@@ -1,0 +1,218 @@
+package metrics
+
+import (
+	"strings"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// Source is what the agent-side metrics are read from at scrape time; *agents.Registry
+// satisfies it.
+type Source interface {
+	// Nodes lists every known node with its connection and program versions.
+	Nodes() []*kuportv1.NodeInfo
+	// Program returns a node's current program (nil if none) and its acknowledged version.
+	Program(node string) (program *kuportv1.NodeProgram, acked uint64, ok bool)
+	// Stats returns the rule counters and link statistics of a node's latest Report.
+	Stats(node string) ([]*kuportv1.Counter, []*kuportv1.LinkStats)
+}
+
+// Unit says what a rule's counter counts.
+type Unit string
+
+const (
+	// UnitFlows: the rule sits in a NAT chain (kup-pre, kup-post). Netfilter consults NAT
+	// only for a flow's first packet and replays the decision from conntrack for the rest
+	// (DESIGN.md, "NAT chains see only a flow's first packet"), so the counter's packets are
+	// new flows and its bytes those of their first packets.
+	UnitFlows Unit = "flows"
+	// UnitPackets: the rule sits in kup-mangle (a filter chain): it counts every packet.
+	UnitPackets Unit = "packets"
+)
+
+// Directions of a rule's traffic relative to the pod.
+const (
+	// DirectionIn is the request side: towards the pod.
+	DirectionIn = "in"
+	// DirectionOut is the reply side, or a flow the pod opened: from the pod.
+	DirectionOut = "out"
+)
+
+// Rule is what a counted program entry measures.
+type Rule struct {
+	// Mapping is the PortMap the entry belongs to: "<namespace>/<name>".
+	Mapping string
+	// Name is the entry id less the mapping prefix: "dnat/<interface>", "snat",
+	// "snat-reply", "mark", "ct-save/<link>" or "ct-restore".
+	Name      string
+	Unit      Unit
+	Direction string
+	// Interface is the interface a DNAT rule matches arrivals on (an accepting interface, or
+	// on the pod's node a kup-* link); empty for other rules.
+	Interface string
+}
+
+// Rules indexes a program's counted entries by id, from their kind in the program:
+//
+//	dnat/<if>      kup-pre    flows   in   a new flow arriving on <if> translated
+//	snat           kup-post   flows   in   the same flow leaving towards the pod or the link
+//	snat-reply     kup-post   flows   out  a flow the pod opened, exempted from the masquerade
+//	mark           kup-mangle packets out  a reply packet marked for the link (Single)
+//	ct-restore     kup-mangle packets out  a reply packet given its flow's mark (Multi)
+//	ct-save/<link> kup-mangle packets in   a request packet arriving over <link> (Multi)
+//
+// Per-packet counters therefore exist only on the pod's node of a cross-node mapping.
+func Rules(p *kuportv1.NodeProgram) map[string]Rule {
+	out := map[string]Rule{}
+	add := func(id, mapping string, unit Unit, dir, iface string) {
+		out[id] = Rule{Mapping: mapping, Name: strings.TrimPrefix(id, mapping+"/"), Unit: unit, Direction: dir, Interface: iface}
+	}
+	for _, d := range p.GetDnatRules() {
+		add(d.Id, d.Mapping, UnitFlows, DirectionIn, d.InInterface)
+	}
+	for _, s := range p.GetSnatRules() {
+		dir := DirectionIn
+		if s.Kind == kuportv1.SnatKind_SNAT_KIND_REPLY {
+			dir = DirectionOut
+		}
+		add(s.Id, s.Mapping, UnitFlows, dir, "")
+	}
+	for _, m := range p.GetMarkRules() {
+		dir := DirectionOut
+		if m.Kind == kuportv1.MarkKind_MARK_KIND_CT_SAVE {
+			dir = DirectionIn
+		}
+		add(m.Id, m.Mapping, UnitPackets, dir, "")
+	}
+	return out
+}
+
+var (
+	flowsDesc = prometheus.NewDesc("kuport_mapping_flows_total",
+		"New flows a mapping's DNAT rule translated on a node, by arrival interface (kup-pre counts a flow's first packet only). On the pod's node of a cross-node mapping, a kup-* interface counts the same flows again as they arrive over the link.",
+		[]string{"namespace", "name", "node", "interface"}, nil)
+	packetsDesc = prometheus.NewDesc("kuport_mapping_packets_total",
+		"Packets of a mapping counted by its kup-mangle rules on a node, every packet: out = replies leaving the pod for a link, in = requests arriving over a link (Multi only). Only the pod's node of a cross-node mapping has such rules.",
+		[]string{"namespace", "name", "node", "direction"}, nil)
+	bytesDesc = prometheus.NewDesc("kuport_mapping_bytes_total",
+		"Bytes (IP packet lengths) of the packets kuport_mapping_packets_total counts.",
+		[]string{"namespace", "name", "node", "direction"}, nil)
+	linkTxPacketsDesc = prometheus.NewDesc("kuport_link_tx_packets_total",
+		"Packets a kup-* vxlan link device sent, from the node's latest report.", []string{"node", "link", "peer"}, nil)
+	linkRxPacketsDesc = prometheus.NewDesc("kuport_link_rx_packets_total",
+		"Packets a kup-* vxlan link device received, from the node's latest report.", []string{"node", "link", "peer"}, nil)
+	linkTxErrorsDesc = prometheus.NewDesc("kuport_link_tx_errors_total",
+		"Transmit errors of a kup-* vxlan link device (one per reply looped back into the device when the pref 101 rule is missing).", []string{"node", "link", "peer"}, nil)
+	linkRxErrorsDesc = prometheus.NewDesc("kuport_link_rx_errors_total",
+		"Receive errors of a kup-* vxlan link device.", []string{"node", "link", "peer"}, nil)
+	connectedDesc = prometheus.NewDesc("kuport_agents_connected",
+		"Agents with an open stream to this controller.", nil, nil)
+	programVersionDesc = prometheus.NewDesc("kuport_node_program_version",
+		"Version of the node's current program in this leadership term (0: none yet).", []string{"node"}, nil)
+	ackedVersionDesc = prometheus.NewDesc("kuport_node_acked_version",
+		"Program version the node's agent last acknowledged as applied in this leadership term (0: none).", []string{"node"}, nil)
+)
+
+// agentCollector produces the agent-side series from its Source at scrape time.
+type agentCollector struct {
+	mu  sync.Mutex
+	src Source
+}
+
+func (c *agentCollector) set(src Source) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.src = src
+}
+
+func (c *agentCollector) source() Source {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.src
+}
+
+// Describe implements prometheus.Collector.
+func (c *agentCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{flowsDesc, packetsDesc, bytesDesc, linkTxPacketsDesc,
+		linkRxPacketsDesc, linkTxErrorsDesc, linkRxErrorsDesc, connectedDesc, programVersionDesc, ackedVersionDesc} {
+		ch <- d
+	}
+}
+
+// sums adds up counters that share one series: a node's several ct-save rules of a mapping
+// are one "in" series.
+type sums map[[4]string]*[2]uint64
+
+func (s sums) add(labels [4]string, packets, bytes uint64) {
+	v := s[labels]
+	if v == nil {
+		v = new([2]uint64)
+		s[labels] = v
+	}
+	v[0] += packets
+	v[1] += bytes
+}
+
+// Collect implements prometheus.Collector.
+func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
+	src := c.source()
+	if src == nil {
+		return
+	}
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), labels...)
+	}
+	var connected uint64
+	flows, packets := sums{}, sums{}
+	for _, n := range src.Nodes() {
+		if n.Connected {
+			connected++
+		}
+		gauge(programVersionDesc, n.ProgramVersion, n.Node)
+		gauge(ackedVersionDesc, n.AckedVersion, n.Node)
+
+		program, _, _ := src.Program(n.Node)
+		rules := Rules(program)
+		counters, links := src.Stats(n.Node)
+		for _, ctr := range counters {
+			// A counter of an entry the current program no longer holds belongs to a rule
+			// the agent is about to remove: left out.
+			r, ok := rules[ctr.Id]
+			if !ok {
+				continue
+			}
+			ns, name, _ := strings.Cut(r.Mapping, "/")
+			switch {
+			case r.Unit == UnitPackets:
+				packets.add([4]string{ns, name, n.Node, r.Direction}, ctr.Packets, ctr.Bytes)
+			case r.Interface != "":
+				flows.add([4]string{ns, name, n.Node, r.Interface}, ctr.Packets, 0)
+			}
+		}
+		peers := map[string]string{}
+		for _, l := range program.GetLinks() {
+			peers[l.Name] = l.PeerNode
+		}
+		for _, l := range links {
+			peer := peers[l.Name]
+			counter(linkTxPacketsDesc, l.TxPackets, n.Node, l.Name, peer)
+			counter(linkRxPacketsDesc, l.RxPackets, n.Node, l.Name, peer)
+			counter(linkTxErrorsDesc, l.TxErrors, n.Node, l.Name, peer)
+			counter(linkRxErrorsDesc, l.RxErrors, n.Node, l.Name, peer)
+		}
+	}
+	gauge(connectedDesc, connected)
+	for k, v := range flows {
+		counter(flowsDesc, v[0], k[:]...)
+	}
+	for k, v := range packets {
+		counter(packetsDesc, v[0], k[:]...)
+		counter(bytesDesc, v[1], k[:]...)
+	}
+}

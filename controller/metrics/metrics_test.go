@@ -1,0 +1,273 @@
+package metrics
+
+import (
+	"io"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"kuport.wlz.li/kuport/api/v1alpha1"
+	"kuport.wlz.li/kuport/controller/compile"
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// fakeSource is a Source with fixed contents.
+type fakeSource struct {
+	nodes    []*kuportv1.NodeInfo
+	programs map[string]*kuportv1.NodeProgram
+	counters map[string][]*kuportv1.Counter
+	links    map[string][]*kuportv1.LinkStats
+}
+
+func (f *fakeSource) Nodes() []*kuportv1.NodeInfo { return f.nodes }
+
+func (f *fakeSource) Program(node string) (*kuportv1.NodeProgram, uint64, bool) {
+	p, ok := f.programs[node]
+	return p, 0, ok
+}
+
+func (f *fakeSource) Stats(node string) ([]*kuportv1.Counter, []*kuportv1.LinkStats) {
+	return f.counters[node], f.links[node]
+}
+
+// labSource is the lab's cross-node Single mapping demo/remote-udp (edge-a forwards to
+// web-b on worker-b) plus a Multi mapping demo/shared whose pod is on worker-b.
+func labSource() *fakeSource {
+	const m, s = "demo/remote-udp", "demo/shared"
+	return &fakeSource{
+		nodes: []*kuportv1.NodeInfo{
+			{Node: "edge-a", Connected: true, ProgramVersion: 4, AckedVersion: 4},
+			{Node: "worker-b", Connected: true, ProgramVersion: 7, AckedVersion: 6},
+			{Node: "worker-c", Connected: false},
+		},
+		programs: map[string]*kuportv1.NodeProgram{
+			"edge-a": {
+				DnatRules: []*kuportv1.DnatRule{
+					{Id: m + "/dnat/enp1s0", Mapping: m, InInterface: "enp1s0"},
+					{Id: m + "/dnat/wt0", Mapping: m, InInterface: "wt0"},
+				},
+				SnatRules: []*kuportv1.SnatRule{{Id: m + "/snat", Mapping: m, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST}},
+				Links:     []*kuportv1.Link{{Name: "kup-5e30a797", PeerNode: "worker-b"}},
+			},
+			"worker-b": {
+				DnatRules: []*kuportv1.DnatRule{
+					{Id: m + "/dnat/kup-dcc4266d", Mapping: m, InInterface: "kup-dcc4266d"},
+					{Id: s + "/dnat/kup-1", Mapping: s, InInterface: "kup-1"},
+					{Id: s + "/dnat/kup-2", Mapping: s, InInterface: "kup-2"},
+				},
+				SnatRules: []*kuportv1.SnatRule{
+					{Id: m + "/snat", Mapping: m, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST},
+					{Id: m + "/snat-reply", Mapping: m, Kind: kuportv1.SnatKind_SNAT_KIND_REPLY},
+				},
+				MarkRules: []*kuportv1.MarkRule{
+					{Id: m + "/mark", Mapping: m, Kind: kuportv1.MarkKind_MARK_KIND_STATIC},
+					{Id: s + "/ct-save/kup-1", Mapping: s, Kind: kuportv1.MarkKind_MARK_KIND_CT_SAVE},
+					{Id: s + "/ct-save/kup-2", Mapping: s, Kind: kuportv1.MarkKind_MARK_KIND_CT_SAVE},
+					{Id: s + "/ct-restore", Mapping: s, Kind: kuportv1.MarkKind_MARK_KIND_CT_RESTORE},
+				},
+				Links: []*kuportv1.Link{{Name: "kup-dcc4266d", PeerNode: "edge-a"}},
+			},
+		},
+		counters: map[string][]*kuportv1.Counter{
+			"edge-a": {
+				{Id: m + "/dnat/enp1s0", Packets: 3, Bytes: 180},
+				{Id: m + "/dnat/wt0", Packets: 0},
+				{Id: m + "/snat", Packets: 3, Bytes: 180},
+				{Id: "demo/gone/dnat/enp1s0", Packets: 9, Bytes: 9}, // no longer in the program
+			},
+			"worker-b": {
+				{Id: m + "/dnat/kup-dcc4266d", Packets: 3, Bytes: 180},
+				{Id: m + "/snat", Packets: 3, Bytes: 180},
+				{Id: m + "/snat-reply", Packets: 0},
+				{Id: m + "/mark", Packets: 500, Bytes: 30000},
+				{Id: s + "/dnat/kup-1", Packets: 1, Bytes: 60},
+				{Id: s + "/dnat/kup-2", Packets: 1, Bytes: 60},
+				{Id: s + "/ct-save/kup-1", Packets: 10, Bytes: 600},
+				{Id: s + "/ct-save/kup-2", Packets: 5, Bytes: 300},
+				{Id: s + "/ct-restore", Packets: 15, Bytes: 900},
+			},
+		},
+		links: map[string][]*kuportv1.LinkStats{
+			"edge-a":   {{Name: "kup-5e30a797", TxPackets: 503, RxPackets: 500}},
+			"worker-b": {{Name: "kup-dcc4266d", TxPackets: 500, RxPackets: 503, TxErrors: 2}},
+		},
+	}
+}
+
+func TestRules(t *testing.T) {
+	rules := Rules(labSource().programs["worker-b"])
+	assert.Equal(t, Rule{Mapping: "demo/remote-udp", Name: "dnat/kup-dcc4266d", Unit: UnitFlows, Direction: DirectionIn, Interface: "kup-dcc4266d"},
+		rules["demo/remote-udp/dnat/kup-dcc4266d"])
+	assert.Equal(t, Rule{Mapping: "demo/remote-udp", Name: "snat-reply", Unit: UnitFlows, Direction: DirectionOut},
+		rules["demo/remote-udp/snat-reply"])
+	assert.Equal(t, Rule{Mapping: "demo/remote-udp", Name: "mark", Unit: UnitPackets, Direction: DirectionOut},
+		rules["demo/remote-udp/mark"])
+	assert.Equal(t, Rule{Mapping: "demo/shared", Name: "ct-save/kup-2", Unit: UnitPackets, Direction: DirectionIn},
+		rules["demo/shared/ct-save/kup-2"])
+	assert.Len(t, rules, 9)
+	assert.Empty(t, Rules(nil))
+}
+
+func TestAgentCollector(t *testing.T) {
+	c := &agentCollector{}
+	assert.Zero(t, testutil.CollectAndCount(c), "no source: no series")
+	c.set(labSource())
+	want := `
+# HELP kuport_agents_connected Agents with an open stream to this controller.
+# TYPE kuport_agents_connected gauge
+kuport_agents_connected 2
+# HELP kuport_mapping_flows_total New flows a mapping's DNAT rule translated on a node, by arrival interface (kup-pre counts a flow's first packet only). On the pod's node of a cross-node mapping, a kup-* interface counts the same flows again as they arrive over the link.
+# TYPE kuport_mapping_flows_total counter
+kuport_mapping_flows_total{interface="enp1s0",name="remote-udp",namespace="demo",node="edge-a"} 3
+kuport_mapping_flows_total{interface="wt0",name="remote-udp",namespace="demo",node="edge-a"} 0
+kuport_mapping_flows_total{interface="kup-dcc4266d",name="remote-udp",namespace="demo",node="worker-b"} 3
+kuport_mapping_flows_total{interface="kup-1",name="shared",namespace="demo",node="worker-b"} 1
+kuport_mapping_flows_total{interface="kup-2",name="shared",namespace="demo",node="worker-b"} 1
+# HELP kuport_mapping_packets_total Packets of a mapping counted by its kup-mangle rules on a node, every packet: out = replies leaving the pod for a link, in = requests arriving over a link (Multi only). Only the pod's node of a cross-node mapping has such rules.
+# TYPE kuport_mapping_packets_total counter
+kuport_mapping_packets_total{direction="out",name="remote-udp",namespace="demo",node="worker-b"} 500
+kuport_mapping_packets_total{direction="in",name="shared",namespace="demo",node="worker-b"} 15
+kuport_mapping_packets_total{direction="out",name="shared",namespace="demo",node="worker-b"} 15
+# HELP kuport_mapping_bytes_total Bytes (IP packet lengths) of the packets kuport_mapping_packets_total counts.
+# TYPE kuport_mapping_bytes_total counter
+kuport_mapping_bytes_total{direction="out",name="remote-udp",namespace="demo",node="worker-b"} 30000
+kuport_mapping_bytes_total{direction="in",name="shared",namespace="demo",node="worker-b"} 900
+kuport_mapping_bytes_total{direction="out",name="shared",namespace="demo",node="worker-b"} 900
+# HELP kuport_link_tx_errors_total Transmit errors of a kup-* vxlan link device (one per reply looped back into the device when the pref 101 rule is missing).
+# TYPE kuport_link_tx_errors_total counter
+kuport_link_tx_errors_total{link="kup-5e30a797",node="edge-a",peer="worker-b"} 0
+kuport_link_tx_errors_total{link="kup-dcc4266d",node="worker-b",peer="edge-a"} 2
+# HELP kuport_link_tx_packets_total Packets a kup-* vxlan link device sent, from the node's latest report.
+# TYPE kuport_link_tx_packets_total counter
+kuport_link_tx_packets_total{link="kup-5e30a797",node="edge-a",peer="worker-b"} 503
+kuport_link_tx_packets_total{link="kup-dcc4266d",node="worker-b",peer="edge-a"} 500
+# HELP kuport_node_acked_version Program version the node's agent last acknowledged as applied in this leadership term (0: none).
+# TYPE kuport_node_acked_version gauge
+kuport_node_acked_version{node="edge-a"} 4
+kuport_node_acked_version{node="worker-b"} 6
+kuport_node_acked_version{node="worker-c"} 0
+# HELP kuport_node_program_version Version of the node's current program in this leadership term (0: none yet).
+# TYPE kuport_node_program_version gauge
+kuport_node_program_version{node="edge-a"} 4
+kuport_node_program_version{node="worker-b"} 7
+kuport_node_program_version{node="worker-c"} 0
+`
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want),
+		"kuport_agents_connected", "kuport_mapping_flows_total", "kuport_mapping_packets_total", "kuport_mapping_bytes_total",
+		"kuport_link_tx_errors_total", "kuport_link_tx_packets_total", "kuport_node_acked_version", "kuport_node_program_version"))
+	assert.Equal(t, 2, testutil.CollectAndCount(c, "kuport_link_rx_packets_total"))
+	problems, err := testutil.CollectAndLint(c)
+	require.NoError(t, err)
+	assert.Empty(t, problems)
+}
+
+func TestPushTracker(t *testing.T) {
+	before := histogramCount(t)
+	t0 := time.Unix(1000, 0)
+	node := func(program, acked uint64) []*kuportv1.NodeInfo {
+		return []*kuportv1.NodeInfo{{Node: "edge-a", ProgramVersion: program, AckedVersion: acked}}
+	}
+	var tr PushTracker
+	tr.Observe(node(1, 0), t0)
+	tr.Observe(node(2, 0), t0.Add(100*time.Millisecond))
+	assert.Equal(t, before, histogramCount(t), "nothing acknowledged yet")
+	// The agent skipped version 1: both are live once 2 is acknowledged.
+	tr.Observe(node(2, 2), t0.Add(300*time.Millisecond))
+	assert.Equal(t, before+2, histogramCount(t))
+	tr.Observe(node(2, 2), t0.Add(time.Second))
+	assert.Equal(t, before+2, histogramCount(t), "an acknowledgement is observed once")
+	// A new term's registry numbers from 1 again.
+	tr.Observe(node(1, 0), t0.Add(2*time.Second))
+	tr.Observe(node(1, 1), t0.Add(2*time.Second+50*time.Millisecond))
+	assert.Equal(t, before+3, histogramCount(t))
+	tr.Observe(nil, t0.Add(3*time.Second))
+	assert.Empty(t, tr.nodes, "nodes no longer listed are forgotten")
+}
+
+// histogramCount is the number of push-to-ack observations so far.
+func histogramCount(t *testing.T) uint64 {
+	t.Helper()
+	ch := make(chan prometheus.Metric, 1)
+	pushToAckSeconds.Collect(ch)
+	var m dto.Metric
+	require.NoError(t, (<-ch).Write(&m))
+	return m.GetHistogram().GetSampleCount()
+}
+
+func TestSetRefusals(t *testing.T) {
+	cond := func(typ string, ok bool, reason string) metav1.Condition {
+		st := metav1.ConditionFalse
+		if ok {
+			st = metav1.ConditionTrue
+		}
+		return metav1.Condition{Type: typ, Status: st, Reason: reason}
+	}
+	res := func(conds ...metav1.Condition) *compile.PortMapResult {
+		return &compile.PortMapResult{Status: v1alpha1.PortMapStatus{Conditions: conds}}
+	}
+	SetRefusals(map[types.NamespacedName]*compile.PortMapResult{
+		{Namespace: "demo", Name: "a"}: res(cond(v1alpha1.ConditionAccepted, true, v1alpha1.ReasonValid),
+			cond(v1alpha1.ConditionProgrammed, true, v1alpha1.ReasonAllNodesReady)),
+		{Namespace: "demo", Name: "b"}: res(cond(v1alpha1.ConditionAccepted, false, v1alpha1.ReasonPortConflict),
+			cond(v1alpha1.ConditionProgrammed, false, v1alpha1.ReasonNotAccepted)),
+		{Namespace: "demo", Name: "c"}: res(cond(v1alpha1.ConditionAccepted, true, v1alpha1.ReasonValid),
+			cond(v1alpha1.ConditionProgrammed, false, v1alpha1.ReasonReturnPathUnavailable)),
+		{Namespace: "demo", Name: "d"}: res(cond(v1alpha1.ConditionAccepted, true, v1alpha1.ReasonValid),
+			cond(v1alpha1.ConditionProgrammed, false, v1alpha1.ReasonReturnPathUnavailable)),
+	})
+	assert.Equal(t, 1.0, testutil.ToFloat64(refusals.WithLabelValues(v1alpha1.ReasonPortConflict)))
+	assert.Equal(t, 2.0, testutil.ToFloat64(refusals.WithLabelValues(v1alpha1.ReasonReturnPathUnavailable)))
+	assert.Equal(t, 0.0, testutil.ToFloat64(refusals.WithLabelValues(v1alpha1.ReasonNoReadyEndpoint)))
+	assert.Equal(t, len(refusalReasons), testutil.CollectAndCount(refusals), "every reason has a series")
+
+	SetRefusals(nil)
+	assert.Equal(t, 0.0, testutil.ToFloat64(refusals.WithLabelValues(v1alpha1.ReasonReturnPathUnavailable)), "a cleared refusal reads 0")
+}
+
+func TestHandler(t *testing.T) {
+	ObserveCompile(3 * time.Millisecond)
+	SetLeader(labSource())
+	t.Cleanup(func() { SetLeader(nil) })
+
+	body := scrape(t)
+	for _, want := range []string{
+		"kuport_leader 1",
+		"kuport_compile_duration_seconds_count",
+		"kuport_program_push_to_ack_seconds_bucket",
+		`kuport_refusals{reason="PortConflict"}`,
+		`kuport_mapping_packets_total{direction="out",name="remote-udp",namespace="demo",node="worker-b"} 500`,
+		"go_goroutines",
+	} {
+		assert.Contains(t, body, want)
+	}
+
+	problems, err := testutil.GatherAndLint(registry)
+	require.NoError(t, err)
+	assert.Empty(t, problems, "metric names, help and units follow Prometheus conventions")
+
+	SetLeader(nil)
+	body = scrape(t)
+	assert.Contains(t, body, "kuport_leader 0")
+	assert.NotContains(t, body, "kuport_agents_connected", "a follower has no agent-side series")
+}
+
+func scrape(t *testing.T) string {
+	t.Helper()
+	srv := httptest.NewServer(Handler())
+	defer srv.Close()
+	resp, err := srv.Client().Get(srv.URL)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(b)
+}
