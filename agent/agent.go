@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -93,8 +94,12 @@ type Config struct {
 	// controller is up and the leader is elsewhere or about to be elected, so the Backoff
 	// starts over instead of growing, and a failover is followed within about this much.
 	FollowerRetry time.Duration
-	// DialOptions are added to the defaults (insecure transport credentials, connect
-	// backoff capped like Backoff).
+	// TokenFile holds the agent's token (a ServiceAccount token with audience "kuport" bound
+	// to the agent's Pod), sent as "authorization: Bearer <token>" on every stream and read
+	// afresh for each, since projected tokens rotate. Empty sends no token.
+	TokenFile string
+	// DialOptions are added to the defaults (insecure transport credentials, the TokenFile
+	// credentials, connect backoff capped like Backoff).
 	DialOptions []grpc.DialOption
 }
 
@@ -103,9 +108,12 @@ type Agent struct {
 	cfg Config
 	log hclog.Logger
 
-	// Owned by the Run goroutine, the only one that calls Apply.
+	// Owned by the Run goroutine, the only one that calls Apply; written through setCurrent.
 	current    *kuportv1.NodeProgram // last program handed to Apply (nil before the first)
 	currentErr []*kuportv1.EntryError
+	// applied is what setCurrent last published, for the inspection server (nil before the
+	// first program).
+	applied atomic.Pointer[kuportv1.GetAppliedProgramResponse]
 }
 
 // New checks cfg and returns an Agent. It errors when the node name, the targets or the
@@ -189,8 +197,8 @@ func (a *Agent) waitResyncing(ctx context.Context, d time.Duration, resync <-cha
 	}
 }
 
-// dialOptions are the defaults: insecure credentials (authentication is a later issue) and
-// a connect backoff no slower than the agent's own.
+// dialOptions are the defaults: insecure transport credentials, the token of
+// Config.TokenFile, and a connect backoff no slower than the agent's own.
 func (a *Agent) dialOptions() []grpc.DialOption {
 	bc := backoff.DefaultConfig
 	bc.MaxDelay = a.cfg.Backoff.Cap
@@ -200,6 +208,9 @@ func (a *Agent) dialOptions() []grpc.DialOption {
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: bc, MinConnectTimeout: 5 * time.Second}),
+	}
+	if a.cfg.TokenFile != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(tokenFile(a.cfg.TokenFile)))
 	}
 	return append(opts, a.cfg.DialOptions...)
 }

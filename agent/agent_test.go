@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
@@ -111,6 +112,7 @@ type testController struct {
 
 type session struct {
 	hello    *kuportv1.Hello
+	md       metadata.MD                   // the stream's request metadata
 	messages chan *kuportv1.ConnectRequest // everything after Hello
 	programs chan *kuportv1.NodeProgram    // sent to the agent
 	end      chan struct{}                 // closed to end the stream
@@ -121,8 +123,10 @@ func (c *testController) Connect(stream kuportv1.AgentService_ConnectServer) err
 	if err != nil {
 		return err
 	}
+	md, _ := metadata.FromIncomingContext(stream.Context())
 	s := &session{
 		hello:    first.GetHello(),
+		md:       md,
 		messages: make(chan *kuportv1.ConnectRequest, 64),
 		programs: make(chan *kuportv1.NodeProgram),
 		end:      make(chan struct{}),

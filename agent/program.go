@@ -37,7 +37,7 @@ func (a *Agent) handleProgram(p *kuportv1.NodeProgram) *kuportv1.Ack {
 		a.log.Debug("program content already applied, acknowledging",
 			"version", p.GetVersion(), "epoch", p.GetEpoch(), "applied_version", cur.GetVersion(), "applied_epoch", cur.GetEpoch())
 		if p.GetEpoch() > cur.GetEpoch() || p.GetVersion() > cur.GetVersion() {
-			a.current = p
+			a.setCurrent(p, nil)
 		}
 		return &kuportv1.Ack{Version: p.GetVersion(), Epoch: p.GetEpoch()}
 	}
@@ -66,16 +66,14 @@ func (a *Agent) apply(p *kuportv1.NodeProgram) *kuportv1.Ack {
 	if a.log.IsTrace() {
 		a.log.Trace("applying program", "program", protojson.Format(p))
 	}
-	err := a.cfg.Datapath.Apply(p)
-	a.current = p
-	a.currentErr = nil
 	ack := &kuportv1.Ack{Version: p.GetVersion(), Epoch: p.GetEpoch()}
-	if err != nil {
-		a.currentErr = a.entryErrors(err)
-		ack.Errors = a.currentErr
+	if err := a.cfg.Datapath.Apply(p); err != nil {
+		ack.Errors = a.entryErrors(err)
+		a.setCurrent(p, ack.Errors)
 		a.log.Error("program apply failed", "version", p.GetVersion(), "epoch", p.GetEpoch(), "entry_errors", len(ack.Errors), "error", err)
 		return ack
 	}
+	a.setCurrent(p, nil)
 	a.log.Info("program applied", "version", p.GetVersion(), "epoch", p.GetEpoch(),
 		"dnat_rules", len(p.GetDnatRules()), "snat_rules", len(p.GetSnatRules()), "mark_rules", len(p.GetMarkRules()),
 		"links", len(p.GetLinks()), "return_paths", len(p.GetReturnPaths()))

@@ -87,7 +87,7 @@ func TestPrivilegedControllerAPI(t *testing.T) {
 	sock := "unix://" + filepath.Join(t.TempDir(), "controller.sock")
 	lis, err := agents.Listen(sock)
 	require.NoError(t, err)
-	srv := agents.NewServer(log.Named("grpc"))
+	srv := agents.NewServer(log.Named("grpc"), nil)
 	srv.Lead(ctl.Registry())
 	go func() { assert.NoError(t, srv.Serve(lis)) }()
 	defer srv.Stop()

@@ -4,7 +4,8 @@
 // emulations (lab/netlab), the controller replicas in the root namespace (they elect a
 // leader on a Lease in kuport-system) and one agent per node namespace reaching them over
 // their unix sockets. Node, Pod, Service and EndpointSlice objects are written by hand, as
-// kwok does, since no kubelet or controller-manager runs.
+// kwok does, since no kubelet or controller-manager runs; so are the agents' Pods, to which
+// the lab binds each agent's token (agentauth.go), as a kubelet's projected volume would.
 //
 // `make demo`, `make lab-up` and the end-to-end tests all start the lab through Up.
 package lab
@@ -160,6 +161,9 @@ func (l *Lab) up(ctx context.Context) error {
 	if err := l.Cluster.EnsureNamespace(ctx, leader.DefaultNamespace, nil); err != nil {
 		return fmt.Errorf("lab: lease namespace: %w", err)
 	}
+	if err := l.createAgentIdentities(ctx); err != nil {
+		return err
+	}
 	// Replica 0 starts first, so it creates the Lease and leads.
 	for i := range l.controllers {
 		if err := l.StartReplica(i); err != nil {
@@ -258,7 +262,8 @@ func (l *Lab) StopReplica(i int, kill bool) error {
 	return stop(p, kill)
 }
 
-// StartAgent starts kuport-agent inside the node's namespace, as DESIGN.md pins it.
+// StartAgent starts kuport-agent inside the node's namespace, as DESIGN.md pins it, with a
+// freshly minted token (AgentTokenFile) and its inspection server on 127.0.0.1:7400 there.
 func (l *Lab) StartAgent(node string) error {
 	return l.StartAgentBinary(node, filepath.Join(l.opt.Bin, "kuport-agent"))
 }
@@ -274,7 +279,12 @@ func (l *Lab) StartAgentBinary(node, binary string) error {
 	if l.agents[node] != nil {
 		return fmt.Errorf("lab: agent on %s already running", node)
 	}
-	args := []string{binary, "--node-name", node, "--underlay-interface", spec.UnderlayIface}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := l.mintAgentToken(ctx, node); err != nil {
+		return err
+	}
+	args := []string{binary, "--node-name", node, "--underlay-interface", spec.UnderlayIface, "--token-file", l.AgentTokenFile(node)}
 	for i := range l.controllers {
 		args = append(args, "--controller", "unix://"+filepath.Join(l.opt.Dir, ReplicaSocket(i)))
 	}

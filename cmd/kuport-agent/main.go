@@ -3,11 +3,17 @@
 //
 //	kuport-agent --node-name N --controller TARGET [--controller TARGET2 ...]
 //	             [--underlay-interface IF] [--report-interval 10s] [--resync-interval 30s]
+//	             [--token-file /var/run/secrets/kuport/token] [--inspect-listen 127.0.0.1:7400]
 //	             [--log-level info]
 //	kuport-agent cleanup [--log-level info]
 //	kuport-agent --version
 //
-// TARGET is a gRPC target: unix:///run/kuport-lab/controller-0.sock or host:port. SIGTERM and
+// TARGET is a gRPC target: unix:///run/kuport-lab/controller-0.sock or host:port. The agent
+// proves its node to the controller with the token in --token-file (a ServiceAccount token
+// with audience "kuport" bound to its Pod, re-read on every connect; "" sends none, for a
+// controller run with --agent-auth=false). It serves the program it applied
+// (kuport.v1.AgentInspectionService, health, reflection) on --inspect-listen ("" for none),
+// unauthenticated: keep it on loopback. SIGTERM and
 // SIGINT stop the agent and leave the kernel as it is (fail static); `cleanup` removes
 // everything kuport made on the node and exits.
 //
@@ -19,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"syscall"
@@ -31,6 +38,13 @@ import (
 
 	"kuport.wlz.li/kuport/agent"
 	"kuport.wlz.li/kuport/datapath"
+)
+
+// Flag defaults: where the projected token volume of deploy/agent.yaml puts the token, and a
+// loopback port clear of the controller's 7443 (the agent runs in the host network).
+const (
+	defaultTokenFile     = "/var/run/secrets/kuport/token"
+	defaultInspectListen = "127.0.0.1:7400"
 )
 
 // version is stamped at build time: -ldflags "-X main.version=v1.2.3".
@@ -66,6 +80,8 @@ func runErr(args []string, stdout, stderr io.Writer) error {
 	reportInterval := fs.Duration("report-interval", agent.DefaultReportInterval, "period of reports to the controller")
 	resyncInterval := fs.Duration("resync-interval", agent.DefaultResyncInterval,
 		"period of full resyncs of the applied program against the kernel, which repair what others changed")
+	tokenFile := fs.String("token-file", defaultTokenFile, `file holding the agent's token (audience "kuport", bound to its Pod), read on every connect; "" sends none`)
+	inspectListen := fs.String("inspect-listen", defaultInspectListen, `host:port serving the applied program to grpcurl (keep it on loopback); "" serves nothing`)
 	logLevel := fs.String("log-level", "info", "log level: trace, debug, info, warn or error")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
@@ -127,12 +143,27 @@ func runErr(args []string, stdout, stderr io.Writer) error {
 		Log:            log,
 		ReportInterval: *reportInterval,
 		ResyncInterval: *resyncInterval,
+		TokenFile:      *tokenFile,
 	})
 	if err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if *inspectListen != "" {
+		lis, err := net.Listen("tcp", *inspectListen)
+		if err != nil {
+			return fmt.Errorf("--inspect-listen: %w", err)
+		}
+		srv := a.InspectionServer()
+		go func() {
+			if err := srv.Serve(lis); err != nil {
+				log.Error("inspection server stopped", "error", err)
+			}
+		}()
+		defer srv.Stop()
+		log.Info("inspection listening", "address", *inspectListen)
+	}
 	log.Info("starting", "version", version, "node", *nodeName, "controllers", *targets, "underlay", *underlay)
 	if err := a.Run(ctx); err != nil {
 		return err

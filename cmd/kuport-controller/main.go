@@ -4,6 +4,12 @@
 //	kuport-controller [--kubeconfig PATH] [--grpc-listen ADDR]... [--link-retention 24h] [--log-level info]
 //	                  [--leader-elect=true] [--lease-namespace kuport-system] [--lease-name kuport-controller]
 //	                  [--lease-duration 15s] [--renew-deadline 10s] [--retry-period 2s] [--identity ID]
+//	                  [--agent-auth=true] [--agent-service-account kuport-system:kuport-agent]
+//
+// Agent streams must carry a token of --agent-service-account bound to a Pod on the node they
+// claim (audience "kuport", reviewed with a TokenReview); ProgramService then answers loopback
+// clients only (package controller/agents, Server). --agent-auth=false turns both off, for
+// development only.
 //
 // --grpc-listen is repeatable: "unix:///run/kuport/controller.sock" (the default) or
 // "127.0.0.1:7443". Replicas elect a leader on a coordination.k8s.io Lease (package
@@ -79,6 +85,8 @@ func run(args []string) error {
 	retryPeriod := fs.Duration("retry-period", leader.DefaultRetryPeriod, "how often candidates try to acquire and the leader renews")
 	httpListen := fs.String("http-listen", "", "HTTP listen address (host:port) of the dashboard (/, /api/state) and Prometheus metrics (/metrics); empty serves none")
 	identity := fs.String("identity", "", "this replica's identity in the Lease, unique per process (default <hostname>_<pid>_<random>)")
+	agentAuth := fs.Bool("agent-auth", true, "require agent tokens (TokenReview) on agent streams and serve inspection to loopback clients only; false is for development")
+	agentSA := fs.String("agent-service-account", agents.DefaultAgentServiceAccount, "the agents' ServiceAccount, <namespace>:<name>, whose Pod-bound tokens (audience "+agents.TokenAudience+") prove a node")
 	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
 		return nil
 	} else if err != nil {
@@ -111,7 +119,15 @@ func run(args []string) error {
 			return err
 		}
 	}
-	srv := agents.NewServer(log.Named("grpc"))
+	var auth agents.Authenticator
+	if *agentAuth {
+		if auth, err = agents.NewTokenReviewer(kube, *agentSA); err != nil {
+			return fmt.Errorf("--agent-service-account: %w", err)
+		}
+	} else {
+		log.Warn("agent authentication is off: any client may claim any node and inspect every program")
+	}
+	srv := agents.NewServer(log.Named("grpc"), auth)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

@@ -20,6 +20,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"kuport.wlz.li/kuport/controller/compile"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
@@ -75,14 +76,16 @@ type node struct {
 	program  *kuportv1.NodeProgram
 	mappings map[string]*mappingVersion
 
-	session      *session // nil while no stream is open
-	everHello    bool
-	agentVersion string
-	state        *kuportv1.NodeState
-	ackedVersion uint64 // in the current epoch; 0 if none
-	ackErrors    []*kuportv1.EntryError
-	counters     []*kuportv1.Counter
-	linkStats    []*kuportv1.LinkStats
+	session        *session  // nil while no stream is open
+	connectedSince time.Time // when session said Hello
+	lastReport     time.Time // when the latest Report arrived; zero before the first
+	everHello      bool
+	agentVersion   string
+	state          *kuportv1.NodeState
+	ackedVersion   uint64 // in the current epoch; 0 if none
+	ackErrors      []*kuportv1.EntryError
+	counters       []*kuportv1.Counter
+	linkStats      []*kuportv1.LinkStats
 }
 
 // mappingVersion is the program version at which one mapping's entries on a node last changed.
@@ -344,7 +347,11 @@ func (r *Registry) Agents() map[string]*compile.AgentState {
 func (r *Registry) MappingReady(nodeName, mapping string) (bool, string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	n := r.nodes[nodeName]
+	return r.nodes[nodeName].mappingReady(nodeName, mapping)
+}
+
+// mappingReady is MappingReady for n (nil for a node never named), called with Registry.mu held.
+func (n *node) mappingReady(nodeName, mapping string) (bool, string) {
 	switch {
 	case n == nil || !n.everHello:
 		return false, fmt.Sprintf("node %s: agent not connected", nodeName)
@@ -419,9 +426,16 @@ func (r *Registry) Nodes() []*kuportv1.NodeInfo {
 			Connected:    n.session != nil,
 			AgentVersion: n.agentVersion,
 			AckedVersion: n.ackedVersion,
+			Epoch:        r.epoch,
 		}
 		if n.program != nil {
 			info.ProgramVersion = n.program.Version
+		}
+		if n.session != nil {
+			info.ConnectedSince = timestamppb.New(n.connectedSince)
+		}
+		if !n.lastReport.IsZero() {
+			info.LastReportTime = timestamppb.New(n.lastReport)
 		}
 		out = append(out, info)
 	}
@@ -448,16 +462,55 @@ func (r *Registry) MappingCounters(mapping string) map[string][]*kuportv1.Counte
 	defer r.mu.Unlock()
 	out := map[string][]*kuportv1.Counter{}
 	for name, n := range r.nodes {
+		if mv := n.mappings[mapping]; mv != nil {
+			if cs := mv.counters(n); len(cs) > 0 {
+				out[name] = cs
+			}
+		}
+	}
+	return out
+}
+
+// counters returns the counters of n's latest Report whose id is one of mv's, in report order.
+func (mv *mappingVersion) counters(n *node) []*kuportv1.Counter {
+	var out []*kuportv1.Counter
+	for _, c := range n.counters {
+		if mv.ids[c.Id] {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// Mapping returns mapping's ("<namespace>/<name>") state on every node whose current program
+// carries entries of it, sorted by node: the entry ids, the version where they last changed,
+// whether the agent acknowledged it, MappingReady's verdict, and the entries' counters and
+// link statistics from the node's latest Report. Empty when no program carries the mapping.
+func (r *Registry) Mapping(mapping string) []*kuportv1.MappingNode {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []*kuportv1.MappingNode
+	for name, n := range r.nodes {
 		mv := n.mappings[mapping]
 		if mv == nil {
 			continue
 		}
-		for _, c := range n.counters {
-			if mv.ids[c.Id] {
-				out[name] = append(out[name], c)
+		mn := &kuportv1.MappingNode{
+			Node:     name,
+			EntryIds: slices.Sorted(maps.Keys(mv.ids)),
+			Version:  mv.version,
+			Acked:    n.ackedVersion >= mv.version,
+			Counters: mv.counters(n),
+		}
+		mn.Ready, mn.Message = n.mappingReady(name, mapping)
+		for _, l := range n.linkStats {
+			if mv.ids[l.Name] {
+				mn.Links = append(mn.Links, l)
 			}
 		}
+		out = append(out, mn)
 	}
+	slices.SortFunc(out, func(a, b *kuportv1.MappingNode) int { return cmp.Compare(a.Node, b.Node) })
 	return out
 }
 
@@ -477,6 +530,7 @@ func (r *Registry) connect(hello *kuportv1.Hello) *session {
 		close(n.session.replaced)
 	}
 	n.session = s
+	n.connectedSince = time.Now()
 	n.everHello = true
 	n.agentVersion = hello.AgentVersion
 	n.state = hello.State
@@ -563,6 +617,7 @@ func (r *Registry) report(s *session, rep *kuportv1.Report) {
 	}
 	n.counters = rep.Counters
 	n.linkStats = rep.Links
+	n.lastReport = time.Now()
 	changed := rep.State != nil && !proto.Equal(rep.State, n.state)
 	if changed {
 		n.state = rep.State

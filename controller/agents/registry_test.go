@@ -266,3 +266,50 @@ func TestMappingCounters(t *testing.T) {
 	requireCounters("edge-a", &kuportv1.Counter{Id: "games/local/dnat/enp1s0", Packets: 2, Bytes: 120})
 	assert.Empty(t, r.MappingCounters("gone/old"), "only entries of the current program count")
 }
+
+// TestMappingAndNodeInspection: Mapping shows one mapping's entries, acknowledgement, counters
+// and links per node; Nodes carries the epoch and the stream's and report's times.
+func TestMappingAndNodeInspection(t *testing.T) {
+	r := newTestRegistry(nil)
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", true), "worker-b": {}})
+	r.Release(nil, t0)
+	before := time.Now()
+	s := r.connect(&kuportv1.Hello{Node: "edge-a"})
+	require.NotNil(t, r.next(s))
+
+	m := r.Mapping("games/remote")
+	require.Len(t, m, 1)
+	assert.Equal(t, "edge-a", m[0].Node)
+	assert.Equal(t, []string{"games/remote/dnat/enp1s0", "games/remote/snat", "kup-1234abcd"}, m[0].EntryIds)
+	assert.Equal(t, uint64(1), m[0].Version)
+	assert.False(t, m[0].Acked)
+	assert.False(t, m[0].Ready)
+	assert.Contains(t, m[0].Message, "has not acknowledged program version 1")
+
+	r.ack(s, &kuportv1.Ack{Epoch: 77, Version: 1})
+	r.report(s, &kuportv1.Report{
+		Counters: []*kuportv1.Counter{{Id: "games/local/dnat/enp1s0", Packets: 1}, {Id: "games/remote/dnat/enp1s0", Packets: 2}, {Id: "games/remote/snat", Packets: 3}},
+		Links:    []*kuportv1.LinkStats{{Name: "kup-1234abcd", TxPackets: 4}, {Name: "kup-ffffffff", TxPackets: 5}},
+	})
+	m = r.Mapping("games/remote")
+	require.Len(t, m, 1)
+	assert.True(t, m[0].Acked)
+	assert.True(t, m[0].Ready, m[0].Message)
+	assert.Empty(t, m[0].Message)
+	assert.True(t, proto.Equal(&kuportv1.MappingNode{
+		Node: "edge-a", EntryIds: m[0].EntryIds, Version: 1, Acked: true, Ready: true,
+		Counters: []*kuportv1.Counter{{Id: "games/remote/dnat/enp1s0", Packets: 2}, {Id: "games/remote/snat", Packets: 3}},
+		Links:    []*kuportv1.LinkStats{{Name: "kup-1234abcd", TxPackets: 4}},
+	}, m[0]), "%v", m[0])
+	assert.Empty(t, r.Mapping("games/nowhere"))
+
+	nodes := r.Nodes()
+	require.Len(t, nodes, 2)
+	a, b := nodes[0], nodes[1]
+	assert.Equal(t, uint64(77), a.Epoch)
+	assert.False(t, a.ConnectedSince.AsTime().Before(before))
+	assert.False(t, a.LastReportTime.AsTime().Before(a.ConnectedSince.AsTime()))
+	assert.Equal(t, uint64(77), b.Epoch)
+	assert.Nil(t, b.ConnectedSince, "worker-b never connected")
+	assert.Nil(t, b.LastReportTime)
+}

@@ -19,6 +19,8 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
@@ -27,6 +29,12 @@ import (
 
 // Server serves kuport.v1.AgentService and kuport.v1.ProgramService over the Registry of the
 // leader, plus grpc.health.v1 and server reflection (for grpcurl).
+//
+// With an Authenticator, an agent stream must carry "authorization: Bearer <token>" proving
+// the node its Hello names (proto/kuport/v1/program.proto, AgentService), and
+// ProgramService answers loopback TCP clients only: inspection is authorised by who can
+// reach the controller's loopback (its host, or `kubectl port-forward`), never by an agent
+// token, which proves a node and grants nothing else. Health and reflection are open.
 //
 // A Server starts as a follower's: it refuses agent streams and inspection calls with
 // FAILED_PRECONDITION, naming the leader when known (SetLeader), so an agent moves on to its
@@ -39,6 +47,7 @@ type Server struct {
 
 	reg      atomic.Pointer[Registry] // nil while following
 	leader   atomic.Pointer[string]   // identity of the leader, as last observed
+	auth     Authenticator            // nil: agent streams and inspection are not authenticated
 	log      hclog.Logger
 	grpc     *grpc.Server
 	health   *health.Server
@@ -46,21 +55,24 @@ type Server struct {
 	stopOnce sync.Once
 }
 
-// NewServer returns a follower's Server (see Server); nothing listens until Serve.
-func NewServer(log hclog.Logger) *Server {
+// NewServer returns a follower's Server (see Server); nothing listens until Serve. auth nil
+// turns authentication off (development only: any client may then claim any node).
+func NewServer(log hclog.Logger, auth Authenticator) *Server {
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
 	s := &Server{
+		auth:     auth,
 		log:      log,
 		health:   health.NewServer(),
 		stopping: make(chan struct{}),
-		grpc: grpc.NewServer(
-			// Probe idle streams so a vanished agent is seen as disconnected within about 40 s.
-			grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
-			grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-		),
 	}
+	s.grpc = grpc.NewServer(
+		// Probe idle streams so a vanished agent is seen as disconnected within about 40 s.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.UnaryInterceptor(s.authorizeInspection),
+	)
 	kuportv1.RegisterAgentServiceServer(s.grpc, s)
 	kuportv1.RegisterProgramServiceServer(s.grpc, s)
 	healthpb.RegisterHealthServer(s.grpc, s.health)
@@ -109,18 +121,57 @@ func (s *Server) Stop() {
 	})
 }
 
+// authorizeInspection lets ProgramService calls through only from loopback TCP clients when
+// the Server authenticates agents (see Server); PERMISSION_DENIED otherwise.
+func (s *Server) authorizeInspection(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if s.auth == nil || !strings.HasPrefix(info.FullMethod, "/"+kuportv1.ProgramService_ServiceDesc.ServiceName+"/") {
+		return handler(ctx, req)
+	}
+	if p, ok := peer.FromContext(ctx); ok {
+		if addr, ok := p.Addr.(*net.TCPAddr); ok && addr.IP.IsLoopback() {
+			return handler(ctx, req)
+		}
+		s.log.Warn("inspection call refused", "method", info.FullMethod, "peer", p.Addr)
+	}
+	return nil, status.Error(codes.PermissionDenied, "inspection is served to loopback clients only (use kubectl port-forward)")
+}
+
+// authenticate returns the node the stream's bearer token proves, or the refusal:
+// UNAUTHENTICATED without one, else the Authenticator's error.
+func (s *Server) authenticate(ctx context.Context) (Identity, error) {
+	var token string
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		if v := md.Get("authorization"); len(v) == 1 {
+			token, _ = strings.CutPrefix(v[0], "Bearer ")
+		}
+	}
+	if token == "" {
+		return Identity{}, status.Error(codes.Unauthenticated, `agent stream without "authorization: Bearer <token>" metadata`)
+	}
+	return s.auth.Authenticate(ctx, token)
+}
+
 // helloTimeout bounds how long a new stream may stay silent before its Hello.
 const helloTimeout = 10 * time.Second
 
 // Connect implements kuport.v1.AgentService/Connect: a follower refuses it with
-// FAILED_PRECONDITION. The first message must be a Hello naming the node (else
-// INVALID_ARGUMENT, or DEADLINE_EXCEEDED after helloTimeout without one); the stream then
+// FAILED_PRECONDITION. With an Authenticator, a stream without a valid agent token is
+// refused before its Hello (see Server.authenticate). The first message must be a Hello
+// naming the node (else INVALID_ARGUMENT, or DEADLINE_EXCEEDED after helloTimeout without
+// one), and the node the token proves (else PERMISSION_DENIED); the stream then
 // receives the node's current program and every new version, and carries the agent's Acks
 // and Reports. A newer stream of the same node ends this one with ABORTED.
 func (s *Server) Connect(stream grpc.BidiStreamingServer[kuportv1.ConnectRequest, kuportv1.ConnectResponse]) error {
 	reg, err := s.leading()
 	if err != nil {
 		return err
+	}
+	var id Identity
+	if s.auth != nil {
+		if id, err = s.authenticate(stream.Context()); err != nil {
+			s.log.Warn("agent stream refused", "peer", peerAddr(stream.Context()), "error", err)
+			return err
+		}
 	}
 	type received struct {
 		msg *kuportv1.ConnectRequest
@@ -144,6 +195,11 @@ func (s *Server) Connect(stream grpc.BidiStreamingServer[kuportv1.ConnectRequest
 	hello := first.msg.GetHello()
 	if hello == nil || hello.Node == "" {
 		return status.Error(codes.InvalidArgument, "first message must be a Hello with the node name")
+	}
+	if s.auth != nil && hello.Node != id.Node {
+		err := status.Errorf(codes.PermissionDenied, "agent token of Pod %s proves node %q, not %q", id.Pod, id.Node, hello.Node)
+		s.log.Warn("agent stream refused", "peer", peerAddr(stream.Context()), "error", err)
+		return err
 	}
 	sess := reg.connect(hello)
 	defer reg.disconnect(sess)
@@ -189,6 +245,14 @@ func (s *Server) Connect(stream grpc.BidiStreamingServer[kuportv1.ConnectRequest
 	}
 }
 
+// peerAddr is the client address of a call, for logs ("unknown" without one).
+func peerAddr(ctx context.Context) string {
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		return p.Addr.String()
+	}
+	return "unknown"
+}
+
 // GetProgram implements kuport.v1.ProgramService/GetProgram; NOT_FOUND for a node neither
 // compile nor an agent has named, FAILED_PRECONDITION on a follower. A node known only from
 // its agent gets an empty program.
@@ -215,6 +279,24 @@ func (s *Server) ListNodes(context.Context, *kuportv1.ListNodesRequest) (*kuport
 		return nil, err
 	}
 	return &kuportv1.ListNodesResponse{Nodes: reg.Nodes()}, nil
+}
+
+// GetMapping implements kuport.v1.ProgramService/GetMapping: the mapping's state per node
+// (Registry.Mapping); INVALID_ARGUMENT without namespace and name, NOT_FOUND when no node's
+// program carries it, FAILED_PRECONDITION on a follower.
+func (s *Server) GetMapping(_ context.Context, req *kuportv1.GetMappingRequest) (*kuportv1.GetMappingResponse, error) {
+	reg, err := s.leading()
+	if err != nil {
+		return nil, err
+	}
+	if req.Namespace == "" || req.Name == "" {
+		return nil, status.Error(codes.InvalidArgument, "namespace and name are required")
+	}
+	nodes := reg.Mapping(req.Namespace + "/" + req.Name)
+	if len(nodes) == 0 {
+		return nil, status.Errorf(codes.NotFound, "no node's program carries mapping %s/%s", req.Namespace, req.Name)
+	}
+	return &kuportv1.GetMappingResponse{Nodes: nodes}, nil
 }
 
 // Listen opens one --grpc-listen address: "unix:///path/to.sock" (the directory is created

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
@@ -36,7 +37,7 @@ func TestServerOverUnixSocket(t *testing.T) {
 	sock := "unix://" + filepath.Join(t.TempDir(), "run", "controller.sock")
 	lis, err := Listen(sock)
 	require.NoError(t, err)
-	srv := NewServer(nil)
+	srv := NewServer(nil, nil)
 	srv.Lead(reg)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
@@ -158,7 +159,7 @@ func TestFollowerRefusesUntilItLeads(t *testing.T) {
 	sock := "unix://" + filepath.Join(t.TempDir(), "controller.sock")
 	lis, err := Listen(sock)
 	require.NoError(t, err)
-	srv := NewServer(nil)
+	srv := NewServer(nil, nil)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
 	defer func() {
@@ -216,4 +217,94 @@ func TestFollowerRefusesUntilItLeads(t *testing.T) {
 	gp, err := ps.GetProgram(ctx, &kuportv1.GetProgramRequest{Node: "edge-a"})
 	require.NoError(t, err)
 	assert.Equal(t, uint64(3), gp.GetProgram().GetEpoch())
+}
+
+// TestServerAuthenticatesAgents: with a TokenReviewer, a stream needs a token proving the
+// node its Hello names, and ProgramService answers loopback TCP clients only.
+func TestServerAuthenticatesAgents(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	reg := NewRegistry(Config{Epoch: 5, Start: time.Now()})
+	reg.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false), "worker-b": {}})
+	reg.Release(nil, time.Now())
+	srv := NewServer(nil, fakeReviewer(t))
+	srv.Lead(reg)
+	sock := "unix://" + filepath.Join(t.TempDir(), "controller.sock")
+	var served []chan error
+	for _, addr := range []string{sock, "127.0.0.1:0"} {
+		lis, err := Listen(addr)
+		require.NoError(t, err)
+		if addr != sock {
+			addr = lis.Addr().String()
+		}
+		done := make(chan error, 1)
+		go func() { done <- srv.Serve(lis) }()
+		served = append(served, done)
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		require.NoError(t, err)
+		defer conn.Close()
+		if addr == sock {
+			connectAs := func(token, node string) (*kuportv1.ConnectResponse, error) {
+				sctx := ctx
+				if token != "" {
+					sctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+				}
+				stream, err := kuportv1.NewAgentServiceClient(conn).Connect(sctx)
+				require.NoError(t, err)
+				_ = stream.Send(&kuportv1.ConnectRequest{Message: &kuportv1.ConnectRequest_Hello{Hello: &kuportv1.Hello{Node: node}}})
+				return stream.Recv()
+			}
+			_, err := connectAs("", "edge-a")
+			assert.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
+			_, err = connectAs("garbage", "edge-a")
+			assert.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
+			_, err = connectAs("other-sa", "edge-a")
+			assert.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+			_, err = connectAs("edge-a", "worker-b")
+			assert.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+			assert.ErrorContains(t, err, `proves node "edge-a", not "worker-b"`)
+			msg, err := connectAs("edge-a", "edge-a")
+			require.NoError(t, err)
+			assert.Equal(t, "edge-a", msg.GetProgram().GetNode())
+			msg, err = connectAs("worker-b-old", "worker-b")
+			require.NoError(t, err)
+			assert.Equal(t, "worker-b", msg.GetProgram().GetNode())
+		}
+
+		// Inspection: refused over the unix socket, served on loopback TCP; health is open.
+		ps := kuportv1.NewProgramServiceClient(conn)
+		_, listErr := ps.ListNodes(ctx, &kuportv1.ListNodesRequest{})
+		_, mapErr := ps.GetMapping(ctx, &kuportv1.GetMappingRequest{Namespace: "games", Name: "remote"})
+		if addr == sock {
+			assert.Equal(t, codes.PermissionDenied, status.Code(listErr), "%v", listErr)
+			assert.Equal(t, codes.PermissionDenied, status.Code(mapErr), "%v", mapErr)
+		} else {
+			assert.NoError(t, listErr)
+			assert.NoError(t, mapErr)
+		}
+		hr, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+		require.NoError(t, err)
+		assert.Equal(t, healthpb.HealthCheckResponse_SERVING, hr.Status)
+	}
+	srv.Stop()
+	for _, done := range served {
+		assert.NoError(t, <-done)
+	}
+}
+
+// TestGetMapping: per-node state of one mapping; NOT_FOUND for a mapping no program carries.
+func TestGetMapping(t *testing.T) {
+	reg := NewRegistry(Config{Epoch: 5, Start: time.Now()})
+	reg.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false)})
+	srv := NewServer(nil, nil)
+	srv.Lead(reg)
+	resp, err := srv.GetMapping(context.Background(), &kuportv1.GetMappingRequest{Namespace: "games", Name: "remote"})
+	require.NoError(t, err)
+	require.Len(t, resp.Nodes, 1)
+	assert.Equal(t, "edge-a", resp.Nodes[0].Node)
+	assert.Equal(t, "node edge-a: agent not connected", resp.Nodes[0].Message)
+	_, err = srv.GetMapping(context.Background(), &kuportv1.GetMappingRequest{Namespace: "games", Name: "none"})
+	assert.Equal(t, codes.NotFound, status.Code(err))
+	_, err = srv.GetMapping(context.Background(), &kuportv1.GetMappingRequest{Name: "remote"})
+	assert.Equal(t, codes.InvalidArgument, status.Code(err))
 }

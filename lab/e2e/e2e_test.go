@@ -272,6 +272,17 @@ func TestPrivilegedE2E(t *testing.T) {
 		assert.Contains(t, out, `"name": "`+linkOnEdgeA+`"`)
 		out = sh(`grpcurl -plaintext 127.0.0.1:7443 kuport.v1.ProgramService/ListNodes`)
 		assert.Contains(t, out, `"node": "worker-b"`)
+		assert.Contains(t, out, `"connectedSince": "`)
+		out = sh(`grpcurl -plaintext -d '{"namespace":"demo","name":"remote"}' 127.0.0.1:7443 kuport.v1.ProgramService/GetMapping`)
+		assert.Contains(t, out, `"demo/remote/dnat/enp1s0"`)
+		assert.Contains(t, out, `"acked": true`)
+		out = sh("ip netns exec edge-a grpcurl -plaintext 127.0.0.1:7400 list")
+		assert.Contains(t, out, "kuport.v1.AgentInspectionService")
+		assert.Contains(t, out, "grpc.health.v1.Health")
+		out = sh("ip netns exec edge-a grpcurl -plaintext 127.0.0.1:7400 kuport.v1.AgentInspectionService/GetAppliedProgram")
+		assert.Contains(t, out, `"node": "edge-a"`)
+		assert.Contains(t, out, `"demo/remote/dnat/enp1s0"`)
+		assert.Contains(t, out, `"applyTime": "`)
 	})
 
 	t.Run("the deploy base is accepted by the API server", func(t *testing.T) {
@@ -282,7 +293,7 @@ func TestPrivilegedE2E(t *testing.T) {
 		c.Dir = repoRoot
 		out, err := c.CombinedOutput()
 		require.NoError(t, err, "%s", out)
-		for _, obj := range []string{"clusterrole.rbac.authorization.k8s.io/kuport-controller", "role.rbac.authorization.k8s.io/kuport-controller-leader-election",
+		for _, obj := range []string{"clusterrole.rbac.authorization.k8s.io/kuport-controller", "role.rbac.authorization.k8s.io/kuport-controller-leader-election", "role.rbac.authorization.k8s.io/kuport-controller-agent-pods",
 			"deployment.apps/kuport-controller", "daemonset.apps/kuport-agent"} {
 			assert.Contains(t, string(out), obj)
 		}

@@ -16,6 +16,7 @@ package kuportv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -1728,7 +1729,14 @@ type NodeInfo struct {
 	Connected      bool                   `protobuf:"varint,2,opt,name=connected,proto3" json:"connected,omitempty"`
 	AgentVersion   string                 `protobuf:"bytes,3,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
 	ProgramVersion uint64                 `protobuf:"varint,4,opt,name=program_version,json=programVersion,proto3" json:"program_version,omitempty"`
-	AckedVersion   uint64                 `protobuf:"varint,5,opt,name=acked_version,json=ackedVersion,proto3" json:"acked_version,omitempty"`
+	// Version the agent acknowledged as applied in epoch (0 if none).
+	AckedVersion uint64 `protobuf:"varint,5,opt,name=acked_version,json=ackedVersion,proto3" json:"acked_version,omitempty"`
+	// Epoch of this controller's leadership term, stamped on every program it serves.
+	Epoch uint64 `protobuf:"varint,6,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// When the agent's current stream said Hello; unset while disconnected.
+	ConnectedSince *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=connected_since,json=connectedSince,proto3" json:"connected_since,omitempty"`
+	// When the controller received the agent's latest Report; unset before the first.
+	LastReportTime *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=last_report_time,json=lastReportTime,proto3" json:"last_report_time,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -1798,6 +1806,27 @@ func (x *NodeInfo) GetAckedVersion() uint64 {
 	return 0
 }
 
+func (x *NodeInfo) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *NodeInfo) GetConnectedSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ConnectedSince
+	}
+	return nil
+}
+
+func (x *NodeInfo) GetLastReportTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastReportTime
+	}
+	return nil
+}
+
 type ListNodesResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Nodes         []*NodeInfo            `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
@@ -1842,11 +1871,320 @@ func (x *ListNodesResponse) GetNodes() []*NodeInfo {
 	return nil
 }
 
+type GetMappingRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Namespace of the PortMap.
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Name of the PortMap.
+	Name          string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetMappingRequest) Reset() {
+	*x = GetMappingRequest{}
+	mi := &file_kuport_v1_program_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetMappingRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetMappingRequest) ProtoMessage() {}
+
+func (x *GetMappingRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kuport_v1_program_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetMappingRequest.ProtoReflect.Descriptor instead.
+func (*GetMappingRequest) Descriptor() ([]byte, []int) {
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *GetMappingRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *GetMappingRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// MappingNode is one PortMap's state on one node.
+type MappingNode struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// Ids of the mapping's entries in the node's current program: its rules, the links and
+	// return paths they use; sorted.
+	EntryIds []string `protobuf:"bytes,2,rep,name=entry_ids,json=entryIds,proto3" json:"entry_ids,omitempty"`
+	// Program version at which these entries last changed.
+	Version uint64 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	// Whether the node's agent acknowledged a version at least version (in this epoch).
+	Acked bool `protobuf:"varint,4,opt,name=acked,proto3" json:"acked,omitempty"`
+	// Whether the node's kernel holds the entries: connected, acked, and no entry failed.
+	Ready bool `protobuf:"varint,5,opt,name=ready,proto3" json:"ready,omitempty"`
+	// Why not ready (empty when ready).
+	Message string `protobuf:"bytes,6,opt,name=message,proto3" json:"message,omitempty"`
+	// The entries' counters from the node's latest Report, in report order.
+	Counters []*Counter `protobuf:"bytes,7,rep,name=counters,proto3" json:"counters,omitempty"`
+	// Statistics of the links the entries use, from the node's latest Report.
+	Links         []*LinkStats `protobuf:"bytes,8,rep,name=links,proto3" json:"links,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MappingNode) Reset() {
+	*x = MappingNode{}
+	mi := &file_kuport_v1_program_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MappingNode) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MappingNode) ProtoMessage() {}
+
+func (x *MappingNode) ProtoReflect() protoreflect.Message {
+	mi := &file_kuport_v1_program_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MappingNode.ProtoReflect.Descriptor instead.
+func (*MappingNode) Descriptor() ([]byte, []int) {
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *MappingNode) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *MappingNode) GetEntryIds() []string {
+	if x != nil {
+		return x.EntryIds
+	}
+	return nil
+}
+
+func (x *MappingNode) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *MappingNode) GetAcked() bool {
+	if x != nil {
+		return x.Acked
+	}
+	return false
+}
+
+func (x *MappingNode) GetReady() bool {
+	if x != nil {
+		return x.Ready
+	}
+	return false
+}
+
+func (x *MappingNode) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *MappingNode) GetCounters() []*Counter {
+	if x != nil {
+		return x.Counters
+	}
+	return nil
+}
+
+func (x *MappingNode) GetLinks() []*LinkStats {
+	if x != nil {
+		return x.Links
+	}
+	return nil
+}
+
+type GetMappingResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Nodes whose program carries the mapping, sorted by name.
+	Nodes         []*MappingNode `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetMappingResponse) Reset() {
+	*x = GetMappingResponse{}
+	mi := &file_kuport_v1_program_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetMappingResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetMappingResponse) ProtoMessage() {}
+
+func (x *GetMappingResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kuport_v1_program_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetMappingResponse.ProtoReflect.Descriptor instead.
+func (*GetMappingResponse) Descriptor() ([]byte, []int) {
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *GetMappingResponse) GetNodes() []*MappingNode {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+type GetAppliedProgramRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetAppliedProgramRequest) Reset() {
+	*x = GetAppliedProgramRequest{}
+	mi := &file_kuport_v1_program_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetAppliedProgramRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetAppliedProgramRequest) ProtoMessage() {}
+
+func (x *GetAppliedProgramRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kuport_v1_program_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetAppliedProgramRequest.ProtoReflect.Descriptor instead.
+func (*GetAppliedProgramRequest) Descriptor() ([]byte, []int) {
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{25}
+}
+
+type GetAppliedProgramResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The program the kernel holds (its version and epoch included), at least in part when
+	// errors is not empty.
+	Program *NodeProgram `protobuf:"bytes,1,opt,name=program,proto3" json:"program,omitempty"`
+	// Entries that failed to apply; empty when the whole program is in the kernel.
+	Errors []*EntryError `protobuf:"bytes,2,rep,name=errors,proto3" json:"errors,omitempty"`
+	// When the program was last applied to the kernel (resyncs included) or, for a resent
+	// program with unchanged content, acknowledged as applied.
+	ApplyTime     *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=apply_time,json=applyTime,proto3" json:"apply_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetAppliedProgramResponse) Reset() {
+	*x = GetAppliedProgramResponse{}
+	mi := &file_kuport_v1_program_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetAppliedProgramResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetAppliedProgramResponse) ProtoMessage() {}
+
+func (x *GetAppliedProgramResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kuport_v1_program_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetAppliedProgramResponse.ProtoReflect.Descriptor instead.
+func (*GetAppliedProgramResponse) Descriptor() ([]byte, []int) {
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *GetAppliedProgramResponse) GetProgram() *NodeProgram {
+	if x != nil {
+		return x.Program
+	}
+	return nil
+}
+
+func (x *GetAppliedProgramResponse) GetErrors() []*EntryError {
+	if x != nil {
+		return x.Errors
+	}
+	return nil
+}
+
+func (x *GetAppliedProgramResponse) GetApplyTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ApplyTime
+	}
+	return nil
+}
+
 var File_kuport_v1_program_proto protoreflect.FileDescriptor
 
 const file_kuport_v1_program_proto_rawDesc = "" +
 	"\n" +
-	"\x17kuport/v1/program.proto\x12\tkuport.v1\"5\n" +
+	"\x17kuport/v1/program.proto\x12\tkuport.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"5\n" +
 	"\tPortRange\x12\x14\n" +
 	"\x05first\x18\x01 \x01(\rR\x05first\x12\x12\n" +
 	"\x04last\x18\x02 \x01(\rR\x04last\"\xce\x02\n" +
@@ -1964,15 +2302,38 @@ const file_kuport_v1_program_proto_rawDesc = "" +
 	"\x12GetProgramResponse\x120\n" +
 	"\aprogram\x18\x01 \x01(\v2\x16.kuport.v1.NodeProgramR\aprogram\x12#\n" +
 	"\racked_version\x18\x02 \x01(\x04R\fackedVersion\"\x12\n" +
-	"\x10ListNodesRequest\"\xaf\x01\n" +
+	"\x10ListNodesRequest\"\xd0\x02\n" +
 	"\bNodeInfo\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1c\n" +
 	"\tconnected\x18\x02 \x01(\bR\tconnected\x12#\n" +
 	"\ragent_version\x18\x03 \x01(\tR\fagentVersion\x12'\n" +
 	"\x0fprogram_version\x18\x04 \x01(\x04R\x0eprogramVersion\x12#\n" +
-	"\racked_version\x18\x05 \x01(\x04R\fackedVersion\">\n" +
+	"\racked_version\x18\x05 \x01(\x04R\fackedVersion\x12\x14\n" +
+	"\x05epoch\x18\x06 \x01(\x04R\x05epoch\x12C\n" +
+	"\x0fconnected_since\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x0econnectedSince\x12D\n" +
+	"\x10last_report_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x0elastReportTime\">\n" +
 	"\x11ListNodesResponse\x12)\n" +
-	"\x05nodes\x18\x01 \x03(\v2\x13.kuport.v1.NodeInfoR\x05nodes*H\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x13.kuport.v1.NodeInfoR\x05nodes\"E\n" +
+	"\x11GetMappingRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\xfa\x01\n" +
+	"\vMappingNode\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1b\n" +
+	"\tentry_ids\x18\x02 \x03(\tR\bentryIds\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion\x12\x14\n" +
+	"\x05acked\x18\x04 \x01(\bR\x05acked\x12\x14\n" +
+	"\x05ready\x18\x05 \x01(\bR\x05ready\x12\x18\n" +
+	"\amessage\x18\x06 \x01(\tR\amessage\x12.\n" +
+	"\bcounters\x18\a \x03(\v2\x12.kuport.v1.CounterR\bcounters\x12*\n" +
+	"\x05links\x18\b \x03(\v2\x14.kuport.v1.LinkStatsR\x05links\"B\n" +
+	"\x12GetMappingResponse\x12,\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x16.kuport.v1.MappingNodeR\x05nodes\"\x1a\n" +
+	"\x18GetAppliedProgramRequest\"\xb7\x01\n" +
+	"\x19GetAppliedProgramResponse\x120\n" +
+	"\aprogram\x18\x01 \x01(\v2\x16.kuport.v1.NodeProgramR\aprogram\x12-\n" +
+	"\x06errors\x18\x02 \x03(\v2\x15.kuport.v1.EntryErrorR\x06errors\x129\n" +
+	"\n" +
+	"apply_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tapplyTime*H\n" +
 	"\bProtocol\x12\x18\n" +
 	"\x14PROTOCOL_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fPROTOCOL_TCP\x10\x01\x12\x10\n" +
@@ -1987,11 +2348,15 @@ const file_kuport_v1_program_proto_rawDesc = "" +
 	"\x11MARK_KIND_CT_SAVE\x10\x02\x12\x18\n" +
 	"\x14MARK_KIND_CT_RESTORE\x10\x032T\n" +
 	"\fAgentService\x12D\n" +
-	"\aConnect\x12\x19.kuport.v1.ConnectRequest\x1a\x1a.kuport.v1.ConnectResponse(\x010\x012\xa3\x01\n" +
+	"\aConnect\x12\x19.kuport.v1.ConnectRequest\x1a\x1a.kuport.v1.ConnectResponse(\x010\x012\xee\x01\n" +
 	"\x0eProgramService\x12I\n" +
 	"\n" +
 	"GetProgram\x12\x1c.kuport.v1.GetProgramRequest\x1a\x1d.kuport.v1.GetProgramResponse\x12F\n" +
-	"\tListNodes\x12\x1b.kuport.v1.ListNodesRequest\x1a\x1c.kuport.v1.ListNodesResponseB/Z-kuport.wlz.li/kuport/proto/kuport/v1;kuportv1b\x06proto3"
+	"\tListNodes\x12\x1b.kuport.v1.ListNodesRequest\x1a\x1c.kuport.v1.ListNodesResponse\x12I\n" +
+	"\n" +
+	"GetMapping\x12\x1c.kuport.v1.GetMappingRequest\x1a\x1d.kuport.v1.GetMappingResponse2x\n" +
+	"\x16AgentInspectionService\x12^\n" +
+	"\x11GetAppliedProgram\x12#.kuport.v1.GetAppliedProgramRequest\x1a$.kuport.v1.GetAppliedProgramResponseB/Z-kuport.wlz.li/kuport/proto/kuport/v1;kuportv1b\x06proto3"
 
 var (
 	file_kuport_v1_program_proto_rawDescOnce sync.Once
@@ -2006,33 +2371,39 @@ func file_kuport_v1_program_proto_rawDescGZIP() []byte {
 }
 
 var file_kuport_v1_program_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_kuport_v1_program_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_kuport_v1_program_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_kuport_v1_program_proto_goTypes = []any{
-	(Protocol)(0),              // 0: kuport.v1.Protocol
-	(SnatKind)(0),              // 1: kuport.v1.SnatKind
-	(MarkKind)(0),              // 2: kuport.v1.MarkKind
-	(*PortRange)(nil),          // 3: kuport.v1.PortRange
-	(*NodeProgram)(nil),        // 4: kuport.v1.NodeProgram
-	(*DnatRule)(nil),           // 5: kuport.v1.DnatRule
-	(*SnatRule)(nil),           // 6: kuport.v1.SnatRule
-	(*MarkRule)(nil),           // 7: kuport.v1.MarkRule
-	(*Link)(nil),               // 8: kuport.v1.Link
-	(*ReturnPath)(nil),         // 9: kuport.v1.ReturnPath
-	(*ConnectRequest)(nil),     // 10: kuport.v1.ConnectRequest
-	(*ConnectResponse)(nil),    // 11: kuport.v1.ConnectResponse
-	(*Interface)(nil),          // 12: kuport.v1.Interface
-	(*NodeState)(nil),          // 13: kuport.v1.NodeState
-	(*Hello)(nil),              // 14: kuport.v1.Hello
-	(*EntryError)(nil),         // 15: kuport.v1.EntryError
-	(*Ack)(nil),                // 16: kuport.v1.Ack
-	(*Counter)(nil),            // 17: kuport.v1.Counter
-	(*LinkStats)(nil),          // 18: kuport.v1.LinkStats
-	(*Report)(nil),             // 19: kuport.v1.Report
-	(*GetProgramRequest)(nil),  // 20: kuport.v1.GetProgramRequest
-	(*GetProgramResponse)(nil), // 21: kuport.v1.GetProgramResponse
-	(*ListNodesRequest)(nil),   // 22: kuport.v1.ListNodesRequest
-	(*NodeInfo)(nil),           // 23: kuport.v1.NodeInfo
-	(*ListNodesResponse)(nil),  // 24: kuport.v1.ListNodesResponse
+	(Protocol)(0),                     // 0: kuport.v1.Protocol
+	(SnatKind)(0),                     // 1: kuport.v1.SnatKind
+	(MarkKind)(0),                     // 2: kuport.v1.MarkKind
+	(*PortRange)(nil),                 // 3: kuport.v1.PortRange
+	(*NodeProgram)(nil),               // 4: kuport.v1.NodeProgram
+	(*DnatRule)(nil),                  // 5: kuport.v1.DnatRule
+	(*SnatRule)(nil),                  // 6: kuport.v1.SnatRule
+	(*MarkRule)(nil),                  // 7: kuport.v1.MarkRule
+	(*Link)(nil),                      // 8: kuport.v1.Link
+	(*ReturnPath)(nil),                // 9: kuport.v1.ReturnPath
+	(*ConnectRequest)(nil),            // 10: kuport.v1.ConnectRequest
+	(*ConnectResponse)(nil),           // 11: kuport.v1.ConnectResponse
+	(*Interface)(nil),                 // 12: kuport.v1.Interface
+	(*NodeState)(nil),                 // 13: kuport.v1.NodeState
+	(*Hello)(nil),                     // 14: kuport.v1.Hello
+	(*EntryError)(nil),                // 15: kuport.v1.EntryError
+	(*Ack)(nil),                       // 16: kuport.v1.Ack
+	(*Counter)(nil),                   // 17: kuport.v1.Counter
+	(*LinkStats)(nil),                 // 18: kuport.v1.LinkStats
+	(*Report)(nil),                    // 19: kuport.v1.Report
+	(*GetProgramRequest)(nil),         // 20: kuport.v1.GetProgramRequest
+	(*GetProgramResponse)(nil),        // 21: kuport.v1.GetProgramResponse
+	(*ListNodesRequest)(nil),          // 22: kuport.v1.ListNodesRequest
+	(*NodeInfo)(nil),                  // 23: kuport.v1.NodeInfo
+	(*ListNodesResponse)(nil),         // 24: kuport.v1.ListNodesResponse
+	(*GetMappingRequest)(nil),         // 25: kuport.v1.GetMappingRequest
+	(*MappingNode)(nil),               // 26: kuport.v1.MappingNode
+	(*GetMappingResponse)(nil),        // 27: kuport.v1.GetMappingResponse
+	(*GetAppliedProgramRequest)(nil),  // 28: kuport.v1.GetAppliedProgramRequest
+	(*GetAppliedProgramResponse)(nil), // 29: kuport.v1.GetAppliedProgramResponse
+	(*timestamppb.Timestamp)(nil),     // 30: google.protobuf.Timestamp
 }
 var file_kuport_v1_program_proto_depIdxs = []int32{
 	5,  // 0: kuport.v1.NodeProgram.dnat_rules:type_name -> kuport.v1.DnatRule
@@ -2059,18 +2430,30 @@ var file_kuport_v1_program_proto_depIdxs = []int32{
 	17, // 21: kuport.v1.Report.counters:type_name -> kuport.v1.Counter
 	18, // 22: kuport.v1.Report.links:type_name -> kuport.v1.LinkStats
 	4,  // 23: kuport.v1.GetProgramResponse.program:type_name -> kuport.v1.NodeProgram
-	23, // 24: kuport.v1.ListNodesResponse.nodes:type_name -> kuport.v1.NodeInfo
-	10, // 25: kuport.v1.AgentService.Connect:input_type -> kuport.v1.ConnectRequest
-	20, // 26: kuport.v1.ProgramService.GetProgram:input_type -> kuport.v1.GetProgramRequest
-	22, // 27: kuport.v1.ProgramService.ListNodes:input_type -> kuport.v1.ListNodesRequest
-	11, // 28: kuport.v1.AgentService.Connect:output_type -> kuport.v1.ConnectResponse
-	21, // 29: kuport.v1.ProgramService.GetProgram:output_type -> kuport.v1.GetProgramResponse
-	24, // 30: kuport.v1.ProgramService.ListNodes:output_type -> kuport.v1.ListNodesResponse
-	28, // [28:31] is the sub-list for method output_type
-	25, // [25:28] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	30, // 24: kuport.v1.NodeInfo.connected_since:type_name -> google.protobuf.Timestamp
+	30, // 25: kuport.v1.NodeInfo.last_report_time:type_name -> google.protobuf.Timestamp
+	23, // 26: kuport.v1.ListNodesResponse.nodes:type_name -> kuport.v1.NodeInfo
+	17, // 27: kuport.v1.MappingNode.counters:type_name -> kuport.v1.Counter
+	18, // 28: kuport.v1.MappingNode.links:type_name -> kuport.v1.LinkStats
+	26, // 29: kuport.v1.GetMappingResponse.nodes:type_name -> kuport.v1.MappingNode
+	4,  // 30: kuport.v1.GetAppliedProgramResponse.program:type_name -> kuport.v1.NodeProgram
+	15, // 31: kuport.v1.GetAppliedProgramResponse.errors:type_name -> kuport.v1.EntryError
+	30, // 32: kuport.v1.GetAppliedProgramResponse.apply_time:type_name -> google.protobuf.Timestamp
+	10, // 33: kuport.v1.AgentService.Connect:input_type -> kuport.v1.ConnectRequest
+	20, // 34: kuport.v1.ProgramService.GetProgram:input_type -> kuport.v1.GetProgramRequest
+	22, // 35: kuport.v1.ProgramService.ListNodes:input_type -> kuport.v1.ListNodesRequest
+	25, // 36: kuport.v1.ProgramService.GetMapping:input_type -> kuport.v1.GetMappingRequest
+	28, // 37: kuport.v1.AgentInspectionService.GetAppliedProgram:input_type -> kuport.v1.GetAppliedProgramRequest
+	11, // 38: kuport.v1.AgentService.Connect:output_type -> kuport.v1.ConnectResponse
+	21, // 39: kuport.v1.ProgramService.GetProgram:output_type -> kuport.v1.GetProgramResponse
+	24, // 40: kuport.v1.ProgramService.ListNodes:output_type -> kuport.v1.ListNodesResponse
+	27, // 41: kuport.v1.ProgramService.GetMapping:output_type -> kuport.v1.GetMappingResponse
+	29, // 42: kuport.v1.AgentInspectionService.GetAppliedProgram:output_type -> kuport.v1.GetAppliedProgramResponse
+	38, // [38:43] is the sub-list for method output_type
+	33, // [33:38] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_kuport_v1_program_proto_init() }
@@ -2092,9 +2475,9 @@ func file_kuport_v1_program_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kuport_v1_program_proto_rawDesc), len(file_kuport_v1_program_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   22,
+			NumMessages:   27,
 			NumExtensions: 0,
-			NumServices:   2,
+			NumServices:   3,
 		},
 		GoTypes:           file_kuport_v1_program_proto_goTypes,
 		DependencyIndexes: file_kuport_v1_program_proto_depIdxs,

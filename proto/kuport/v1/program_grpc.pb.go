@@ -34,6 +34,13 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
 // AgentService is the one stream an agent holds to the controller.
+//
+// Unless the controller runs with --agent-auth=false, every Connect carries the gRPC metadata
+// "authorization: Bearer <token>": a ServiceAccount token with audience "kuport" bound to the
+// agent's Pod (TokenRequest, or a projected serviceAccountToken volume). The controller
+// reviews it (TokenReview) and serves the stream only when the token is the agents'
+// ServiceAccount's and the bound Pod runs on the node Hello names: UNAUTHENTICATED without a
+// valid token, PERMISSION_DENIED for another ServiceAccount or another node.
 type AgentServiceClient interface {
 	// Connect: the agent sends Hello first, then Ack per applied program and periodic Reports;
 	// the controller answers with the current program and a new one on every change.
@@ -66,6 +73,13 @@ type AgentService_ConnectClient = grpc.BidiStreamingClient[ConnectRequest, Conne
 // for forward compatibility.
 //
 // AgentService is the one stream an agent holds to the controller.
+//
+// Unless the controller runs with --agent-auth=false, every Connect carries the gRPC metadata
+// "authorization: Bearer <token>": a ServiceAccount token with audience "kuport" bound to the
+// agent's Pod (TokenRequest, or a projected serviceAccountToken volume). The controller
+// reviews it (TokenReview) and serves the stream only when the token is the agents'
+// ServiceAccount's and the bound Pod runs on the node Hello names: UNAUTHENTICATED without a
+// valid token, PERMISSION_DENIED for another ServiceAccount or another node.
 type AgentServiceServer interface {
 	// Connect: the agent sends Hello first, then Ack per applied program and periodic Reports;
 	// the controller answers with the current program and a new one on every change.
@@ -132,18 +146,26 @@ var AgentService_ServiceDesc = grpc.ServiceDesc{
 const (
 	ProgramService_GetProgram_FullMethodName = "/kuport.v1.ProgramService/GetProgram"
 	ProgramService_ListNodes_FullMethodName  = "/kuport.v1.ProgramService/ListNodes"
+	ProgramService_GetMapping_FullMethodName = "/kuport.v1.ProgramService/GetMapping"
 )
 
 // ProgramServiceClient is the client API for ProgramService service.
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// ProgramService is the read-only inspection surface (grpcurl).
+// ProgramService is the read-only inspection surface (grpcurl). With agent authentication on
+// (the default) the controller serves it to loopback TCP clients only (PERMISSION_DENIED
+// otherwise): reach it on the controller's host or through `kubectl port-forward`, which the
+// API server authorises. A follower refuses every call with FAILED_PRECONDITION.
 type ProgramServiceClient interface {
 	// GetProgram returns the current program for a node; NOT_FOUND for an unknown node.
 	GetProgram(ctx context.Context, in *GetProgramRequest, opts ...grpc.CallOption) (*GetProgramResponse, error)
 	// ListNodes lists the nodes the controller knows of and their agents.
 	ListNodes(ctx context.Context, in *ListNodesRequest, opts ...grpc.CallOption) (*ListNodesResponse, error)
+	// GetMapping returns, per node whose program carries entries of one PortMap, those entries,
+	// whether the node holds them and their latest counters and link statistics; NOT_FOUND when
+	// no node's program carries the mapping.
+	GetMapping(ctx context.Context, in *GetMappingRequest, opts ...grpc.CallOption) (*GetMappingResponse, error)
 }
 
 type programServiceClient struct {
@@ -174,16 +196,33 @@ func (c *programServiceClient) ListNodes(ctx context.Context, in *ListNodesReque
 	return out, nil
 }
 
+func (c *programServiceClient) GetMapping(ctx context.Context, in *GetMappingRequest, opts ...grpc.CallOption) (*GetMappingResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetMappingResponse)
+	err := c.cc.Invoke(ctx, ProgramService_GetMapping_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ProgramServiceServer is the server API for ProgramService service.
 // All implementations must embed UnimplementedProgramServiceServer
 // for forward compatibility.
 //
-// ProgramService is the read-only inspection surface (grpcurl).
+// ProgramService is the read-only inspection surface (grpcurl). With agent authentication on
+// (the default) the controller serves it to loopback TCP clients only (PERMISSION_DENIED
+// otherwise): reach it on the controller's host or through `kubectl port-forward`, which the
+// API server authorises. A follower refuses every call with FAILED_PRECONDITION.
 type ProgramServiceServer interface {
 	// GetProgram returns the current program for a node; NOT_FOUND for an unknown node.
 	GetProgram(context.Context, *GetProgramRequest) (*GetProgramResponse, error)
 	// ListNodes lists the nodes the controller knows of and their agents.
 	ListNodes(context.Context, *ListNodesRequest) (*ListNodesResponse, error)
+	// GetMapping returns, per node whose program carries entries of one PortMap, those entries,
+	// whether the node holds them and their latest counters and link statistics; NOT_FOUND when
+	// no node's program carries the mapping.
+	GetMapping(context.Context, *GetMappingRequest) (*GetMappingResponse, error)
 	mustEmbedUnimplementedProgramServiceServer()
 }
 
@@ -199,6 +238,9 @@ func (UnimplementedProgramServiceServer) GetProgram(context.Context, *GetProgram
 }
 func (UnimplementedProgramServiceServer) ListNodes(context.Context, *ListNodesRequest) (*ListNodesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListNodes not implemented")
+}
+func (UnimplementedProgramServiceServer) GetMapping(context.Context, *GetMappingRequest) (*GetMappingResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetMapping not implemented")
 }
 func (UnimplementedProgramServiceServer) mustEmbedUnimplementedProgramServiceServer() {}
 func (UnimplementedProgramServiceServer) testEmbeddedByValue()                        {}
@@ -257,6 +299,24 @@ func _ProgramService_ListNodes_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ProgramService_GetMapping_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetMappingRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ProgramServiceServer).GetMapping(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ProgramService_GetMapping_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ProgramServiceServer).GetMapping(ctx, req.(*GetMappingRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ProgramService_ServiceDesc is the grpc.ServiceDesc for ProgramService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -271,6 +331,121 @@ var ProgramService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListNodes",
 			Handler:    _ProgramService_ListNodes_Handler,
+		},
+		{
+			MethodName: "GetMapping",
+			Handler:    _ProgramService_GetMapping_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "kuport/v1/program.proto",
+}
+
+const (
+	AgentInspectionService_GetAppliedProgram_FullMethodName = "/kuport.v1.AgentInspectionService/GetAppliedProgram"
+)
+
+// AgentInspectionServiceClient is the client API for AgentInspectionService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// AgentInspectionService is an agent's local, read-only inspection surface (grpcurl on the
+// node, default 127.0.0.1:7400), served with grpc.health.v1 and server reflection.
+type AgentInspectionServiceClient interface {
+	// GetAppliedProgram returns the program the agent last applied; NOT_FOUND before the first.
+	GetAppliedProgram(ctx context.Context, in *GetAppliedProgramRequest, opts ...grpc.CallOption) (*GetAppliedProgramResponse, error)
+}
+
+type agentInspectionServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewAgentInspectionServiceClient(cc grpc.ClientConnInterface) AgentInspectionServiceClient {
+	return &agentInspectionServiceClient{cc}
+}
+
+func (c *agentInspectionServiceClient) GetAppliedProgram(ctx context.Context, in *GetAppliedProgramRequest, opts ...grpc.CallOption) (*GetAppliedProgramResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetAppliedProgramResponse)
+	err := c.cc.Invoke(ctx, AgentInspectionService_GetAppliedProgram_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// AgentInspectionServiceServer is the server API for AgentInspectionService service.
+// All implementations must embed UnimplementedAgentInspectionServiceServer
+// for forward compatibility.
+//
+// AgentInspectionService is an agent's local, read-only inspection surface (grpcurl on the
+// node, default 127.0.0.1:7400), served with grpc.health.v1 and server reflection.
+type AgentInspectionServiceServer interface {
+	// GetAppliedProgram returns the program the agent last applied; NOT_FOUND before the first.
+	GetAppliedProgram(context.Context, *GetAppliedProgramRequest) (*GetAppliedProgramResponse, error)
+	mustEmbedUnimplementedAgentInspectionServiceServer()
+}
+
+// UnimplementedAgentInspectionServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedAgentInspectionServiceServer struct{}
+
+func (UnimplementedAgentInspectionServiceServer) GetAppliedProgram(context.Context, *GetAppliedProgramRequest) (*GetAppliedProgramResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetAppliedProgram not implemented")
+}
+func (UnimplementedAgentInspectionServiceServer) mustEmbedUnimplementedAgentInspectionServiceServer() {
+}
+func (UnimplementedAgentInspectionServiceServer) testEmbeddedByValue() {}
+
+// UnsafeAgentInspectionServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to AgentInspectionServiceServer will
+// result in compilation errors.
+type UnsafeAgentInspectionServiceServer interface {
+	mustEmbedUnimplementedAgentInspectionServiceServer()
+}
+
+func RegisterAgentInspectionServiceServer(s grpc.ServiceRegistrar, srv AgentInspectionServiceServer) {
+	// If the following call panics, it indicates UnimplementedAgentInspectionServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&AgentInspectionService_ServiceDesc, srv)
+}
+
+func _AgentInspectionService_GetAppliedProgram_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetAppliedProgramRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentInspectionServiceServer).GetAppliedProgram(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AgentInspectionService_GetAppliedProgram_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentInspectionServiceServer).GetAppliedProgram(ctx, req.(*GetAppliedProgramRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// AgentInspectionService_ServiceDesc is the grpc.ServiceDesc for AgentInspectionService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var AgentInspectionService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "kuport.v1.AgentInspectionService",
+	HandlerType: (*AgentInspectionServiceServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "GetAppliedProgram",
+			Handler:    _AgentInspectionService_GetAppliedProgram_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

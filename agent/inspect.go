@@ -1,0 +1,49 @@
+package agent
+
+import (
+	"context"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// inspection serves kuport.v1.AgentInspectionService over an Agent.
+type inspection struct {
+	kuportv1.UnimplementedAgentInspectionServiceServer
+	a *Agent
+}
+
+// GetAppliedProgram implements kuport.v1.AgentInspectionService/GetAppliedProgram: the
+// program last handed to the datapath, its entry errors and when; NOT_FOUND before the first.
+func (i inspection) GetAppliedProgram(context.Context, *kuportv1.GetAppliedProgramRequest) (*kuportv1.GetAppliedProgramResponse, error) {
+	applied := i.a.applied.Load()
+	if applied == nil {
+		return nil, status.Error(codes.NotFound, "no program applied yet")
+	}
+	return applied, nil
+}
+
+// InspectionServer returns a gRPC server (not yet serving) with the agent's local inspection
+// surface: kuport.v1.AgentInspectionService, grpc.health.v1 (SERVING) and server reflection,
+// for grpcurl on the node. It has no authentication: serve it on loopback only.
+func (a *Agent) InspectionServer() *grpc.Server {
+	s := grpc.NewServer()
+	kuportv1.RegisterAgentInspectionServiceServer(s, inspection{a: a})
+	healthpb.RegisterHealthServer(s, health.NewServer())
+	reflection.Register(s)
+	return s
+}
+
+// setCurrent records p as the program the kernel holds, with errs (nil when whole), and
+// publishes it to GetAppliedProgram stamped with the current time.
+func (a *Agent) setCurrent(p *kuportv1.NodeProgram, errs []*kuportv1.EntryError) {
+	a.current, a.currentErr = p, errs
+	a.applied.Store(&kuportv1.GetAppliedProgramResponse{Program: p, Errors: errs, ApplyTime: timestamppb.Now()})
+}

@@ -1,0 +1,83 @@
+package agent
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// TestTokenFileReadOnEveryConnect: the token file's content goes out as a bearer token, and
+// a rotated token is sent on the next stream.
+func TestTokenFileReadOnEveryConnect(t *testing.T) {
+	c, target := startController(t)
+	token := filepath.Join(t.TempDir(), "token")
+	require.NoError(t, os.WriteFile(token, []byte("token-1\n"), 0o600))
+	cfg := testConfig(newFakeDatapath(), &syncBuffer{}, target)
+	cfg.TokenFile = token
+	startAgent(t, cfg)
+
+	s := nextSession(t, c)
+	assert.Equal(t, []string{"Bearer token-1"}, s.md.Get("authorization"))
+	require.NoError(t, os.WriteFile(token, []byte("token-2"), 0o600))
+	close(s.end)
+	s = nextSession(t, c)
+	assert.Equal(t, []string{"Bearer token-2"}, s.md.Get("authorization"))
+}
+
+// TestInspectionServesAppliedProgram drives the agent's inspection server with a real client:
+// health, NOT_FOUND before the first program, then the applied program with its time.
+func TestInspectionServesAppliedProgram(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	c, target := startController(t)
+	a, err := New(testConfig(newFakeDatapath(), &syncBuffer{}, target))
+	require.NoError(t, err)
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(runCtx) }()
+	defer func() {
+		stop()
+		require.NoError(t, <-done)
+	}()
+
+	sock := filepath.Join(t.TempDir(), "inspect.sock")
+	lis, err := net.Listen("unix", sock)
+	require.NoError(t, err)
+	srv := a.InspectionServer()
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+
+	hr, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	require.NoError(t, err)
+	assert.Equal(t, healthpb.HealthCheckResponse_SERVING, hr.Status)
+	client := kuportv1.NewAgentInspectionServiceClient(conn)
+	_, err = client.GetAppliedProgram(ctx, &kuportv1.GetAppliedProgramRequest{})
+	assert.Equal(t, codes.NotFound, status.Code(err), "%v", err)
+
+	before := time.Now()
+	s := nextSession(t, c)
+	p := program(3, 7, 27015)
+	s.send(t, p)
+	s.nextAck(t)
+	got, err := client.GetAppliedProgram(ctx, &kuportv1.GetAppliedProgramRequest{})
+	require.NoError(t, err)
+	requireProtoEqual(t, p, got.Program)
+	assert.Empty(t, got.Errors)
+	assert.False(t, got.ApplyTime.AsTime().Before(before), "apply_time %v is before the program was sent", got.ApplyTime.AsTime())
+}

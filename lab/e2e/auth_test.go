@@ -1,0 +1,147 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	authnv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"kuport.wlz.li/kuport/api/v1alpha1"
+	"kuport.wlz.li/kuport/controller/agents"
+	"kuport.wlz.li/kuport/lab"
+	"kuport.wlz.li/kuport/lab/cluster"
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// TestPrivilegedE2EAuth shows agents prove their node (issue 5): over the agents' own unix
+// socket, a stream without a token, with a token of another audience, or with edge-a's
+// token saying Hello as worker-b is refused, and so is inspection; the lab's agents, each with
+// its own minted token, are connected and serve; and the inspection surface shows per-node
+// and per-mapping state.
+func TestPrivilegedE2EAuth(t *testing.T) {
+	l := startLab(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	svc := programService(t)
+	for _, n := range []string{"edge-a", "worker-b"} {
+		waitAgent(t, svc, n, "")
+	}
+
+	conn, err := grpc.NewClient("unix://"+filepath.Join(cluster.DefaultDir, lab.ReplicaSocket(0)),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	connectAs := func(token, node string) error {
+		sctx := ctx
+		if token != "" {
+			sctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+		}
+		stream, err := kuportv1.NewAgentServiceClient(conn).Connect(sctx)
+		require.NoError(t, err)
+		_ = stream.Send(&kuportv1.ConnectRequest{Message: &kuportv1.ConnectRequest_Hello{Hello: &kuportv1.Hello{Node: node}}})
+		_, err = stream.Recv()
+		return err
+	}
+	edgeToken, err := os.ReadFile(l.AgentTokenFile("edge-a"))
+	require.NoError(t, err)
+
+	t.Run("the API server binds the token to the agent's Pod and node", func(t *testing.T) {
+		review, err := l.Kube.AuthenticationV1().TokenReviews().Create(ctx, &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{
+			Token: string(edgeToken), Audiences: []string{agents.TokenAudience},
+		}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		require.True(t, review.Status.Authenticated, review.Status.Error)
+		assert.Equal(t, "system:serviceaccount:kuport-system:kuport-agent", review.Status.User.Username)
+		assert.Equal(t, authnv1.ExtraValue{lab.AgentPod("edge-a")}, review.Status.User.Extra["authentication.kubernetes.io/pod-name"])
+		assert.Equal(t, authnv1.ExtraValue{"edge-a"}, review.Status.User.Extra["authentication.kubernetes.io/node-name"])
+	})
+
+	t.Run("a stream without a token is refused", func(t *testing.T) {
+		err := connectAs("", "edge-a")
+		assert.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
+	})
+
+	t.Run("a token of another audience is refused", func(t *testing.T) {
+		pod, err := l.Kube.CoreV1().Pods("kuport-system").Get(ctx, lab.AgentPod("edge-a"), metav1.GetOptions{})
+		require.NoError(t, err)
+		tr, err := l.Kube.CoreV1().ServiceAccounts("kuport-system").CreateToken(ctx, "kuport-agent", &authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{
+			ExpirationSeconds: ptr.To(int64(600)),
+			BoundObjectRef:    &authnv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
+		}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		err = connectAs(tr.Status.Token, "edge-a")
+		assert.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
+	})
+
+	t.Run("edge-a's token saying Hello as worker-b is refused", func(t *testing.T) {
+		err := connectAs(string(edgeToken), "worker-b")
+		assert.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+		assert.ErrorContains(t, err, `proves node "edge-a", not "worker-b"`)
+		log, err := os.ReadFile(filepath.Join(cluster.DefaultDir, "logs", "controller-0.log"))
+		require.NoError(t, err)
+		assert.Contains(t, string(log), "agent stream refused")
+		waitAgent(t, svc, "worker-b", "")
+	})
+
+	t.Run("inspection is refused on the agents' socket", func(t *testing.T) {
+		_, err := kuportv1.NewProgramServiceClient(conn).ListNodes(ctx, &kuportv1.ListNodesRequest{})
+		assert.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+	})
+
+	t.Run("ListNodes and GetMapping show agent and mapping state", func(t *testing.T) {
+		remote := lab.DemoScenarios()[1]
+		require.NoError(t, l.StartScenario(ctx, remote))
+		waitCondition(t, l, lab.DemoNamespace, remote.Name, v1alpha1.ConditionProgrammed, "True", 30*time.Second)
+		assertAnswers(t, l, remote.Port)
+
+		// Reports come every 2 s in the lab: wait for every agent's first one.
+		require.Eventually(t, func() bool {
+			nodes, err := svc.ListNodes(ctx, &kuportv1.ListNodesRequest{})
+			if err != nil {
+				return false
+			}
+			for _, n := range nodes.Nodes {
+				if n.Epoch == 0 || n.ConnectedSince == nil || n.LastReportTime == nil {
+					return false
+				}
+			}
+			return len(nodes.Nodes) > 0
+		}, 20*time.Second, 200*time.Millisecond, "ListNodes rows without epoch, connected_since or last_report_time")
+		// Wait for the probe's packets in edge-a's counter.
+		var m *kuportv1.GetMappingResponse
+		require.Eventually(t, func() bool {
+			m, err = svc.GetMapping(ctx, &kuportv1.GetMappingRequest{Namespace: lab.DemoNamespace, Name: remote.Name})
+			if err != nil || len(m.Nodes) != 2 {
+				return false
+			}
+			for _, c := range m.Nodes[0].Counters {
+				if c.Id == "demo/remote/dnat/enp1s0" && c.Packets > 0 {
+					return true
+				}
+			}
+			return false
+		}, 20*time.Second, 200*time.Millisecond, "GetMapping: %v %v", m, err)
+		for i, node := range []string{"edge-a", "worker-b"} {
+			mn := m.Nodes[i]
+			assert.Equal(t, node, mn.Node)
+			assert.True(t, mn.Acked, node)
+			assert.True(t, mn.Ready, "%s: %s", node, mn.Message)
+			require.Len(t, mn.Links, 1, node)
+		}
+		assert.Contains(t, m.Nodes[0].EntryIds, "demo/remote/dnat/enp1s0")
+		assert.Contains(t, m.Nodes[0].EntryIds, linkOnEdgeA)
+		assert.Equal(t, linkOnWorkerB, m.Nodes[1].Links[0].Name)
+	})
+}
