@@ -98,6 +98,10 @@ type Config struct {
 	// to the agent's Pod), sent as "authorization: Bearer <token>" on every stream and read
 	// afresh for each, since projected tokens rotate. Empty sends no token.
 	TokenFile string
+	// EpochFile keeps the highest epoch the agent applied across its own restarts, so that
+	// fencing survives them (a decimal number; on a tmpfs, so a reboot clears it with the
+	// kernel state). Empty keeps it in memory only.
+	EpochFile string
 	// DialOptions are added to the defaults (insecure transport credentials, the TokenFile
 	// credentials, connect backoff capped like Backoff).
 	DialOptions []grpc.DialOption
@@ -111,13 +115,16 @@ type Agent struct {
 	// Owned by the Run goroutine, the only one that calls Apply; written through setCurrent.
 	current    *kuportv1.NodeProgram // last program handed to Apply (nil before the first)
 	currentErr []*kuportv1.EntryError
+	// epochFloor is the highest epoch applied by this agent or, per Config.EpochFile, an
+	// earlier one on this node: a program of a lower epoch is refused.
+	epochFloor uint64
 	// applied is what setCurrent last published, for the inspection server (nil before the
 	// first program).
 	applied atomic.Pointer[kuportv1.GetAppliedProgramResponse]
 }
 
 // New checks cfg and returns an Agent. It errors when the node name, the targets or the
-// datapath are missing.
+// datapath are missing, or Config.EpochFile cannot be read.
 func New(cfg Config) (*Agent, error) {
 	switch {
 	case cfg.NodeName == "":
@@ -145,7 +152,11 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.FollowerRetry <= 0 {
 		cfg.FollowerRetry = DefaultFollowerRetry
 	}
-	return &Agent{cfg: cfg, log: cfg.Log}, nil
+	floor, err := loadEpoch(cfg.EpochFile)
+	if err != nil {
+		return nil, err
+	}
+	return &Agent{cfg: cfg, log: cfg.Log, epochFloor: floor}, nil
 }
 
 // errSessionEnded marks a stream the controller closed cleanly.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -485,6 +486,54 @@ func TestLowerEpochProgramRefused(t *testing.T) {
 	requireProtoEqual(t, current, applied)
 	require.Equal(t, 2, applies)
 	require.Contains(t, logs.String(), "refusing a program from a lower epoch")
+}
+
+// An agent restarted on a node keeps refusing the epochs below what an agent there applied
+// before (Config.EpochFile), and raises the stored epoch as it applies newer ones.
+func TestEpochFloorSurvivesRestart(t *testing.T) {
+	epochFile := filepath.Join(t.TempDir(), "kuport", "epoch")
+	first := func() {
+		c, target := startController(t)
+		cfg := testConfig(newFakeDatapath(), &syncBuffer{}, target)
+		cfg.EpochFile = epochFile
+		ctx, cancel := context.WithCancel(context.Background())
+		a, err := New(cfg)
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		go func() { done <- a.Run(ctx) }()
+		s := nextSession(t, c)
+		s.send(t, program(3, 2, 27015))
+		requireProtoEqual(t, &kuportv1.Ack{Version: 3, Epoch: 2}, s.nextAck(t))
+		cancel()
+		require.NoError(t, <-done)
+	}
+	first()
+	stored, err := os.ReadFile(epochFile)
+	require.NoError(t, err)
+	require.Equal(t, "2\n", string(stored))
+
+	c, target := startController(t)
+	dp := newFakeDatapath()
+	cfg := testConfig(dp, &syncBuffer{}, target)
+	cfg.EpochFile = epochFile
+	startAgent(t, cfg)
+	s := nextSession(t, c)
+	s.send(t, program(9, 1, 27016))
+	fenced := s.nextAck(t)
+	require.Len(t, fenced.GetErrors(), 1)
+	require.Contains(t, fenced.GetErrors()[0].GetMessage(), "refused by fencing: program epoch 1 is lower than the applied epoch 2")
+	_, applies := dp.snapshot()
+	require.Zero(t, applies, "the restarted agent applied a deposed leader's program")
+
+	s.send(t, program(1, 3, 27017))
+	requireProtoEqual(t, &kuportv1.Ack{Version: 1, Epoch: 3}, s.nextAck(t))
+	stored, err = os.ReadFile(epochFile)
+	require.NoError(t, err)
+	require.Equal(t, "3\n", string(stored))
+
+	require.NoError(t, os.WriteFile(epochFile, []byte("junk"), 0o644))
+	_, err = New(cfg)
+	require.ErrorContains(t, err, "epoch file")
 }
 
 func TestEqualEpochLowerVersion(t *testing.T) {

@@ -45,5 +45,6 @@ func (a *Agent) InspectionServer() *grpc.Server {
 // publishes it to GetAppliedProgram stamped with the current time.
 func (a *Agent) setCurrent(p *kuportv1.NodeProgram, errs []*kuportv1.EntryError) {
 	a.current, a.currentErr = p, errs
+	a.raiseEpochFloor(p.GetEpoch())
 	a.applied.Store(&kuportv1.GetAppliedProgramResponse{Program: p, Errors: errs, ApplyTime: timestamppb.Now()})
 }

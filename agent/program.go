@@ -10,8 +10,9 @@ import (
 )
 
 // handleProgram applies p when it must and returns the Ack to send. A program whose epoch is
-// lower than the current program's (a deposed leader's, proto/kuport/v1/program.proto,
-// NodeProgram.epoch) is not applied: its Ack carries one error saying it was fenced.
+// lower than the highest this agent, or per Config.EpochFile an earlier agent on this node,
+// applied (a deposed leader's, proto/kuport/v1/program.proto, NodeProgram.epoch) is not
+// applied: its Ack carries one error saying it was fenced.
 //
 // A program whose content (everything but version and epoch) equals the current program's,
 // which applied without errors, is acknowledged without calling Apply: the kernel already
@@ -25,12 +26,12 @@ func (a *Agent) handleProgram(p *kuportv1.NodeProgram) *kuportv1.Ack {
 		}}}
 	}
 	cur := a.current
-	if cur != nil && p.GetEpoch() < cur.GetEpoch() {
+	if p.GetEpoch() < a.epochFloor {
 		a.log.Warn("refusing a program from a lower epoch (fencing)",
-			"version", p.GetVersion(), "epoch", p.GetEpoch(), "applied_version", cur.GetVersion(), "applied_epoch", cur.GetEpoch())
+			"version", p.GetVersion(), "epoch", p.GetEpoch(), "applied_epoch", a.epochFloor)
 		// Say so, so the sender's status shows why the node does not follow it.
 		return &kuportv1.Ack{Version: p.GetVersion(), Epoch: p.GetEpoch(), Errors: []*kuportv1.EntryError{{
-			Message: fmt.Sprintf("refused by fencing: program epoch %d is lower than the applied epoch %d", p.GetEpoch(), cur.GetEpoch()),
+			Message: fmt.Sprintf("refused by fencing: program epoch %d is lower than the applied epoch %d", p.GetEpoch(), a.epochFloor),
 		}}}
 	}
 	if cur != nil && len(a.currentErr) == 0 && sameContent(p, cur) {

@@ -284,7 +284,8 @@ func (l *Lab) StartAgentBinary(node, binary string) error {
 	if err := l.mintAgentToken(ctx, node); err != nil {
 		return err
 	}
-	args := []string{binary, "--node-name", node, "--underlay-interface", spec.UnderlayIface, "--token-file", l.AgentTokenFile(node)}
+	args := []string{binary, "--node-name", node, "--underlay-interface", spec.UnderlayIface, "--token-file", l.AgentTokenFile(node),
+		"--epoch-file", l.AgentEpochFile(node)}
 	for i := range l.controllers {
 		args = append(args, "--controller", "unix://"+filepath.Join(l.opt.Dir, ReplicaSocket(i)))
 	}
@@ -295,6 +296,15 @@ func (l *Lab) StartAgentBinary(node, binary string) error {
 	}
 	l.agents[node] = p
 	return nil
+}
+
+// Bin is the directory holding the lab's kuport binaries (Options.Bin).
+func (l *Lab) Bin() string { return l.opt.Bin }
+
+// AgentEpochFile is where node's agent keeps its fencing epoch across restarts: one file per
+// node, since the lab's agents share one filesystem.
+func (l *Lab) AgentEpochFile(node string) string {
+	return filepath.Join(l.opt.Dir, "epoch", node)
 }
 
 // StopAgent stops the node's agent (SIGTERM: it leaves its kernel state in place); kill

@@ -4,7 +4,7 @@
 //	kuport-agent --node-name N --controller TARGET [--controller TARGET2 ...]
 //	             [--underlay-interface IF] [--report-interval 10s] [--resync-interval 30s]
 //	             [--token-file /var/run/secrets/kuport/token] [--inspect-listen 127.0.0.1:7400]
-//	             [--log-level info]
+//	             [--epoch-file /run/kuport/epoch] [--log-level info]
 //	kuport-agent cleanup [--log-level info]
 //	kuport-agent --version
 //
@@ -13,7 +13,9 @@
 // with audience "kuport" bound to its Pod, re-read on every connect; "" sends none, for a
 // controller run with --agent-auth=false). It serves the program it applied
 // (kuport.v1.AgentInspectionService, health, reflection) on --inspect-listen ("" for none),
-// unauthenticated: keep it on loopback. SIGTERM and
+// unauthenticated: keep it on loopback. --epoch-file keeps the highest program epoch applied on
+// the node across agent restarts, so a deposed leader cannot get a stale program applied by a
+// restarted agent ("" keeps it in memory only). SIGTERM and
 // SIGINT stop the agent and leave the kernel as it is (fail static); `cleanup` removes
 // everything kuport made on the node and exits.
 //
@@ -45,6 +47,9 @@ import (
 const (
 	defaultTokenFile     = "/var/run/secrets/kuport/token"
 	defaultInspectListen = "127.0.0.1:7400"
+	// defaultEpochFile lives on the host's /run, a tmpfs: a reboot clears it together with the
+	// kernel state it fences.
+	defaultEpochFile = "/run/kuport/epoch"
 )
 
 // version is stamped at build time: -ldflags "-X main.version=v1.2.3".
@@ -81,6 +86,7 @@ func runErr(args []string, stdout, stderr io.Writer) error {
 	resyncInterval := fs.Duration("resync-interval", agent.DefaultResyncInterval,
 		"period of full resyncs of the applied program against the kernel, which repair what others changed")
 	tokenFile := fs.String("token-file", defaultTokenFile, `file holding the agent's token (audience "kuport", bound to its Pod), read on every connect; "" sends none`)
+	epochFile := fs.String("epoch-file", defaultEpochFile, `file keeping the highest program epoch applied on this node across agent restarts (fencing); "" keeps it in memory`)
 	inspectListen := fs.String("inspect-listen", defaultInspectListen, `host:port serving the applied program to grpcurl (keep it on loopback); "" serves nothing`)
 	logLevel := fs.String("log-level", "info", "log level: trace, debug, info, warn or error")
 	showVersion := fs.Bool("version", false, "print the version and exit")
@@ -144,6 +150,7 @@ func runErr(args []string, stdout, stderr io.Writer) error {
 		ReportInterval: *reportInterval,
 		ResyncInterval: *resyncInterval,
 		TokenFile:      *tokenFile,
+		EpochFile:      *epochFile,
 	})
 	if err != nil {
 		return err

@@ -199,7 +199,7 @@ func TestPrivilegedAgentFailStaticAndCleanup(t *testing.T) {
 		return string(out), err
 	}
 
-	cmd, exited := ns.startAgent(t, "--node-name", "edge-a", "--controller", target, "--token-file", "", "--inspect-listen", "", "--log-level", "debug")
+	cmd, exited := ns.startAgent(t, "--node-name", "edge-a", "--controller", target, "--token-file", "", "--inspect-listen", "", "--epoch-file", "", "--log-level", "debug")
 
 	hello := ctrl.next(t, func(m *kuportv1.ConnectRequest) bool { return m.GetHello() != nil }).GetHello()
 	require.Equal(t, "edge-a", hello.GetNode())

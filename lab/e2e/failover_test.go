@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"net"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -144,4 +146,70 @@ func TestPrivilegedE2EFailover(t *testing.T) {
 		return status.Code(err) == codes.FailedPrecondition && strings.Contains(status.Convert(err).Message(), want)
 	}, 15*time.Second, 100*time.Millisecond, "the restarted replica must follow, naming %s", holder)
 	assert.True(t, leads(t, second), "replica %d must keep leading", 1-leading)
+
+	// A deposed leader cannot get a stale program applied, not even by an agent restarted
+	// while only that leader is reachable: the forged leader hands edge-a's restarted agent a
+	// program of the old epoch that would remove everything.
+	edgeBefore := kernelState(t, l, "edge-a")
+	acks := forgeLeader(t, filepath.Join(t.TempDir(), "forged.sock"), &kuportv1.NodeProgram{
+		Node: "edge-a", Version: before.GetProgram().GetVersion() + 100, Epoch: before.GetProgram().GetEpoch()})
+	require.NoError(t, l.StopAgent("edge-a", false))
+	forged, err := l.Net.Start("edge-a", filepath.Join(t.TempDir(), "agent.log"), filepath.Join(l.Bin(), "kuport-agent"),
+		"--node-name", "edge-a", "--controller", "unix://"+acks.socket, "--token-file", "", "--inspect-listen", "",
+		"--epoch-file", l.AgentEpochFile("edge-a"))
+	require.NoError(t, err)
+	select {
+	case ack := <-acks.ch:
+		require.Len(t, ack.GetErrors(), 1, "the stale program must be refused")
+		assert.Contains(t, ack.GetErrors()[0].GetMessage(), "refused by fencing")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the restarted agent never answered the forged leader")
+	}
+	require.NoError(t, forged.Stop())
+	assert.Equal(t, edgeBefore, kernelState(t, l, "edge-a"), "the stale program reached edge-a's kernel")
+	require.NoError(t, l.StartAgent("edge-a"))
+	assertReaches(t, l, corev1.ProtocolTCP, lab.PublicAddr, 3002, lab.PodB, 3002)
+}
+
+// forgedLeader is a fake controller replica that sends one program to every agent that
+// connects and hands their acks to the test.
+type forgedLeader struct {
+	kuportv1.UnimplementedAgentServiceServer
+	socket  string
+	program *kuportv1.NodeProgram
+	ch      chan *kuportv1.Ack
+}
+
+// forgeLeader serves a forgedLeader on the unix socket path until the test ends.
+func forgeLeader(t *testing.T, socket string, p *kuportv1.NodeProgram) *forgedLeader {
+	t.Helper()
+	f := &forgedLeader{socket: socket, program: p, ch: make(chan *kuportv1.Ack, 1)}
+	lis, err := net.Listen("unix", socket)
+	require.NoError(t, err)
+	srv := grpc.NewServer()
+	kuportv1.RegisterAgentServiceServer(srv, f)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	return f
+}
+
+func (f *forgedLeader) Connect(stream grpc.BidiStreamingServer[kuportv1.ConnectRequest, kuportv1.ConnectResponse]) error {
+	if _, err := stream.Recv(); err != nil { // Hello
+		return err
+	}
+	if err := stream.Send(&kuportv1.ConnectResponse{Message: &kuportv1.ConnectResponse_Program{Program: f.program}}); err != nil {
+		return err
+	}
+	for {
+		req, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		if ack := req.GetAck(); ack != nil {
+			select {
+			case f.ch <- ack:
+			default:
+			}
+		}
+	}
 }
