@@ -248,8 +248,11 @@ func (a *Agent) session(ctx context.Context, target string, resync <-chan time.T
 	// Claim only a program the kernel holds whole: the controller takes Hello's version as
 	// an acknowledgement, and a failed one must be resent and acked with its errors.
 	if len(a.currentErr) == 0 {
-		hello.AppliedVersion, hello.AppliedEpoch = a.current.GetVersion(), a.current.GetEpoch()
+		hello.AppliedVersion = a.current.GetVersion()
 	}
+	// The fencing floor, so a leader whose epoch is below it knows every program it sends
+	// here will be refused.
+	hello.AppliedEpoch = a.epochFloor
 	if err := stream.Send(&kuportv1.ConnectRequest{Message: &kuportv1.ConnectRequest_Hello{Hello: hello}}); err != nil {
 		if errors.Is(err, io.EOF) {
 			// The controller ended the stream (a follower's refusal): Recv tells why.

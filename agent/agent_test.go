@@ -457,10 +457,10 @@ func TestHelloAfterFailedApplyClaimsNothing(t *testing.T) {
 	close(s.end)
 
 	// The kernel does not hold version 5 whole: Hello must not present it as applied, or
-	// the controller would count it as acknowledged.
+	// the controller would count it as acknowledged. Its epoch still fences.
 	s = nextSession(t, c)
 	require.Zero(t, s.hello.GetAppliedVersion())
-	require.Zero(t, s.hello.GetAppliedEpoch())
+	require.Equal(t, uint64(2), s.hello.GetAppliedEpoch())
 }
 
 func TestLowerEpochProgramRefused(t *testing.T) {

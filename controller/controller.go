@@ -131,7 +131,8 @@ func New(cfg Config) (*Controller, error) {
 		core: informers.NewSharedInformerFactory(cfg.Kube, 0),
 		dyn:  dynamicinformer.NewDynamicSharedInformerFactory(cfg.Dynamic, 0),
 	}
-	c.writer = status.NewWriter(cfg.Dynamic, broadcaster.NewRecorder(scheme, corev1.EventSource{Component: "kuport-controller"}))
+	recorder := broadcaster.NewRecorder(scheme, corev1.EventSource{Component: "kuport-controller"})
+	c.writer = status.NewWriter(cfg.Dynamic, recorder)
 	c.reg = agents.NewRegistry(agents.Config{
 		Epoch: cfg.Epoch, Start: start, Hold: cfg.Hold, Log: log.Named("agents"),
 		OnChange: func(ch agents.Change) {
@@ -141,6 +142,9 @@ func New(cfg Config) (*Controller, error) {
 			} else {
 				c.queue.Add(keyCompile)
 			}
+		},
+		OnAgent: func(node string, connected bool, agentVersion string) {
+			c.recordAgentEvent(recorder, node, connected, agentVersion)
 		},
 	})
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cfg.Kube.CoreV1().Events("")})
@@ -174,6 +178,28 @@ func New(cfg Config) (*Controller, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// Event reasons on a Node when its agent's stream comes and goes.
+const (
+	ReasonAgentConnected    = "AgentConnected"
+	ReasonAgentDisconnected = "AgentDisconnected"
+)
+
+// recordAgentEvent records on the Node that its agent connected (Normal) or disconnected
+// (Warning: the node keeps its kernel state but gets no new program). A node without a Node
+// object in the cache gets no Event.
+func (c *Controller) recordAgentEvent(recorder record.EventRecorder, node string, connected bool, agentVersion string) {
+	n, err := c.nodes.Get(node)
+	if err != nil {
+		return
+	}
+	if connected {
+		recorder.Eventf(n, corev1.EventTypeNormal, ReasonAgentConnected, "kuport agent %s connected", agentVersion)
+		return
+	}
+	recorder.Event(n, corev1.EventTypeWarning, ReasonAgentDisconnected,
+		"kuport agent disconnected; the node keeps its last program in the kernel but gets no new one")
 }
 
 // typedInformer starts a dynamic informer whose cache holds typed objects (converted once, on

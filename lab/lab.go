@@ -132,9 +132,13 @@ func (l *Lab) up(ctx context.Context) error {
 	if err := cluster.StopDir(l.opt.Dir); err != nil {
 		return fmt.Errorf("lab: stop leftovers: %w", err)
 	}
-	// Every lab starts from an empty cluster: objects of an earlier run would collide.
-	if err := os.RemoveAll(l.etcdDir()); err != nil {
-		return fmt.Errorf("lab: %w", err)
+	// Every lab starts from an empty cluster: objects of an earlier run would collide. Its
+	// nodes are fresh too, as after a reboot, so the agents' fencing epochs go with it: the
+	// new cluster's Lease counts from zero again.
+	for _, dir := range []string{l.etcdDir(), filepath.Dir(l.AgentEpochFile(""))} {
+		if err := os.RemoveAll(dir); err != nil {
+			return fmt.Errorf("lab: %w", err)
+		}
 	}
 	l.log.Info("proving the mesh and CNI emulations bite")
 	if err := l.Net.SelfCheck(ctx); err != nil {

@@ -54,6 +54,9 @@ type Config struct {
 	// OnChange is called, outside any lock, after every agent event that needs compile or
 	// status to run again. May be nil.
 	OnChange func(Change)
+	// OnAgent is called, outside any lock, when a node's agent connects (connected true, with
+	// its version) or its stream ends without a newer one replacing it. May be nil.
+	OnAgent func(node string, connected bool, agentVersion string)
 	// Log receives agent events; nil discards them.
 	Log hclog.Logger
 }
@@ -64,6 +67,7 @@ type Registry struct {
 	epoch     uint64
 	holdUntil time.Time
 	onChange  func(Change)
+	onAgent   func(node string, connected bool, agentVersion string)
 
 	mu       sync.Mutex
 	released bool
@@ -117,11 +121,16 @@ func NewRegistry(cfg Config) *Registry {
 	if onChange == nil {
 		onChange = func(Change) {}
 	}
+	onAgent := cfg.OnAgent
+	if onAgent == nil {
+		onAgent = func(string, bool, string) {}
+	}
 	return &Registry{
 		log:       log,
 		epoch:     cfg.Epoch,
 		holdUntil: cfg.Start.Add(hold),
 		onChange:  onChange,
+		onAgent:   onAgent,
 		nodes:     map[string]*node{},
 	}
 }
@@ -544,6 +553,13 @@ func (r *Registry) connect(hello *kuportv1.Hello) *session {
 	r.mu.Unlock()
 	r.log.Info("agent connected", "node", hello.Node, "agent_version", hello.AgentVersion,
 		"applied_epoch", hello.AppliedEpoch, "applied_version", hello.AppliedVersion)
+	if hello.AppliedEpoch > r.epoch {
+		// Its fencing refuses every program of this term: the Lease was deleted or its
+		// transitions count went back. A later term whose epoch passes it is served again.
+		r.log.Error("agent holds a higher epoch than this leader's and will refuse its programs; raise the Lease's spec.leaseTransitions to at least that epoch and restart the leader",
+			"node", hello.Node, "agent_epoch", hello.AppliedEpoch, "epoch", r.epoch)
+	}
+	r.onAgent(hello.Node, true, hello.AgentVersion)
 	r.onChange(StateChanged)
 	return s
 }
@@ -560,6 +576,7 @@ func (r *Registry) disconnect(s *session) {
 	r.mu.Unlock()
 	if current {
 		r.log.Info("agent disconnected", "node", s.node)
+		r.onAgent(s.node, false, "")
 		r.onChange(StateChanged)
 	}
 }

@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
+	"kuport.wlz.li/kuport/controller"
 	"kuport.wlz.li/kuport/lab"
 	"kuport.wlz.li/kuport/lab/cluster"
 	"kuport.wlz.li/kuport/lab/labtest"
@@ -420,6 +421,11 @@ func TestPrivilegedE2E(t *testing.T) {
 		pm, err := l.GetPortMap(ctx, lab.DemoNamespace, remote.Name)
 		require.NoError(t, err)
 		assert.Contains(t, meta.FindStatusCondition(pm.Status.Conditions, v1alpha1.ConditionProgrammed).Message, "worker-b")
+		// The Node says why: its agent's stream ended.
+		events, err := l.Kube.CoreV1().Events("default").List(ctx, metav1.ListOptions{
+			FieldSelector: "involvedObject.kind=Node,involvedObject.name=worker-b,reason=" + controller.ReasonAgentDisconnected})
+		require.NoError(t, err)
+		assert.NotEmpty(t, events.Items, "no %s Event on Node worker-b", controller.ReasonAgentDisconnected)
 		require.NoError(t, l.StartAgent("worker-b"))
 		waitCondition(t, l, lab.DemoNamespace, remote.Name, v1alpha1.ConditionProgrammed, "True", 10*time.Second)
 		assertAnswers(t, l, 3000)

@@ -1203,11 +1203,14 @@ type Hello struct {
 	Node         string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
 	AgentVersion string                 `protobuf:"bytes,2,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
 	State        *NodeState             `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
-	// Version and epoch of the program the agent holds applied (0 if none).
+	// Version of the program the agent holds applied in full (0 if none, or if it applied with
+	// errors).
 	AppliedVersion uint64 `protobuf:"varint,4,opt,name=applied_version,json=appliedVersion,proto3" json:"applied_version,omitempty"`
-	AppliedEpoch   uint64 `protobuf:"varint,5,opt,name=applied_epoch,json=appliedEpoch,proto3" json:"applied_epoch,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The highest epoch the agent, or an earlier agent on the node (its --epoch-file), applied:
+	// it refuses every program of a lower epoch (0 if none).
+	AppliedEpoch  uint64 `protobuf:"varint,5,opt,name=applied_epoch,json=appliedEpoch,proto3" json:"applied_epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
