@@ -135,7 +135,7 @@ func (l *Lab) up(ctx context.Context) error {
 	// Every lab starts from an empty cluster: objects of an earlier run would collide. Its
 	// nodes are fresh too, as after a reboot, so the agents' fencing epochs go with it: the
 	// new cluster's Lease counts from zero again.
-	for _, dir := range []string{l.etcdDir(), filepath.Dir(l.AgentEpochFile(""))} {
+	for _, dir := range []string{l.etcdDir(), l.epochDir()} {
 		if err := os.RemoveAll(dir); err != nil {
 			return fmt.Errorf("lab: %w", err)
 		}
@@ -308,8 +308,10 @@ func (l *Lab) Bin() string { return l.opt.Bin }
 // AgentEpochFile is where node's agent keeps its fencing epoch across restarts: one file per
 // node, since the lab's agents share one filesystem.
 func (l *Lab) AgentEpochFile(node string) string {
-	return filepath.Join(l.opt.Dir, "epoch", node)
+	return filepath.Join(l.epochDir(), node)
 }
+
+func (l *Lab) epochDir() string { return filepath.Join(l.opt.Dir, "epoch") }
 
 // StopAgent stops the node's agent (SIGTERM: it leaves its kernel state in place); kill
 // sends SIGKILL instead.
