@@ -46,6 +46,22 @@ func waitAgent(t *testing.T, c kuportv1.ProgramServiceClient, node, agentVersion
 	}, 30*time.Second, 100*time.Millisecond, "agent on %s (version %q) did not reconnect and acknowledge", node, agentVersion)
 }
 
+// assertLossless waits (at most timeout) for each named stream to end and asserts it sent
+// something, lost nothing and kept its TCP connection.
+func assertLossless(t *testing.T, timeout time.Duration, streams map[string]*netlab.Stream) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for name, s := range streams {
+		res, err := s.Wait(ctx)
+		require.NoError(t, err)
+		t.Logf("%s stream: %s", name, res)
+		assert.Positive(t, res.Sent, name)
+		assert.Zero(t, res.Lost(), "%s stream lost packets: %s", name, res)
+		assert.Empty(t, res.Error, "%s stream", name)
+	}
+}
+
 // TestPrivilegedE2EAgent shows the agent keeps traffic flowing (issue 4): streams through
 // a cross-node mapping lose nothing while agents are killed, restarted and upgraded, and a
 // UDP flow follows its mapping's endpoint within a second.
@@ -84,16 +100,7 @@ func TestPrivilegedE2EAgent(t *testing.T) {
 			require.NoError(t, l.StartAgentBinary(n, upgrade))
 			waitAgent(t, svc, n, "e2e-upgrade")
 		}
-		wctx, cancel := context.WithTimeout(ctx, time.Minute)
-		defer cancel()
-		for name, s := range map[string]*netlab.Stream{"tcp": tcp, "udp": udp} {
-			res, err := s.Wait(wctx)
-			require.NoError(t, err)
-			t.Logf("%s stream: %s", name, res)
-			assert.Positive(t, res.Sent, name)
-			assert.Zero(t, res.Lost(), "%s stream lost packets: %s", name, res)
-			assert.Empty(t, res.Error, "%s stream", name)
-		}
+		assertLossless(t, time.Minute, map[string]*netlab.Stream{"tcp": tcp, "udp": udp})
 		for _, n := range nodes {
 			assert.Equal(t, before[n], kernelState(t, l, n), "kernel state on %s changed across agent restarts", n)
 		}

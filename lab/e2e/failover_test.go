@@ -127,16 +127,7 @@ func TestPrivilegedE2EFailover(t *testing.T) {
 	assert.Equal(t, uint64(*lease.Spec.LeaseTransitions)+1, after.GetProgram().GetEpoch(), "epoch = leaseTransitions+1")
 	holder := *lease.Spec.HolderIdentity
 
-	wctx, cancel := context.WithTimeout(ctx, programmed+time.Minute)
-	defer cancel()
-	for name, s := range map[string]*netlab.Stream{"tcp": tcp, "udp": udp} {
-		res, err := s.Wait(wctx)
-		require.NoError(t, err)
-		t.Logf("%s stream: %s", name, res)
-		assert.Positive(t, res.Sent, name)
-		assert.Zero(t, res.Lost(), "%s stream lost packets: %s", name, res)
-		assert.Empty(t, res.Error, "%s stream", name)
-	}
+	assertLossless(t, programmed+time.Minute, map[string]*netlab.Stream{"tcp": tcp, "udp": udp})
 
 	// The killed replica comes back as a follower and names the leader.
 	require.NoError(t, l.StartReplica(leading))
