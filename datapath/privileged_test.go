@@ -3,6 +3,7 @@ package datapath
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -60,7 +61,7 @@ func newTestNS(t *testing.T, underlay string) *testNS {
 	require.NoError(t, err)
 	tn.ns = ns
 	t.Cleanup(func() { _ = ns.Close() })
-	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)))
+	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)), NFTSendBufferOption())
 	require.NoError(t, err)
 	tn.nl, err = netlink.NewHandleAt(ns)
 	require.NoError(t, err)
@@ -454,4 +455,27 @@ func TestPrivilegedLinkChanges(t *testing.T) {
 			assert.Zero(t, tn.dp.lastChanges, "the changed program is all in the kernel")
 		})
 	}
+}
+
+// Sixteen of the widest shifted ranges compile allows (compile.MaxShiftedRange, 512 ports,
+// each a per-port map) go in one transaction and re-apply with no write: the whole
+// transaction rides one sendmsg, which the default 208 KiB send buffer refused ("message too
+// long") until NFTSendBufferOption raised it.
+func TestPrivilegedWideShiftedRanges(t *testing.T) {
+	privileged(t)
+	const width, ranges = 512, 16
+	p := &kuportv1.NodeProgram{Node: "worker-b"}
+	for i := range ranges {
+		first := uint32(1000 + i*600)
+		p.DnatRules = append(p.DnatRules, &kuportv1.DnatRule{
+			Id: fmt.Sprintf("demo/wide-%d/dnat/eth0", i), Mapping: fmt.Sprintf("demo/wide-%d", i), InInterface: "eth0",
+			Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: &kuportv1.PortRange{First: first, Last: first + width - 1},
+			ToAddress: "10.244.18.107", ToPort: 40000,
+		})
+	}
+	tn := newTestNS(t, underlayOf(p))
+	require.NoError(t, tn.dp.Apply(p))
+	assert.Equal(t, ranges, strings.Count(tn.nftList(t), fmt.Sprintf(": %d }", 40000+width-1)))
+	require.NoError(t, tn.dp.Apply(p))
+	assert.Zero(t, tn.dp.lastChanges, "re-applying the same program writes nothing")
 }

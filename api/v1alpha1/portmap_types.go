@@ -24,7 +24,9 @@ type PortMapSpec struct {
 	// protocol: TCP or UDP. Immutable.
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="protocol is immutable"
 	Protocol Protocol `json:"protocol"`
-	// port is the port clients dial and the pod receives on. Immutable.
+	// port is the port clients dial. The pod receives on the port its EndpointSlice gives for
+	// serviceRef.port (usually equal; a range then starts there, each dialed port reaching its
+	// own pod port, and may span at most 512 ports when shifted). Immutable.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=65535
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="port is immutable"
@@ -48,7 +50,8 @@ type ServiceRef struct {
 	// name of the Service.
 	// +kubebuilder:validation:MinLength=1
 	Name string `json:"name"`
-	// port is the Service's port name.
+	// port is the name of the Service's port (a name, not a number): its EndpointSlice port of
+	// that name and the mapping's protocol gives the pod's port.
 	// +kubebuilder:validation:MinLength=1
 	Port string `json:"port"`
 }

@@ -1,6 +1,7 @@
 package compile
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -1149,5 +1150,36 @@ func TestClaimKeepsItsSubnetWhileTheClassHasNone(t *testing.T) {
 		if len(got) != 1 || got[0].Subnet != "169.254.77.0/31" || got[0].Slot != 0 {
 			t.Errorf("%s: claims %+v, want slot 0 keeping 169.254.77.0/31", name, got)
 		}
+	}
+}
+
+// A slice port that cannot serve the mapping says why in NoReadyEndpoint's message: a pod
+// range past 65535, a shift wider than MaxShiftedRange (the datapath's per-port map), or the
+// named port being of the other protocol.
+func TestNoReadyEndpointSaysWhy(t *testing.T) {
+	s := world(
+		mkPortMap("wide", 0, 40000, endPort(40000+MaxShiftedRange)),
+		mkPortMap("fits", 1, 50000, endPort(50000+MaxShiftedRange-1), service("wide")),
+		mkPortMap("high", 2, 9100, endPort(9110)),
+		mkPortMap("udp", 3, 5005, proto(v1alpha1.ProtocolUDP)),
+	)
+	addService(s, "wide", 7000, mkEndpoint("web-b", "10.244.18.107", "worker-b"))
+	addService(s, "high", 65530, mkEndpoint("web-b", "10.244.18.107", "worker-b"))
+	addService(s, "udp", 5005, mkEndpoint("web-b", "10.244.18.107", "worker-b"))
+	s.EndpointSlices[nsName("demo", "udp")][0].Ports = []discoveryv1.EndpointPort{
+		{Name: ptr.To("http"), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To[int32](5005)}}
+	r := Compile(s)
+	for name, want := range map[string]string{
+		"wide": fmt.Sprintf("pod port 7000 shifts the %d-port range, and a shifted range spans at most %d ports", MaxShiftedRange+1, MaxShiftedRange),
+		"high": "pod ports 65530-65540 pass 65535",
+		"udp":  `port "http" is TCP, the mapping UDP`,
+	} {
+		c := r.PortMaps[nsName("demo", name)].Status.Conditions[1]
+		if c.Reason != v1alpha1.ReasonNoReadyEndpoint || !strings.HasSuffix(c.Message, ": "+want) {
+			t.Errorf("%s: %s %q, want NoReadyEndpoint ending in %q", name, c.Reason, c.Message, want)
+		}
+	}
+	if c := r.PortMaps[nsName("demo", "fits")].Status.Conditions[1]; c.Reason != v1alpha1.ReasonAllNodesReady {
+		t.Errorf("a shifted range of %d ports: %s %q", MaxShiftedRange, c.Reason, c.Message)
 	}
 }

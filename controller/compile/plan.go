@@ -31,6 +31,12 @@ func (r portRange) String() string {
 
 func (r portRange) overlaps(o portRange) bool { return r.first <= o.last && o.first <= r.last }
 
+// MaxShiftedRange is the most ports a range translated to other pod ports may span: the
+// datapath renders it as a per-port map inside one rule (DESIGN.md, "Port ranges"), and one
+// netlink message holds about a thousand elements (a 28000-65535 map failed with "message too
+// long"). A range whose pod ports equal its own is one range NAT, with no such limit.
+const MaxShiftedRange = 512
+
 // startingAt is the range of the same width from first: where a range is translated to.
 func (r portRange) startingAt(first uint32) portRange {
 	return portRange{first: first, last: first + r.last - r.first}
@@ -283,12 +289,26 @@ func (c *compiler) chooseEndpoint(p *plan) (*endpoint, string) {
 		return nil, fmt.Sprintf("service %s not found", svc)
 	}
 	var cands []endpoint
+	// unusable says why a slice's port for the name could not serve the mapping.
+	var unusable []string
+	width := p.ports.last - p.ports.first
 	for _, sl := range c.s.EndpointSlices[nsName(pm.Namespace, pm.Spec.ServiceRef.Name)] {
 		if sl == nil || sl.AddressType != discoveryv1.AddressTypeIPv4 {
 			continue
 		}
 		port, ok := slicePort(sl.Ports, pm.Spec.ServiceRef.Port, pm.Spec.Protocol)
-		if !ok || uint64(port)+uint64(p.ports.last-p.ports.first) > 65535 {
+		switch {
+		case !ok:
+			if other := namedPortProtocol(sl.Ports, pm.Spec.ServiceRef.Port); other != "" {
+				unusable = append(unusable, fmt.Sprintf("port %q is %s, the mapping %s", pm.Spec.ServiceRef.Port, other, pm.Spec.Protocol))
+			}
+			continue
+		case uint64(port)+uint64(width) > 65535:
+			unusable = append(unusable, fmt.Sprintf("pod ports %d-%d pass 65535", port, uint64(port)+uint64(width)))
+			continue
+		case port != p.ports.first && width+1 > MaxShiftedRange:
+			unusable = append(unusable, fmt.Sprintf(
+				"pod port %d shifts the %d-port range, and a shifted range spans at most %d ports", port, width+1, MaxShiftedRange))
 			continue
 		}
 		for _, e := range sl.Endpoints {
@@ -306,8 +326,13 @@ func (c *compiler) chooseEndpoint(p *plan) (*endpoint, string) {
 		}
 	}
 	if len(cands) == 0 {
-		return nil, fmt.Sprintf("service %s has no ready, non-terminating IPv4 endpoint with a node for %s port %q",
+		msg := fmt.Sprintf("service %s has no ready, non-terminating IPv4 endpoint with a node for %s port %q",
 			svc, pm.Spec.Protocol, pm.Spec.ServiceRef.Port)
+		if len(unusable) > 0 {
+			slices.Sort(unusable)
+			msg += ": " + strings.Join(slices.Compact(unusable), "; ")
+		}
+		return nil, msg
 	}
 	ci := p.class
 	slices.SortFunc(cands, func(a, b endpoint) int {
@@ -349,6 +374,20 @@ func slicePort(ports []discoveryv1.EndpointPort, name string, proto v1alpha1.Pro
 		}
 	}
 	return 0, false
+}
+
+// namedPortProtocol is the protocol of the slice's port of that name when it exists ("" when
+// none does), so a protocol mismatch can be told from a missing name.
+func namedPortProtocol(ports []discoveryv1.EndpointPort, name string) corev1.Protocol {
+	for _, p := range ports {
+		if p.Name != nil && *p.Name == name {
+			if p.Protocol == nil {
+				return corev1.ProtocolTCP
+			}
+			return *p.Protocol
+		}
+	}
+	return ""
 }
 
 // endpointServes applies EndpointSlice condition semantics: a nil ready counts as ready, and

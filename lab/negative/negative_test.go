@@ -98,7 +98,7 @@ func newDatapath(t *testing.T, node string, log hclog.Logger) *datapath.Datapath
 	ns, err := netns.GetFromName(node)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ns.Close() })
-	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)))
+	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)), datapath.NFTSendBufferOption())
 	require.NoError(t, err)
 	nl, err := netlink.NewHandleAt(ns)
 	require.NoError(t, err)

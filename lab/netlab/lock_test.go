@@ -1,11 +1,14 @@
 package netlab
 
 import (
+	"bytes"
 	"context"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -16,15 +19,18 @@ func TestPrivilegedLabLockIsExclusive(t *testing.T) {
 	if os.Getenv("KUPORT_PRIVILEGED") != "1" {
 		t.Skip("needs root (the lock lives in /run): set KUPORT_PRIVILEGED=1")
 	}
-	first, err := acquireLock(context.Background())
+	var logged bytes.Buffer
+	log := hclog.New(&hclog.LoggerOptions{Output: &logged})
+	first, err := acquireLock(context.Background(), log)
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
-	_, err = acquireLock(ctx)
+	_, err = acquireLock(ctx, log)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	assert.Contains(t, err.Error(), "another lab holds")
+	assert.Equal(t, 1, strings.Count(logged.String(), "waiting for another lab to finish"), "the wait is said once")
 	require.NoError(t, first.Close())
-	second, err := acquireLock(context.Background())
+	second, err := acquireLock(context.Background(), log)
 	require.NoError(t, err)
 	require.NoError(t, second.Close())
 }

@@ -154,7 +154,7 @@ func Build(ctx context.Context, cfg Config) (*Net, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("netlab: create log dir: %w", err)
 	}
-	lock, err := acquireLock(ctx)
+	lock, err := acquireLock(ctx, cfg.Log)
 	if err != nil {
 		return nil, err
 	}
@@ -175,7 +175,9 @@ func Build(ctx context.Context, cfg Config) (*Net, error) {
 	return n, nil
 }
 
-func acquireLock(ctx context.Context) (*os.File, error) {
+// acquireLock takes the machine-wide lab lock, waiting (and saying so once on log) while
+// another lab holds it, until ctx ends.
+func acquireLock(ctx context.Context, log hclog.Logger) (*os.File, error) {
 	if err := os.MkdirAll(filepath.Dir(lockPath), 0o755); err != nil {
 		return nil, fmt.Errorf("netlab: lock dir: %w", err)
 	}
@@ -183,6 +185,7 @@ func acquireLock(ctx context.Context) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("netlab: open lock: %w", err)
 	}
+	waiting := false
 	for {
 		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 		if err == nil {
@@ -191,6 +194,10 @@ func acquireLock(ctx context.Context) (*os.File, error) {
 		if !errors.Is(err, syscall.EWOULDBLOCK) {
 			_ = f.Close()
 			return nil, fmt.Errorf("netlab: lock %s: %w", lockPath, err)
+		}
+		if !waiting {
+			waiting = true
+			log.Info("waiting for another lab to finish (make lab-down stops a lab started by make lab-up)", "lock", lockPath)
 		}
 		select {
 		case <-ctx.Done():
