@@ -209,15 +209,16 @@ func testConfig(dp Datapath, logs *syncBuffer, targets ...string) Config {
 	}
 }
 
-// startAgent runs an agent until the test ends and checks that Run then returns nil.
-func startAgent(t *testing.T, cfg Config) {
+// startAgent runs an Agent made from cfg until stop is called or the test ends; stop
+// cancels Run and checks that it returns nil.
+func startAgent(t *testing.T, cfg Config) (a *Agent, stop func()) {
 	t.Helper()
 	a, err := New(cfg)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() {
+	stop = sync.OnceFunc(func() {
 		cancel()
 		select {
 		case err := <-done:
@@ -226,6 +227,8 @@ func startAgent(t *testing.T, cfg Config) {
 			t.Error("Run did not return after cancel")
 		}
 	})
+	t.Cleanup(stop)
+	return a, stop
 }
 
 func nextSession(t *testing.T, c *testController) *session {
@@ -496,16 +499,11 @@ func TestEpochFloorSurvivesRestart(t *testing.T) {
 		c, target := startController(t)
 		cfg := testConfig(newFakeDatapath(), &syncBuffer{}, target)
 		cfg.EpochFile = epochFile
-		ctx, cancel := context.WithCancel(context.Background())
-		a, err := New(cfg)
-		require.NoError(t, err)
-		done := make(chan error, 1)
-		go func() { done <- a.Run(ctx) }()
+		_, stop := startAgent(t, cfg)
 		s := nextSession(t, c)
 		s.send(t, program(3, 2, 27015))
 		requireProtoEqual(t, &kuportv1.Ack{Version: 3, Epoch: 2}, s.nextAck(t))
-		cancel()
-		require.NoError(t, <-done)
+		stop()
 	}
 	first()
 	stored, err := os.ReadFile(epochFile)

@@ -9,7 +9,6 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
@@ -39,12 +38,4 @@ func (a *Agent) InspectionServer() *grpc.Server {
 	healthpb.RegisterHealthServer(s, health.NewServer())
 	reflection.Register(s)
 	return s
-}
-
-// setCurrent records p as the program the kernel holds, with errs (nil when whole), and
-// publishes it to GetAppliedProgram stamped with the current time.
-func (a *Agent) setCurrent(p *kuportv1.NodeProgram, errs []*kuportv1.EntryError) {
-	a.current, a.currentErr = p, errs
-	a.raiseEpochFloor(p.GetEpoch())
-	a.applied.Store(&kuportv1.GetAppliedProgramResponse{Program: p, Errors: errs, ApplyTime: timestamppb.Now()})
 }

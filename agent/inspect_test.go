@@ -43,15 +43,7 @@ func TestInspectionServesAppliedProgram(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
 	c, target := startController(t)
-	a, err := New(testConfig(newFakeDatapath(), &syncBuffer{}, target))
-	require.NoError(t, err)
-	runCtx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(runCtx) }()
-	defer func() {
-		stop()
-		require.NoError(t, <-done)
-	}()
+	a, _ := startAgent(t, testConfig(newFakeDatapath(), &syncBuffer{}, target))
 
 	sock := filepath.Join(t.TempDir(), "inspect.sock")
 	lis, err := net.Listen("unix", sock)

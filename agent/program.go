@@ -5,6 +5,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
@@ -98,4 +99,13 @@ func sameContent(x, y *kuportv1.NodeProgram) bool {
 	x.Version, x.Epoch = 0, 0
 	y.Version, y.Epoch = 0, 0
 	return proto.Equal(x, y)
+}
+
+// setCurrent records p as the program the kernel holds, with errs (nil when whole), raises
+// the fencing floor to its epoch, and publishes it to GetAppliedProgram stamped with the
+// current time.
+func (a *Agent) setCurrent(p *kuportv1.NodeProgram, errs []*kuportv1.EntryError) {
+	a.current, a.currentErr = p, errs
+	a.raiseEpochFloor(p.GetEpoch())
+	a.applied.Store(&kuportv1.GetAppliedProgramResponse{Program: p, Errors: errs, ApplyTime: timestamppb.Now()})
 }

@@ -3,6 +3,7 @@ package datapath
 import (
 	"net"
 	"net/netip"
+	"slices"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -117,7 +118,7 @@ func (s *staleFlows) setLocal(routes []netlink.Route) {
 			s.local = append(s.local, netip.PrefixFrom(p.Unmap(), ones))
 		}
 	}
-	for _, r := range append(append([]*rule{}, s.gone...), s.added...) {
+	for _, r := range slices.Concat(s.gone, s.added) {
 		if r.daddr.IsValid() {
 			s.local = append(s.local, netip.PrefixFrom(r.daddr, 32))
 		}
@@ -167,25 +168,6 @@ func (r *rule) translate(dport uint16) (netip.Addr, uint16) {
 		return r.toAddr, dport
 	}
 	return r.toAddr, r.toPorts.first
-}
-
-// staleFlowsOf returns the filter for changing kup-pre from what the kernel holds to want;
-// nil when nothing changes or the kernel cannot be read (a failure the table's own sync
-// reports).
-func (d *Datapath) staleFlowsOf(want []*rule) *staleFlows {
-	kt, err := d.readTable()
-	if err != nil {
-		return nil
-	}
-	var old []*rule
-	if kt != nil {
-		for _, kr := range kt.rules["kup-pre"] {
-			if kr.r != nil {
-				old = append(old, kr.r)
-			}
-		}
-	}
-	return newStaleFlows(old, want)
 }
 
 // deleteStaleFlows deletes the conntrack entries s matches (nothing for a nil s). A

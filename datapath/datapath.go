@@ -117,17 +117,26 @@ func (d *Datapath) Apply(p *kuportv1.NodeProgram) error {
 
 func (d *Datapath) apply(p *kuportv1.NodeProgram, changes *int) error {
 	rules, errs := compileRules(p)
-	stale := d.staleFlowsOf(rules)
-	added, n, err := d.syncTable(rules)
-	*changes += n
+	// The table is read once: syncTable writes only what differs from it, and the
+	// conntrack entries to delete follow from kup-pre before and after.
+	kt, err := d.readTable()
+	var added []*rule
+	if err == nil {
+		var n int
+		added, n, err = d.syncTable(kt, rules)
+		*changes += n
+	}
+	var stale *staleFlows
 	if err != nil {
-		stale = nil // the transaction failed: kup-pre is as it was
+		// kup-pre is as it was: no conntrack entry is stale.
 		if len(added) == 0 {
 			errs = append(errs, err)
 		}
 		for _, r := range added {
 			errs = append(errs, &EntryError{Kind: r.kind, ID: r.id, Err: err})
 		}
+	} else {
+		stale = newStaleFlows(kt.decoded("kup-pre"), rules)
 	}
 
 	keep := map[string]bool{}
@@ -200,9 +209,9 @@ func (d *Datapath) Counters() ([]*kuportv1.Counter, error) {
 	}
 	var out []*kuportv1.Counter
 	for _, c := range kt.chains {
-		for _, kr := range kt.rules[c.Name] {
-			if kr.r != nil && kr.r.id != "" {
-				out = append(out, &kuportv1.Counter{Id: kr.r.id, Packets: kr.r.packets, Bytes: kr.r.bytes})
+		for _, r := range kt.decoded(c.Name) {
+			if r.id != "" {
+				out = append(out, &kuportv1.Counter{Id: r.id, Packets: r.packets, Bytes: r.bytes})
 			}
 		}
 	}

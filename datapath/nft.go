@@ -433,6 +433,21 @@ func chainMatches(c *nftables.Chain, s chainSpec) bool {
 		(c.Policy == nil || *c.Policy == nftables.ChainPolicyAccept)
 }
 
+// decoded returns the rules of chain that are in a kuport form, in chain order (none for
+// a nil kt).
+func (kt *kernelTable) decoded(chain string) []*rule {
+	if kt == nil {
+		return nil
+	}
+	var out []*rule
+	for _, kr := range kt.rules[chain] {
+		if kr.r != nil {
+			out = append(out, kr.r)
+		}
+	}
+	return out
+}
+
 // structureOK reports whether kuport's chains are all present, in order, with their
 // attributes; other chains are allowed (they get deleted).
 func (kt *kernelTable) structureOK() bool {
@@ -557,14 +572,11 @@ func (d *Datapath) queueRule(t *nftables.Table, c *nftables.Chain, op ruleOp) er
 	return nil
 }
 
-// syncTable makes table ip kuport hold exactly want (no table when want is empty) in one
-// nftables transaction, and only when something differs. It returns the rules it tried
-// to add (all of them failed when err is a transaction error) and the number of changes.
-func (d *Datapath) syncTable(want []*rule) (added []*rule, changes int, err error) {
-	kt, err := d.readTable()
-	if err != nil {
-		return nil, 0, err
-	}
+// syncTable makes table ip kuport, which the kernel holds as kt (nil: no table), hold
+// exactly want (no table when want is empty) in one nftables transaction, and only when
+// something differs. It returns the rules it tried to add (all of them failed when err is
+// a transaction error) and the number of changes.
+func (d *Datapath) syncTable(kt *kernelTable, want []*rule) (added []*rule, changes int, err error) {
 	t := &nftables.Table{Name: tableName, Family: nftables.TableFamilyIPv4}
 	if len(want) == 0 {
 		if kt == nil {

@@ -42,11 +42,8 @@ func privileged(t *testing.T) {
 // with the given underlay address, and removes it when the test ends.
 func newTestNS(t *testing.T, underlay string) *testNS {
 	t.Helper()
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	tn := &testNS{name: "kuptest-" + hex.EncodeToString(b)}
-	run(t, "ip", "netns", "add", tn.name)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", tn.name).Run() })
+	tn := &testNS{}
+	tn.name, tn.ns = newNetNS(t, "kuptest-")
 	for _, args := range [][]string{
 		{"ip", "link", "set", "lo", "up"},
 		{"ip", "link", "add", "wt0", "type", "veth", "peer", "name", "wt0-peer"},
@@ -57,18 +54,29 @@ func newTestNS(t *testing.T, underlay string) *testNS {
 	} {
 		tn.exec(t, args...)
 	}
-	ns, err := netns.GetFromName(tn.name)
+	conn, err := nftables.New(nftables.WithNetNSFd(int(tn.ns)), NFTSendBufferOption())
 	require.NoError(t, err)
-	tn.ns = ns
-	t.Cleanup(func() { _ = ns.Close() })
-	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)), NFTSendBufferOption())
-	require.NoError(t, err)
-	tn.nl, err = netlink.NewHandleAt(ns)
+	tn.nl, err = netlink.NewHandleAt(tn.ns)
 	require.NoError(t, err)
 	t.Cleanup(tn.nl.Close)
-	tn.dp = New(Config{NFT: conn, Netlink: tn.nl, NetNS: ns,
+	tn.dp = New(Config{NFT: conn, Netlink: tn.nl, NetNS: tn.ns,
 		Log: hclog.New(&hclog.LoggerOptions{Name: t.Name(), Level: hclog.Trace, Output: testWriter{t}})})
 	return tn
+}
+
+// newNetNS creates a network namespace named prefix and a random suffix and opens a
+// handle to it; both go when the test ends.
+func newNetNS(t *testing.T, prefix string) (string, netns.NsHandle) {
+	t.Helper()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	name := prefix + hex.EncodeToString(b)
+	run(t, "ip", "netns", "add", name)
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	ns, err := netns.GetFromName(name)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ns.Close() })
+	return name, ns
 }
 
 type testWriter struct{ t *testing.T }
@@ -429,6 +437,7 @@ func TestPrivilegedLinkChanges(t *testing.T) {
 			p.Links[0].RemoteUnderlay = "100.64.93.160"
 			p.ReturnPaths[0].PeerUnderlay = "100.64.93.160"
 		}, false},
+		{"local underlay", func(p *kuportv1.NodeProgram) { p.Links[0].LocalUnderlay = "100.64.93.151" }, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -145,8 +145,9 @@ func TestPrivilegedStates(t *testing.T) {
 	const (
 		linkPublic   = "link kup-dcc4266d vxlan id 4242 local 100.64.93.150 remote 100.64.93.143 dstport 4790 ttl 64 mtu 1370 up 169.254.77.1/31 rp_filter 2\n"
 		linkIntranet = "link kup-2b1e7a90 vxlan id 4300 local 100.64.93.150 remote 100.64.93.160 dstport 4790 ttl 64 mtu 1370 up 169.254.79.0/31 rp_filter 2\n"
-		rulesPublic  = "101:\tfrom all to 100.64.93.143 fwmark 0x6b700001 lookup main\n"
-		rulesBoth    = "101:\tfrom all to 100.64.93.143 fwmark 0x6b700001 lookup main\n" +
+		rulesPublic  = "101:\tfrom all to 100.64.93.143 fwmark 0x6b700001 lookup main\n" +
+			"102:\tfrom all fwmark 0x6b700001 lookup 201\n"
+		rulesBoth = "101:\tfrom all to 100.64.93.143 fwmark 0x6b700001 lookup main\n" +
 			"101:\tfrom all to 100.64.93.160 fwmark 0x6b700002 lookup main\n" +
 			"102:\tfrom all fwmark 0x6b700001 lookup 201\n" +
 			"102:\tfrom all fwmark 0x6b700002 lookup 202\n"
@@ -179,13 +180,6 @@ func TestPrivilegedStates(t *testing.T) {
 		markB      = `ip saddr 10.244.18.108 tcp sport 8080 counter meta mark set 0x6b700001 comment "games/b/mark"`
 		markC      = `ip saddr 10.244.18.109 tcp sport 443 counter meta mark set 0x6b700002 comment "web/c/mark"`
 	)
-	cat := func(parts ...[]string) []string {
-		var out []string
-		for _, p := range parts {
-			out = append(out, p...)
-		}
-		return out
-	}
 	steps := []struct {
 		name    string
 		program *kuportv1.NodeProgram
@@ -194,32 +188,32 @@ func TestPrivilegedStates(t *testing.T) {
 		name:    "add a mapping",
 		program: workerB(1, a),
 		want: nftTable([]string{preA}, postA, []string{markA}) + linkPublic +
-			rulesPublic + "102:\tfrom all fwmark 0x6b700001 lookup 201\n" + routePublic,
+			rulesPublic + routePublic,
 	}, {
 		name:    "a second mapping shares the link",
 		program: workerB(2, a, b),
-		want: nftTable([]string{preA, preB}, cat(postA, postB), []string{markA, markB}) + linkPublic +
-			rulesPublic + "102:\tfrom all fwmark 0x6b700001 lookup 201\n" + routePublic,
+		want: nftTable([]string{preA, preB}, slices.Concat(postA, postB), []string{markA, markB}) + linkPublic +
+			rulesPublic + routePublic,
 	}, {
 		name:    "a mapping over another class's link",
 		program: workerB(3, a, b, c),
-		want: nftTable([]string{preA, preB, preC}, cat(postA, postB, postC), []string{markA, markB, markC}) +
+		want: nftTable([]string{preA, preB, preC}, slices.Concat(postA, postB, postC), []string{markA, markB, markC}) +
 			linkIntranet + linkPublic + rulesBoth + routePublic + routeIntranet,
 	}, {
 		name:    "the endpoint of the first changes",
 		program: workerB(4, aMoved, b, c),
-		want: nftTable([]string{preAMoved, preB, preC}, cat(postAMoved, postB, postC), []string{markAMoved, markB, markC}) +
+		want: nftTable([]string{preAMoved, preB, preC}, slices.Concat(postAMoved, postB, postC), []string{markAMoved, markB, markC}) +
 			linkIntranet + linkPublic + rulesBoth + routePublic + routeIntranet,
 	}, {
 		name:    "the first is removed",
 		program: workerB(5, b, c),
-		want: nftTable([]string{preB, preC}, cat(postB, postC), []string{markB, markC}) +
+		want: nftTable([]string{preB, preC}, slices.Concat(postB, postC), []string{markB, markC}) +
 			linkIntranet + linkPublic + rulesBoth + routePublic + routeIntranet,
 	}, {
 		name:    "the other class's mapping is removed",
 		program: workerB(6, b),
 		want: nftTable([]string{preB}, postB, []string{markB}) + linkPublic +
-			rulesPublic + "102:\tfrom all fwmark 0x6b700001 lookup 201\n" + routePublic,
+			rulesPublic + routePublic,
 	}, {
 		name:    "all removed",
 		program: workerB(7),

@@ -1,10 +1,7 @@
 package datapath
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"net"
-	"os/exec"
 	"runtime"
 	"testing"
 	"time"
@@ -43,11 +40,8 @@ type peerNS struct {
 // gets nodeAddr/24; both ends up. The namespace is removed when the test ends.
 func (tn *testNS) addPeer(t *testing.T, dev, nodeAddr, peerAddr string) *peerNS {
 	t.Helper()
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	p := &peerNS{name: "kuptest-peer-" + hex.EncodeToString(b), addr: peerAddr}
-	run(t, "ip", "netns", "add", p.name)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", p.name).Run() })
+	p := &peerNS{addr: peerAddr}
+	p.name, p.ns = newNetNS(t, "kuptest-peer-")
 	tn.exec(t, "ip", "link", "add", dev, "type", "veth", "peer", "name", "eth0", "netns", p.name)
 	tn.exec(t, "ip", "addr", "add", nodeAddr+"/24", "dev", dev)
 	tn.exec(t, "ip", "link", "set", dev, "up")
@@ -58,10 +52,6 @@ func (tn *testNS) addPeer(t *testing.T, dev, nodeAddr, peerAddr string) *peerNS 
 	} {
 		run(t, append([]string{"ip", "netns", "exec", p.name}, args...)...)
 	}
-	ns, err := netns.GetFromName(p.name)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = ns.Close() })
-	p.ns = ns
 	return p
 }
 

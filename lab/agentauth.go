@@ -27,7 +27,7 @@ func AgentPod(node string) string { return "kuport-agent-" + node }
 
 // createAgentIdentities writes what a kubelet would give the agent DaemonSet: the agents'
 // ServiceAccount (agents.DefaultAgentServiceAccount, no RBAC) and, per node, a running Pod of
-// it bound to the node, to which each agent's token is bound (AgentToken).
+// it bound to the node, to which each agent's token is bound (mintAgentToken).
 func (l *Lab) createAgentIdentities(ctx context.Context) error {
 	ns, name, err := agents.ParseServiceAccount(agents.DefaultAgentServiceAccount)
 	if err != nil {

@@ -462,24 +462,6 @@ func (r *Registry) Stats(nodeName string) ([]*kuportv1.Counter, []*kuportv1.Link
 	return nil, nil
 }
 
-// MappingCounters returns, by node, the counters of mapping's rules in the node's latest
-// Report: those whose id is an entry of the mapping in the node's current program, in
-// report order. Nodes with none are left out. They stay per rule, not summed: one packet
-// passes several rules of a mapping (the request's DNAT and SNAT, the reply's mark).
-func (r *Registry) MappingCounters(mapping string) map[string][]*kuportv1.Counter {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := map[string][]*kuportv1.Counter{}
-	for name, n := range r.nodes {
-		if mv := n.mappings[mapping]; mv != nil {
-			if cs := mv.counters(n); len(cs) > 0 {
-				out[name] = cs
-			}
-		}
-	}
-	return out
-}
-
 // counters returns the counters of n's latest Report whose id is one of mv's, in report order.
 func (mv *mappingVersion) counters(n *node) []*kuportv1.Counter {
 	var out []*kuportv1.Counter

@@ -1,6 +1,7 @@
 package agents
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -230,6 +231,8 @@ func TestReportStateAndCounters(t *testing.T) {
 	assert.True(t, r.Agents()["edge-a"].State.IpForward)
 }
 
+// TestMappingCounters: Mapping carries, per node, the counters of the mapping's entries in
+// the node's current program, in report order, and no others.
 func TestMappingCounters(t *testing.T) {
 	r := newTestRegistry(nil)
 	worker := &kuportv1.NodeProgram{DnatRules: []*kuportv1.DnatRule{{
@@ -248,7 +251,17 @@ func TestMappingCounters(t *testing.T) {
 	wb := r.connect(&kuportv1.Hello{Node: "worker-b"})
 	r.report(wb, &kuportv1.Report{Counters: []*kuportv1.Counter{{Id: "games/remote/dnat/kup-5e30a797", Packets: 6, Bytes: 600}}})
 
-	got := r.MappingCounters("games/remote")
+	// mappingCounters is Mapping's counters by node, leaving out nodes with none.
+	mappingCounters := func(mapping string) map[string][]*kuportv1.Counter {
+		out := map[string][]*kuportv1.Counter{}
+		for _, mn := range r.Mapping(mapping) {
+			if len(mn.Counters) > 0 {
+				out[mn.Node] = mn.Counters
+			}
+		}
+		return out
+	}
+	got := mappingCounters("games/remote")
 	requireCounters := func(node string, want ...*kuportv1.Counter) {
 		t.Helper()
 		require.Len(t, got[node], len(want), node)
@@ -261,10 +274,10 @@ func TestMappingCounters(t *testing.T) {
 		&kuportv1.Counter{Id: "games/remote/snat", Packets: 7, Bytes: 700})
 	requireCounters("worker-b", &kuportv1.Counter{Id: "games/remote/dnat/kup-5e30a797", Packets: 6, Bytes: 600})
 
-	got = r.MappingCounters("games/local")
+	got = mappingCounters("games/local")
 	assert.Len(t, got, 1)
 	requireCounters("edge-a", &kuportv1.Counter{Id: "games/local/dnat/enp1s0", Packets: 2, Bytes: 120})
-	assert.Empty(t, r.MappingCounters("gone/old"), "only entries of the current program count")
+	assert.Empty(t, mappingCounters("gone/old"), "only entries of the current program count")
 }
 
 // TestMappingAndNodeInspection: Mapping shows one mapping's entries, acknowledgement, counters
@@ -312,4 +325,19 @@ func TestMappingAndNodeInspection(t *testing.T) {
 	assert.Equal(t, uint64(77), b.Epoch)
 	assert.Nil(t, b.ConnectedSince, "worker-b never connected")
 	assert.Nil(t, b.LastReportTime)
+}
+
+// TestOnAgent: OnAgent hears a connect with the agent's version, and a disconnect only when
+// no newer stream of the node replaced the ending one.
+func TestOnAgent(t *testing.T) {
+	var events []string
+	r := NewRegistry(Config{Epoch: 77, Start: t0, OnAgent: func(node string, connected bool, agentVersion string) {
+		events = append(events, fmt.Sprintf("%s %t %s", node, connected, agentVersion))
+	}})
+	old := r.connect(&kuportv1.Hello{Node: "edge-a", AgentVersion: "v1"})
+	cur := r.connect(&kuportv1.Hello{Node: "edge-a", AgentVersion: "v2"})
+	r.disconnect(old)
+	assert.Equal(t, []string{"edge-a true v1", "edge-a true v2"}, events, "a replaced stream's end is no disconnect")
+	r.disconnect(cur)
+	assert.Equal(t, []string{"edge-a true v1", "edge-a true v2", "edge-a false "}, events)
 }

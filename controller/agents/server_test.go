@@ -3,6 +3,7 @@ package agents
 import (
 	"context"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,21 +35,9 @@ func TestServerOverUnixSocket(t *testing.T) {
 	reg.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false), "worker-b": {}})
 	reg.Release(nil, time.Now())
 
-	sock := "unix://" + filepath.Join(t.TempDir(), "run", "controller.sock")
-	lis, err := Listen(sock)
-	require.NoError(t, err)
 	srv := NewServer(nil, nil)
 	srv.Lead(reg)
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(lis) }()
-	defer func() {
-		srv.Stop()
-		assert.NoError(t, <-served)
-	}()
-
-	conn, err := grpc.NewClient(sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	defer conn.Close()
+	conn := serve(t, srv, "unix://"+filepath.Join(t.TempDir(), "run", "controller.sock"))
 
 	// Health: SERVING.
 	hr, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
@@ -156,19 +145,8 @@ func TestListenReplacesStaleSocket(t *testing.T) {
 func TestFollowerRefusesUntilItLeads(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	sock := "unix://" + filepath.Join(t.TempDir(), "controller.sock")
-	lis, err := Listen(sock)
-	require.NoError(t, err)
 	srv := NewServer(nil, nil)
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(lis) }()
-	defer func() {
-		srv.Stop()
-		assert.NoError(t, <-served)
-	}()
-	conn, err := grpc.NewClient(sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	defer conn.Close()
+	conn := serve(t, srv, "unix://"+filepath.Join(t.TempDir(), "controller.sock"))
 	health := healthpb.NewHealthClient(conn)
 	agentHealth := func() healthpb.HealthCheckResponse_ServingStatus {
 		hr, err := health.Check(ctx, &healthpb.HealthCheckRequest{Service: kuportv1.AgentService_ServiceDesc.ServiceName})
@@ -192,7 +170,7 @@ func TestFollowerRefusesUntilItLeads(t *testing.T) {
 		if leader != "" {
 			want = "leader: " + leader
 		}
-		_, err = connect()
+		_, err := connect()
 		assert.Equal(t, codes.FailedPrecondition, status.Code(err), "%v", err)
 		assert.ErrorContains(t, err, want)
 		_, err = ps.GetProgram(ctx, &kuportv1.GetProgramRequest{Node: "edge-a"})
@@ -230,19 +208,8 @@ func TestServerAuthenticatesAgents(t *testing.T) {
 	srv := NewServer(nil, fakeReviewer(t))
 	srv.Lead(reg)
 	sock := "unix://" + filepath.Join(t.TempDir(), "controller.sock")
-	var served []chan error
 	for _, addr := range []string{sock, "127.0.0.1:0"} {
-		lis, err := Listen(addr)
-		require.NoError(t, err)
-		if addr != sock {
-			addr = lis.Addr().String()
-		}
-		done := make(chan error, 1)
-		go func() { done <- srv.Serve(lis) }()
-		served = append(served, done)
-		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		require.NoError(t, err)
-		defer conn.Close()
+		conn := serve(t, srv, addr)
 		if addr == sock {
 			connectAs := func(token, node string) (*kuportv1.ConnectResponse, error) {
 				sctx := ctx
@@ -286,10 +253,27 @@ func TestServerAuthenticatesAgents(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, healthpb.HealthCheckResponse_SERVING, hr.Status)
 	}
-	srv.Stop()
-	for _, done := range served {
-		assert.NoError(t, <-done)
+}
+
+// serve serves srv on addr (a --grpc-listen address; "127.0.0.1:0" picks a port) until the
+// test ends, then stops it and requires Serve to return nil; it returns a client of it.
+func serve(t *testing.T, srv *Server, addr string) *grpc.ClientConn {
+	t.Helper()
+	lis, err := Listen(addr)
+	require.NoError(t, err)
+	if !strings.HasPrefix(addr, "unix://") {
+		addr = lis.Addr().String()
 	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(lis) }()
+	t.Cleanup(func() {
+		srv.Stop()
+		assert.NoError(t, <-served)
+	})
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
 }
 
 // TestGetMapping: per-node state of one mapping; NOT_FOUND for a mapping no program carries.

@@ -462,7 +462,7 @@ func TestCompile(t *testing.T) {
 			check: func(t *testing.T, r *Result) {
 				got := r.PortMaps[types.NamespacedName{Namespace: "demo", Name: "local"}].Status.Published
 				want := []v1alpha1.PublishedAddress{
-					{Node: "edge-a", Interface: "enp1s0", Address: "203.0.113.9"},
+					pubEdgeA,
 					{Node: "edge-a", Interface: "wt0"},
 				}
 				if d := cmp.Diff(want, got); d != "" {

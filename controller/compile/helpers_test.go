@@ -265,6 +265,12 @@ func multiWorld() *Snapshot {
 	return s
 }
 
+// pubEdgeA and pubWorkerC are the published rows of edge-a's enp1s0 and worker-c's eth0.
+var (
+	pubEdgeA   = v1alpha1.PublishedAddress{Node: "edge-a", Interface: "enp1s0", Address: "203.0.113.9"}
+	pubWorkerC = v1alpha1.PublishedAddress{Node: "worker-c", Interface: "eth0", Address: "198.18.0.3"}
+)
+
 // multiClass is class intranet with servingMode Multi on the given nodes.
 func multiClass(nodes map[string][]string) *v1alpha1.PortMapClass {
 	cl := intranet(1, nodes)

@@ -202,7 +202,7 @@ func TestEndpointMoves(t *testing.T) {
 		return carry(s, prev, at)
 	}
 	edgeA := []v1alpha1.PublishedAddress{
-		{Node: "edge-a", Interface: "enp1s0", Address: "203.0.113.9"},
+		pubEdgeA,
 		{Node: "edge-a", Interface: "wt0", Address: "100.64.93.143"},
 	}
 	t1 := now.Add(time.Minute)
@@ -222,7 +222,7 @@ func TestEndpointMoves(t *testing.T) {
 		{name: "moved to edge-a: served locally, the link goes, its claim is stamped", pod: "web-a", ip: "10.244.17.50", node: "edge-a",
 			nodes: []string{"edge-a"}, published: edgeA, claims: []v1alpha1.LinkStatus{claimUnused}, emptyPrograms: []string{"worker-b", "worker-c"}},
 		{name: "moved to worker-c, an accepting node: worker-c serves and publishes", pod: "web-c", ip: "10.244.19.50", node: "worker-c",
-			nodes: []string{"worker-c"}, published: []v1alpha1.PublishedAddress{{Node: "worker-c", Interface: "eth0", Address: "198.18.0.3"}},
+			nodes: []string{"worker-c"}, published: []v1alpha1.PublishedAddress{pubWorkerC},
 			claims: []v1alpha1.LinkStatus{claimUnused}, emptyPrograms: []string{"edge-a", "worker-b"}},
 		{name: "back on worker-b: the claim is used again, same slot and table", pod: "web-b2", ip: "10.244.18.51", node: "worker-b",
 			nodes: []string{"edge-a", "worker-b"}, published: edgeA, linked: true, claims: []v1alpha1.LinkStatus{claimInUse}},

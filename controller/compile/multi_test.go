@@ -29,14 +29,11 @@ func TestMulti(t *testing.T) {
 		check     func(t *testing.T, r *Result)
 	}{
 		{
-			name:     "two accepting nodes, pod on neither: a link from each, ct-mark save per link, one restore",
-			snap:     multiWorld,
-			want:     map[string]outcome{"demo/remote": served(epRemote, "edge-a", "worker-b", "worker-c")},
-			programs: map[string]*kuportv1.NodeProgram{"edge-a": multiEdgeA(), "worker-b": multiWorkerB(), "worker-c": multiWorkerC()},
-			published: []v1alpha1.PublishedAddress{
-				{Node: "edge-a", Interface: "enp1s0", Address: "203.0.113.9"},
-				{Node: "worker-c", Interface: "eth0", Address: "198.18.0.3"},
-			},
+			name:      "two accepting nodes, pod on neither: a link from each, ct-mark save per link, one restore",
+			snap:      multiWorld,
+			want:      map[string]outcome{"demo/remote": served(epRemote, "edge-a", "worker-b", "worker-c")},
+			programs:  map[string]*kuportv1.NodeProgram{"edge-a": multiEdgeA(), "worker-b": multiWorkerB(), "worker-c": multiWorkerC()},
+			published: []v1alpha1.PublishedAddress{pubEdgeA, pubWorkerC},
 			links: []v1alpha1.LinkStatus{
 				claimOf("edge-a", "worker-b", 0, "169.254.79.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 201}),
 				claimOf("worker-b", "worker-c", 1, "169.254.79.2/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 202}),
@@ -84,10 +81,7 @@ func TestMulti(t *testing.T) {
 					},
 				},
 			},
-			published: []v1alpha1.PublishedAddress{
-				{Node: "edge-a", Interface: "enp1s0", Address: "203.0.113.9"},
-				{Node: "worker-c", Interface: "eth0", Address: "198.18.0.3"},
-			},
+			published: []v1alpha1.PublishedAddress{pubEdgeA, pubWorkerC},
 			links: []v1alpha1.LinkStatus{
 				claimOf("edge-a", "worker-c", 0, "169.254.79.0/31", nil, v1alpha1.LinkEnd{Node: "worker-c", Table: 201}),
 			},
@@ -163,11 +157,11 @@ func TestMulti(t *testing.T) {
 			},
 			check: func(t *testing.T, r *Result) {
 				want := map[string][]v1alpha1.PublishedAddress{
-					"narrow": {{Node: "edge-a", Interface: "enp1s0", Address: "203.0.113.9"}},
+					"narrow": {pubEdgeA},
 					"all": {
-						{Node: "edge-a", Interface: "enp1s0", Address: "203.0.113.9"},
+						pubEdgeA,
 						{Node: "edge-a", Interface: "wt0", Address: "100.64.93.143"},
-						{Node: "worker-c", Interface: "eth0", Address: "198.18.0.3"},
+						pubWorkerC,
 						{Node: "worker-c", Interface: "wt0", Address: "100.64.93.160"},
 					},
 				}
@@ -195,7 +189,7 @@ func TestMulti(t *testing.T) {
 			},
 			want:      map[string]outcome{"demo/remote": served("worker-c 10.244.19.7", "worker-c")},
 			programs:  map[string]*kuportv1.NodeProgram{"edge-a": empty("edge-a"), "worker-b": empty("worker-b")},
-			published: []v1alpha1.PublishedAddress{{Node: "worker-c", Interface: "eth0", Address: "198.18.0.3"}},
+			published: []v1alpha1.PublishedAddress{pubWorkerC},
 		},
 
 		// Partial availability: a forwarder that cannot be built is left out, the rest serve.
@@ -214,7 +208,7 @@ func TestMulti(t *testing.T) {
 				p.Links, p.ReturnPaths = p.Links[:1], p.ReturnPaths[:1]
 				return p
 			}()},
-			published: []v1alpha1.PublishedAddress{{Node: "edge-a", Interface: "enp1s0", Address: "203.0.113.9"}},
+			published: []v1alpha1.PublishedAddress{pubEdgeA},
 			// The claim stays, so the node's link takes the same slot when its agent arrives.
 			links: []v1alpha1.LinkStatus{
 				claimOf("edge-a", "worker-b", 0, "169.254.79.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 201}),
@@ -231,7 +225,7 @@ func TestMulti(t *testing.T) {
 			want: map[string]outcome{"demo/remote": unprogrammed(v1alpha1.ReasonNodeNotReady, epRemote, "worker-b", "worker-c").msg(
 				`node edge-a: underlay interface "wt0" has no IPv4 address`)},
 			programs:  map[string]*kuportv1.NodeProgram{"edge-a": empty("edge-a"), "worker-c": multiWorkerC()},
-			published: []v1alpha1.PublishedAddress{{Node: "worker-c", Interface: "eth0", Address: "198.18.0.3"}},
+			published: []v1alpha1.PublishedAddress{pubWorkerC},
 		},
 		{
 			name: "a forwarder whose interface lacks an address is still programmed; the status says so",

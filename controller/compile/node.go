@@ -38,7 +38,6 @@ func (v *nodeView) address(iface string) string {
 	return ""
 }
 
-// underlayName is the interface links' outer headers leave from.
 // ifaceProblem says why an interface gives no address on the node ("interface X not
 // present" or "interface X has no IPv4 address"), "" when it has one (API.md node rows).
 func (v *nodeView) ifaceProblem(name string) string {
@@ -51,6 +50,7 @@ func (v *nodeView) ifaceProblem(name string) string {
 	return ""
 }
 
+// underlayName is the interface links' outer headers leave from.
 func (v *nodeView) underlayName() string { return v.state.GetUnderlayInterface() }
 
 // underlay returns the underlay's first IPv4 address ("" when unknown) and its MTU in bytes

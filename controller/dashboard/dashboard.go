@@ -5,14 +5,16 @@
 //
 // It reads the agent registry and the controller's informer caches through Source and
 // writes nothing anywhere: no API call, no kernel, no decision. Which entry a counter
-// measures comes from metrics.Rules, shared with the Prometheus metrics.
+// measures comes from metrics.Counted, shared with the Prometheus metrics.
 package dashboard
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -294,20 +296,16 @@ func (s *Server) State(now time.Time) *State {
 	return st
 }
 
-// readCounters reads, by mapping, the counters of every node's latest report whose entry
-// the node's current program holds (a counter of an entry the program dropped belongs to a
-// rule its agent is about to remove).
+// readCounters reads, by mapping, the counters of every node's latest report that measure
+// a rule of the node's current program (metrics.Counted).
 func readCounters(a Agents) map[string][]Counter {
 	out := map[string][]Counter{}
 	for _, n := range a.Nodes() {
 		program, _, _ := a.Program(n.Node)
-		rules := metrics.Rules(program)
 		ctrs, _ := a.Stats(n.Node)
-		for _, c := range ctrs {
-			if r, ok := rules[c.Id]; ok {
-				out[r.Mapping] = append(out[r.Mapping], Counter{Node: n.Node, Rule: r.Name,
-					Unit: r.Unit, Direction: r.Direction, Packets: c.Packets, Bytes: c.Bytes})
-			}
+		for r, c := range metrics.Counted(program, ctrs) {
+			out[r.Mapping] = append(out[r.Mapping], Counter{Node: n.Node, Rule: r.Name,
+				Unit: r.Unit, Direction: r.Direction, Packets: c.Packets, Bytes: c.Bytes})
 		}
 	}
 	return out
@@ -353,20 +351,13 @@ func condition(c *metav1.Condition) Condition {
 }
 
 func class(c *v1alpha1.PortMapClass) Class {
-	out := Class{Name: c.Name, ServingMode: string(c.Spec.ServingMode), ReturnPath: string(c.Spec.ReturnPath.Mode),
-		Ready: condition(meta.FindStatusCondition(c.Status.Conditions, v1alpha1.ClassConditionReady))}
-	// The API's defaults, for a class read before the API server applied them.
-	if out.ServingMode == "" {
-		out.ServingMode = string(v1alpha1.ServingModeSingle)
+	// The API's defaults stand in for a class read before the API server applied them.
+	return Class{Name: c.Name,
+		ServingMode: string(cmp.Or(c.Spec.ServingMode, v1alpha1.ServingModeSingle)),
+		ReturnPath:  string(cmp.Or(c.Spec.ReturnPath.Mode, v1alpha1.ReturnPathVxlan)),
+		Ready:       condition(meta.FindStatusCondition(c.Status.Conditions, v1alpha1.ClassConditionReady)),
+		Nodes:       slices.Sorted(maps.Keys(c.Spec.Nodes)),
 	}
-	if out.ReturnPath == "" {
-		out.ReturnPath = string(v1alpha1.ReturnPathVxlan)
-	}
-	for n := range c.Spec.Nodes {
-		out.Nodes = append(out.Nodes, n)
-	}
-	slices.Sort(out.Nodes)
-	return out
 }
 
 func mapping(pm *v1alpha1.PortMap) Mapping {

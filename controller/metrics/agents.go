@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"iter"
 	"strings"
 	"sync"
 
@@ -88,6 +89,20 @@ func Rules(p *kuportv1.NodeProgram) map[string]Rule {
 		add(m.Id, m.Mapping, UnitPackets, dir, "")
 	}
 	return out
+}
+
+// Counted pairs each of a node's reported counters with the Rule of program (the node's
+// current program) it measures. A counter of an entry program no longer holds belongs to a
+// rule the agent is about to remove: it is left out.
+func Counted(program *kuportv1.NodeProgram, counters []*kuportv1.Counter) iter.Seq2[Rule, *kuportv1.Counter] {
+	return func(yield func(Rule, *kuportv1.Counter) bool) {
+		rules := Rules(program)
+		for _, c := range counters {
+			if r, ok := rules[c.Id]; ok && !yield(r, c) {
+				return
+			}
+		}
+	}
 }
 
 var (
@@ -178,15 +193,8 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(ackedVersionDesc, n.AckedVersion, n.Node)
 
 		program, _, _ := src.Program(n.Node)
-		rules := Rules(program)
 		counters, links := src.Stats(n.Node)
-		for _, ctr := range counters {
-			// A counter of an entry the current program no longer holds belongs to a rule
-			// the agent is about to remove: left out.
-			r, ok := rules[ctr.Id]
-			if !ok {
-				continue
-			}
+		for r, ctr := range Counted(program, counters) {
 			ns, name, _ := strings.Cut(r.Mapping, "/")
 			switch {
 			case r.Unit == UnitPackets:

@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/lab"
@@ -170,12 +169,7 @@ func TestPrivilegedE2ELateInterface(t *testing.T) {
 	late := lab.DemoClass("late", v1alpha1.ReturnPathVxlan)
 	late.Spec.Nodes["edge-a"] = v1alpha1.ClassNode{Interfaces: []string{"enp1s0", "enp9s0"}}
 	require.NoError(t, l.ApplyClass(ctx, late))
-	require.NoError(t, l.Expose(ctx, lab.DemoNamespace, "late", "app", corev1.ProtocolTCP, 3000, lab.Backend{Pod: lab.PodA, Ready: true}))
-	require.NoError(t, l.ApplyPortMap(ctx, &v1alpha1.PortMap{
-		ObjectMeta: metav1.ObjectMeta{Namespace: lab.DemoNamespace, Name: "late"},
-		Spec: v1alpha1.PortMapSpec{ClassName: "late", Protocol: v1alpha1.ProtocolTCP, Port: 3000,
-			ServiceRef: v1alpha1.ServiceRef{Name: "late", Port: "app"}},
-	}))
+	createMapping(t, l, "late", "late", corev1.ProtocolTCP, 3000, 0, 3000, lab.PodA)
 	waitCondition(t, l, lab.DemoNamespace, "late", v1alpha1.ConditionProgrammed, "False:"+v1alpha1.ReasonNodeNotReady, 20*time.Second)
 	pm, err := l.GetPortMap(ctx, lab.DemoNamespace, "late")
 	require.NoError(t, err)

@@ -16,7 +16,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/controller/dashboard"
@@ -40,12 +39,7 @@ func TestPrivilegedE2EDashboard(t *testing.T) {
 	mapTo(t, l, name, "public", corev1.ProtocolUDP, port, 0, port, lab.PodB)
 	// And one the controller refuses: web-b is on worker-b, the class builds no link.
 	const refused = "dash-refused"
-	require.NoError(t, l.Expose(ctx, lab.DemoNamespace, refused, "app", corev1.ProtocolTCP, 3001, lab.Backend{Pod: lab.PodB, Ready: true}))
-	require.NoError(t, l.ApplyPortMap(ctx, &v1alpha1.PortMap{
-		ObjectMeta: metav1.ObjectMeta{Namespace: lab.DemoNamespace, Name: refused},
-		Spec: v1alpha1.PortMapSpec{ClassName: "public-none", Protocol: v1alpha1.ProtocolTCP, Port: 3001,
-			ServiceRef: v1alpha1.ServiceRef{Name: refused, Port: "app"}},
-	}))
+	createMapping(t, l, refused, "public-none", corev1.ProtocolTCP, 3001, 0, 3001, lab.PodB)
 	waitCondition(t, l, lab.DemoNamespace, refused, v1alpha1.ConditionProgrammed, "False:"+v1alpha1.ReasonReturnPathUnavailable, 30*time.Second)
 	s, err := l.Net.StartStream("udp", fmt.Sprintf("%s:%d", lab.PublicAddr, port), 20*time.Millisecond, 30*time.Second)
 	require.NoError(t, err)
@@ -56,6 +50,7 @@ func TestPrivilegedE2EDashboard(t *testing.T) {
 	})
 
 	base := "http://" + lab.ControllerHTTPAddr
+	metricsURL := base + "/metrics"
 	// The reply of every datagram is counted by the mark rule on the pod's node (a
 	// per-packet kup-mangle counter); the agents report every 2 s in the lab.
 	row := "worker-b " + lab.DemoNamespace + "/" + name + "/mark"
@@ -71,7 +66,7 @@ func TestPrivilegedE2EDashboard(t *testing.T) {
 	}
 	require.Positive(t, first, "the page never showed counter row %q (last error: %v)", row, err)
 	replies := map[string]string{"namespace": lab.DemoNamespace, "name": name, "node": "worker-b", "direction": "out"}
-	metric := promSample(t, base+"/metrics", "kuport_mapping_packets_total", replies)
+	metric := promSample(t, metricsURL, "kuport_mapping_packets_total", replies)
 
 	time.Sleep(5 * time.Second)
 	second, dom, err := pageCount()
@@ -85,13 +80,12 @@ func TestPrivilegedE2EDashboard(t *testing.T) {
 	} {
 		assert.True(t, strings.Contains(dom, want), "the page lacks %s", want)
 	}
-	assert.Greater(t, promSample(t, base+"/metrics", "kuport_mapping_packets_total", replies), metric,
+	assert.Greater(t, promSample(t, metricsURL, "kuport_mapping_packets_total", replies), metric,
 		"/metrics: the mapping's reply packets did not rise")
-	assert.Positive(t, promSample(t, base+"/metrics", "kuport_mapping_flows_total", map[string]string{
+	assert.Positive(t, promSample(t, metricsURL, "kuport_mapping_flows_total", map[string]string{
 		"namespace": lab.DemoNamespace, "name": name, "node": "edge-a", "interface": "enp1s0"}),
 		"/metrics: the stream's flow DNATed on edge-a")
 
-	metricsURL := base + "/metrics"
 	assert.Equal(t, 1.0, promSample(t, metricsURL, "kuport_leader", nil))
 	assert.Equal(t, 3.0, promSample(t, metricsURL, "kuport_agents_connected", nil), "edge-a, worker-b and worker-c")
 	assert.Positive(t, promSample(t, metricsURL, "kuport_compile_duration_seconds", nil))

@@ -19,8 +19,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -35,10 +33,10 @@ import (
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
-const (
-	// Link device names: "kup-" + first 8 hex digits of sha256("<class>/<peer node>").
-	linkOnEdgeA   = "kup-5e30a797" // printf public/worker-b | sha256sum
-	linkOnWorkerB = "kup-dcc4266d" // printf public/edge-a | sha256sum
+// The demo class public's link devices (linkName).
+var (
+	linkOnEdgeA   = linkName("public", "worker-b") // kup-5e30a797
+	linkOnWorkerB = linkName("public", "edge-a")   // kup-dcc4266d
 )
 
 var repoRoot = func() string { r, _ := filepath.Abs("../.."); return r }()
@@ -54,12 +52,7 @@ func startLab(t *testing.T) *lab.Lab {
 func startLabReplicas(t *testing.T, replicas int) *lab.Lab {
 	t.Helper()
 	k8sBin := labtest.K8sBin(t)
-	bin := os.Getenv("KUPORT_BIN")
-	if bin == "" {
-		bin = t.TempDir()
-		out, err := exec.Command("go", "build", "-o", bin+"/", "kuport.wlz.li/kuport/cmd/...").CombinedOutput()
-		require.NoError(t, err, "%s", out)
-	}
+	bin := labtest.KuportBin(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	l, err := lab.Up(ctx, lab.Options{
@@ -102,14 +95,20 @@ func waitCondition(t *testing.T, l *lab.Lab, ns, name, typ, want string, timeout
 	require.NoError(t, err, "PortMap %s/%s %s: want %s, last saw %s", ns, name, typ, want, last)
 }
 
-// assertAnswers probes TCP port on the public address from the client: the pod must see
-// the client's address and the reply come from the address dialed.
+// assertAnswers probes TCP port on the public address from the client (assertAnswersAt).
 func assertAnswers(t *testing.T, l *lab.Lab, port int32) {
 	t.Helper()
-	podSaw, replyFrom, err := l.Probe(context.Background(), corev1.ProtocolTCP, port, 3)
+	assertAnswersAt(t, l, corev1.ProtocolTCP, lab.PublicAddr, port)
+}
+
+// assertAnswersAt probes addr:port from the client: the pod must see the client's address
+// and the reply come from the address dialed.
+func assertAnswersAt(t *testing.T, l *lab.Lab, proto corev1.Protocol, addr string, port int32) {
+	t.Helper()
+	podSaw, replyFrom, err := l.ProbeAddr(context.Background(), proto, addr, port, 3)
 	require.NoError(t, err)
-	assert.Equal(t, lab.ClientAddr, podSaw, "port %d: the address the pod saw", port)
-	assert.Equal(t, fmt.Sprintf("%s:%d", lab.PublicAddr, port), replyFrom, "port %d: where the reply came from", port)
+	assert.Equal(t, lab.ClientAddr, podSaw, "%s %s:%d: the address the pod saw", proto, addr, port)
+	assert.Equal(t, fmt.Sprintf("%s:%d", addr, port), replyFrom, "%s %s:%d: where the reply came from", proto, addr, port)
 }
 
 // updatePortMap reads, mutates and updates a demo PortMap, retrying while the controller's
@@ -204,10 +203,7 @@ func restartController(t *testing.T, l *lab.Lab, nodes ...string) {
 	ctx := context.Background()
 	require.NoError(t, l.StopController(false))
 	require.NoError(t, l.StartController())
-	conn, err := grpc.NewClient(lab.ControllerAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	defer conn.Close()
-	client := kuportv1.NewProgramServiceClient(conn)
+	client := programService(t)
 	require.Eventually(t, func() bool {
 		for _, n := range nodes {
 			r, err := client.GetProgram(ctx, &kuportv1.GetProgramRequest{Node: n})
@@ -353,19 +349,15 @@ func TestPrivilegedE2E(t *testing.T) {
 		waitCondition(t, l, lab.DemoNamespace, "other", v1alpha1.ConditionProgrammed, "True", 20*time.Second)
 		waitCondition(t, l, lab.DemoNamespace, remote.Name, v1alpha1.ConditionProgrammed, "True", 10*time.Second)
 
-		seen := func(pod string) int {
-			log, err := l.Net.ServerLog(pod, "tcp", 3000)
-			require.NoError(t, err)
-			return strings.Count(log, "saw "+lab.ClientAddr+":")
-		}
+		seen := func(pod lab.Pod) int { return sawClient(t, l, pod, corev1.ProtocolTCP, 3000) }
 		for _, c := range []struct {
 			port       int32
-			pod, other string
-		}{{5000, webC.Name, lab.PodB.Name}, {3000, lab.PodB.Name, webC.Name}} {
+			pod, other lab.Pod
+		}{{5000, webC, lab.PodB}, {3000, lab.PodB, webC}} {
 			before, otherBefore := seen(c.pod), seen(c.other)
 			assertAnswers(t, l, c.port)
-			assert.Equal(t, before+1, seen(c.pod), "port %d must reach %s", c.port, c.pod)
-			assert.Equal(t, otherBefore, seen(c.other), "port %d reached %s", c.port, c.other)
+			assert.Equal(t, before+1, seen(c.pod), "port %d must reach %s", c.port, c.pod.Name)
+			assert.Equal(t, otherBefore, seen(c.other), "port %d reached %s", c.port, c.other.Name)
 		}
 		// Gone before the next step reads the kernel.
 		require.NoError(t, l.DeletePortMap(ctx, lab.DemoNamespace, "other"))

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -54,9 +53,17 @@ func intranetClass() *v1alpha1.PortMapClass {
 	}
 }
 
-// mapTo exposes pod on a Service named name (port name "app", the slice giving podPort)
-// and creates a PortMap of class with the dialed port..endPort (0: a single port).
+// mapTo exposes pod on a Service named name (port name "app", the slice giving podPort),
+// creates a PortMap of class with the dialed port..endPort (0: a single port) and waits
+// until it is Programmed.
 func mapTo(t *testing.T, l *lab.Lab, name, class string, proto corev1.Protocol, port, endPort, podPort int32, pod lab.Pod) {
+	t.Helper()
+	createMapping(t, l, name, class, proto, port, endPort, podPort, pod)
+	waitCondition(t, l, lab.DemoNamespace, name, v1alpha1.ConditionProgrammed, "True", 30*time.Second)
+}
+
+// createMapping is mapTo without the wait, for a mapping that is not to be Programmed.
+func createMapping(t *testing.T, l *lab.Lab, name, class string, proto corev1.Protocol, port, endPort, podPort int32, pod lab.Pod) {
 	t.Helper()
 	ctx := context.Background()
 	require.NoError(t, l.Expose(ctx, lab.DemoNamespace, name, "app", proto, podPort, lab.Backend{Pod: pod, Ready: true}))
@@ -69,7 +76,6 @@ func mapTo(t *testing.T, l *lab.Lab, name, class string, proto corev1.Protocol, 
 		pm.Spec.EndPort = ptr.To(endPort)
 	}
 	require.NoError(t, l.ApplyPortMap(ctx, pm))
-	waitCondition(t, l, lab.DemoNamespace, name, v1alpha1.ConditionProgrammed, "True", 30*time.Second)
 }
 
 // serve starts pod servers on each port.
@@ -94,10 +100,7 @@ func sawClient(t *testing.T, l *lab.Lab, pod lab.Pod, proto corev1.Protocol, por
 func assertReaches(t *testing.T, l *lab.Lab, proto corev1.Protocol, addr string, port int32, pod lab.Pod, podPort int) {
 	t.Helper()
 	before := sawClient(t, l, pod, proto, podPort)
-	podSaw, replyFrom, err := l.ProbeAddr(context.Background(), proto, addr, port, 3)
-	require.NoError(t, err)
-	assert.Equal(t, lab.ClientAddr, podSaw, "%s %s:%d: the address the pod saw", proto, addr, port)
-	assert.Equal(t, fmt.Sprintf("%s:%d", addr, port), replyFrom, "%s %s:%d: where the reply came from", proto, addr, port)
+	assertAnswersAt(t, l, proto, addr, port)
 	assert.Greater(t, sawClient(t, l, pod, proto, podPort), before, "%s %s:%d did not reach %s port %d", proto, addr, port, pod.Name, podPort)
 }
 

@@ -5,6 +5,7 @@ package labtest
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 )
@@ -22,6 +23,22 @@ func K8sBin(t testing.TB) string {
 		if _, err := os.Stat(filepath.Join(bin, b)); bin == "" || err != nil {
 			t.Fatalf("KUPORT_LAB_BIN=%q has no %s; set it to the output of lab/build-binaries.sh", bin, b)
 		}
+	}
+	return bin
+}
+
+// KuportBin returns the dir holding kuport's own binaries (kuport-controller, kuport-agent,
+// kuport-lab): KUPORT_BIN, which `make test` sets, or else a fresh build of
+// kuport.wlz.li/kuport/cmd/... into a temporary dir.
+func KuportBin(t testing.TB) string {
+	t.Helper()
+	if bin := os.Getenv("KUPORT_BIN"); bin != "" {
+		return bin
+	}
+	bin := t.TempDir()
+	out, err := exec.Command("go", "build", "-o", bin+"/", "kuport.wlz.li/kuport/cmd/...").CombinedOutput()
+	if err != nil {
+		t.Fatalf("build kuport binaries: %v\n%s", err, out)
 	}
 	return bin
 }

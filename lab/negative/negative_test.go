@@ -11,7 +11,6 @@ package negative
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -24,6 +23,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"kuport.wlz.li/kuport/datapath"
+	"kuport.wlz.li/kuport/lab/labtest"
 	"kuport.wlz.li/kuport/lab/netlab"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
@@ -64,7 +64,7 @@ func startLab(t *testing.T) *testLab {
 	t.Cleanup(cancel)
 	dir := t.TempDir()
 	log := hclog.New(&hclog.LoggerOptions{Name: "netlab", Level: hclog.Info, Output: t.Output()})
-	n, err := netlab.Build(ctx, netlab.Config{Log: log, Dir: dir, ToolBin: labTool(t, dir)})
+	n, err := netlab.Build(ctx, netlab.Config{Log: log, Dir: dir, ToolBin: filepath.Join(labtest.KuportBin(t), "kuport-lab")})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, n.Close()) })
 	l := &testLab{Net: n, ctx: ctx, dps: map[string]*datapath.Datapath{}}
@@ -77,19 +77,6 @@ func startLab(t *testing.T) *testLab {
 		require.NoError(t, err)
 	}
 	return l
-}
-
-// labTool is the kuport-lab binary (probe, serve): from KUPORT_BIN, which `make test`
-// sets, or built into dir.
-func labTool(t *testing.T, dir string) string {
-	t.Helper()
-	if bin := os.Getenv("KUPORT_BIN"); bin != "" {
-		return filepath.Join(bin, "kuport-lab")
-	}
-	bin := filepath.Join(dir, "kuport-lab")
-	out, err := exec.Command("go", "build", "-o", bin, "kuport.wlz.li/kuport/cmd/kuport-lab").CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	return bin
 }
 
 // newDatapath points a Datapath at a node's namespace, as an agent inside it would be.
