@@ -1,11 +1,21 @@
 // Package leader runs the controller's leading work under leader election on a
-// coordination.k8s.io Lease (client-go's tools/leaderelection with a resourcelock.LeaseLock)
+// coordination.k8s.io Lease (client-go's resourcelock.LeaseLock and its election record)
 // and derives the fencing epoch that stamps every program of a leadership term.
+//
+// # Taking the Lease
+//
+// A follower watches the Lease and takes it over LeaseDuration after the last renewal it
+// saw (see awaitLease); only then does it start client-go's LeaderElector, which finds the
+// Lease already its own and from there renews it every RetryPeriod, gives up after
+// RenewDeadline and releases it on a graceful stop. client-go's own followers poll with
+// jitter and can take up to LeaseDuration + 4.4×RetryPeriod after a leader dies; kuport's
+// take at most LeaseDuration + RetryPeriod (the renewal interval) plus a watch event's and
+// one update's latency.
 //
 // # Epoch
 //
-// client-go increments the Lease's spec.leaseTransitions every time a candidate takes the
-// Lease over from another holder (or from none), never when a holder renews. Right after
+// A candidate increments the Lease's spec.leaseTransitions every time it takes the Lease
+// over from another holder (or from none), never when a holder renews, as client-go does. Right after
 // acquiring, the new leader reads the Lease back and, provided it still names this
 // candidate, uses leaseTransitions+1 as its epoch (+1 keeps it above zero, which agents
 // read as "nothing applied"). Two terms therefore never share an epoch and a later term's
@@ -55,10 +65,11 @@ const (
 var ErrLost = errors.New("leadership lost")
 
 // Config configures Run. Durations follow client-go's leaderelection: followers take the
-// Lease over LeaseDuration after its last renewal; the leader gives up after failing to
-// renew for RenewDeadline (< LeaseDuration); candidates retry every RetryPeriod.
+// Lease over LeaseDuration after the last renewal they saw; the leader renews every
+// RetryPeriod and gives up after failing to renew for RenewDeadline (< LeaseDuration);
+// failed API calls are retried every RetryPeriod.
 type Config struct {
-	// Client reads and writes the Lease (get, create, update on leases).
+	// Client reads, watches and writes the Lease (get, list, watch, create, update on leases).
 	Client kubernetes.Interface
 	// Namespace and Name locate the Lease.
 	Namespace, Name string
@@ -126,6 +137,20 @@ func Run(ctx context.Context, cfg Config, lead func(ctx context.Context, epoch u
 		leading bool
 	)
 	termEnd := make(chan error, 1)
+	var reported string // the last holder reported, by the watch or the elector
+	report := func(identity string) {
+		mu.Lock()
+		fresh := identity != reported
+		reported = identity
+		mu.Unlock()
+		if !fresh {
+			return
+		}
+		log.Info("leader observed", "leader", identity, "self", identity == cfg.Identity)
+		if cfg.OnNewLeader != nil {
+			cfg.OnNewLeader(identity)
+		}
+	}
 	var le *leaderelection.LeaderElector
 	var err error
 	le, err = leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
@@ -150,12 +175,7 @@ func Run(ctx context.Context, cfg Config, lead func(ctx context.Context, epoch u
 			},
 			// Required by client-go; the end of a term is handled where lead returns.
 			OnStoppedLeading: func() {},
-			OnNewLeader: func(identity string) {
-				log.Info("leader observed", "leader", identity, "self", identity == cfg.Identity)
-				if cfg.OnNewLeader != nil {
-					cfg.OnNewLeader(identity)
-				}
-			},
+			OnNewLeader: report,
 		},
 	})
 	if err != nil {
@@ -164,7 +184,10 @@ func Run(ctx context.Context, cfg Config, lead func(ctx context.Context, epoch u
 	electDone := make(chan struct{})
 	go func() {
 		defer close(electDone)
-		le.Run(electCtx)
+		// The elector starts once this candidate holds the Lease: it only renews it.
+		if awaitLease(electCtx, cfg, report, log) == nil {
+			le.Run(electCtx)
+		}
 	}()
 	log.Info("campaigning", "lease", cfg.Namespace+"/"+cfg.Name, "identity", cfg.Identity)
 

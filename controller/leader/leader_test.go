@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
@@ -134,6 +135,73 @@ func TestEpochRisesWithEveryTerm(t *testing.T) {
 	require.NoError(t, b.err)
 	c := campaign(t, testConfig(client, "c"))
 	require.Equal(t, uint64(3), c.waitEpoch(t))
+}
+
+// TestFollowerTakesOverWhenTheLeaseExpires: while another holder renews the Lease the two
+// followers wait; once the renewals stop exactly one of them takes the Lease, no sooner than
+// LeaseDuration and sooner than LeaseDuration + RetryPeriod after the last renewal (issue
+// 5's bound), with leaseTransitions one higher.
+func TestFollowerTakesOverWhenTheLeaseExpires(t *testing.T) {
+	client := fake.NewClientset()
+	ctx := context.Background()
+	leases := client.CoordinationV1().Leases(DefaultNamespace)
+	holder, duration, transitions := "dead", int32(2), int32(4)
+	renewed := metav1.NewMicroTime(time.Now())
+	lease, err := leases.Create(ctx, &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Namespace: DefaultNamespace, Name: DefaultName},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &duration,
+			LeaseTransitions: &transitions, AcquireTime: &renewed, RenewTime: &renewed},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+
+	followers := map[string]*candidate{}
+	for _, id := range []string{"b", "c"} {
+		cfg := testConfig(client, id)
+		cfg.RenewDeadline, cfg.RetryPeriod = time.Second, 500*time.Millisecond
+		followers[id] = campaign(t, cfg)
+	}
+	retry, leaseDuration := 500*time.Millisecond, time.Duration(duration)*time.Second
+	// The holder renews every RetryPeriod for longer than LeaseDuration, then dies.
+	for range 6 {
+		time.Sleep(retry)
+		renewed = metav1.NewMicroTime(time.Now())
+		lease.Spec.RenewTime = &renewed
+		lease, err = leases.Update(ctx, lease, metav1.UpdateOptions{})
+		require.NoError(t, err)
+	}
+	died := time.Now()
+	for id, f := range followers {
+		select {
+		case <-f.epoch:
+			t.Fatalf("%s took a lease that was being renewed", id)
+		default:
+		}
+	}
+	var winner string
+	select {
+	case e := <-followers["b"].epoch:
+		winner = "b"
+		require.Equal(t, uint64(transitions)+2, e, "epoch = leaseTransitions+1 after one more transition")
+	case e := <-followers["c"].epoch:
+		winner = "c"
+		require.Equal(t, uint64(transitions)+2, e, "epoch = leaseTransitions+1 after one more transition")
+	case <-time.After(10 * time.Second):
+		t.Fatal("nobody took the expired lease")
+	}
+	took := time.Since(died)
+	t.Logf("%s led %s after the last renewal (lease %s, retry %s)", winner, took, leaseDuration, retry)
+	assert.GreaterOrEqual(t, took, leaseDuration, "the lease was taken before it expired")
+	assert.Less(t, took, leaseDuration+retry, "the lease was taken too late")
+	loser := map[string]string{"b": "c", "c": "b"}[winner]
+	select {
+	case <-followers[loser].epoch:
+		t.Fatalf("both %s and %s lead", winner, loser)
+	case <-time.After(2 * leaseDuration):
+	}
+	got, err := leases.Get(ctx, DefaultName, metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, winner, *got.Spec.HolderIdentity)
+	assert.Equal(t, transitions+1, *got.Spec.LeaseTransitions)
 }
 
 // TestLostLeaseEndsTheTerm: once the leader cannot renew, its leading work stops and Run

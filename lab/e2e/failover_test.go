@@ -16,9 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/leaderelection"
 
-	"kuport.wlz.li/kuport/agent"
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/controller/leader"
 	"kuport.wlz.li/kuport/lab"
@@ -82,12 +80,11 @@ func TestPrivilegedE2EFailover(t *testing.T) {
 	require.NoError(t, l.Expose(ctx, lab.DemoNamespace, "after-kill", "app", corev1.ProtocolTCP, 3002,
 		lab.Backend{Pod: lab.PodB, Ready: true}))
 
-	// client-go's bound: a follower notices the last renewal at its next jittered poll, deems
-	// the Lease expired LeaseDuration later and takes it at the poll after that.
-	poll := time.Duration(float64(leader.DefaultRetryPeriod) * (1 + leaderelection.JitterFactor))
-	takeover := leader.DefaultLeaseDuration + 2*poll
-	// Then the agents, refused by the follower until now, come back within FollowerRetry.
-	programmed := takeover + agent.DefaultFollowerRetry + 2*time.Second
+	// Issue 5's bounds, from the kill: the leader renewed at most RetryPeriod before it,
+	// the follower takes the Lease LeaseDuration after the last renewal it saw, and the
+	// new PortMap is Programmed at most 2 s after that.
+	takeover := leader.DefaultLeaseDuration + leader.DefaultRetryPeriod
+	programmed := takeover + 2*time.Second
 
 	// The streams run from before the kill until the new leader has programmed the new
 	// mapping, at the latest.
