@@ -175,7 +175,7 @@ func Run(ctx context.Context, cfg Config, lead func(ctx context.Context, epoch u
 			},
 			// Required by client-go; the end of a term is handled where lead returns.
 			OnStoppedLeading: func() {},
-			OnNewLeader: report,
+			OnNewLeader:      report,
 		},
 	})
 	if err != nil {
