@@ -32,6 +32,7 @@ func parseOptions(name string, args []string, stderr io.Writer) (Options, error)
 	fs.StringVar(&opt.K8sBin, "k8s-bin", "", "dir holding etcd, kube-apiserver and kubectl (lab/build-binaries.sh)")
 	fs.StringVar(&opt.Bin, "bin", "bin", "dir holding kuport-controller, kuport-agent and kuport-lab")
 	fs.StringVar(&opt.CRDDir, "crds", "deploy/crds", "dir of the CRD YAMLs")
+	fs.StringVar(&opt.RBACFile, "rbac", "deploy/rbac.yaml", "ServiceAccounts and RBAC to install; the controller runs as kuport-controller")
 	level := fs.String("log-level", "info", "log level of stderr")
 	if err := fs.Parse(args); err != nil {
 		return opt, err

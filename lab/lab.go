@@ -61,6 +61,9 @@ type Options struct {
 	Bin string
 	// CRDDir holds the CRD YAMLs to install (deploy/crds).
 	CRDDir string
+	// RBACFile holds the ServiceAccounts and RBAC to install (deploy/rbac.yaml); controller
+	// replicas run as its kuport-controller ServiceAccount.
+	RBACFile string
 	// ControllerReplicas is how many controller replicas run (1 when zero); every agent is
 	// given all of them as --controller targets.
 	ControllerReplicas int
@@ -90,9 +93,9 @@ func Up(ctx context.Context, opt Options) (*Lab, error) {
 	if opt.Log == nil {
 		opt.Log = hclog.NewNullLogger()
 	}
-	for _, p := range []*string{&opt.Dir, &opt.K8sBin, &opt.Bin, &opt.CRDDir} {
+	for _, p := range []*string{&opt.Dir, &opt.K8sBin, &opt.Bin, &opt.CRDDir, &opt.RBACFile} {
 		if *p == "" {
-			return nil, errors.New("lab: Dir, K8sBin, Bin and CRDDir are required")
+			return nil, errors.New("lab: Dir, K8sBin, Bin, CRDDir and RBACFile are required")
 		}
 		abs, err := filepath.Abs(*p)
 		if err != nil {
@@ -165,6 +168,9 @@ func (l *Lab) up(ctx context.Context) error {
 	if err := l.Cluster.EnsureNamespace(ctx, leader.DefaultNamespace, nil); err != nil {
 		return fmt.Errorf("lab: lease namespace: %w", err)
 	}
+	if err := l.applyRBAC(ctx); err != nil {
+		return err
+	}
 	if err := l.createAgentIdentities(ctx); err != nil {
 		return err
 	}
@@ -183,6 +189,11 @@ func (l *Lab) up(ctx context.Context) error {
 }
 
 func (l *Lab) logDir() string { return filepath.Join(l.opt.Dir, "logs") }
+
+// ReplicaLog is the log file of controller replica i, in the lab dir.
+func (l *Lab) ReplicaLog(i int) string {
+	return filepath.Join(l.logDir(), fmt.Sprintf("controller-%d.log", i))
+}
 
 // clearLogs empties the earlier runs' *.log files in dir.
 func clearLogs(dir string) error {
@@ -230,7 +241,8 @@ func (l *Lab) StopController(kill bool) error { return l.StopReplica(0, kill) }
 
 // StartReplica starts controller replica i (0 <= i < Options.ControllerReplicas) in the root
 // namespace, listening on ReplicaSocket(i) and ReplicaAddr(i), with the default leader
-// election flags (Lease kuport-system/kuport-controller, 15 s, 10 s, 2 s).
+// election flags (Lease kuport-system/kuport-controller, 15 s, 10 s, 2 s), as the
+// kuport-controller ServiceAccount with a freshly minted token (ControllerKubeconfig).
 func (l *Lab) StartReplica(i int) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -240,9 +252,14 @@ func (l *Lab) StartReplica(i int) error {
 	if l.controllers[i] != nil {
 		return fmt.Errorf("lab: controller replica %d already running", i)
 	}
-	p, err := l.Net.Start("", filepath.Join(l.logDir(), fmt.Sprintf("controller-%d.log", i)),
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := l.writeControllerKubeconfig(ctx); err != nil {
+		return err
+	}
+	p, err := l.Net.Start("", l.ReplicaLog(i),
 		filepath.Join(l.opt.Bin, "kuport-controller"),
-		"--kubeconfig", l.Cluster.Kubeconfig(),
+		"--kubeconfig", l.ControllerKubeconfig(),
 		"--grpc-listen", "unix://"+filepath.Join(l.opt.Dir, ReplicaSocket(i)),
 		"--grpc-listen", ReplicaAddr(i),
 		"--http-listen", ReplicaHTTPAddr(i),

@@ -15,9 +15,9 @@
 // # Epoch
 //
 // A candidate increments the Lease's spec.leaseTransitions every time it takes the Lease
-// over from another holder (or from none), never when a holder renews, as client-go does. Right after
-// acquiring, the new leader reads the Lease back and, provided it still names this
-// candidate, uses leaseTransitions+1 as its epoch (+1 keeps it above zero, which agents
+// over from another holder (or from none), never when a holder renews, as client-go does.
+// Right after acquiring, the new leader reads the Lease back and, provided it still names
+// this candidate, uses leaseTransitions+1 as its epoch (+1 keeps it above zero, which agents
 // read as "nothing applied"). Two terms therefore never share an epoch and a later term's
 // epoch is higher, as long as every process campaigns under an identity of its own (a
 // restarted process that reused its predecessor's identity would renew its predecessor's

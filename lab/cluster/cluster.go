@@ -231,12 +231,25 @@ func (c *Cluster) waitReady(ctx context.Context) error {
 }
 
 func (c *Cluster) writeKubeconfig(server string, p *pki) error {
+	return writeKubeconfig(c.kubeconfig, server, p.caPEM, "admin",
+		&clientcmdapi.AuthInfo{ClientCertificateData: p.adminCertPEM, ClientKeyData: p.adminKeyPEM})
+}
+
+// WriteTokenKubeconfig writes a kubeconfig to path for this cluster that authenticates with
+// token (a ServiceAccount's bearer token, say), as user. It errors if path cannot be written.
+func (c *Cluster) WriteTokenKubeconfig(path, user, token string) error {
+	return writeKubeconfig(path, c.rest.Host, c.rest.CAData, user, &clientcmdapi.AuthInfo{Token: token})
+}
+
+// writeKubeconfig writes a one-context kubeconfig: the lab cluster at server trusted by ca
+// (PEM), as user with auth.
+func writeKubeconfig(path, server string, ca []byte, user string, auth *clientcmdapi.AuthInfo) error {
 	kc := clientcmdapi.NewConfig()
-	kc.Clusters["kuport-lab"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: p.caPEM}
-	kc.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: p.adminCertPEM, ClientKeyData: p.adminKeyPEM}
-	kc.Contexts["kuport-lab"] = &clientcmdapi.Context{Cluster: "kuport-lab", AuthInfo: "admin"}
+	kc.Clusters["kuport-lab"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: ca}
+	kc.AuthInfos[user] = auth
+	kc.Contexts["kuport-lab"] = &clientcmdapi.Context{Cluster: "kuport-lab", AuthInfo: user}
 	kc.CurrentContext = "kuport-lab"
-	if err := clientcmd.WriteToFile(*kc, c.kubeconfig); err != nil {
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
 		return fmt.Errorf("write kubeconfig: %w", err)
 	}
 	return nil

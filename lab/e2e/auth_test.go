@@ -89,7 +89,7 @@ func TestPrivilegedE2EAuth(t *testing.T) {
 		err := connectAs(string(edgeToken), "worker-b")
 		assert.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
 		assert.ErrorContains(t, err, `proves node "edge-a", not "worker-b"`)
-		log, err := os.ReadFile(filepath.Join(cluster.DefaultDir, "logs", "controller-0.log"))
+		log, err := os.ReadFile(l.ReplicaLog(0))
 		require.NoError(t, err)
 		assert.Contains(t, string(log), "agent stream refused")
 		waitAgent(t, svc, "worker-b", "")

@@ -56,18 +56,38 @@ func startLabReplicas(t *testing.T, replicas int) *lab.Lab {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	l, err := lab.Up(ctx, lab.Options{
-		Dir:    cluster.DefaultDir,
-		K8sBin: k8sBin,
-		Bin:    bin,
-		CRDDir: filepath.Join(repoRoot, "deploy", "crds"),
-		Log:    hclog.New(&hclog.LoggerOptions{Name: "lab", Level: hclog.Info, Output: os.Stderr}),
+		Dir:      cluster.DefaultDir,
+		K8sBin:   k8sBin,
+		Bin:      bin,
+		CRDDir:   filepath.Join(repoRoot, "deploy", "crds"),
+		RBACFile: filepath.Join(repoRoot, "deploy", "rbac.yaml"),
+		Log:      hclog.New(&hclog.LoggerOptions{Name: "lab", Level: hclog.Info, Output: os.Stderr}),
 
 		ControllerReplicas: replicas,
 	})
 	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, l.Close()) })
+	t.Cleanup(func() {
+		assert.NoError(t, l.Close())
+		assertPermitted(t, l, replicas)
+	})
 	require.NoError(t, l.SetupDemo(ctx))
 	return l
+}
+
+// assertPermitted fails the test if the API server refused a controller replica anything:
+// the replicas run as deploy/rbac.yaml's ServiceAccount, so this checks that its least
+// privilege is enough.
+func assertPermitted(t *testing.T, l *lab.Lab, replicas int) {
+	t.Helper()
+	for i := range replicas {
+		log, err := os.ReadFile(l.ReplicaLog(i))
+		if !assert.NoError(t, err) {
+			continue
+		}
+		for line := range strings.Lines(string(log)) {
+			assert.NotContains(t, line, "is forbidden", "controller replica %d was refused by RBAC", i)
+		}
+	}
 }
 
 func condition(pm *v1alpha1.PortMap, typ string) string {
