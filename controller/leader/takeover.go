@@ -39,6 +39,17 @@ func (s sighting) takeableIn(now time.Time, identity string) time.Duration {
 	return max(0, s.at.Add(time.Duration(rec.LeaseDurationSeconds)*time.Second).Sub(now))
 }
 
+// describe says whose the sighted Lease was, for logs: "absent", "released" or the holder.
+func (s sighting) describe() string {
+	switch {
+	case s.lease == nil:
+		return "absent"
+	case s.lease.Spec.HolderIdentity == nil || *s.lease.Spec.HolderIdentity == "":
+		return "released"
+	}
+	return *s.lease.Spec.HolderIdentity
+}
+
 // sameSpec reports whether two sightings of the Lease agree on its spec, renewTime to the
 // microsecond. (client-go's own comparison, of the election record, drops renewTime below
 // the second, which hides a renewal within the second of the one before.)
@@ -139,6 +150,7 @@ func awaitLease(ctx context.Context, cfg Config, report func(string), log hclog.
 			took, err := take(ctx, cfg, s.lease)
 			switch {
 			case took:
+				log.Info("took the lease", "from", s.describe(), "last_change_seen", s.at.Format(time.RFC3339Nano))
 				return nil
 			case err != nil:
 				log.Warn("taking the lease failed; retrying", "error", err, "retry_in", cfg.RetryPeriod)
