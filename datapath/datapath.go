@@ -132,8 +132,12 @@ func (d *Datapath) apply(p *kuportv1.NodeProgram, changes *int) error {
 		if len(added) == 0 {
 			errs = append(errs, err)
 		}
+		failed := map[string]bool{}
 		for _, r := range added {
-			errs = append(errs, &EntryError{Kind: r.kind, ID: r.id, Err: err})
+			if !failed[r.id] {
+				failed[r.id] = true
+				errs = append(errs, &EntryError{Kind: r.kind, ID: r.id, Err: err})
+			}
 		}
 	} else {
 		stale = newStaleFlows(kt.decoded("kup-pre"), rules)
@@ -198,8 +202,9 @@ func (d *Datapath) Dump() (string, error) {
 	return kt.text(), nil
 }
 
-// Counters returns the packets and bytes of every kuport rule in the kernel, by entry id
-// (the rule's comment), in chain and rule order.
+// Counters returns the packets and bytes of every kuport rule in the kernel, one Counter
+// per entry id (the rule's comment), in chain and rule order: a DNAT entry's kup-count
+// rules fill its forwarded_in and forwarded_out.
 func (d *Datapath) Counters() ([]*kuportv1.Counter, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -208,10 +213,26 @@ func (d *Datapath) Counters() ([]*kuportv1.Counter, error) {
 		return nil, err
 	}
 	var out []*kuportv1.Counter
+	byID := map[string]*kuportv1.Counter{}
 	for _, c := range kt.chains {
 		for _, r := range kt.decoded(c.Name) {
-			if r.id != "" {
-				out = append(out, &kuportv1.Counter{Id: r.id, Packets: r.packets, Bytes: r.bytes})
+			if r.id == "" {
+				continue
+			}
+			ctr := byID[r.id]
+			if ctr == nil {
+				ctr = &kuportv1.Counter{Id: r.id}
+				byID[r.id] = ctr
+				out = append(out, ctr)
+			}
+			traffic := &kuportv1.Traffic{Packets: r.packets, Bytes: r.bytes}
+			switch {
+			case r.action != actionCount:
+				ctr.Packets, ctr.Bytes = r.packets, r.bytes
+			case r.iface.out:
+				ctr.ForwardedOut = traffic
+			default:
+				ctr.ForwardedIn = traffic
 			}
 		}
 	}

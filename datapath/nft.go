@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"net/netip"
@@ -34,6 +35,10 @@ var (
 	fieldSport = expr.Payload{Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 2}
 	fieldDport = expr.Payload{Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}
 )
+
+// ipsDstNAT is the conntrack status bit of a flow whose destination was translated
+// (IPS_DST_NAT, 1 << 5) as "ct status dnat" masks it, in host byte order.
+var ipsDstNAT = binaryutil.NativeEndian.PutUint32(1 << 5)
 
 func load(field expr.Payload, reg uint32) *expr.Payload {
 	field.DestRegister = reg
@@ -76,6 +81,11 @@ func (r *rule) exprs(set *nftables.Set) []expr.Any {
 	}
 	if !r.dport.isZero() {
 		portMatch(fieldDport, r.dport)
+	}
+	if r.ctDNAT {
+		e = append(e, &expr.Ct{Key: expr.CtKeySTATUS, Register: 1},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: ipsDstNAT, Xor: make([]byte, 4)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)})
 	}
 	e = append(e, &expr.Counter{})
 	switch r.action {
@@ -128,6 +138,13 @@ func ctMarkSetReg(c *expr.Ct) (reg uint32, set bool) {
 // ctMark is a register holding the flow's mark (ct load mark).
 type ctMark struct{}
 
+// ctStatus is a register holding the flow's status bits (ct load status); ctStatusDNAT
+// holds them masked with ipsDstNAT.
+type (
+	ctStatus     struct{}
+	ctStatusDNAT struct{}
+)
+
 // errForeign marks a kernel rule that is not in one of kuport's forms.
 var errForeign = fmt.Errorf("not in a kuport rule form")
 
@@ -171,6 +188,10 @@ func decodeRule(chain string, kr *nftables.Rule, mapElems func(name string) ([]p
 				return foreign("meta set")
 			}
 		case *expr.Ct:
+			if e.Key == expr.CtKeySTATUS && !e.SourceRegister {
+				regs[e.Register] = ctStatus{}
+				continue
+			}
 			if e.Key != expr.CtKeyMARK {
 				return foreign("ct %v", e.Key)
 			}
@@ -205,6 +226,11 @@ func decodeRule(chain string, kr *nftables.Rule, mapElems func(name string) ([]p
 				return foreign("two counters")
 			}
 			counted, r.packets, r.bytes = true, e.Packets, e.Bytes
+		case *expr.Bitwise:
+			if _, ok := regs[e.SourceRegister].(ctStatus); !ok || e.Len != 4 || !bytes.Equal(e.Mask, ipsDstNAT) || !bytes.Equal(e.Xor, make([]byte, 4)) {
+				return foreign("bitwise")
+			}
+			regs[e.DestRegister] = ctStatusDNAT{}
 		case *expr.Lookup:
 			if regs[e.SourceRegister] != fieldDport || !e.IsDestRegSet || e.Invert {
 				return foreign("lookup")
@@ -224,6 +250,9 @@ func decodeRule(chain string, kr *nftables.Rule, mapElems func(name string) ([]p
 		default:
 			return foreign("expression %T", x)
 		}
+	}
+	if r.action == 0 && counted && r.ctDNAT {
+		r.action = actionCount
 	}
 	if r.action == 0 || r.proto == 0 || r.sport.first > r.sport.last || r.dport.first > r.dport.last {
 		return foreign("incomplete rule")
@@ -249,6 +278,11 @@ func (r *rule) decodeMatch(reg any, c *expr.Cmp) error {
 		default:
 			return foreign
 		}
+	case ctStatusDNAT:
+		if c.Op != expr.CmpOpNeq || !bytes.Equal(c.Data, make([]byte, 4)) || r.ctDNAT {
+			return foreign
+		}
+		r.ctDNAT = true
 	case expr.Payload:
 		switch {
 		case v == fieldSaddr && eq && len(c.Data) == 4:
@@ -260,20 +294,27 @@ func (r *rule) decodeMatch(reg any, c *expr.Cmp) error {
 			if v == fieldSport {
 				pr = &r.sport
 			}
-			port := binary.BigEndian.Uint16(c.Data)
-			switch c.Op {
-			case expr.CmpOpEq:
-				pr.first, pr.last = port, port
-			case expr.CmpOpGte:
-				pr.first = port
-			case expr.CmpOpLte:
-				pr.last = port
-			default:
-				return foreign
-			}
+			return decodePort(pr, c, foreign)
 		default:
 			return foreign
 		}
+	default:
+		return foreign
+	}
+	return nil
+}
+
+// decodePort reads a 2-byte port comparison into pr: eq sets both ends, gte the first and
+// lte the last; another operator is foreign.
+func decodePort(pr *portRange, c *expr.Cmp, foreign error) error {
+	port := binary.BigEndian.Uint16(c.Data)
+	switch c.Op {
+	case expr.CmpOpEq:
+		pr.first, pr.last = port, port
+	case expr.CmpOpGte:
+		pr.first = port
+	case expr.CmpOpLte:
+		pr.last = port
 	default:
 		return foreign
 	}

@@ -280,7 +280,7 @@ func TestPrivilegedLifecycle(t *testing.T) {
 	handles := map[string]uint64{}
 	for _, c := range kt.chains {
 		for _, kr := range kt.rules[c.Name] {
-			handles[kr.r.id] = kr.handle
+			handles[c.Name+" "+kr.line] = kr.handle
 		}
 	}
 
@@ -315,7 +315,7 @@ func TestPrivilegedLifecycle(t *testing.T) {
 	for _, c := range kt.chains {
 		for _, kr := range kt.rules[c.Name] {
 			if kr.r.id == "demo/remote/dnat/kup-dcc4266d" || kr.r.id == "demo/remote/snat" {
-				assert.Equal(t, handles[kr.r.id], kr.handle, "unchanged rule %s keeps its handle", kr.r.id)
+				assert.Equal(t, handles[c.Name+" "+kr.line], kr.handle, "unchanged rule %s keeps its handle", kr.line)
 			}
 		}
 	}

@@ -31,6 +31,9 @@ var chainSpecs = []chainSpec{
 	{name: "kup-pre", typ: nftables.ChainTypeNAT, hook: *nftables.ChainHookPrerouting, hookName: "prerouting", priority: -110, priorityName: "dstnat - 10"},
 	{name: "kup-post", typ: nftables.ChainTypeNAT, hook: *nftables.ChainHookPostrouting, hookName: "postrouting", priority: 90, priorityName: "srcnat - 10"},
 	{name: "kup-mangle", typ: nftables.ChainTypeFilter, hook: *nftables.ChainHookPrerouting, hookName: "prerouting", priority: -140, priorityName: "mangle + 10"},
+	// kup-count only counts: every packet of a mapping's flows the node forwards, both ways
+	// (countRules). It is kuport's addition to the founding document's chains.
+	{name: "kup-count", typ: nftables.ChainTypeFilter, hook: *nftables.ChainHookForward, hookName: "forward", priority: -10, priorityName: "filter - 10"},
 }
 
 // header is the chain's first line as `nft list` prints it.
@@ -82,6 +85,8 @@ const (
 	actionCtMark
 	// actionRestoreMark gives the packet its flow's mark: meta mark set ct mark (Multi).
 	actionRestoreMark
+	// actionCount does nothing after the counter (kup-count).
+	actionCount
 )
 
 // rule is one kuport nftables rule in a form both the program and the kernel map onto:
@@ -99,6 +104,8 @@ type rule struct {
 	proto uint8
 	sport portRange
 	dport portRange
+	// ctDNAT matches packets of flows whose destination was translated (ct status dnat).
+	ctDNAT bool
 
 	action  actionKind
 	toAddr  netip.Addr
@@ -156,6 +163,9 @@ func (r *rule) String() string {
 	if !r.dport.isZero() {
 		word("%s dport %s", protoName(r.proto), r.dport)
 	}
+	if r.ctDNAT {
+		word("ct status dnat")
+	}
 	word("counter")
 	switch r.action {
 	case actionDNAT:
@@ -210,8 +220,8 @@ func render(chains []chainText) string {
 
 // Render returns the nftables table a program compiles to, exactly as `nft list table ip
 // kuport` (nft 1.0.6) prints it once applied, with every "counter packets N bytes M"
-// normalised to "counter": tab indentation, chains kup-pre, kup-post, kup-mangle in that
-// order separated by a blank line, rules in program order. A program with no rules renders
+// normalised to "counter": tab indentation, chains kup-pre, kup-post, kup-mangle, kup-count
+// in that order separated by a blank line, rules in program order. A program with no rules renders
 // as "" (Apply removes the table). Entries that fail validation are left out; Apply
 // reports them.
 func Render(p *kuportv1.NodeProgram) string {
@@ -241,21 +251,25 @@ func compileRules(p *kuportv1.NodeProgram) ([]*rule, []error) {
 	var rules []*rule
 	var errs []error
 	seen := map[string]bool{}
-	add := func(kind, id string, r *rule, err error) {
+	add := func(kind, id string, r *rule, err error) bool {
 		if err == nil && seen[id] {
 			err = fmt.Errorf("id used by another rule")
 		}
 		if err != nil {
 			errs = append(errs, &EntryError{Kind: kind, ID: id, Err: err})
-			return
+			return false
 		}
 		seen[id] = true
 		r.kind, r.id = kind, id
 		rules = append(rules, r)
+		return true
 	}
+	var counts []*rule
 	for _, e := range p.GetDnatRules() {
 		r, err := dnatRule(e)
-		add("dnat", e.GetId(), r, err)
+		if add("dnat", e.GetId(), r, err) {
+			counts = append(counts, countRules(r)...)
+		}
 	}
 	for _, e := range p.GetSnatRules() {
 		r, err := snatRule(e)
@@ -265,7 +279,27 @@ func compileRules(p *kuportv1.NodeProgram) ([]*rule, []error) {
 		r, err := markRule(e)
 		add("mark", e.GetId(), r, err)
 	}
-	return rules, errs
+	return append(rules, counts...), errs
+}
+
+// countRules are the kup-count rules of a DNAT rule. In the forward hook a request of a
+// flow it translated already carries the DNAT target as its destination, and a reply
+// still carries it as its source (the reply is translated back on the way out, in
+// postrouting), so one rule counts the translated flows' packets arriving on the rule's
+// interface for the target (towards the pod), the other those leaving by it from the
+// target (from the pod). Both carry the DNAT rule's id: Counters folds them into its
+// Counter. Two mappings translating to the same target ports on the same interface (a
+// shifted range onto another mapping's pod ports) count each other's packets too.
+func countRules(dnat *rule) []*rule {
+	target := dnat.toPorts
+	if dnat.portMap != nil {
+		target = portRange{dnat.portMap[0].value, dnat.portMap[len(dnat.portMap)-1].value}
+	}
+	in := &rule{chain: "kup-count", kind: dnat.kind, id: dnat.id, action: actionCount, ctDNAT: true,
+		iface: &ifMatch{name: dnat.iface.name}, proto: dnat.proto, daddr: dnat.toAddr, dport: target}
+	out := &rule{chain: "kup-count", kind: dnat.kind, id: dnat.id, action: actionCount, ctDNAT: true,
+		iface: &ifMatch{out: true, name: dnat.iface.name}, proto: dnat.proto, saddr: dnat.toAddr, sport: target}
+	return []*rule{in, out}
 }
 
 // dnatRule is the DnatRule form of program.proto (founding document, kup-pre). A range

@@ -75,8 +75,10 @@ func TestCompileRejectsInvalidEntries(t *testing.T) {
 		MarkRules: []*kuportv1.MarkRule{{Id: "mark0", Address: "10.0.0.1", Protocol: tcp, Ports: one}},
 	}
 	rules, errs := compileRules(p)
-	require.Len(t, rules, 1)
-	assert.Equal(t, "ok", rules[0].id)
+	require.Len(t, rules, 3, "the valid DNAT rule and its two kup-count rules")
+	for _, r := range rules {
+		assert.Equal(t, "ok", r.id)
+	}
 	got := EntryErrors(errors.Join(errs...))
 	var ids []string
 	for _, e := range got {

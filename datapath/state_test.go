@@ -66,7 +66,7 @@ func (tn *testNS) kernelDump(t *testing.T) string {
 }
 
 // nftTable is the text `nft list table ip kuport` prints for these rule lines.
-func nftTable(pre, post, mangle []string) string {
+func nftTable(pre, post, mangle, count []string) string {
 	var b strings.Builder
 	b.WriteString("table ip kuport {\n")
 	for i, c := range []struct {
@@ -76,6 +76,7 @@ func nftTable(pre, post, mangle []string) string {
 		{"kup-pre", "type nat hook prerouting priority dstnat - 10; policy accept;", pre},
 		{"kup-post", "type nat hook postrouting priority srcnat - 10; policy accept;", post},
 		{"kup-mangle", "type filter hook prerouting priority mangle + 10; policy accept;", mangle},
+		{"kup-count", "type filter hook forward priority filter - 10; policy accept;", count},
 	} {
 		if i > 0 {
 			b.WriteString("\n")
@@ -179,6 +180,15 @@ func TestPrivilegedStates(t *testing.T) {
 		markAMoved = `ip saddr 10.244.18.120 udp sport 27015 counter meta mark set 0x6b700001 comment "games/a/mark"`
 		markB      = `ip saddr 10.244.18.108 tcp sport 8080 counter meta mark set 0x6b700001 comment "games/b/mark"`
 		markC      = `ip saddr 10.244.18.109 tcp sport 443 counter meta mark set 0x6b700002 comment "web/c/mark"`
+		// count is a mapping's kup-count pair: its packets arriving over the link for the
+		// pod, and those leaving by it from the pod.
+		count = func(m podMapping) []string {
+			p, id := strings.ToLower(strings.TrimPrefix(m.proto.String(), "PROTOCOL_")), m.key+"/dnat/"+m.link.Name
+			return []string{
+				fmt.Sprintf(`iifname %q ip daddr %s %s dport %d ct status dnat counter comment %q`, m.link.Name, m.pod, p, m.port, id),
+				fmt.Sprintf(`oifname %q ip saddr %s %s sport %d ct status dnat counter comment %q`, m.link.Name, m.pod, p, m.port, id),
+			}
+		}
 	)
 	steps := []struct {
 		name    string
@@ -187,32 +197,34 @@ func TestPrivilegedStates(t *testing.T) {
 	}{{
 		name:    "add a mapping",
 		program: workerB(1, a),
-		want: nftTable([]string{preA}, postA, []string{markA}) + linkPublic +
+		want: nftTable([]string{preA}, postA, []string{markA}, count(a)) + linkPublic +
 			rulesPublic + routePublic,
 	}, {
 		name:    "a second mapping shares the link",
 		program: workerB(2, a, b),
-		want: nftTable([]string{preA, preB}, slices.Concat(postA, postB), []string{markA, markB}) + linkPublic +
+		want: nftTable([]string{preA, preB}, slices.Concat(postA, postB), []string{markA, markB}, slices.Concat(count(a), count(b))) + linkPublic +
 			rulesPublic + routePublic,
 	}, {
 		name:    "a mapping over another class's link",
 		program: workerB(3, a, b, c),
-		want: nftTable([]string{preA, preB, preC}, slices.Concat(postA, postB, postC), []string{markA, markB, markC}) +
+		want: nftTable([]string{preA, preB, preC}, slices.Concat(postA, postB, postC), []string{markA, markB, markC},
+			slices.Concat(count(a), count(b), count(c))) +
 			linkIntranet + linkPublic + rulesBoth + routePublic + routeIntranet,
 	}, {
 		name:    "the endpoint of the first changes",
 		program: workerB(4, aMoved, b, c),
-		want: nftTable([]string{preAMoved, preB, preC}, slices.Concat(postAMoved, postB, postC), []string{markAMoved, markB, markC}) +
+		want: nftTable([]string{preAMoved, preB, preC}, slices.Concat(postAMoved, postB, postC), []string{markAMoved, markB, markC},
+			slices.Concat(count(aMoved), count(b), count(c))) +
 			linkIntranet + linkPublic + rulesBoth + routePublic + routeIntranet,
 	}, {
 		name:    "the first is removed",
 		program: workerB(5, b, c),
-		want: nftTable([]string{preB, preC}, slices.Concat(postB, postC), []string{markB, markC}) +
+		want: nftTable([]string{preB, preC}, slices.Concat(postB, postC), []string{markB, markC}, slices.Concat(count(b), count(c))) +
 			linkIntranet + linkPublic + rulesBoth + routePublic + routeIntranet,
 	}, {
 		name:    "the other class's mapping is removed",
 		program: workerB(6, b),
-		want: nftTable([]string{preB}, postB, []string{markB}) + linkPublic +
+		want: nftTable([]string{preB}, postB, []string{markB}, count(b)) + linkPublic +
 			rulesPublic + routePublic,
 	}, {
 		name:    "all removed",

@@ -2,9 +2,11 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
 	"os/exec"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,27 +49,37 @@ func sendUDP(t *testing.T, ns, src string, sport int, dst string, dport int) {
 // traffic is one counter's packets and bytes.
 type traffic struct{ packets, bytes uint64 }
 
-// nftCounters reads the counter of every rule of table ip kuport, by comment, from
-// `nft -j list table ip kuport`.
+// nftCounters reads the counter of every rule of table ip kuport, from `nft -j list table
+// ip kuport`: by comment, and for a kup-count rule by comment and " in" (an iifname match)
+// or " out" (oifname).
 func (n *agentNS) nftCounters(t *testing.T) map[string]traffic {
 	t.Helper()
 	var listing struct {
 		Nftables []struct {
 			Rule *struct {
+				Chain   string           `json:"chain"`
 				Comment string           `json:"comment"`
 				Expr    []map[string]any `json:"expr"`
 			} `json:"rule"`
 		} `json:"nftables"`
 	}
-	require.NoError(t, json.Unmarshal([]byte(n.exec(t, "nft", "-j", "list", "table", "ip", "kuport")), &listing))
+	listed := n.exec(t, "nft", "-j", "list", "table", "ip", "kuport")
+	require.NoError(t, json.Unmarshal([]byte(listed), &listing))
 	out := map[string]traffic{}
 	for _, o := range listing.Nftables {
 		if o.Rule == nil {
 			continue
 		}
+		key := o.Rule.Comment
+		if o.Rule.Chain == "kup-count" {
+			key += " in"
+			if strings.Contains(fmt.Sprint(o.Rule.Expr), "oifname") {
+				key = o.Rule.Comment + " out"
+			}
+		}
 		for _, e := range o.Rule.Expr {
 			if c, ok := e["counter"].(map[string]any); ok {
-				out[o.Rule.Comment] = traffic{uint64(c["packets"].(float64)), uint64(c["bytes"].(float64))}
+				out[key] = traffic{uint64(c["packets"].(float64)), uint64(c["bytes"].(float64))}
 			}
 		}
 	}
@@ -166,9 +178,17 @@ func TestPrivilegedAgentReportsCounters(t *testing.T) {
 	reported := map[string]traffic{}
 	for _, c := range report.GetCounters() {
 		reported[c.GetId()] = traffic{c.GetPackets(), c.GetBytes()}
+		if in, out := c.GetForwardedIn(), c.GetForwardedOut(); in != nil || out != nil {
+			reported[c.GetId()+" in"] = traffic{in.GetPackets(), in.GetBytes()}
+			reported[c.GetId()+" out"] = traffic{out.GetPackets(), out.GetBytes()}
+		}
 	}
 	nft := ns.nftCounters(t)
 	assert.Equal(t, nft, reported, "the report carries nft's counters, by rule comment")
 	assert.Equal(t, traffic{remote, nft["games/remote/dnat/enp1s0"].bytes}, nft["games/remote/snat"], "every DNATed request left by the link")
+	// kup-count saw every datagram forwarded towards the pods; none came back.
+	assert.Equal(t, traffic{local, nft["games/local/dnat/enp1s0"].bytes}, nft["games/local/dnat/enp1s0 in"])
+	assert.Equal(t, traffic{remote, nft["games/remote/dnat/enp1s0"].bytes}, nft["games/remote/dnat/enp1s0 in"])
+	assert.Equal(t, traffic{}, nft["games/remote/dnat/enp1s0 out"])
 	assert.Equal(t, ns.linkStats(t, "kup-5e30a797").String(), report.GetLinks()[0].String(), "the report carries the link's statistics")
 }

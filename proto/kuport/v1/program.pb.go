@@ -1393,12 +1393,20 @@ func (x *Ack) GetErrors() []*EntryError {
 	return nil
 }
 
-// Counter is the nft counter of one program entry.
+// Counter is the nft counters of one program entry.
 type Counter struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Packets       uint64                 `protobuf:"varint,2,opt,name=packets,proto3" json:"packets,omitempty"`
-	Bytes         uint64                 `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The entry's own rule. A DNAT or SNAT rule sits in a NAT chain, which sees only a flow's
+	// first packet: packets are new flows and bytes (IP lengths) those of their first packets.
+	// A mark rule counts every packet it marks.
+	Packets uint64 `protobuf:"varint,2,opt,name=packets,proto3" json:"packets,omitempty"`
+	Bytes   uint64 `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// DNAT entries only: every packet of the flows the entry translated that this node
+	// forwarded (chain kup-count, hook forward). forwarded_in arrived on the entry's
+	// in_interface, towards the pod; forwarded_out left by it, from the pod.
+	ForwardedIn   *Traffic `protobuf:"bytes,4,opt,name=forwarded_in,json=forwardedIn,proto3" json:"forwarded_in,omitempty"`
+	ForwardedOut  *Traffic `protobuf:"bytes,5,opt,name=forwarded_out,json=forwardedOut,proto3" json:"forwarded_out,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1454,6 +1462,73 @@ func (x *Counter) GetBytes() uint64 {
 	return 0
 }
 
+func (x *Counter) GetForwardedIn() *Traffic {
+	if x != nil {
+		return x.ForwardedIn
+	}
+	return nil
+}
+
+func (x *Counter) GetForwardedOut() *Traffic {
+	if x != nil {
+		return x.ForwardedOut
+	}
+	return nil
+}
+
+// Traffic is a packet count and the packets' IP lengths in bytes.
+type Traffic struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Packets       uint64                 `protobuf:"varint,1,opt,name=packets,proto3" json:"packets,omitempty"`
+	Bytes         uint64                 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Traffic) Reset() {
+	*x = Traffic{}
+	mi := &file_kuport_v1_program_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Traffic) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Traffic) ProtoMessage() {}
+
+func (x *Traffic) ProtoReflect() protoreflect.Message {
+	mi := &file_kuport_v1_program_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Traffic.ProtoReflect.Descriptor instead.
+func (*Traffic) Descriptor() ([]byte, []int) {
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *Traffic) GetPackets() uint64 {
+	if x != nil {
+		return x.Packets
+	}
+	return 0
+}
+
+func (x *Traffic) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
 // LinkStats are the kernel statistics of one link device.
 type LinkStats struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1468,7 +1543,7 @@ type LinkStats struct {
 
 func (x *LinkStats) Reset() {
 	*x = LinkStats{}
-	mi := &file_kuport_v1_program_proto_msgTypes[15]
+	mi := &file_kuport_v1_program_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1480,7 +1555,7 @@ func (x *LinkStats) String() string {
 func (*LinkStats) ProtoMessage() {}
 
 func (x *LinkStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[15]
+	mi := &file_kuport_v1_program_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1493,7 +1568,7 @@ func (x *LinkStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkStats.ProtoReflect.Descriptor instead.
 func (*LinkStats) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{15}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *LinkStats) GetName() string {
@@ -1543,7 +1618,7 @@ type Report struct {
 
 func (x *Report) Reset() {
 	*x = Report{}
-	mi := &file_kuport_v1_program_proto_msgTypes[16]
+	mi := &file_kuport_v1_program_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1555,7 +1630,7 @@ func (x *Report) String() string {
 func (*Report) ProtoMessage() {}
 
 func (x *Report) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[16]
+	mi := &file_kuport_v1_program_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1568,7 +1643,7 @@ func (x *Report) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Report.ProtoReflect.Descriptor instead.
 func (*Report) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{16}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Report) GetState() *NodeState {
@@ -1601,7 +1676,7 @@ type GetProgramRequest struct {
 
 func (x *GetProgramRequest) Reset() {
 	*x = GetProgramRequest{}
-	mi := &file_kuport_v1_program_proto_msgTypes[17]
+	mi := &file_kuport_v1_program_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1613,7 +1688,7 @@ func (x *GetProgramRequest) String() string {
 func (*GetProgramRequest) ProtoMessage() {}
 
 func (x *GetProgramRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[17]
+	mi := &file_kuport_v1_program_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1626,7 +1701,7 @@ func (x *GetProgramRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetProgramRequest.ProtoReflect.Descriptor instead.
 func (*GetProgramRequest) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{17}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetProgramRequest) GetNode() string {
@@ -1647,7 +1722,7 @@ type GetProgramResponse struct {
 
 func (x *GetProgramResponse) Reset() {
 	*x = GetProgramResponse{}
-	mi := &file_kuport_v1_program_proto_msgTypes[18]
+	mi := &file_kuport_v1_program_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1659,7 +1734,7 @@ func (x *GetProgramResponse) String() string {
 func (*GetProgramResponse) ProtoMessage() {}
 
 func (x *GetProgramResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[18]
+	mi := &file_kuport_v1_program_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1672,7 +1747,7 @@ func (x *GetProgramResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetProgramResponse.ProtoReflect.Descriptor instead.
 func (*GetProgramResponse) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{18}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetProgramResponse) GetProgram() *NodeProgram {
@@ -1697,7 +1772,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_kuport_v1_program_proto_msgTypes[19]
+	mi := &file_kuport_v1_program_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1709,7 +1784,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[19]
+	mi := &file_kuport_v1_program_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1722,7 +1797,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{19}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{20}
 }
 
 // NodeInfo describes one node and its agent.
@@ -1746,7 +1821,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_kuport_v1_program_proto_msgTypes[20]
+	mi := &file_kuport_v1_program_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1758,7 +1833,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[20]
+	mi := &file_kuport_v1_program_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1771,7 +1846,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{20}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *NodeInfo) GetNode() string {
@@ -1839,7 +1914,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_kuport_v1_program_proto_msgTypes[21]
+	mi := &file_kuport_v1_program_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1851,7 +1926,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[21]
+	mi := &file_kuport_v1_program_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1864,7 +1939,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{21}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListNodesResponse) GetNodes() []*NodeInfo {
@@ -1886,7 +1961,7 @@ type GetMappingRequest struct {
 
 func (x *GetMappingRequest) Reset() {
 	*x = GetMappingRequest{}
-	mi := &file_kuport_v1_program_proto_msgTypes[22]
+	mi := &file_kuport_v1_program_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1898,7 +1973,7 @@ func (x *GetMappingRequest) String() string {
 func (*GetMappingRequest) ProtoMessage() {}
 
 func (x *GetMappingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[22]
+	mi := &file_kuport_v1_program_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1911,7 +1986,7 @@ func (x *GetMappingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMappingRequest.ProtoReflect.Descriptor instead.
 func (*GetMappingRequest) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{22}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetMappingRequest) GetNamespace() string {
@@ -1953,7 +2028,7 @@ type MappingNode struct {
 
 func (x *MappingNode) Reset() {
 	*x = MappingNode{}
-	mi := &file_kuport_v1_program_proto_msgTypes[23]
+	mi := &file_kuport_v1_program_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1965,7 +2040,7 @@ func (x *MappingNode) String() string {
 func (*MappingNode) ProtoMessage() {}
 
 func (x *MappingNode) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[23]
+	mi := &file_kuport_v1_program_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1978,7 +2053,7 @@ func (x *MappingNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MappingNode.ProtoReflect.Descriptor instead.
 func (*MappingNode) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{23}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *MappingNode) GetNode() string {
@@ -2047,7 +2122,7 @@ type GetMappingResponse struct {
 
 func (x *GetMappingResponse) Reset() {
 	*x = GetMappingResponse{}
-	mi := &file_kuport_v1_program_proto_msgTypes[24]
+	mi := &file_kuport_v1_program_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2059,7 +2134,7 @@ func (x *GetMappingResponse) String() string {
 func (*GetMappingResponse) ProtoMessage() {}
 
 func (x *GetMappingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[24]
+	mi := &file_kuport_v1_program_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2072,7 +2147,7 @@ func (x *GetMappingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMappingResponse.ProtoReflect.Descriptor instead.
 func (*GetMappingResponse) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{24}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GetMappingResponse) GetNodes() []*MappingNode {
@@ -2090,7 +2165,7 @@ type GetAppliedProgramRequest struct {
 
 func (x *GetAppliedProgramRequest) Reset() {
 	*x = GetAppliedProgramRequest{}
-	mi := &file_kuport_v1_program_proto_msgTypes[25]
+	mi := &file_kuport_v1_program_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2102,7 +2177,7 @@ func (x *GetAppliedProgramRequest) String() string {
 func (*GetAppliedProgramRequest) ProtoMessage() {}
 
 func (x *GetAppliedProgramRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[25]
+	mi := &file_kuport_v1_program_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2115,7 +2190,7 @@ func (x *GetAppliedProgramRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAppliedProgramRequest.ProtoReflect.Descriptor instead.
 func (*GetAppliedProgramRequest) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{25}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{26}
 }
 
 type GetAppliedProgramResponse struct {
@@ -2134,7 +2209,7 @@ type GetAppliedProgramResponse struct {
 
 func (x *GetAppliedProgramResponse) Reset() {
 	*x = GetAppliedProgramResponse{}
-	mi := &file_kuport_v1_program_proto_msgTypes[26]
+	mi := &file_kuport_v1_program_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2146,7 +2221,7 @@ func (x *GetAppliedProgramResponse) String() string {
 func (*GetAppliedProgramResponse) ProtoMessage() {}
 
 func (x *GetAppliedProgramResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[26]
+	mi := &file_kuport_v1_program_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2159,7 +2234,7 @@ func (x *GetAppliedProgramResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAppliedProgramResponse.ProtoReflect.Descriptor instead.
 func (*GetAppliedProgramResponse) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{26}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GetAppliedProgramResponse) GetProgram() *NodeProgram {
@@ -2283,11 +2358,16 @@ const file_kuport_v1_program_proto_rawDesc = "" +
 	"\x03Ack\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12-\n" +
-	"\x06errors\x18\x03 \x03(\v2\x15.kuport.v1.EntryErrorR\x06errors\"I\n" +
+	"\x06errors\x18\x03 \x03(\v2\x15.kuport.v1.EntryErrorR\x06errors\"\xb9\x01\n" +
 	"\aCounter\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\apackets\x18\x02 \x01(\x04R\apackets\x12\x14\n" +
-	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\"\x97\x01\n" +
+	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\x125\n" +
+	"\fforwarded_in\x18\x04 \x01(\v2\x12.kuport.v1.TrafficR\vforwardedIn\x127\n" +
+	"\rforwarded_out\x18\x05 \x01(\v2\x12.kuport.v1.TrafficR\fforwardedOut\"9\n" +
+	"\aTraffic\x12\x18\n" +
+	"\apackets\x18\x01 \x01(\x04R\apackets\x12\x14\n" +
+	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\"\x97\x01\n" +
 	"\tLinkStats\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +
@@ -2374,7 +2454,7 @@ func file_kuport_v1_program_proto_rawDescGZIP() []byte {
 }
 
 var file_kuport_v1_program_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_kuport_v1_program_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_kuport_v1_program_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_kuport_v1_program_proto_goTypes = []any{
 	(Protocol)(0),                     // 0: kuport.v1.Protocol
 	(SnatKind)(0),                     // 1: kuport.v1.SnatKind
@@ -2394,19 +2474,20 @@ var file_kuport_v1_program_proto_goTypes = []any{
 	(*EntryError)(nil),                // 15: kuport.v1.EntryError
 	(*Ack)(nil),                       // 16: kuport.v1.Ack
 	(*Counter)(nil),                   // 17: kuport.v1.Counter
-	(*LinkStats)(nil),                 // 18: kuport.v1.LinkStats
-	(*Report)(nil),                    // 19: kuport.v1.Report
-	(*GetProgramRequest)(nil),         // 20: kuport.v1.GetProgramRequest
-	(*GetProgramResponse)(nil),        // 21: kuport.v1.GetProgramResponse
-	(*ListNodesRequest)(nil),          // 22: kuport.v1.ListNodesRequest
-	(*NodeInfo)(nil),                  // 23: kuport.v1.NodeInfo
-	(*ListNodesResponse)(nil),         // 24: kuport.v1.ListNodesResponse
-	(*GetMappingRequest)(nil),         // 25: kuport.v1.GetMappingRequest
-	(*MappingNode)(nil),               // 26: kuport.v1.MappingNode
-	(*GetMappingResponse)(nil),        // 27: kuport.v1.GetMappingResponse
-	(*GetAppliedProgramRequest)(nil),  // 28: kuport.v1.GetAppliedProgramRequest
-	(*GetAppliedProgramResponse)(nil), // 29: kuport.v1.GetAppliedProgramResponse
-	(*timestamppb.Timestamp)(nil),     // 30: google.protobuf.Timestamp
+	(*Traffic)(nil),                   // 18: kuport.v1.Traffic
+	(*LinkStats)(nil),                 // 19: kuport.v1.LinkStats
+	(*Report)(nil),                    // 20: kuport.v1.Report
+	(*GetProgramRequest)(nil),         // 21: kuport.v1.GetProgramRequest
+	(*GetProgramResponse)(nil),        // 22: kuport.v1.GetProgramResponse
+	(*ListNodesRequest)(nil),          // 23: kuport.v1.ListNodesRequest
+	(*NodeInfo)(nil),                  // 24: kuport.v1.NodeInfo
+	(*ListNodesResponse)(nil),         // 25: kuport.v1.ListNodesResponse
+	(*GetMappingRequest)(nil),         // 26: kuport.v1.GetMappingRequest
+	(*MappingNode)(nil),               // 27: kuport.v1.MappingNode
+	(*GetMappingResponse)(nil),        // 28: kuport.v1.GetMappingResponse
+	(*GetAppliedProgramRequest)(nil),  // 29: kuport.v1.GetAppliedProgramRequest
+	(*GetAppliedProgramResponse)(nil), // 30: kuport.v1.GetAppliedProgramResponse
+	(*timestamppb.Timestamp)(nil),     // 31: google.protobuf.Timestamp
 }
 var file_kuport_v1_program_proto_depIdxs = []int32{
 	5,  // 0: kuport.v1.NodeProgram.dnat_rules:type_name -> kuport.v1.DnatRule
@@ -2424,39 +2505,41 @@ var file_kuport_v1_program_proto_depIdxs = []int32{
 	2,  // 12: kuport.v1.MarkRule.kind:type_name -> kuport.v1.MarkKind
 	14, // 13: kuport.v1.ConnectRequest.hello:type_name -> kuport.v1.Hello
 	16, // 14: kuport.v1.ConnectRequest.ack:type_name -> kuport.v1.Ack
-	19, // 15: kuport.v1.ConnectRequest.report:type_name -> kuport.v1.Report
+	20, // 15: kuport.v1.ConnectRequest.report:type_name -> kuport.v1.Report
 	4,  // 16: kuport.v1.ConnectResponse.program:type_name -> kuport.v1.NodeProgram
 	12, // 17: kuport.v1.NodeState.interfaces:type_name -> kuport.v1.Interface
 	13, // 18: kuport.v1.Hello.state:type_name -> kuport.v1.NodeState
 	15, // 19: kuport.v1.Ack.errors:type_name -> kuport.v1.EntryError
-	13, // 20: kuport.v1.Report.state:type_name -> kuport.v1.NodeState
-	17, // 21: kuport.v1.Report.counters:type_name -> kuport.v1.Counter
-	18, // 22: kuport.v1.Report.links:type_name -> kuport.v1.LinkStats
-	4,  // 23: kuport.v1.GetProgramResponse.program:type_name -> kuport.v1.NodeProgram
-	30, // 24: kuport.v1.NodeInfo.connected_since:type_name -> google.protobuf.Timestamp
-	30, // 25: kuport.v1.NodeInfo.last_report_time:type_name -> google.protobuf.Timestamp
-	23, // 26: kuport.v1.ListNodesResponse.nodes:type_name -> kuport.v1.NodeInfo
-	17, // 27: kuport.v1.MappingNode.counters:type_name -> kuport.v1.Counter
-	18, // 28: kuport.v1.MappingNode.links:type_name -> kuport.v1.LinkStats
-	26, // 29: kuport.v1.GetMappingResponse.nodes:type_name -> kuport.v1.MappingNode
-	4,  // 30: kuport.v1.GetAppliedProgramResponse.program:type_name -> kuport.v1.NodeProgram
-	15, // 31: kuport.v1.GetAppliedProgramResponse.errors:type_name -> kuport.v1.EntryError
-	30, // 32: kuport.v1.GetAppliedProgramResponse.apply_time:type_name -> google.protobuf.Timestamp
-	10, // 33: kuport.v1.AgentService.Connect:input_type -> kuport.v1.ConnectRequest
-	20, // 34: kuport.v1.ProgramService.GetProgram:input_type -> kuport.v1.GetProgramRequest
-	22, // 35: kuport.v1.ProgramService.ListNodes:input_type -> kuport.v1.ListNodesRequest
-	25, // 36: kuport.v1.ProgramService.GetMapping:input_type -> kuport.v1.GetMappingRequest
-	28, // 37: kuport.v1.AgentInspectionService.GetAppliedProgram:input_type -> kuport.v1.GetAppliedProgramRequest
-	11, // 38: kuport.v1.AgentService.Connect:output_type -> kuport.v1.ConnectResponse
-	21, // 39: kuport.v1.ProgramService.GetProgram:output_type -> kuport.v1.GetProgramResponse
-	24, // 40: kuport.v1.ProgramService.ListNodes:output_type -> kuport.v1.ListNodesResponse
-	27, // 41: kuport.v1.ProgramService.GetMapping:output_type -> kuport.v1.GetMappingResponse
-	29, // 42: kuport.v1.AgentInspectionService.GetAppliedProgram:output_type -> kuport.v1.GetAppliedProgramResponse
-	38, // [38:43] is the sub-list for method output_type
-	33, // [33:38] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	18, // 20: kuport.v1.Counter.forwarded_in:type_name -> kuport.v1.Traffic
+	18, // 21: kuport.v1.Counter.forwarded_out:type_name -> kuport.v1.Traffic
+	13, // 22: kuport.v1.Report.state:type_name -> kuport.v1.NodeState
+	17, // 23: kuport.v1.Report.counters:type_name -> kuport.v1.Counter
+	19, // 24: kuport.v1.Report.links:type_name -> kuport.v1.LinkStats
+	4,  // 25: kuport.v1.GetProgramResponse.program:type_name -> kuport.v1.NodeProgram
+	31, // 26: kuport.v1.NodeInfo.connected_since:type_name -> google.protobuf.Timestamp
+	31, // 27: kuport.v1.NodeInfo.last_report_time:type_name -> google.protobuf.Timestamp
+	24, // 28: kuport.v1.ListNodesResponse.nodes:type_name -> kuport.v1.NodeInfo
+	17, // 29: kuport.v1.MappingNode.counters:type_name -> kuport.v1.Counter
+	19, // 30: kuport.v1.MappingNode.links:type_name -> kuport.v1.LinkStats
+	27, // 31: kuport.v1.GetMappingResponse.nodes:type_name -> kuport.v1.MappingNode
+	4,  // 32: kuport.v1.GetAppliedProgramResponse.program:type_name -> kuport.v1.NodeProgram
+	15, // 33: kuport.v1.GetAppliedProgramResponse.errors:type_name -> kuport.v1.EntryError
+	31, // 34: kuport.v1.GetAppliedProgramResponse.apply_time:type_name -> google.protobuf.Timestamp
+	10, // 35: kuport.v1.AgentService.Connect:input_type -> kuport.v1.ConnectRequest
+	21, // 36: kuport.v1.ProgramService.GetProgram:input_type -> kuport.v1.GetProgramRequest
+	23, // 37: kuport.v1.ProgramService.ListNodes:input_type -> kuport.v1.ListNodesRequest
+	26, // 38: kuport.v1.ProgramService.GetMapping:input_type -> kuport.v1.GetMappingRequest
+	29, // 39: kuport.v1.AgentInspectionService.GetAppliedProgram:input_type -> kuport.v1.GetAppliedProgramRequest
+	11, // 40: kuport.v1.AgentService.Connect:output_type -> kuport.v1.ConnectResponse
+	22, // 41: kuport.v1.ProgramService.GetProgram:output_type -> kuport.v1.GetProgramResponse
+	25, // 42: kuport.v1.ProgramService.ListNodes:output_type -> kuport.v1.ListNodesResponse
+	28, // 43: kuport.v1.ProgramService.GetMapping:output_type -> kuport.v1.GetMappingResponse
+	30, // 44: kuport.v1.AgentInspectionService.GetAppliedProgram:output_type -> kuport.v1.GetAppliedProgramResponse
+	40, // [40:45] is the sub-list for method output_type
+	35, // [35:40] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_kuport_v1_program_proto_init() }
@@ -2478,7 +2561,7 @@ func file_kuport_v1_program_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kuport_v1_program_proto_rawDesc), len(file_kuport_v1_program_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   27,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
