@@ -104,7 +104,7 @@ func (s *Server) sample(now time.Time) {
 	if src != nil && watched {
 		for m, cs := range readCounters(src.Agents) {
 			for _, c := range cs {
-				readings[counterKey(c.Node, m, c.Rule)] = reading{packets: c.Packets, bytes: c.Bytes}
+				readings[counterKey(m, c)] = reading{packets: c.Packets, bytes: c.Bytes}
 			}
 		}
 	}
@@ -266,10 +266,10 @@ func (s *Server) State(now time.Time) *State {
 	counters := readCounters(src.Agents)
 	for m, cs := range counters {
 		for i := range cs {
-			cs[i].Rate = rates[counterKey(cs[i].Node, m, cs[i].Rule)]
+			cs[i].Rate = rates[counterKey(m, cs[i])]
 		}
 		slices.SortFunc(cs, func(a, b Counter) int {
-			return strings.Compare(a.Node+"\x00"+a.Rule, b.Node+"\x00"+b.Rule)
+			return strings.Compare(a.Node+"\x00"+a.Rule+"\x00"+a.Direction, b.Node+"\x00"+b.Rule+"\x00"+b.Direction)
 		})
 	}
 	for _, l := range links {
@@ -311,7 +311,11 @@ func readCounters(a Agents) map[string][]Counter {
 	return out
 }
 
-func counterKey(node, mapping, rule string) string { return node + " " + mapping + "/" + rule }
+// counterKey names mapping's counter c across samples: a rule's forwarded rows differ by
+// direction only.
+func counterKey(mapping string, c Counter) string {
+	return c.Node + " " + mapping + "/" + c.Rule + " " + c.Direction
+}
 
 // addLinkEnds adds node's links, with their statistics, to the links by class and node pair.
 func addLinkEnds(links map[string]*Link, node string, program []*kuportv1.Link, stats []*kuportv1.LinkStats) {

@@ -319,7 +319,7 @@ func TestPageInChromium(t *testing.T) {
 	defer cancel()
 	go s.Run(ctx)
 
-	const row = "worker-b " + remote + "/mark"
+	const row = "worker-b " + remote + "/mark out"
 	var seen []uint64
 	for range 2 {
 		dom, err := dashboardtest.DumpDOM(ctx, chromium, srv.URL+"/", 3*time.Second)

@@ -47,14 +47,22 @@ type Rule struct {
 	// Mapping is the PortMap the entry belongs to: "<namespace>/<name>".
 	Mapping string
 	// Name is the entry id less the mapping prefix: "dnat/<interface>", "snat",
-	// "snat-reply", "mark", "ct-save/<link>" or "ct-restore".
+	// "snat-reply", "mark", "ct-save/<link>" or "ct-restore"; for Forwarded rows
+	// "forwarded/<interface>".
 	Name      string
 	Unit      Unit
 	Direction string
 	// Interface is the interface a DNAT rule matches arrivals on (an accepting interface, or
 	// on the pod's node a kup-* link); empty for other rules.
 	Interface string
+	// Forwarded marks the kup-count rows of a DNAT entry (Counter.forwarded_in and
+	// forwarded_out): every packet of its flows the node forwarded, in = arriving on
+	// Interface towards the pod, out = leaving by it from the pod.
+	Forwarded bool
 }
+
+// Count is a counter's cumulative packets and bytes (IP lengths).
+type Count struct{ Packets, Bytes uint64 }
 
 // Rules indexes a program's counted entries by id, from their kind in the program:
 //
@@ -65,7 +73,10 @@ type Rule struct {
 //	ct-restore     kup-mangle packets out  a reply packet given its flow's mark (Multi)
 //	ct-save/<link> kup-mangle packets in   a request packet arriving over <link> (Multi)
 //
-// Per-packet counters therefore exist only on the pod's node of a cross-node mapping.
+// Counted adds each DNAT entry's Forwarded rows from its Counter:
+//
+//	forwarded/<if> kup-count  packets in   a packet of its flows arriving on <if> for the target
+//	forwarded/<if> kup-count  packets out  a packet of its flows leaving by <if> from the target
 func Rules(p *kuportv1.NodeProgram) map[string]Rule {
 	out := map[string]Rule{}
 	add := func(id, mapping string, unit Unit, dir, iface string) {
@@ -92,14 +103,29 @@ func Rules(p *kuportv1.NodeProgram) map[string]Rule {
 }
 
 // Counted pairs each of a node's reported counters with the Rule of program (the node's
-// current program) it measures. A counter of an entry program no longer holds belongs to a
-// rule the agent is about to remove: it is left out.
-func Counted(program *kuportv1.NodeProgram, counters []*kuportv1.Counter) iter.Seq2[Rule, *kuportv1.Counter] {
-	return func(yield func(Rule, *kuportv1.Counter) bool) {
+// current program) it measures, and a DNAT entry's forwarded counts with their Forwarded
+// rows. A counter of an entry program no longer holds belongs to a rule the agent is about
+// to remove: it is left out.
+func Counted(program *kuportv1.NodeProgram, counters []*kuportv1.Counter) iter.Seq2[Rule, Count] {
+	return func(yield func(Rule, Count) bool) {
 		rules := Rules(program)
 		for _, c := range counters {
-			if r, ok := rules[c.Id]; ok && !yield(r, c) {
+			r, ok := rules[c.Id]
+			if !ok {
+				continue
+			}
+			if !yield(r, Count{c.Packets, c.Bytes}) {
 				return
+			}
+			for _, f := range []struct {
+				dir string
+				t   *kuportv1.Traffic
+			}{{DirectionIn, c.ForwardedIn}, {DirectionOut, c.ForwardedOut}} {
+				fwd := Rule{Mapping: r.Mapping, Name: "forwarded/" + r.Interface, Unit: UnitPackets,
+					Direction: f.dir, Interface: r.Interface, Forwarded: true}
+				if f.t != nil && !yield(fwd, Count{f.t.Packets, f.t.Bytes}) {
+					return
+				}
 			}
 		}
 	}
@@ -110,11 +136,11 @@ var (
 		"New flows a mapping's DNAT rule translated on a node, by arrival interface (kup-pre counts a flow's first packet only). On the pod's node of a cross-node mapping, a kup-* interface counts the same flows again as they arrive over the link.",
 		[]string{"namespace", "name", "node", "interface"}, nil)
 	packetsDesc = prometheus.NewDesc("kuport_mapping_packets_total",
-		"Packets of a mapping counted by its kup-mangle rules on a node, every packet: out = replies leaving the pod for a link, in = requests arriving over a link (Multi only). Only the pod's node of a cross-node mapping has such rules.",
-		[]string{"namespace", "name", "node", "direction"}, nil)
+		"Packets of a mapping's flows a node forwarded (kup-count), every packet: in = arriving on the interface towards the pod, out = leaving by it from the pod. On the pod's node of a cross-node mapping, a kup-* interface counts the same packets again as they cross the link.",
+		[]string{"namespace", "name", "node", "interface", "direction"}, nil)
 	bytesDesc = prometheus.NewDesc("kuport_mapping_bytes_total",
 		"Bytes (IP packet lengths) of the packets kuport_mapping_packets_total counts.",
-		[]string{"namespace", "name", "node", "direction"}, nil)
+		[]string{"namespace", "name", "node", "interface", "direction"}, nil)
 	linkTxPacketsDesc = prometheus.NewDesc("kuport_link_tx_packets_total",
 		"Packets a kup-* vxlan link device sent, from the node's latest report.", []string{"node", "link", "peer"}, nil)
 	linkRxPacketsDesc = prometheus.NewDesc("kuport_link_rx_packets_total",
@@ -157,11 +183,10 @@ func (c *agentCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
-// sums adds up counters that share one series: a node's several ct-save rules of a mapping
-// are one "in" series.
-type sums map[[4]string]*[2]uint64
+// sums adds up counters that share one series' labels.
+type sums[L comparable] map[L]*[2]uint64
 
-func (s sums) add(labels [4]string, packets, bytes uint64) {
+func (s sums[L]) add(labels L, packets, bytes uint64) {
 	v := s[labels]
 	if v == nil {
 		v = new([2]uint64)
@@ -184,7 +209,7 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), labels...)
 	}
 	var connected uint64
-	flows, packets := sums{}, sums{}
+	flows, packets := sums[[4]string]{}, sums[[5]string]{}
 	for _, n := range src.Nodes() {
 		if n.Connected {
 			connected++
@@ -197,9 +222,9 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 		for r, ctr := range Counted(program, counters) {
 			ns, name, _ := strings.Cut(r.Mapping, "/")
 			switch {
-			case r.Unit == UnitPackets:
-				packets.add([4]string{ns, name, n.Node, r.Direction}, ctr.Packets, ctr.Bytes)
-			case r.Interface != "":
+			case r.Forwarded:
+				packets.add([5]string{ns, name, n.Node, r.Interface, r.Direction}, ctr.Packets, ctr.Bytes)
+			case r.Unit == UnitFlows && r.Interface != "":
 				flows.add([4]string{ns, name, n.Node, r.Interface}, ctr.Packets, 0)
 			}
 		}

@@ -79,18 +79,20 @@ func labSource() *fakeSource {
 		},
 		counters: map[string][]*kuportv1.Counter{
 			"edge-a": {
-				{Id: m + "/dnat/enp1s0", Packets: 3, Bytes: 180},
-				{Id: m + "/dnat/wt0", Packets: 0},
+				{Id: m + "/dnat/enp1s0", Packets: 3, Bytes: 180,
+					ForwardedIn: &kuportv1.Traffic{Packets: 503, Bytes: 30180}, ForwardedOut: &kuportv1.Traffic{Packets: 500, Bytes: 30000}},
+				{Id: m + "/dnat/wt0", Packets: 0, ForwardedIn: &kuportv1.Traffic{}, ForwardedOut: &kuportv1.Traffic{}},
 				{Id: m + "/snat", Packets: 3, Bytes: 180},
 				{Id: "demo/gone/dnat/enp1s0", Packets: 9, Bytes: 9}, // no longer in the program
 			},
 			"worker-b": {
-				{Id: m + "/dnat/kup-dcc4266d", Packets: 3, Bytes: 180},
+				{Id: m + "/dnat/kup-dcc4266d", Packets: 3, Bytes: 180,
+					ForwardedIn: &kuportv1.Traffic{Packets: 503, Bytes: 30180}, ForwardedOut: &kuportv1.Traffic{Packets: 500, Bytes: 30000}},
 				{Id: m + "/snat", Packets: 3, Bytes: 180},
 				{Id: m + "/snat-reply", Packets: 0},
 				{Id: m + "/mark", Packets: 500, Bytes: 30000},
-				{Id: s + "/dnat/kup-1", Packets: 1, Bytes: 60},
-				{Id: s + "/dnat/kup-2", Packets: 1, Bytes: 60},
+				{Id: s + "/dnat/kup-1", Packets: 1, Bytes: 60, ForwardedIn: &kuportv1.Traffic{Packets: 10, Bytes: 600}, ForwardedOut: &kuportv1.Traffic{Packets: 9, Bytes: 540}},
+				{Id: s + "/dnat/kup-2", Packets: 1, Bytes: 60, ForwardedIn: &kuportv1.Traffic{Packets: 5, Bytes: 300}, ForwardedOut: &kuportv1.Traffic{Packets: 6, Bytes: 360}},
 				{Id: s + "/ct-save/kup-1", Packets: 10, Bytes: 600},
 				{Id: s + "/ct-save/kup-2", Packets: 5, Bytes: 300},
 				{Id: s + "/ct-restore", Packets: 15, Bytes: 900},
@@ -132,16 +134,30 @@ kuport_mapping_flows_total{interface="wt0",name="remote-udp",namespace="demo",no
 kuport_mapping_flows_total{interface="kup-dcc4266d",name="remote-udp",namespace="demo",node="worker-b"} 3
 kuport_mapping_flows_total{interface="kup-1",name="shared",namespace="demo",node="worker-b"} 1
 kuport_mapping_flows_total{interface="kup-2",name="shared",namespace="demo",node="worker-b"} 1
-# HELP kuport_mapping_packets_total Packets of a mapping counted by its kup-mangle rules on a node, every packet: out = replies leaving the pod for a link, in = requests arriving over a link (Multi only). Only the pod's node of a cross-node mapping has such rules.
+# HELP kuport_mapping_packets_total Packets of a mapping's flows a node forwarded (kup-count), every packet: in = arriving on the interface towards the pod, out = leaving by it from the pod. On the pod's node of a cross-node mapping, a kup-* interface counts the same packets again as they cross the link.
 # TYPE kuport_mapping_packets_total counter
-kuport_mapping_packets_total{direction="out",name="remote-udp",namespace="demo",node="worker-b"} 500
-kuport_mapping_packets_total{direction="in",name="shared",namespace="demo",node="worker-b"} 15
-kuport_mapping_packets_total{direction="out",name="shared",namespace="demo",node="worker-b"} 15
+kuport_mapping_packets_total{direction="in",interface="enp1s0",name="remote-udp",namespace="demo",node="edge-a"} 503
+kuport_mapping_packets_total{direction="out",interface="enp1s0",name="remote-udp",namespace="demo",node="edge-a"} 500
+kuport_mapping_packets_total{direction="in",interface="wt0",name="remote-udp",namespace="demo",node="edge-a"} 0
+kuport_mapping_packets_total{direction="out",interface="wt0",name="remote-udp",namespace="demo",node="edge-a"} 0
+kuport_mapping_packets_total{direction="in",interface="kup-dcc4266d",name="remote-udp",namespace="demo",node="worker-b"} 503
+kuport_mapping_packets_total{direction="out",interface="kup-dcc4266d",name="remote-udp",namespace="demo",node="worker-b"} 500
+kuport_mapping_packets_total{direction="in",interface="kup-1",name="shared",namespace="demo",node="worker-b"} 10
+kuport_mapping_packets_total{direction="out",interface="kup-1",name="shared",namespace="demo",node="worker-b"} 9
+kuport_mapping_packets_total{direction="in",interface="kup-2",name="shared",namespace="demo",node="worker-b"} 5
+kuport_mapping_packets_total{direction="out",interface="kup-2",name="shared",namespace="demo",node="worker-b"} 6
 # HELP kuport_mapping_bytes_total Bytes (IP packet lengths) of the packets kuport_mapping_packets_total counts.
 # TYPE kuport_mapping_bytes_total counter
-kuport_mapping_bytes_total{direction="out",name="remote-udp",namespace="demo",node="worker-b"} 30000
-kuport_mapping_bytes_total{direction="in",name="shared",namespace="demo",node="worker-b"} 900
-kuport_mapping_bytes_total{direction="out",name="shared",namespace="demo",node="worker-b"} 900
+kuport_mapping_bytes_total{direction="in",interface="enp1s0",name="remote-udp",namespace="demo",node="edge-a"} 30180
+kuport_mapping_bytes_total{direction="out",interface="enp1s0",name="remote-udp",namespace="demo",node="edge-a"} 30000
+kuport_mapping_bytes_total{direction="in",interface="wt0",name="remote-udp",namespace="demo",node="edge-a"} 0
+kuport_mapping_bytes_total{direction="out",interface="wt0",name="remote-udp",namespace="demo",node="edge-a"} 0
+kuport_mapping_bytes_total{direction="in",interface="kup-dcc4266d",name="remote-udp",namespace="demo",node="worker-b"} 30180
+kuport_mapping_bytes_total{direction="out",interface="kup-dcc4266d",name="remote-udp",namespace="demo",node="worker-b"} 30000
+kuport_mapping_bytes_total{direction="in",interface="kup-1",name="shared",namespace="demo",node="worker-b"} 600
+kuport_mapping_bytes_total{direction="out",interface="kup-1",name="shared",namespace="demo",node="worker-b"} 540
+kuport_mapping_bytes_total{direction="in",interface="kup-2",name="shared",namespace="demo",node="worker-b"} 300
+kuport_mapping_bytes_total{direction="out",interface="kup-2",name="shared",namespace="demo",node="worker-b"} 360
 # HELP kuport_link_tx_errors_total Transmit errors of a kup-* vxlan link device (one per reply looped back into the device when the pref 101 rule is missing).
 # TYPE kuport_link_tx_errors_total counter
 kuport_link_tx_errors_total{link="kup-5e30a797",node="edge-a",peer="worker-b"} 0
@@ -244,7 +260,7 @@ func TestHandler(t *testing.T) {
 		"kuport_compile_duration_seconds_count",
 		"kuport_program_push_to_ack_seconds_bucket",
 		`kuport_refusals{reason="PortConflict"}`,
-		`kuport_mapping_packets_total{direction="out",name="remote-udp",namespace="demo",node="worker-b"} 500`,
+		`kuport_mapping_packets_total{direction="out",interface="enp1s0",name="remote-udp",namespace="demo",node="edge-a"} 500`,
 		"go_goroutines",
 	} {
 		assert.Contains(t, body, want)

@@ -20,12 +20,14 @@ import (
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/controller/dashboard"
 	"kuport.wlz.li/kuport/controller/dashboard/dashboardtest"
+	"kuport.wlz.li/kuport/controller/metrics"
 	"kuport.wlz.li/kuport/lab"
 )
 
 // TestPrivilegedE2EDashboard loads the controller's dashboard in headless Chromium while a
 // UDP stream crosses from edge-a to web-b on worker-b: the page shows the mapping, its reply
-// counter moving between two loads and its packet rate, and a refused mapping with its
+// counter (every packet edge-a forwards back to the client) moving between two loads and
+// its packet rate, and a refused mapping with its
 // reason; /metrics shows the same counter rising, the leader, the agents, compile and
 // push-to-ack observations and the refusal; a screenshot is kept as an artifact.
 func TestPrivilegedE2EDashboard(t *testing.T) {
@@ -51,9 +53,9 @@ func TestPrivilegedE2EDashboard(t *testing.T) {
 
 	base := "http://" + lab.ControllerHTTPAddr
 	metricsURL := base + "/metrics"
-	// The reply of every datagram is counted by the mark rule on the pod's node (a
-	// per-packet kup-mangle counter); the agents report every 2 s in the lab.
-	row := "worker-b " + lab.DemoNamespace + "/" + name + "/mark"
+	// The reply of every datagram is counted where edge-a forwards it back out of enp1s0
+	// (kup-count, every packet); the agents report every 2 s in the lab.
+	row := "edge-a " + lab.DemoNamespace + "/" + name + "/forwarded/enp1s0 out"
 	pageCount := func() (uint64, string, error) {
 		dom, err := dashboardtest.DumpDOM(ctx, chromium, base+"/", 2*time.Second)
 		return dashboardtest.Counters(dom)[row], dom, err
@@ -65,7 +67,7 @@ func TestPrivilegedE2EDashboard(t *testing.T) {
 		}
 	}
 	require.Positive(t, first, "the page never showed counter row %q (last error: %v)", row, err)
-	replies := map[string]string{"namespace": lab.DemoNamespace, "name": name, "node": "worker-b", "direction": "out"}
+	replies := map[string]string{"namespace": lab.DemoNamespace, "name": name, "node": "edge-a", "interface": "enp1s0", "direction": "out"}
 	metric := promSample(t, metricsURL, "kuport_mapping_packets_total", replies)
 
 	time.Sleep(5 * time.Second)
@@ -152,8 +154,8 @@ next:
 	return 0
 }
 
-// replyRate reads the dashboard's state and returns the packet rate of the mapping's mark
-// counter on worker-b, 0 while it has none.
+// replyRate reads the dashboard's state and returns the packet rate of the mapping's
+// replies forwarded out of edge-a's enp1s0, 0 while it has none.
 func replyRate(t *testing.T, url, namespace, name string) float64 {
 	t.Helper()
 	resp, err := http.Get(url)
@@ -166,7 +168,7 @@ func replyRate(t *testing.T, url, namespace, name string) float64 {
 			continue
 		}
 		for _, c := range m.Counters {
-			if c.Node == "worker-b" && c.Rule == "mark" && c.PacketsPerSecond != nil {
+			if c.Node == "edge-a" && c.Rule == "forwarded/enp1s0" && c.Direction == metrics.DirectionOut && c.PacketsPerSecond != nil {
 				return *c.PacketsPerSecond
 			}
 		}

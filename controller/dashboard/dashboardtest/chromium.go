@@ -66,11 +66,13 @@ func (l *limitedBuffer) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// counterRow matches a rendered counter row: <tr data-counter="<node> <entry id>" data-packets="N".
+// counterRow matches a rendered counter row:
+// <tr data-counter="<node> <entry id> <direction>" data-packets="N".
 var counterRow = regexp.MustCompile(`data-counter="([^"]+)" data-packets="(\d+)"`)
 
-// Counters reads the counter rows of a dumped page: packets by "<node> <entry id>", e.g.
-// "worker-b demo/remote-udp/mark".
+// Counters reads the counter rows of a dumped page: packets by "<node> <entry id>
+// <direction>", e.g. "worker-b demo/remote-udp/mark out" or "edge-a
+// demo/remote-udp/forwarded/enp1s0 in".
 func Counters(dom string) map[string]uint64 {
 	out := map[string]uint64{}
 	for _, m := range counterRow.FindAllStringSubmatch(dom, -1) {
