@@ -109,8 +109,10 @@ func (w *leaseWatch) sighting() sighting {
 // already names it), and acquire and renew time now. The update is a compare-and-swap on
 // the resourceVersion read just before, so of candidates racing for the same expired
 // Lease exactly one wins, and a holder that renewed meanwhile keeps it. An absent Lease is
-// created. Returned errors are ctx's; failed API calls are logged and retried after
-// RetryPeriod.
+// created. It returns ctx's error once ctx ends, or an error if the watch cannot be set
+// up; failed API calls are logged and retried after RetryPeriod. While the watch is down no
+// renewal is seen, so the takeover is attempted, and refused because the Lease read back
+// differs from the last sighting.
 func awaitLease(ctx context.Context, cfg Config, report func(string), log hclog.Logger) error {
 	w := &leaseWatch{changed: make(chan struct{}, 1), report: report}
 	factory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0,
