@@ -105,6 +105,8 @@ test: deps tools lab-binaries check-generated lint build
 # The lab
 
 LAB_DIR ?= /run/kuport-lab
+# LAB_ARGS adds kuport-lab flags to lab-up, e.g. --controller-replicas=2.
+LAB_ARGS ?=
 
 .PHONY: demo
 # Only the SCENARIO lines reach stdout: recipes are silent and logs go to stderr.
@@ -113,7 +115,7 @@ demo: deps lab-binaries build
 
 .PHONY: lab-up
 lab-up: deps tools lab-binaries build
-	@$(BIN)/kuport-lab up --k8s-bin $$(lab/build-binaries.sh) --bin $(BIN) --dir $(LAB_DIR)
+	@$(BIN)/kuport-lab up --k8s-bin $$(lab/build-binaries.sh) --bin $(BIN) --dir $(LAB_DIR) $(LAB_ARGS)
 
 .PHONY: lab-down
 lab-down:

@@ -33,6 +33,7 @@ func parseOptions(name string, args []string, stderr io.Writer) (Options, error)
 	fs.StringVar(&opt.Bin, "bin", "bin", "dir holding kuport-controller, kuport-agent and kuport-lab")
 	fs.StringVar(&opt.CRDDir, "crds", "deploy/crds", "dir of the CRD YAMLs")
 	fs.StringVar(&opt.RBACFile, "rbac", "deploy/rbac.yaml", "ServiceAccounts and RBAC to install; the controller runs as kuport-controller")
+	fs.IntVar(&opt.ControllerReplicas, "controller-replicas", 1, "controller replicas to run under leader election; every agent gets them all")
 	level := fs.String("log-level", "info", "log level of stderr")
 	if err := fs.Parse(args); err != nil {
 		return opt, err
@@ -164,7 +165,9 @@ func Run(ctx context.Context, args []string, stderr io.Writer) (err error) {
 }
 
 // Down runs `make lab-down`: it stops the supervisor (which tears the lab down), then
-// removes whatever a crashed supervisor left.
+// removes whatever a crashed supervisor left, provided no other lab has taken the lab lock
+// meanwhile (a `make test` or `make demo` that was waiting for it): that one is left
+// alone, with a note on stderr.
 func Down(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("down", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -182,5 +185,10 @@ func Down(ctx context.Context, args []string, stderr io.Writer) error {
 		_ = os.Remove(pidPath)
 	}
 	_ = os.Remove(filepath.Join(*dir, readyFile))
-	return errors.Join(cluster.StopDir(*dir), netlab.Teardown())
+	err := netlab.WhileFree(func() error { return errors.Join(cluster.StopDir(*dir), netlab.Teardown()) })
+	if errors.Is(err, netlab.ErrLabRunning) {
+		_, _ = fmt.Fprintf(stderr, "lab-down: %v; left it alone\n", err)
+		return nil
+	}
+	return err
 }

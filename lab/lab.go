@@ -381,10 +381,11 @@ func (l *Lab) Close() error {
 		if l.Cluster != nil {
 			errs = append(errs, l.Cluster.Stop())
 		}
+		// Only a lab that got the lab lock (built its Net) owns the state dir: one that gave
+		// up waiting must not remove the running lab's etcd data.
 		if l.Net != nil {
-			errs = append(errs, l.Net.Close())
+			errs = append(errs, os.RemoveAll(l.etcdDir()), l.Net.Close())
 		}
-		errs = append(errs, os.RemoveAll(l.etcdDir()))
 		l.closeErr = errors.Join(errs...)
 	})
 	return l.closeErr

@@ -14,7 +14,8 @@ import (
 )
 
 // Only one lab runs on a machine at a time: a second waits for the lock and gives up when
-// its context ends, then gets it once the first releases it (README, the lab).
+// its context ends, then gets it once the first releases it (README, the lab); clean-up
+// runs only while no lab holds it.
 func TestPrivilegedLabLockIsExclusive(t *testing.T) {
 	if os.Getenv("KUPORT_PRIVILEGED") != "1" {
 		t.Skip("needs root (the lock lives in /run): set KUPORT_PRIVILEGED=1")
@@ -29,7 +30,13 @@ func TestPrivilegedLabLockIsExclusive(t *testing.T) {
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	assert.Contains(t, err.Error(), "another lab holds")
 	assert.Equal(t, 1, strings.Count(logged.String(), "waiting for another lab to finish"), "the wait is said once")
+	// Clean-up (make lab-down) leaves a lab that holds the lock alone.
+	ran := false
+	require.ErrorIs(t, WhileFree(func() error { ran = true; return nil }), ErrLabRunning)
+	assert.False(t, ran, "WhileFree ran while a lab held the lock")
 	require.NoError(t, first.Close())
+	require.NoError(t, WhileFree(func() error { ran = true; return nil }))
+	assert.True(t, ran, "WhileFree did not run with the lock free")
 	second, err := acquireLock(context.Background(), log)
 	require.NoError(t, err)
 	require.NoError(t, second.Close())

@@ -178,22 +178,11 @@ func Build(ctx context.Context, cfg Config) (*Net, error) {
 // acquireLock takes the machine-wide lab lock, waiting (and saying so once on log) while
 // another lab holds it, until ctx ends.
 func acquireLock(ctx context.Context, log hclog.Logger) (*os.File, error) {
-	if err := os.MkdirAll(filepath.Dir(lockPath), 0o755); err != nil {
-		return nil, fmt.Errorf("netlab: lock dir: %w", err)
-	}
-	f, err := os.OpenFile(lockPath, os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("netlab: open lock: %w", err)
-	}
 	waiting := false
 	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			return f, nil
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) {
-			_ = f.Close()
-			return nil, fmt.Errorf("netlab: lock %s: %w", lockPath, err)
+		f, err := tryLock()
+		if f != nil || err != nil {
+			return f, err
 		}
 		if !waiting {
 			waiting = true
@@ -201,11 +190,50 @@ func acquireLock(ctx context.Context, log hclog.Logger) (*os.File, error) {
 		}
 		select {
 		case <-ctx.Done():
-			_ = f.Close()
 			return nil, fmt.Errorf("netlab: another lab holds %s: %w", lockPath, ctx.Err())
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// tryLock takes the machine-wide lab lock if it is free: the locked file (closing it
+// releases the lock), or nil and no error while another lab holds it.
+func tryLock() (*os.File, error) {
+	if err := os.MkdirAll(filepath.Dir(lockPath), 0o755); err != nil {
+		return nil, fmt.Errorf("netlab: lock dir: %w", err)
+	}
+	f, err := os.OpenFile(lockPath, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("netlab: open lock: %w", err)
+	}
+	err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+	switch {
+	case err == nil:
+		return f, nil
+	case errors.Is(err, syscall.EWOULDBLOCK):
+		_ = f.Close()
+		return nil, nil
+	}
+	_ = f.Close()
+	return nil, fmt.Errorf("netlab: lock %s: %w", lockPath, err)
+}
+
+// ErrLabRunning is WhileFree's answer when another lab holds the lock.
+var ErrLabRunning = errors.New("another lab is running (it holds " + lockPath + ")")
+
+// WhileFree runs fn holding the machine-wide lab lock, if no lab holds it, and returns fn's
+// error; while a lab holds it, it returns ErrLabRunning and runs nothing, so clean-up such
+// as `make lab-down`'s cannot tear down a lab that another command started meanwhile.
+func WhileFree(fn func() error) error {
+	f, err := tryLock()
+	if err != nil {
+		return err
+	}
+	if f == nil {
+		return ErrLabRunning
+	}
+	defer func() { _ = f.Close() }()
+	return fn()
 }
 
 func (n *Net) build(ctx context.Context) error {
@@ -394,7 +422,8 @@ func (n *Net) Close() error {
 
 // Teardown removes every lab namespace left on the machine, fixed names and pod-*, after
 // killing the processes inside them (agents left by `make lab-up`). For `make lab-down`
-// and for Build's cleanup of a crashed run. It does not take the lab lock.
+// and for Build's cleanup of a crashed run. It does not take the lab lock: call it holding
+// the lock (Build, WhileFree).
 func Teardown() error {
 	entries, err := os.ReadDir(netnsDir)
 	if errors.Is(err, os.ErrNotExist) {

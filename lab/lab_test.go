@@ -1,0 +1,24 @@
+package lab
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"kuport.wlz.li/kuport/lab/netlab"
+)
+
+// TestCloseWithoutTheLockKeepsTheStateDir: a lab that gave up waiting for the lab lock (no
+// Net) must not remove the running lab's etcd data on its way out.
+func TestCloseWithoutTheLockKeepsTheStateDir(t *testing.T) {
+	dir := t.TempDir()
+	l := &Lab{opt: Options{Dir: dir}, log: hclog.NewNullLogger(), agents: map[string]*netlab.Proc{}}
+	data := filepath.Join(l.etcdDir(), "member")
+	require.NoError(t, os.MkdirAll(data, 0o755))
+	require.NoError(t, l.Close())
+	assert.DirExists(t, data)
+}
