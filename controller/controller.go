@@ -99,6 +99,9 @@ type Controller struct {
 
 	// last is the latest compile result (touched only by the single worker).
 	last *compile.Result
+	// holding is true while the last compile found the registry's startup hold on: no
+	// status is written (touched only by the single worker).
+	holding bool
 	// pushes measures each program version's time from store to acknowledgement.
 	pushes metrics.PushTracker
 }
@@ -309,12 +312,19 @@ func (c *Controller) compile(ctx context.Context) error {
 	metrics.SetRefusals(res.PortMaps)
 	// Claims are persisted before any kernel may use them, so a restart or a failed write
 	// can never renumber a live link: no program leaves until its claims are recorded.
-	if err := c.writeClassStatuses(ctx, res); err != nil {
-		return err
+	// While the startup hold keeps programs back, nothing is written either: compile has
+	// not heard every node, so its statuses would say "no agent has connected" of nodes
+	// whose kernels still hold the previous leader's programs.
+	unheard := unheardNodes(snap)
+	c.holding = c.reg.Holding(unheard, snap.Now)
+	if !c.holding {
+		if err := c.writeClassStatuses(ctx, res); err != nil {
+			return err
+		}
 	}
 	c.reg.SetPrograms(res.Programs)
 	c.pushes.Observe(c.reg.Nodes(), time.Now())
-	if released, wait := c.reg.Release(unheardNodes(snap), snap.Now); !released {
+	if released, wait := c.reg.Release(unheard, snap.Now); !released {
 		c.queue.AddAfter(keyCompile, wait)
 	}
 	c.last = res
@@ -352,7 +362,7 @@ func expectedNodes(s *compile.Snapshot) []string {
 // writeStatuses writes every PortMap status of the last compile that differs from the
 // cached object; errors (conflicts included) are joined so the key retries.
 func (c *Controller) writeStatuses(ctx context.Context) error {
-	if c.last == nil {
+	if c.last == nil || c.holding {
 		return nil
 	}
 	var errs []error

@@ -322,7 +322,7 @@ func (r *Registry) Release(unheard []string, now time.Time) (bool, time.Duration
 		return true, 0
 	}
 	missing := unheard
-	if len(missing) > 0 && now.Before(r.holdUntil) {
+	if r.holds(unheard, now) {
 		r.log.Info("holding programs until every node said hello", "missing", missing, "until", r.holdUntil)
 		return false, r.holdUntil.Sub(now)
 	}
@@ -334,6 +334,29 @@ func (r *Registry) Release(unheard []string, now time.Time) (bool, time.Duration
 		}
 	}
 	return true, 0
+}
+
+// Holding reports whether Release(unheard, now) would keep holding programs back.
+func (r *Registry) Holding(unheard []string, now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.holds(unheard, now)
+}
+
+// holds is Holding, called with r.mu held.
+func (r *Registry) holds(unheard []string, now time.Time) bool {
+	return !r.released && len(unheard) > 0 && now.Before(r.holdUntil)
+}
+
+// Settling reports whether node's agent has yet to acknowledge any program of this term
+// while the term is younger than the startup hold (Config.Hold): after a change of leader
+// the agents reconnect and acknowledge the new term's first programs within a few seconds,
+// and until then what they hold is the previous leader's, not known to be missing.
+func (r *Registry) Settling(node string, now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := r.nodes[node]
+	return (n == nil || n.ackedVersion == 0) && now.Before(r.holdUntil)
 }
 
 // Agents returns what each node's agent last told, for compile's snapshot.

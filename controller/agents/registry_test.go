@@ -195,6 +195,22 @@ func TestReleaseWaitsForExpectedNodesOrTimeout(t *testing.T) {
 	assert.True(t, released)
 }
 
+// TestSettling: a node is settling from the term's start until its agent acknowledges a
+// program of this term, and no longer than the startup hold.
+func TestSettling(t *testing.T) {
+	r := newTestRegistry(nil)
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false)})
+	assert.True(t, r.Settling("edge-a", t0.Add(time.Second)), "not heard from yet")
+	assert.True(t, r.Settling("worker-b", t0.Add(time.Second)), "a node no program names")
+	assert.False(t, r.Settling("edge-a", t0.Add(DefaultHold)), "the hold is over")
+	s := r.connect(&kuportv1.Hello{Node: "edge-a", AppliedEpoch: 76, AppliedVersion: 9})
+	assert.True(t, r.Settling("edge-a", t0.Add(time.Second)), "what it holds is the previous term's")
+	r.Release(nil, t0.Add(time.Second))
+	require.NotNil(t, r.next(s))
+	r.ack(s, &kuportv1.Ack{Epoch: 77, Version: 1})
+	assert.False(t, r.Settling("edge-a", t0.Add(time.Second)), "acknowledged in this term")
+}
+
 func TestHelloWithCurrentProgramIsNotResent(t *testing.T) {
 	r := newTestRegistry(nil)
 	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false)})

@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -29,9 +30,12 @@ const ReasonEndpointChanged = "EndpointChanged"
 // Gate says whether a node's kernel holds a mapping's entries (agents.Registry.MappingReady):
 // false with a message naming the node and what is missing. AwaitingAck tells the ordinary
 // moment after a change, when a connected agent has yet to acknowledge the mapping's version.
+// Settling tells a new leader's first seconds, before the node's agent has acknowledged
+// anything of its term (agents.Registry.Settling).
 type Gate interface {
 	MappingReady(node, mapping string) (bool, string)
 	AwaitingAck(node, mapping string) bool
+	Settling(node string, now time.Time) bool
 }
 
 // Writer writes statuses through the status subresource and records Events.
@@ -49,28 +53,30 @@ func NewWriter(client dynamic.Interface, recorder record.EventRecorder) *Writer 
 // reason NodeNotReady, when compile found it True but a node in res.Nodes has not applied it
 // (API.md: Programmed=True means every node whose program carries the mapping acknowledged
 // the version containing it). The message lists each such node, "; "-separated.
-// awaiting is true when every node missing is only awaiting its agent's acknowledgement.
-func GatePortMap(mapping string, res *compile.PortMapResult, gate Gate) (st v1alpha1.PortMapStatus, awaiting bool) {
+// awaiting is true when every node missing is only awaiting its agent's acknowledgement,
+// settling when every node missing is Settling at now.
+func GatePortMap(mapping string, res *compile.PortMapResult, gate Gate, now time.Time) (st v1alpha1.PortMapStatus, awaiting, settling bool) {
 	st = *res.Status.DeepCopy()
 	prog := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionProgrammed)
 	if prog == nil || prog.Status != metav1.ConditionTrue {
-		return st, false
+		return st, false, false
 	}
 	var missing []string
-	awaiting = true
+	awaiting, settling = true, true
 	for _, node := range res.Nodes {
 		if ok, why := gate.MappingReady(node, mapping); !ok {
 			missing = append(missing, why)
 			awaiting = awaiting && gate.AwaitingAck(node, mapping)
+			settling = settling && gate.Settling(node, now)
 		}
 	}
 	if len(missing) == 0 {
-		return st, false
+		return st, false, false
 	}
 	prog.Status = metav1.ConditionFalse
 	prog.Reason = v1alpha1.ReasonNodeNotReady
 	prog.Message = strings.Join(missing, "; ")
-	return st, awaiting
+	return st, awaiting, settling
 }
 
 // mergeConditions returns want with each condition's lastTransitionTime owned here: old's
@@ -96,11 +102,18 @@ func mergeConditions(old, want []metav1.Condition, now metav1.Time) []metav1.Con
 // records Events: a Warning with the condition's reason when Accepted or Programmed turns
 // False (or changes reason or message while False; not for Programmed's NotAccepted, which restates
 // Accepted, nor while the agents have yet to acknowledge a change), a Normal EndpointChanged
-// when the endpoint moves.
+// when the endpoint moves. A Programmed=True of pm's generation stays while every node
+// missing is Settling: a new leader does not report the kernels it has not heard from yet
+// as missing what the previous leader programmed.
 // It returns whether it wrote.
 func (w *Writer) PortMap(ctx context.Context, pm *v1alpha1.PortMap, res *compile.PortMapResult, gate Gate) (bool, error) {
-	want, awaiting := GatePortMap(compile.MappingKey(pm), res, gate)
-	want.Conditions = mergeConditions(pm.Status.Conditions, want.Conditions, metav1.Now())
+	now := metav1.Now()
+	want, awaiting, settling := GatePortMap(compile.MappingKey(pm), res, gate, now.Time)
+	if old := meta.FindStatusCondition(pm.Status.Conditions, v1alpha1.ConditionProgrammed); settling &&
+		old != nil && old.Status == metav1.ConditionTrue && old.ObservedGeneration == pm.Generation {
+		meta.SetStatusCondition(&want.Conditions, *old)
+	}
+	want.Conditions = mergeConditions(pm.Status.Conditions, want.Conditions, now)
 	if equality.Semantic.DeepEqual(pm.Status, want) {
 		return false, nil
 	}

@@ -33,6 +33,11 @@ func (g gate) AwaitingAck(node, _ string) bool {
 	return strings.Contains(g[node], "has not acknowledged")
 }
 
+// Settling: a message ending in "(new leader)" marks a node a new leader has not heard from.
+func (g gate) Settling(node string, _ time.Time) bool {
+	return strings.HasSuffix(g[node], "(new leader)")
+}
+
 var t1 = metav1.NewTime(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 
 func cond(t, s, reason string) metav1.Condition {
@@ -61,10 +66,11 @@ func programmedTrue() v1alpha1.PortMapStatus {
 func TestGatePortMap(t *testing.T) {
 	res := &compile.PortMapResult{Status: programmedTrue(), Nodes: []string{"edge-a", "worker-b"}}
 
-	st, _ := GatePortMap("games/remote", res, gate{})
+	now := time.Now()
+	st, _, _ := GatePortMap("games/remote", res, gate{}, now)
 	assert.Equal(t, metav1.ConditionTrue, meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionProgrammed).Status)
 
-	st, awaiting := GatePortMap("games/remote", res, gate{"worker-b": "node worker-b has not acknowledged program version 7"})
+	st, awaiting, _ := GatePortMap("games/remote", res, gate{"worker-b": "node worker-b has not acknowledged program version 7"}, now)
 	assert.True(t, awaiting)
 	c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionProgrammed)
 	assert.Equal(t, metav1.ConditionFalse, c.Status)
@@ -77,13 +83,45 @@ func TestGatePortMap(t *testing.T) {
 		cond(v1alpha1.ConditionAccepted, "False", v1alpha1.ReasonClassNotFound),
 		cond(v1alpha1.ConditionProgrammed, "False", v1alpha1.ReasonNotAccepted),
 	}}
-	st, _ = GatePortMap("games/remote", &compile.PortMapResult{Status: refused}, gate{"edge-a": "node edge-a: agent disconnected"})
+	st, _, _ = GatePortMap("games/remote", &compile.PortMapResult{Status: refused}, gate{"edge-a": "node edge-a: agent disconnected"}, now)
 	assert.Equal(t, refused, st)
 
 	// One node awaiting its ack and one disconnected is a fault, not the ordinary wait.
-	_, awaiting = GatePortMap("games/remote", res, gate{
-		"edge-a": "node edge-a: agent disconnected", "worker-b": "node worker-b has not acknowledged program version 7"})
+	_, awaiting, _ = GatePortMap("games/remote", res, gate{
+		"edge-a": "node edge-a: agent disconnected", "worker-b": "node worker-b has not acknowledged program version 7"}, now)
 	assert.False(t, awaiting)
+
+	// Settling only when every node missing is.
+	_, _, settling := GatePortMap("games/remote", res, gate{"worker-b": "node worker-b: agent not connected (new leader)"}, now)
+	assert.True(t, settling)
+	_, _, settling = GatePortMap("games/remote", res, gate{
+		"edge-a": "node edge-a: agent disconnected", "worker-b": "node worker-b: agent not connected (new leader)"}, now)
+	assert.False(t, settling)
+}
+
+// TestWriterKeepsProgrammedWhileSettling: a new leader that has not heard from a node yet
+// leaves a Programmed=True of the current generation as it is, with no event; once the node
+// is no longer settling, the same gap is reported.
+func TestWriterKeepsProgrammedWhileSettling(t *testing.T) {
+	ctx := context.Background()
+	pm := portMap(programmedTrue())
+	client := newFake(pm)
+	rec := record.NewFakeRecorder(10)
+	w := NewWriter(client, rec)
+	res := &compile.PortMapResult{Status: programmedTrue(), Nodes: []string{"edge-a", "worker-b"}}
+
+	wrote, err := w.PortMap(ctx, pm, res, gate{"worker-b": "node worker-b: agent not connected (new leader)"})
+	require.NoError(t, err)
+	assert.False(t, wrote)
+	assert.Empty(t, rec.Events)
+
+	wrote, err = w.PortMap(ctx, pm, res, gate{"worker-b": "node worker-b: agent not connected"})
+	require.NoError(t, err)
+	assert.True(t, wrote)
+	prog := meta.FindStatusCondition(getPortMap(t, client).Status.Conditions, v1alpha1.ConditionProgrammed)
+	assert.Equal(t, metav1.ConditionFalse, prog.Status)
+	assert.Equal(t, "node worker-b: agent not connected", prog.Message)
+	assert.Len(t, rec.Events, 1)
 }
 
 func newFake(objs ...runtime.Object) *dynamicfake.FakeDynamicClient {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,8 @@ import (
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/controller/leader"
@@ -95,6 +98,10 @@ func TestPrivilegedE2EFailover(t *testing.T) {
 	require.NoError(t, err)
 	time.Sleep(lead)
 
+	// The mappings programmed before the kill stay Programmed=True through the failover:
+	// their kernels keep the rules, and the new leader, which has not heard from the agents
+	// yet, must not say otherwise.
+	states := watchProgrammed(t, l, lab.DemoNamespace, "stream-tcp", "stream-udp")
 	require.NoError(t, l.StopReplica(leading, true))
 	killed := time.Now()
 	require.NoError(t, l.ApplyPortMap(ctx, &v1alpha1.PortMap{
@@ -114,6 +121,9 @@ func TestPrivilegedE2EFailover(t *testing.T) {
 	assert.Less(t, tookOver, takeover, "leadership moved too slowly")
 	assert.Less(t, tookProgrammed, programmed, "the new PortMap was Programmed too slowly")
 	assertReaches(t, l, corev1.ProtocolTCP, lab.PublicAddr, 3002, lab.PodB, 3002)
+	for name, seen := range states() {
+		assert.Equal(t, []string{"True"}, seen, "PortMap %s's Programmed during the failover", name)
+	}
 
 	after, err := second.GetProgram(ctx, &kuportv1.GetProgramRequest{Node: "edge-a"})
 	require.NoError(t, err)
@@ -157,6 +167,9 @@ func TestPrivilegedE2EFailover(t *testing.T) {
 	assert.Equal(t, edgeBefore, kernelState(t, l, "edge-a"), "the stale program reached edge-a's kernel")
 	require.NoError(t, l.StartAgent("edge-a"))
 	assertReaches(t, l, corev1.ProtocolTCP, lab.PublicAddr, 3002, lab.PodB, 3002)
+	for name, seen := range states() {
+		assert.Equal(t, []string{"True"}, seen, "PortMap %s's Programmed during the failover", name)
+	}
 }
 
 // forgedLeader is a fake controller replica that sends one program to every agent that
@@ -199,5 +212,40 @@ func (f *forgedLeader) Connect(stream grpc.BidiStreamingServer[kuportv1.ConnectR
 			default:
 			}
 		}
+	}
+}
+
+// watchProgrammed watches the named PortMaps of namespace from now on; the function it
+// returns stops the watch and gives, per PortMap, each Programmed state it passed through
+// (condition's form), starting with the one it had.
+func watchProgrammed(t *testing.T, l *lab.Lab, namespace string, names ...string) func() map[string][]string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	w, err := l.Dyn.Resource(v1alpha1.PortMapsResource).Namespace(namespace).Watch(ctx, metav1.ListOptions{})
+	require.NoError(t, err)
+	seen := map[string][]string{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ev := range w.ResultChan() {
+			u, ok := ev.Object.(*unstructured.Unstructured)
+			if !ok || !slices.Contains(names, u.GetName()) {
+				continue
+			}
+			var pm v1alpha1.PortMap
+			if runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &pm) != nil {
+				continue
+			}
+			st := condition(&pm, v1alpha1.ConditionProgrammed)
+			if s := seen[pm.Name]; len(s) == 0 || s[len(s)-1] != st {
+				seen[pm.Name] = append(s, st)
+			}
+		}
+	}()
+	return func() map[string][]string {
+		w.Stop()
+		cancel()
+		<-done
+		return seen
 	}
 }
