@@ -73,6 +73,9 @@ type Config struct {
 	Hold time.Duration
 	// LinkRetention is how long an unused link claim is kept (DefaultLinkRetention when zero).
 	LinkRetention time.Duration
+	// OnEpochBehind is called when an agent holds a higher epoch than Epoch and so refuses
+	// this controller's programs (agents.Config.OnEpochBehind). May be nil.
+	OnEpochBehind func(floor uint64)
 	// Log is the controller's logger; nil discards.
 	Log hclog.Logger
 }
@@ -146,6 +149,7 @@ func New(cfg Config) (*Controller, error) {
 				c.queue.Add(keyCompile)
 			}
 		},
+		OnEpochBehind: cfg.OnEpochBehind,
 		OnAgent: func(node string, connected bool, agentVersion string) {
 			c.recordAgentEvent(recorder, node, connected, agentVersion)
 		},

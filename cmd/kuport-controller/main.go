@@ -167,14 +167,21 @@ func run(args []string) error {
 		}
 	}
 
-	// lead is one leadership term: the controller runs, and the server serves its programs,
-	// only until ctx ends.
+	// lead is one leadership term at one epoch: the controller runs, and the server serves
+	// its programs, only until ctx ends. Under leader election, an agent holding a higher
+	// epoch ends it early with *leader.EpochBehind, and leader.Run calls it again with an
+	// epoch above the agent's.
 	lead := func(ctx context.Context, epoch uint64) error {
 		defer context.AfterFunc(ctx, srv.Stop)()
-		start := time.Now()
+		run, stopRun := context.WithCancelCause(ctx)
+		defer stopRun(nil)
+		var onEpochBehind func(uint64)
+		if *elect {
+			onEpochBehind = func(floor uint64) { stopRun(&leader.EpochBehind{Floor: floor}) }
+		}
 		ctl, err := controller.New(controller.Config{
-			Kube: kube, Dynamic: dyn, Epoch: epoch, Start: start,
-			LinkRetention: *retention, Log: log,
+			Kube: kube, Dynamic: dyn, Epoch: epoch, Start: time.Now(),
+			LinkRetention: *retention, Log: log, OnEpochBehind: onEpochBehind,
 		})
 		if err != nil {
 			return err
@@ -184,8 +191,12 @@ func run(args []string) error {
 		defer metrics.SetLeader(nil)
 		web.SetSource(&dashboard.Source{Agents: ctl.Registry(), PortMaps: ctl.PortMaps, Classes: ctl.PortMapClasses})
 		defer web.SetSource(nil)
-		go web.Run(ctx)
-		return ctl.Run(ctx)
+		go web.Run(run)
+		err = ctl.Run(run)
+		if behind := (*leader.EpochBehind)(nil); ctx.Err() == nil && errors.As(context.Cause(run), &behind) {
+			return behind
+		}
+		return err
 	}
 	var leadErr error
 	if *elect {

@@ -57,6 +57,9 @@ type Config struct {
 	// OnAgent is called, outside any lock, when a node's agent connects (connected true, with
 	// its version) or its stream ends without a newer one replacing it. May be nil.
 	OnAgent func(node string, connected bool, agentVersion string)
+	// OnEpochBehind is called, outside any lock, when an agent says Hello holding a higher
+	// epoch than Epoch (floor), whose programs it therefore refuses. May be nil.
+	OnEpochBehind func(floor uint64)
 	// Log receives agent events; nil discards them.
 	Log hclog.Logger
 }
@@ -68,6 +71,11 @@ type Registry struct {
 	holdUntil time.Time
 	onChange  func(Change)
 	onAgent   func(node string, connected bool, agentVersion string)
+	// onEpochBehind is Config.OnEpochBehind, never nil.
+	onEpochBehind func(floor uint64)
+	// done is closed by Close: its agent streams end.
+	done      chan struct{}
+	closeOnce sync.Once
 
 	mu       sync.Mutex
 	released bool
@@ -125,13 +133,19 @@ func NewRegistry(cfg Config) *Registry {
 	if onAgent == nil {
 		onAgent = func(string, bool, string) {}
 	}
+	onEpochBehind := cfg.OnEpochBehind
+	if onEpochBehind == nil {
+		onEpochBehind = func(uint64) {}
+	}
 	return &Registry{
-		log:       log,
-		epoch:     cfg.Epoch,
-		holdUntil: cfg.Start.Add(hold),
-		onChange:  onChange,
-		onAgent:   onAgent,
-		nodes:     map[string]*node{},
+		log:           log,
+		epoch:         cfg.Epoch,
+		holdUntil:     cfg.Start.Add(hold),
+		onChange:      onChange,
+		onAgent:       onAgent,
+		onEpochBehind: onEpochBehind,
+		done:          make(chan struct{}),
+		nodes:         map[string]*node{},
 	}
 }
 
@@ -335,6 +349,13 @@ func (r *Registry) Release(unheard []string, now time.Time) (bool, time.Duration
 	}
 	return true, 0
 }
+
+// Close ends the Registry's service: the agent streams it holds end (Done), so the agents
+// reconnect to whatever registry the server leads with next. Idempotent.
+func (r *Registry) Close() { r.closeOnce.Do(func() { close(r.done) }) }
+
+// Done is closed once Close was called.
+func (r *Registry) Done() <-chan struct{} { return r.done }
 
 // Holding reports whether Release(unheard, now) would keep holding programs back.
 func (r *Registry) Holding(unheard []string, now time.Time) bool {
@@ -561,8 +582,9 @@ func (r *Registry) connect(hello *kuportv1.Hello) *session {
 	if hello.AppliedEpoch > r.epoch {
 		// Its fencing refuses every program of this term: the Lease was deleted or its
 		// transitions count went back. A later term whose epoch passes it is served again.
-		r.log.Error("agent holds a higher epoch than this leader's and will refuse its programs; raise the Lease's spec.leaseTransitions to at least that epoch and restart the leader",
+		r.log.Warn("agent holds a higher epoch than this leader's and refuses its programs",
 			"node", hello.Node, "agent_epoch", hello.AppliedEpoch, "epoch", r.epoch)
+		r.onEpochBehind(hello.AppliedEpoch)
 	}
 	r.onAgent(hello.Node, true, hello.AgentVersion)
 	r.onChange(StateChanged)

@@ -83,8 +83,12 @@ func NewServer(log hclog.Logger, auth Authenticator) *Server {
 }
 
 // Lead makes the Server serve reg's programs and state from now on; it never follows again.
+// A registry it led with before is closed, ending its agent streams: the agents reconnect
+// to reg (a term that restarted with a higher epoch).
 func (s *Server) Lead(reg *Registry) {
-	s.reg.Store(reg)
+	if old := s.reg.Swap(reg); old != nil && old != reg {
+		old.Close()
+	}
 	s.health.SetServingStatus(kuportv1.AgentService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 }
 
@@ -241,6 +245,8 @@ func (s *Server) Connect(stream grpc.BidiStreamingServer[kuportv1.ConnectRequest
 			return status.Error(codes.Aborted, "replaced by a newer stream of the same node")
 		case <-s.stopping:
 			return status.Error(codes.Unavailable, "controller stopping")
+		case <-reg.Done():
+			return status.Error(codes.Unavailable, "leadership term restarted with a higher epoch")
 		}
 	}
 }

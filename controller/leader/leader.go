@@ -21,8 +21,11 @@
 // read as "nothing applied"). Two terms therefore never share an epoch and a later term's
 // epoch is higher, as long as every process campaigns under an identity of its own (a
 // restarted process that reused its predecessor's identity would renew its predecessor's
-// term instead of starting one) and the Lease object is not deleted (which restarts the
-// count at zero: agents then refuse the new leader's programs until they restart).
+// term instead of starting one) and the Lease object is not deleted. Deleting it (or
+// restoring an old copy) restarts the count below the epoch agents applied, so they refuse
+// the new leader's programs; the leading work then returns *EpochBehind and Run raises
+// leaseTransitions past the agents' epoch and leads again (a term may so span several
+// epochs, each higher than the last).
 //
 // # Losing the lease
 //
@@ -38,6 +41,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"sync"
@@ -49,6 +53,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
 )
 
 // Defaults for the flags of kuport-controller.
@@ -63,6 +69,20 @@ const (
 // ErrLost is returned by Run when the leadership term ended while the context was still
 // live: the lease was lost (or its renewal could not be confirmed in time).
 var ErrLost = errors.New("leadership lost")
+
+// EpochBehind is what the leading work returns (or ends its context with, as the cause)
+// when agents refuse its programs because they applied a higher epoch, Floor: the Lease was
+// deleted or restored from an old backup, so leaseTransitions counts from below what the
+// agents saw. Run then raises the Lease's leaseTransitions to Floor and runs the leading
+// work again with epoch Floor+1.
+type EpochBehind struct{ Floor uint64 }
+
+func (e *EpochBehind) Error() string {
+	return fmt.Sprintf("agents applied epoch %d, above this term's", e.Floor)
+}
+
+// maxEpoch is the highest epoch the Lease can carry: leaseTransitions is an int32.
+const maxEpoch = math.MaxInt32
 
 // Config configures Run. Durations follow client-go's leaderelection: followers take the
 // Lease over LeaseDuration after the last renewal they saw; the leader renews every
@@ -236,20 +256,67 @@ func term(ctx, lctx context.Context, cfg Config, le *leaderelection.LeaderElecto
 	defer cancel(nil)
 	defer context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })()
 	go watchRenewals(wctx, cancel, le, cfg)
-	err = lead(wctx, epoch)
-	switch {
-	case ctx.Err() != nil:
-		return err
-	case wctx.Err() != nil:
-		cause := context.Cause(wctx)
-		if errors.Is(cause, ErrLost) {
-			return errors.Join(cause, err)
+	for {
+		err = lead(wctx, epoch)
+		var behind *EpochBehind
+		switch {
+		case ctx.Err() != nil:
+			return err
+		case wctx.Err() != nil:
+			cause := context.Cause(wctx)
+			if errors.Is(cause, ErrLost) {
+				return errors.Join(cause, err)
+			}
+			return errors.Join(fmt.Errorf("%w: the lease could not be renewed within %s", ErrLost, cfg.RenewDeadline), err)
+		case errors.As(err, &behind):
+			raised, rerr := raiseEpoch(wctx, cfg, behind.Floor)
+			if rerr != nil {
+				return errors.Join(err, rerr)
+			}
+			log.Warn("agents applied a higher epoch than this term's (the Lease was deleted or restored from an old copy): raised leaseTransitions; leading again",
+				"agent_epoch", behind.Floor, "old_epoch", epoch, "epoch", raised)
+			epoch = raised
+			continue
+		case err != nil:
+			return err
 		}
-		return errors.Join(fmt.Errorf("%w: the lease could not be renewed within %s", ErrLost, cfg.RenewDeadline), err)
-	case err != nil:
-		return err
+		return errors.New("leading work returned while leading")
 	}
-	return errors.New("leading work returned while leading")
+}
+
+// raiseEpoch raises the Lease's leaseTransitions to floor while cfg.Identity holds it (a
+// compare-and-swap, retried on conflict) and returns the epoch it now gives,
+// leaseTransitions+1. It errors when floor is beyond what the Lease can carry (maxEpoch),
+// when another candidate holds the Lease (wrapping ErrLost), or on an API error.
+func raiseEpoch(ctx context.Context, cfg Config, floor uint64) (uint64, error) {
+	if floor >= maxEpoch {
+		return 0, fmt.Errorf("agents applied epoch %d, beyond the Lease's leaseTransitions (int32)", floor)
+	}
+	leases := cfg.Client.CoordinationV1().Leases(cfg.Namespace)
+	var epoch uint64
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		lease, err := leases.Get(ctx, cfg.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		rec := resourcelock.LeaseSpecToLeaderElectionRecord(&lease.Spec)
+		if _, err := Epoch(rec, cfg.Identity); err != nil {
+			return err
+		}
+		if uint64(rec.LeaderTransitions) < floor {
+			lease.Spec.LeaseTransitions = ptr.To(int32(floor))
+			if _, err := leases.Update(ctx, lease, metav1.UpdateOptions{}); err != nil {
+				return err
+			}
+			rec.LeaderTransitions = int(floor)
+		}
+		epoch, err = Epoch(rec, cfg.Identity)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("raise the lease's leaseTransitions to %d: %w", floor, err)
+	}
+	return epoch, nil
 }
 
 // watchRenewals ends the term (cancel with ErrLost) once this candidate no longer holds the

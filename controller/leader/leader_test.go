@@ -238,6 +238,45 @@ func TestLostLeaseEndsTheTerm(t *testing.T) {
 	}
 }
 
+// TestEpochBehindRaisesTheEpoch: leading work that finds agents at a higher epoch (the Lease
+// was deleted) makes Run raise leaseTransitions to it and lead again above it, in the same
+// term.
+func TestEpochBehindRaisesTheEpoch(t *testing.T) {
+	client := fake.NewClientset()
+	epochs := make(chan uint64, 4)
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, testConfig(client, "a"), func(ctx context.Context, epoch uint64) error {
+			epochs <- epoch
+			if epoch < 7 {
+				return &EpochBehind{Floor: 7}
+			}
+			<-ctx.Done()
+			return nil
+		})
+	}()
+	for _, want := range []uint64{1, 8} {
+		select {
+		case got := <-epochs:
+			assert.Equal(t, want, got)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("never led with epoch %d", want)
+		}
+	}
+	lease, err := client.CoordinationV1().Leases(DefaultNamespace).Get(context.Background(), DefaultName, metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, int32(7), *lease.Spec.LeaseTransitions)
+	assert.Equal(t, "a", *lease.Spec.HolderIdentity)
+	stop()
+	require.NoError(t, <-done)
+
+	_, err = raiseEpoch(context.Background(), testConfig(client, "b"), 9)
+	require.ErrorIs(t, err, ErrLost, "only the holder raises the epoch")
+	_, err = raiseEpoch(context.Background(), testConfig(client, "a"), maxEpoch)
+	require.ErrorContains(t, err, "beyond the Lease's leaseTransitions")
+}
+
 // TestRunRejectsBadDurations: client-go's constraints surface as an error, before any term.
 func TestRunRejectsBadDurations(t *testing.T) {
 	cfg := testConfig(fake.NewClientset(), "a")

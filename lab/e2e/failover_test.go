@@ -167,9 +167,27 @@ func TestPrivilegedE2EFailover(t *testing.T) {
 	assert.Equal(t, edgeBefore, kernelState(t, l, "edge-a"), "the stale program reached edge-a's kernel")
 	require.NoError(t, l.StartAgent("edge-a"))
 	assertReaches(t, l, corev1.ProtocolTCP, lab.PublicAddr, 3002, lab.PodB, 3002)
-	for name, seen := range states() {
-		assert.Equal(t, []string{"True"}, seen, "PortMap %s's Programmed during the failover", name)
+
+	// Deleting the Lease starts its count again: the next leader finds the agents at a
+	// higher epoch than its own, raises leaseTransitions above theirs and leads again.
+	floor := after.GetProgram().GetEpoch()
+	require.NoError(t, l.StopReplica(0, false))
+	require.NoError(t, l.StopReplica(1, false))
+	require.NoError(t, l.Kube.CoordinationV1().Leases(leader.DefaultNamespace).Delete(ctx, leader.DefaultName, metav1.DeleteOptions{}))
+	require.NoError(t, l.StartReplica(0))
+	restarted := replicaService(t, 0)
+	var raised uint64
+	require.Eventually(t, func() bool {
+		p, err := restarted.GetProgram(ctx, &kuportv1.GetProgramRequest{Node: "edge-a"})
+		raised = p.GetProgram().GetEpoch()
+		return err == nil && raised > floor
+	}, 30*time.Second, 100*time.Millisecond, "the leader's epoch never passed the agents' %d", floor)
+	t.Logf("agents at epoch %d; after the Lease's deletion the leader leads at epoch %d", floor, raised)
+	for _, n := range nodes {
+		waitAgent(t, restarted, n, "")
 	}
+	mapTo(t, l, "after-delete", "public", corev1.ProtocolTCP, 3003, 0, 3002, lab.PodB)
+	assertReaches(t, l, corev1.ProtocolTCP, lab.PublicAddr, 3003, lab.PodB, 3002)
 }
 
 // forgedLeader is a fake controller replica that sends one program to every agent that
