@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -105,6 +106,8 @@ type Controller struct {
 	// holding is true while the last compile found the registry's startup hold on: no
 	// status is written (touched only by the single worker).
 	holding bool
+	// stopping is set once Run's context ends.
+	stopping atomic.Bool
 	// pushes measures each program version's time from store to acknowledgement.
 	pushes metrics.PushTracker
 }
@@ -198,7 +201,8 @@ const (
 // object in the cache gets no Event.
 func (c *Controller) recordAgentEvent(recorder record.EventRecorder, node string, connected bool, agentVersion string) {
 	n, err := c.nodes.Get(node)
-	if err != nil {
+	if err != nil || c.stopping.Load() {
+		// Streams that end because this controller stops are no news about the agents.
 		return
 	}
 	if connected {
@@ -244,6 +248,8 @@ func (c *Controller) Registry() *agents.Registry { return c.reg }
 // ends. It returns an error only if the caches never sync.
 func (c *Controller) Run(ctx context.Context) error {
 	defer c.broadcaster.Shutdown()
+	defer c.stopping.Store(true)
+	context.AfterFunc(ctx, func() { c.stopping.Store(true) })
 	defer c.queue.ShutDown()
 	c.core.Start(ctx.Done())
 	c.dyn.Start(ctx.Done())

@@ -60,7 +60,6 @@ func init() {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		compileSeconds, pushToAckSeconds, leader, refusals, agentSide,
 	)
-	SetRefusals(nil)
 }
 
 // Handler serves the controller's metrics in the Prometheus exposition formats.
@@ -69,14 +68,16 @@ func Handler() http.Handler {
 }
 
 // SetLeader records whether this replica leads: src is the agent registry of the current
-// leadership term, read at every scrape; nil while the replica does not lead (kuport_leader 0
-// and no agent-side series).
+// leadership term, read at every scrape; nil while the replica does not lead (kuport_leader 0,
+// and neither agent-side series nor kuport_refusals, which only the leader's compile sets).
 func SetLeader(src Source) {
 	agentSide.set(src)
 	if src == nil {
 		leader.Set(0)
+		refusals.Reset()
 	} else {
 		leader.Set(1)
+		SetRefusals(nil)
 	}
 }
 
