@@ -205,9 +205,13 @@ func Run(ctx context.Context, cfg Config, lead func(ctx context.Context, epoch u
 	go func() {
 		defer close(electDone)
 		// The elector starts once this candidate holds the Lease: it only renews it.
-		if awaitLease(electCtx, cfg, report, log) == nil {
-			le.Run(electCtx)
+		if err := awaitLease(electCtx, cfg, report, log); err != nil {
+			if electCtx.Err() == nil {
+				termEnd <- fmt.Errorf("leader election: %w", err)
+			}
+			return
 		}
+		le.Run(electCtx)
 	}()
 	log.Info("campaigning", "lease", cfg.Namespace+"/"+cfg.Name, "identity", cfg.Identity)
 
