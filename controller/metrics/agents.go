@@ -56,7 +56,7 @@ type Rule struct {
 	// on the pod's node a kup-* link); empty for other rules.
 	Interface string
 	// Forwarded marks the kup-count rows of a DNAT entry (Counter.forwarded_in and
-	// forwarded_out): every packet of its flows the node forwarded, in = arriving on
+	// forwarded_out): every packet of its flows that reached the node's forward hook, in = arriving on
 	// Interface towards the pod, out = leaving by it from the pod.
 	Forwarded bool
 }
@@ -136,7 +136,7 @@ var (
 		"New flows a mapping's DNAT rule translated on a node, by arrival interface (kup-pre counts a flow's first packet only). On the pod's node of a cross-node mapping, a kup-* interface counts the same flows again as they arrive over the link.",
 		[]string{"namespace", "name", "node", "interface"}, nil)
 	packetsDesc = prometheus.NewDesc("kuport_mapping_packets_total",
-		"Packets of a mapping's flows a node forwarded (kup-count), every packet: in = arriving on the interface towards the pod, out = leaving by it from the pod. On the pod's node of a cross-node mapping, a kup-* interface counts the same packets again as they cross the link.",
+		"Packets of a mapping's flows that reached a node's forward hook (kup-count, ahead of any firewall's forward chain, which may still drop them), every packet: in = arriving on the interface towards the pod, out = leaving by it from the pod. On the pod's node of a cross-node mapping, a kup-* interface counts the same packets again as they cross the link.",
 		[]string{"namespace", "name", "node", "interface", "direction"}, nil)
 	bytesDesc = prometheus.NewDesc("kuport_mapping_bytes_total",
 		"Bytes (IP packet lengths) of the packets kuport_mapping_packets_total counts.",
