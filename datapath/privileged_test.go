@@ -40,7 +40,7 @@ func privileged(t *testing.T) {
 
 // newTestNS creates a namespace holding wt0 (a veth, standing in for the mesh device)
 // with the given underlay address, and removes it when the test ends.
-func newTestNS(t *testing.T, underlay string) *testNS {
+func newTestNS(t testing.TB, underlay string) *testNS {
 	t.Helper()
 	tn := &testNS{}
 	tn.name, tn.ns = newNetNS(t, "kuptest-")
@@ -54,7 +54,7 @@ func newTestNS(t *testing.T, underlay string) *testNS {
 	} {
 		tn.exec(t, args...)
 	}
-	conn, err := nftables.New(nftables.WithNetNSFd(int(tn.ns)), NFTSendBufferOption())
+	conn, err := nftables.New(nftables.WithNetNSFd(int(tn.ns)), NFTSocketOption())
 	require.NoError(t, err)
 	tn.nl, err = netlink.NewHandleAt(tn.ns)
 	require.NoError(t, err)
@@ -66,7 +66,7 @@ func newTestNS(t *testing.T, underlay string) *testNS {
 
 // newNetNS creates a network namespace named prefix and a random suffix and opens a
 // handle to it; both go when the test ends.
-func newNetNS(t *testing.T, prefix string) (string, netns.NsHandle) {
+func newNetNS(t testing.TB, prefix string) (string, netns.NsHandle) {
 	t.Helper()
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
@@ -79,14 +79,14 @@ func newNetNS(t *testing.T, prefix string) (string, netns.NsHandle) {
 	return name, ns
 }
 
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
 }
 
-func run(t *testing.T, args ...string) string {
+func run(t testing.TB, args ...string) string {
 	t.Helper()
 	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
 	require.NoError(t, err, "%v: %s", args, out)
@@ -94,7 +94,7 @@ func run(t *testing.T, args ...string) string {
 }
 
 // exec runs a command inside the namespace.
-func (tn *testNS) exec(t *testing.T, args ...string) string {
+func (tn *testNS) exec(t testing.TB, args ...string) string {
 	t.Helper()
 	return run(t, append([]string{"ip", "netns", "exec", tn.name}, args...)...)
 }
@@ -469,7 +469,7 @@ func TestPrivilegedLinkChanges(t *testing.T) {
 // Sixteen of the widest shifted ranges compile allows (compile.MaxShiftedRange, 512 ports,
 // each a per-port map) go in one transaction and re-apply with no write: the whole
 // transaction rides one sendmsg, which the default 208 KiB send buffer refused ("message too
-// long") until NFTSendBufferOption raised it.
+// long") until NFTSocketOption raised it.
 func TestPrivilegedWideShiftedRanges(t *testing.T) {
 	privileged(t)
 	const width, ranges = 512, 16
@@ -485,6 +485,21 @@ func TestPrivilegedWideShiftedRanges(t *testing.T) {
 	tn := newTestNS(t, underlayOf(p))
 	require.NoError(t, tn.dp.Apply(p))
 	assert.Equal(t, ranges, strings.Count(tn.nftList(t), fmt.Sprintf(": %d }", 40000+width-1)))
+	require.NoError(t, tn.dp.Apply(p))
+	assert.Zero(t, tn.dp.lastChanges, "re-applying the same program writes nothing")
+}
+
+// A thousand mappings on one node (4,000 rules) go in one transaction and re-apply with no
+// write: the kernel acknowledges every message of the transaction, which overflowed the
+// socket's default receive buffer ("recvmsg: no buffer space available") from about 100
+// mappings until NFTSocketOption asked for unechoed acknowledgements and a larger buffer.
+func TestPrivilegedThousandMappings(t *testing.T) {
+	privileged(t)
+	p := benchProgram(1000)
+	tn := newTestNS(t, "100.64.93.143")
+	tn.dp.log = hclog.NewNullLogger()
+	require.NoError(t, tn.dp.Apply(p))
+	assert.Equal(t, 4000, strings.Count(tn.nftList(t), "comment \"bench/m"))
 	require.NoError(t, tn.dp.Apply(p))
 	assert.Zero(t, tn.dp.lastChanges, "re-applying the same program writes nothing")
 }

@@ -182,7 +182,7 @@ func runErr(args []string, stdout, stderr io.Writer) error {
 // openDatapath opens the kernel handles of the agent's own network namespace and returns
 // the datapath over them with a function that closes them.
 func openDatapath(log hclog.Logger) (*datapath.Datapath, func(), error) {
-	nft, err := nftables.New(nftables.AsLasting(), datapath.NFTSendBufferOption())
+	nft, err := nftables.New(nftables.AsLasting(), datapath.NFTSocketOption())
 	if err != nil {
 		return nil, nil, fmt.Errorf("open nftables: %w", err)
 	}

@@ -85,7 +85,7 @@ func newDatapath(t *testing.T, node string, log hclog.Logger) *datapath.Datapath
 	ns, err := netns.GetFromName(node)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ns.Close() })
-	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)), datapath.NFTSendBufferOption())
+	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)), datapath.NFTSocketOption())
 	require.NoError(t, err)
 	nl, err := netlink.NewHandleAt(ns)
 	require.NoError(t, err)

@@ -1,0 +1,63 @@
+package datapath
+
+import (
+	"fmt"
+	"os"
+	"testing"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/stretchr/testify/require"
+
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// benchProgram is edge-a's program for n same-node TCP mappings on enp1s0, ports 10000 up,
+// each to its own pod address: per mapping a DNAT rule (with its two kup-count rules) and
+// the request's identity SNAT, 4n nftables rules in all.
+func benchProgram(n int) *kuportv1.NodeProgram {
+	p := &kuportv1.NodeProgram{Node: "edge-a", Version: 1, Epoch: 1}
+	for i := range n {
+		key, pod, port := fmt.Sprintf("bench/m%05d", i), fmt.Sprintf("10.244.%d.%d", 17+i/250, 2+i%250), uint32(10000+i)
+		ports := &kuportv1.PortRange{First: port, Last: port}
+		p.DnatRules = append(p.DnatRules, &kuportv1.DnatRule{Id: key + "/dnat/enp1s0", Mapping: key, InInterface: "enp1s0",
+			Protocol: kuportv1.Protocol_PROTOCOL_TCP, Ports: ports, ToAddress: pod, ToPort: port})
+		p.SnatRules = append(p.SnatRules, &kuportv1.SnatRule{Id: key + "/snat", Mapping: key, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
+			OutInterface: "cilium_host", Address: pod, Protocol: kuportv1.Protocol_PROTOCOL_TCP, Ports: ports})
+	}
+	return p
+}
+
+// BenchmarkApply measures Apply in a fresh namespace for programs of 10, 100 and 1000
+// mappings: "first" writes the whole program into an empty namespace (a node receiving its
+// program), "again" re-applies it unchanged, which reads the kernel and writes nothing (the
+// agent's resync, every 30 s by default). Run as root:
+//
+//	KUPORT_PRIVILEGED=1 go test -run '^$' -bench Apply -benchtime 20x ./datapath/
+func BenchmarkApply(b *testing.B) {
+	if os.Getenv("KUPORT_PRIVILEGED") != "1" {
+		b.Skip("needs root (network namespaces, nftables): set KUPORT_PRIVILEGED=1")
+	}
+	for _, n := range []int{10, 100, 1000} {
+		p := benchProgram(n)
+		b.Run(fmt.Sprintf("first/mappings=%d", n), func(b *testing.B) {
+			tn := newTestNS(b, "100.64.93.143")
+			tn.dp.log = hclog.NewNullLogger()
+			for range b.N {
+				require.NoError(b, tn.dp.Apply(p))
+				b.StopTimer()
+				require.NoError(b, tn.dp.Apply(&kuportv1.NodeProgram{Node: "edge-a"}))
+				b.StartTimer()
+			}
+		})
+		b.Run(fmt.Sprintf("again/mappings=%d", n), func(b *testing.B) {
+			tn := newTestNS(b, "100.64.93.143")
+			tn.dp.log = hclog.NewNullLogger()
+			require.NoError(b, tn.dp.Apply(p))
+			b.ResetTimer()
+			for range b.N {
+				require.NoError(b, tn.dp.Apply(p))
+				require.Zero(b, tn.dp.lastChanges, "an unchanged program must write nothing")
+			}
+		})
+	}
+}
