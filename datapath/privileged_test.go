@@ -492,7 +492,7 @@ func TestPrivilegedWideShiftedRanges(t *testing.T) {
 // A thousand mappings on one node (4,000 rules) go in one transaction and re-apply with no
 // write: the kernel acknowledges every message of the transaction, which overflowed the
 // socket's default receive buffer ("recvmsg: no buffer space available") from about 100
-// mappings until NFTSocketOption asked for unechoed acknowledgements and a larger buffer.
+// mappings until NFTSocketOption raised the receive buffer too.
 func TestPrivilegedThousandMappings(t *testing.T) {
 	privileged(t)
 	p := benchProgram(1000)

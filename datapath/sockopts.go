@@ -16,20 +16,17 @@ import (
 // many. The kernel then acknowledges every message of the transaction, and the
 // acknowledgements overflow a default receive buffer ("recvmsg: no buffer space
 // available"): measured at 400 rules (100 mappings) on one node, before the buffer was
-// raised (BenchmarkApply).
+// raised (BenchmarkApply; TestPrivilegedThousandMappings applies 4,000 rules). Asking for
+// acknowledgements without the echoed message (NETLINK_CAP_ACK) was not enough on its own.
 const NFTSocketBuffer = 64 << 20
 
 // NFTSocketOption is the nftables.ConnOption every connection the datapath is given should
-// carry. It asks the kernel to acknowledge a message without echoing it back
-// (NETLINK_CAP_ACK), and raises the socket's send and receive buffers to NFTSocketBuffer
-// with SO_SNDBUFFORCE and SO_RCVBUFFORCE (CAP_NET_ADMIN, which the agent holds), or as far
+// carry. It raises the socket's send and receive buffers to NFTSocketBuffer with
+// SO_SNDBUFFORCE and SO_RCVBUFFORCE (CAP_NET_ADMIN, which the agent holds), or as far
 // as net.core.wmem_max and rmem_max allow with SO_SNDBUF and SO_RCVBUF when forcing is not
 // permitted. Errors: a socket option cannot be set at all.
 func NFTSocketOption() nftables.ConnOption {
 	return nftables.WithSockOptions(func(c *netlink.Conn) error {
-		if err := c.SetOption(netlink.CapAcknowledge, true); err != nil {
-			return fmt.Errorf("nftables socket: NETLINK_CAP_ACK: %w", err)
-		}
 		rc, err := c.SyscallConn()
 		if err != nil {
 			return fmt.Errorf("nftables socket: %w", err)
