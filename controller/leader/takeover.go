@@ -64,19 +64,17 @@ func sameSpec(a, b *coordinationv1.Lease) bool {
 // informer narrowed to the Lease's name).
 type leaseWatch struct {
 	mu      sync.Mutex
-	synced  bool // last holds a sighting from the watch
-	last    sighting
+	last    sighting // the zero sighting (no Lease) until the watch shows one
 	changed chan struct{} // signalled (without blocking) on every new sighting
 	report  func(holder string)
 }
 
 func (w *leaseWatch) see(lease *coordinationv1.Lease) {
 	w.mu.Lock()
-	if w.synced && sameSpec(lease, w.last.lease) {
+	if sameSpec(lease, w.last.lease) {
 		w.mu.Unlock()
-		return // metadata only, or the informer's resync: not a renewal
+		return // metadata only, the informer's resync, or still absent: not a renewal
 	}
-	w.synced = true
 	w.last = sighting{lease: lease, at: time.Now()}
 	w.mu.Unlock()
 	if lease != nil && lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity != "" {
