@@ -277,6 +277,25 @@ func TestEpochBehindRaisesTheEpoch(t *testing.T) {
 	require.ErrorContains(t, err, "beyond the Lease's leaseTransitions")
 }
 
+// TestLeaderRecreatesADeletedLease: a running leader whose Lease is deleted creates it
+// again at its next renewal and keeps leading (README, leader election).
+func TestLeaderRecreatesADeletedLease(t *testing.T) {
+	client := fake.NewClientset()
+	a := campaign(t, testConfig(client, "a"))
+	require.Equal(t, uint64(1), a.waitEpoch(t))
+	leases := client.CoordinationV1().Leases(DefaultNamespace)
+	require.NoError(t, leases.Delete(context.Background(), DefaultName, metav1.DeleteOptions{}))
+	require.Eventually(t, func() bool {
+		l, err := leases.Get(context.Background(), DefaultName, metav1.GetOptions{})
+		return err == nil && *l.Spec.HolderIdentity == "a"
+	}, 5*time.Second, 50*time.Millisecond, "the leader did not recreate its Lease")
+	select {
+	case <-a.ended:
+		t.Fatal("the term ended")
+	case <-time.After(3 * testConfig(client, "a").RenewDeadline):
+	}
+}
+
 // TestRunRejectsBadDurations: client-go's constraints surface as an error, before any term.
 func TestRunRejectsBadDurations(t *testing.T) {
 	cfg := testConfig(fake.NewClientset(), "a")
