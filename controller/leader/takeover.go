@@ -64,7 +64,7 @@ func sameSpec(a, b *coordinationv1.Lease) bool {
 // informer narrowed to the Lease's name).
 type leaseWatch struct {
 	mu      sync.Mutex
-	last    sighting // the zero sighting (no Lease) until the watch shows one
+	last    sighting      // the zero sighting (no Lease) until the watch shows one
 	changed chan struct{} // signalled (without blocking) on every new sighting
 	report  func(holder string)
 }
