@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Builds the lab's real control plane (kube-apiserver, kubectl, etcd) from the Go module
-# proxy and caches the binaries by version outside the repository (DESIGN.md, "A real API
-# server builds here"). Prints the directory holding the binaries on stdout.
+# Builds the lab's real control plane and node components from the Go module proxy and caches
+# the binaries by version outside the repository (DESIGN.md, "A real API server builds here";
+# notes/real-node.md): kube-apiserver, kubectl and etcd for every lab, and kubelet,
+# kube-controller-manager, kube-scheduler, kube-proxy and CoreDNS for the kubelet-backed
+# cluster the install is proven on. Prints the directory holding the binaries on stdout.
 #
 # Usage: lab/build-binaries.sh            (cache: ${KUPORT_LAB_CACHE:-/var/cache/kuport-lab})
 set -euo pipefail
@@ -9,10 +11,16 @@ set -euo pipefail
 K8S_VERSION=v1.36.3
 STAGING_VERSION=v0.36.3
 ETCD_VERSION=v3.6.8
+COREDNS_VERSION=v1.15.0
 CACHE=${KUPORT_LAB_CACHE:-/var/cache/kuport-lab}
-OUT="$CACHE/k8s-$K8S_VERSION-etcd-$ETCD_VERSION"
+OUT="$CACHE/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-coredns-$COREDNS_VERSION"
+K8S_CMDS=(kube-apiserver kubectl kubelet kube-controller-manager kube-scheduler kube-proxy)
+ALL=("${K8S_CMDS[@]}" etcd coredns)
 
-if [[ -x "$OUT/kube-apiserver" && -x "$OUT/kubectl" && -x "$OUT/etcd" ]]; then
+complete() {
+  for b in "${ALL[@]}"; do [[ -x "$OUT/$b" ]] || return 1; done
+}
+if complete; then
   echo "$OUT"
   exit 0
 fi
@@ -62,15 +70,44 @@ package k8sbuild
 
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 )
 GO
 
 go mod tidy >&2
 ver="-X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=36"
 ver="$ver -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=36"
-go build -trimpath -ldflags "$ver" -o "$OUT/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver >&2
-go build -trimpath -ldflags "$ver" -o "$OUT/kubectl.tmp" k8s.io/kubernetes/cmd/kubectl >&2
-go build -trimpath -o "$OUT/etcd.tmp" ./cmd/etcd >&2
-for b in kube-apiserver kubectl etcd; do mv "$OUT/$b.tmp" "$OUT/$b"; done
+for b in "${K8S_CMDS[@]}"; do
+  [[ -x "$OUT/$b" ]] || go build -trimpath -ldflags "$ver" -o "$OUT/$b.tmp" "k8s.io/kubernetes/cmd/$b" >&2
+done
+[[ -x "$OUT/etcd" ]] || go build -trimpath -o "$OUT/etcd.tmp" ./cmd/etcd >&2
+
+# CoreDNS in a module of its own (its dependencies are not Kubernetes').
+dns="$CACHE/build-coredns-$COREDNS_VERSION"
+mkdir -p "$dns"
+if [[ ! -x "$OUT/coredns" ]]; then
+  (
+    cd "$dns"
+    printf 'module kuport.lab/corednsbuild\n\ngo 1.26\n\nrequire github.com/coredns/coredns %s\n' "$COREDNS_VERSION" > go.mod
+    cat > main.go <<'GO'
+package main
+
+import (
+	_ "github.com/coredns/coredns/core/plugin"
+	"github.com/coredns/coredns/coremain"
+)
+
+func main() { coremain.Run() }
+GO
+    go mod tidy >&2
+    go build -trimpath -o "$OUT/coredns.tmp" . >&2
+  )
+fi
+for b in "${ALL[@]}"; do
+  if [[ -e "$OUT/$b.tmp" ]]; then mv "$OUT/$b.tmp" "$OUT/$b"; fi
+done
 echo "$OUT"

@@ -10,6 +10,8 @@ package cluster
 
 import (
 	"context"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"errors"
 	"fmt"
 	"net"
@@ -41,6 +43,9 @@ const (
 	readyTimeout = 60 * time.Second
 
 	serviceClusterIPRange = "10.96.0.0/16"
+	// KubernetesServiceIP is the ClusterIP of default/kubernetes, the first address of
+	// serviceClusterIPRange: in the serving certificate, since in-cluster clients dial it.
+	KubernetesServiceIP = "10.96.0.1"
 )
 
 // Config says where the control plane keeps its state and finds its binaries.
@@ -56,12 +61,16 @@ type Config struct {
 	// Detached leaves the processes running after the caller exits (`make lab-up`): no
 	// parent-death signal, a new session. Stop them with StopDir(Dir).
 	Detached bool
+	// ExtraArgs are added to kube-apiserver's flags (the kubelet-backed lab's egress
+	// selector, say).
+	ExtraArgs []string
 	// Log receives progress messages; nil discards them.
 	Log hclog.Logger
 }
 
 // Cluster is a running etcd + kube-apiserver pair.
 type Cluster struct {
+	pki        *pki
 	dir        string
 	kubeconfig string
 	rest       *rest.Config
@@ -114,6 +123,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	}
 	server := "https://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
 	c := &Cluster{
+		pki:        p,
 		dir:        dir,
 		kubeconfig: filepath.Join(dir, "kubeconfig"),
 		log:        log,
@@ -156,7 +166,7 @@ func (c *Cluster) start(ctx context.Context, cfg Config, p *pki, ports []int) er
 	c.procs = append(c.procs, etcd)
 	c.log.Debug("etcd started", "pid", etcd.pid, "url", etcdURL)
 
-	apiserver, err := startProcess(c.dir, "kube-apiserver", filepath.Join(cfg.BinDir, "kube-apiserver"), apiserverArgs(c.dir, p, etcdURL, ports[0]), cfg.Detached)
+	apiserver, err := startProcess(c.dir, "kube-apiserver", filepath.Join(cfg.BinDir, "kube-apiserver"), append(apiserverArgs(c.dir, p, etcdURL, ports[0]), cfg.ExtraArgs...), cfg.Detached)
 	if err != nil {
 		return err
 	}
@@ -188,15 +198,15 @@ func apiserverArgs(dir string, p *pki, etcdURL string, port int) []string {
 		"--tls-cert-file=" + p.servingCert,
 		"--tls-private-key-file=" + p.servingKey,
 		"--client-ca-file=" + p.caCert,
-		"--authorization-mode=RBAC",
+		// Node first: the kubelet-backed cluster's kubelets (system:node:<name>) read only
+		// what their own pods need; RBAC for everyone else.
+		"--authorization-mode=Node,RBAC",
 		"--service-account-issuer=https://kubernetes.default.svc",
 		"--service-account-key-file=" + p.saPub,
 		"--service-account-signing-key-file=" + p.saKey,
 		"--service-cluster-ip-range=" + serviceClusterIPRange,
 		"--endpoint-reconciler-type=none",
 		"--profiling=false",
-		// As kubeadm clusters do: the agent DaemonSet in deploy/ is privileged.
-		"--allow-privileged=true",
 	}
 }
 
@@ -244,15 +254,49 @@ func (c *Cluster) WriteTokenKubeconfig(path, user, token string) error {
 // writeKubeconfig writes a one-context kubeconfig: the lab cluster at server trusted by ca
 // (PEM), as user with auth.
 func writeKubeconfig(path, server string, ca []byte, user string, auth *clientcmdapi.AuthInfo) error {
+	if err := clientcmd.WriteToFile(*kubeconfig(server, ca, user, auth), path); err != nil {
+		return fmt.Errorf("write kubeconfig: %w", err)
+	}
+	return nil
+}
+
+// WriteClientKubeconfig writes a kubeconfig to path that reaches the API server at server
+// (an address that leads to it from where the client runs) with a client certificate for
+// user cn in groups orgs, signed by the lab's CA: the identities of kubelets
+// (system:node:<name> in system:nodes), kube-proxy, the controller-manager and the scheduler.
+func (c *Cluster) WriteClientKubeconfig(path, server, cn string, orgs ...string) error {
+	certPEM, keyPEM, err := signLeaf(c.pki.ca, c.pki.caKey, x509.Certificate{
+		Subject:     pkix.Name{CommonName: cn, Organization: orgs},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	})
+	if err != nil {
+		return fmt.Errorf("client cert %s: %w", cn, err)
+	}
+	kc := kubeconfig(server, c.pki.caPEM, cn, &clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM})
+	// Whatever address server names (a node's bridge to the API server, say), the
+	// certificate is checked for a name it holds.
+	kc.Clusters["kuport-lab"].TLSServerName = "kubernetes.default.svc"
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		return fmt.Errorf("write kubeconfig: %w", err)
+	}
+	return nil
+}
+
+// Server is the API server's loopback URL (https://127.0.0.1:<port>).
+func (c *Cluster) Server() string { return c.rest.Host }
+
+// PKIFile returns the path of one of the lab's PKI files: "ca.crt", "sa.key", "sa.pub".
+func (c *Cluster) PKIFile(name string) string { return filepath.Join(c.dir, "pki", name) }
+
+// kubeconfig is a one-context kubeconfig: the lab cluster at server trusted by ca (PEM), as
+// user with auth.
+func kubeconfig(server string, ca []byte, user string, auth *clientcmdapi.AuthInfo) *clientcmdapi.Config {
 	kc := clientcmdapi.NewConfig()
 	kc.Clusters["kuport-lab"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: ca}
 	kc.AuthInfos[user] = auth
 	kc.Contexts["kuport-lab"] = &clientcmdapi.Context{Cluster: "kuport-lab", AuthInfo: user}
 	kc.CurrentContext = "kuport-lab"
-	if err := clientcmd.WriteToFile(*kc, path); err != nil {
-		return fmt.Errorf("write kubeconfig: %w", err)
-	}
-	return nil
+	return kc
 }
 
 // Kubeconfig returns the path of the admin kubeconfig, Dir/kubeconfig.

@@ -27,9 +27,15 @@ const certValidity = 365 * 24 * time.Hour
 type pki struct {
 	caCert, servingCert, servingKey, saPub, saKey string
 	caPEM, adminCertPEM, adminKeyPEM              []byte
+	// ca and caKey sign the client certificates of the kubelet-backed cluster's components
+	// (Cluster.WriteClientKubeconfig).
+	ca    *x509.Certificate
+	caKey crypto.Signer
 }
 
-// writePKI generates a fresh CA, a serving certificate for 127.0.0.1/localhost, an admin
+// writePKI generates a fresh CA, a serving certificate for 127.0.0.1/localhost and the
+// in-cluster names of the kubernetes Service (its ClusterIP and kubernetes.default.svc, which
+// pods of the kubelet-backed cluster dial), an admin
 // client certificate (CN=admin, O=system:masters) and a service-account key pair, all ECDSA
 // P-256, and writes them under dir. Errors come from key generation, signing or file writes.
 func writePKI(dir string) (*pki, error) {
@@ -53,14 +59,16 @@ func writePKI(dir string) (*pki, error) {
 		return nil, fmt.Errorf("self-sign CA: %w", err)
 	}
 	p.caPEM = pemBlock("CERTIFICATE", ca.Raw)
+	p.ca, p.caKey = ca, caKey
 	if err := certutil.WriteCert(p.caCert, p.caPEM); err != nil {
 		return nil, fmt.Errorf("write CA: %w", err)
 	}
 
 	servingCertPEM, servingKeyPEM, err := signLeaf(ca, caKey, x509.Certificate{
-		Subject:     pkix.Name{CommonName: "kube-apiserver"},
-		DNSNames:    []string{"localhost"},
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		Subject: pkix.Name{CommonName: "kube-apiserver"},
+		DNSNames: []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+			"kubernetes.default.svc.cluster.local"},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.ParseIP(KubernetesServiceIP)},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	})
 	if err != nil {

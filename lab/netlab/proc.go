@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"sync"
 	"syscall"
@@ -37,6 +38,21 @@ func (n *Net) Start(netns, logFile string, args ...string) (*Proc, error) {
 	if netns != "" {
 		args = append([]string{"ip", "netns", "exec", netns}, args...)
 	}
+	return n.start(netns, logFile, args)
+}
+
+// StartShared is Start for processes that must share the root mount namespace while they
+// run in netns: `ip netns exec` gives its command a private mount namespace (to remount
+// /sys), which would hide a kubelet's volume mounts from the container runtime
+// (notes/real-node.md), so this enters only the network namespace, with nsenter.
+func (n *Net) StartShared(netns, logFile string, args ...string) (*Proc, error) {
+	if len(args) == 0 || netns == "" {
+		return nil, errors.New("netlab: StartShared needs a namespace and a command")
+	}
+	return n.start(netns, logFile, append([]string{"nsenter", "--net=" + filepath.Join(netnsDir, netns), "--"}, args...))
+}
+
+func (n *Net) start(netns, logFile string, args []string) (*Proc, error) {
 	log, err := os.OpenFile(logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("netlab: open process log: %w", err)

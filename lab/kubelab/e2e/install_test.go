@@ -1,0 +1,215 @@
+// Package e2e proves kuport's install as operators run it (the install issue): real
+// kubelets and containerd in the lab's node namespaces, kube-controller-manager, the
+// scheduler, kube-proxy and CoreDNS, kuport installed with `kubectl apply -k` of deploy/
+// (through the lab overlay) from image tarballs `make images` built, then upgraded, failed
+// over, drained and uninstalled exactly as the README says, with real traffic throughout.
+// It runs only as root with KUPORT_PRIVILEGED=1 (`make test` sets it).
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/hashicorp/go-hclog"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"kuport.wlz.li/kuport/lab/kubelab"
+	"kuport.wlz.li/kuport/lab/labtest"
+	"kuport.wlz.li/kuport/lab/netlab"
+)
+
+var repoRoot = func() string { r, _ := filepath.Abs("../../.."); return r }()
+
+const (
+	clientAddr = "198.51.100.7"
+	publicAddr = "203.0.113.9"
+	kuportNS   = "kuport-system"
+)
+
+// imageDirs are `make images` and `make lab-images` outputs: the release under test
+// (KUPORT_IMAGES, default bin/images) and the one it upgrades to (KUPORT_IMAGES_NEXT).
+func imageDirs(t *testing.T) (cur, next string) {
+	t.Helper()
+	cur, next = os.Getenv("KUPORT_IMAGES"), os.Getenv("KUPORT_IMAGES_NEXT")
+	if cur == "" || next == "" {
+		t.Fatal("KUPORT_IMAGES and KUPORT_IMAGES_NEXT must name `make images` outputs of two versions (`make test` sets them)")
+	}
+	return cur, next
+}
+
+// imageTag is the tag an image tarball records (its RepoTags).
+func imageTag(t *testing.T, path string) string {
+	t.Helper()
+	m, err := tarball.LoadManifest(func() (io.ReadCloser, error) { return os.Open(path) })
+	require.NoError(t, err, path)
+	require.NotEmpty(t, m, path)
+	require.NotEmpty(t, m[0].RepoTags, path)
+	ref := m[0].RepoTags[0]
+	return ref[strings.LastIndex(ref, ":")+1:]
+}
+
+// overlay is the lab overlay with both kuport images pinned to tag.
+func overlay(t *testing.T, tag string) string {
+	t.Helper()
+	return pinnedKustomization(t, filepath.Join(repoRoot, "lab/kubelab/overlay"), tag)
+}
+
+// pinnedKustomization writes a kustomization of base that pins both kuport images to tag, as
+// an operator pins a release in an overlay of theirs, and returns its directory.
+func pinnedKustomization(t *testing.T, base, tag string) string {
+	t.Helper()
+	dir := t.TempDir()
+	k := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - %s
+images:
+  - {name: ghcr.io/kuport/kuport-controller, newTag: %q}
+  - {name: ghcr.io/kuport/kuport-agent, newTag: %q}
+`, base, tag, tag)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644))
+	return dir
+}
+
+func k8sBin(t *testing.T) string {
+	t.Helper()
+	bin := labtest.K8sBin(t)
+	for _, b := range []string{"kubelet", "kube-proxy", "kube-controller-manager", "kube-scheduler", "coredns"} {
+		_, err := os.Stat(filepath.Join(bin, b))
+		require.NoError(t, err, "KUPORT_LAB_BIN has no %s: run lab/build-binaries.sh", b)
+	}
+	return bin
+}
+
+// TestPrivilegedInstall is the operator's life with kuport on a kubelet-backed cluster:
+// install, traffic, upgrade, failover, drain and eviction, uninstall. Each step needs the
+// previous one, so a failed step ends the test.
+func TestPrivilegedInstall(t *testing.T) {
+	bin := k8sBin(t)
+	cur, next := imageDirs(t)
+	kuportBin := labtest.KuportBin(t)
+	var images []string
+	for _, d := range []string{cur, next} {
+		for _, img := range []string{"kuport-controller.tar", "kuport-agent.tar"} {
+			images = append(images, filepath.Join(d, img))
+		}
+	}
+	images = append(images, filepath.Join(cur, "pause.tar"))
+	curTag, nextTag := imageTag(t, filepath.Join(cur, "kuport-agent.tar")), imageTag(t, filepath.Join(next, "kuport-agent.tar"))
+	require.NotEqual(t, curTag, nextTag, "the upgrade needs two versions")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	start := time.Now()
+	l, err := kubelab.Up(ctx, kubelab.Options{
+		K8sBin: bin, Bin: kuportBin, Images: images,
+		Log: hclog.New(&hclog.LoggerOptions{Name: "kubelab", Level: hclog.Info, Output: os.Stderr}),
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, l.Close()) })
+	t.Logf("kubelet-backed lab up in %s", time.Since(start).Round(time.Second))
+	e := &env{t: t, l: l}
+
+	e.deployWorkloads()
+	before := map[string]string{}
+	for _, n := range l.Net.Nodes() {
+		before[n.Name] = e.foreignState(n.Name)
+	}
+
+	applied := time.Now()
+	e.kubectl("apply", "-k", overlay(t, curTag))
+	e.kubectl("-n", kuportNS, "rollout", "status", "deployment/kuport-controller", "--timeout=180s")
+	e.kubectl("-n", kuportNS, "rollout", "status", "daemonset/kuport-agent", "--timeout=180s")
+	e.assertAgentUnprivileged()
+	e.kubectlIn(mappings, "apply", "-f", "-")
+	e.waitProgrammed("demo", "local", "remote", "remote-udp")
+	e.assertAnswers("tcp", 3000, "web-a")
+	t.Logf("BENCH install apply_to_first_answer_s=%.1f", time.Since(applied).Seconds())
+	e.assertAnswers("tcp", 3001, "web-b")
+	e.assertAnswers("udp", 27015, "web-b")
+
+	t.Run("upgrade", func(t *testing.T) { e.t = t; e.upgrade(overlay(t, nextTag), nextTag) })
+	if t.Failed() {
+		return
+	}
+	t.Run("failover", func(t *testing.T) { e.t = t; e.failover() })
+	if t.Failed() {
+		return
+	}
+	t.Run("drain and eviction", func(t *testing.T) { e.t = t; e.drainAndEvict() })
+	if t.Failed() {
+		return
+	}
+	t.Run("uninstall", func(t *testing.T) { e.t = t; e.uninstall(nextTag, before) })
+}
+
+// env carries the lab through the steps.
+type env struct {
+	t *testing.T
+	l *kubelab.Lab
+}
+
+func (e *env) kubectl(args ...string) string {
+	e.t.Helper()
+	out, err := e.l.Cluster.KubectlRun(context.Background(), "", args...)
+	require.NoError(e.t, err)
+	return out
+}
+
+func (e *env) kubectlIn(stdin string, args ...string) string {
+	e.t.Helper()
+	out, err := e.l.Cluster.KubectlRun(context.Background(), stdin, args...)
+	require.NoError(e.t, err)
+	return out
+}
+
+func (e *env) exec(node string, args ...string) string {
+	e.t.Helper()
+	out, err := e.l.Net.Exec(context.Background(), node, args...)
+	require.NoError(e.t, err, "%s: %v", node, args)
+	return out
+}
+
+// assertAnswers probes publicAddr:port from the client and asserts the pod (a real pod of
+// Deployment pod, named in its reply log) saw the client's own address and the reply came
+// from the address the client dialed.
+func (e *env) assertAnswers(proto string, port int, pod string) {
+	e.t.Helper()
+	var res netlab.ProbeResult
+	require.Eventually(e.t, func() bool {
+		r, err := e.l.Net.Probe(context.Background(), proto, fmt.Sprintf("%s:%d", publicAddr, port), time.Second)
+		res = r
+		return err == nil && r.PodSaw != ""
+	}, 60*time.Second, 500*time.Millisecond, "%s %d: no answer", proto, port)
+	assert.Equal(e.t, clientAddr, res.PodSaw, "%s %d (%s): the address the pod saw", proto, port, pod)
+	assert.Equal(e.t, fmt.Sprintf("%s:%d", publicAddr, port), res.ReplyFrom, "%s %d (%s): where the reply came from", proto, port, pod)
+}
+
+func (e *env) waitProgrammed(ns string, names ...string) {
+	e.t.Helper()
+	for _, n := range names {
+		e.kubectl("-n", ns, "wait", "portmap/"+n, "--for=condition=Programmed", "--timeout=120s")
+	}
+}
+
+// assertAgentUnprivileged checks the agent pod the DaemonSet made runs without privilege.
+func (e *env) assertAgentUnprivileged() {
+	e.t.Helper()
+	pods, err := e.l.Kube.CoreV1().Pods(kuportNS).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=kuport-agent"})
+	require.NoError(e.t, err)
+	require.Len(e.t, pods.Items, len(e.l.Net.Nodes()))
+	for _, p := range pods.Items {
+		sc := p.Spec.Containers[0].SecurityContext
+		require.NotNil(e.t, sc)
+		assert.False(e.t, sc.Privileged != nil && *sc.Privileged, "agent pod %s is privileged", p.Name)
+	}
+}

@@ -1,0 +1,310 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"kuport.wlz.li/kuport/lab/kubelab"
+	"kuport.wlz.li/kuport/lab/netlab"
+)
+
+// workloads are real pods behind real Services: web-a on the accepting node edge-a, web-b on
+// worker-b, each a kuport-lab server that answers with the peer address it saw; their
+// EndpointSlices come from kube-controller-manager. The PortMaps reach them same-node
+// (local) and across the link (remote, remote-udp). They run before kuport is installed, so
+// the state the uninstall must restore includes them.
+var workloads = fmt.Sprintf(`apiVersion: v1
+kind: Namespace
+metadata: {name: demo}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web-a, namespace: demo}
+spec:
+  selector: {matchLabels: {app: web-a}}
+  template:
+    metadata: {labels: {app: web-a}}
+    spec:
+      nodeSelector: {kubernetes.io/hostname: edge-a}
+      containers:
+        - {name: tcp, image: %[1]s, imagePullPolicy: Never, args: [serve, --proto, tcp, --port, "3000"]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web-a, namespace: demo}
+spec:
+  selector: {app: web-a}
+  ports: [{name: web, port: 3000, protocol: TCP}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web-b, namespace: demo}
+spec:
+  selector: {matchLabels: {app: web-b}}
+  template:
+    metadata: {labels: {app: web-b}}
+    spec:
+      nodeSelector: {kubernetes.io/hostname: worker-b}
+      containers:
+        - {name: tcp, image: %[1]s, imagePullPolicy: Never, args: [serve, --proto, tcp, --port, "3001"]}
+        - {name: udp, image: %[1]s, imagePullPolicy: Never, args: [serve, --proto, udp, --port, "27015"]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web-b, namespace: demo}
+spec:
+  selector: {app: web-b}
+  ports:
+    - {name: web, port: 3001, protocol: TCP}
+    - {name: game, port: 27015, protocol: UDP}
+`, kubelab.LabToolImage)
+
+// mappings are the class and PortMaps applied once kuport is installed.
+const mappings = `apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMapClass
+metadata: {name: public}
+spec:
+  nodes:
+    edge-a: {interfaces: [enp1s0, wt0]}
+  ports: {min: 1024, max: 65535, reserved: [80, 443]}
+  returnPath: {mode: Vxlan}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata: {name: local, namespace: demo}
+spec: {className: public, protocol: TCP, port: 3000, serviceRef: {name: web-a, port: web}}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata: {name: remote, namespace: demo}
+spec: {className: public, protocol: TCP, port: 3001, serviceRef: {name: web-b, port: web}}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata: {name: remote-udp, namespace: demo}
+spec: {className: public, protocol: UDP, port: 27015, serviceRef: {name: web-b, port: game}}
+`
+
+func (e *env) deployWorkloads() {
+	e.t.Helper()
+	e.kubectlIn(workloads, "apply", "-f", "-")
+	for _, d := range []string{"web-a", "web-b"} {
+		e.kubectl("-n", "demo", "rollout", "status", "deployment/"+d, "--timeout=120s")
+	}
+}
+
+// streams starts a TCP and a UDP stream through the cross-node mappings.
+func (e *env) streams(d time.Duration) map[string]*netlab.Stream {
+	e.t.Helper()
+	out := map[string]*netlab.Stream{}
+	for name, dst := range map[string]string{"tcp": publicAddr + ":3001", "udp": publicAddr + ":27015"} {
+		s, err := e.l.Net.StartStream(name, dst, 20*time.Millisecond, d)
+		require.NoError(e.t, err)
+		out[name] = s
+	}
+	return out
+}
+
+// assertLossless waits for each stream and asserts it lost nothing.
+func (e *env) assertLossless(streams map[string]*netlab.Stream) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	for name, s := range streams {
+		res, err := s.Wait(ctx)
+		require.NoError(e.t, err)
+		e.t.Logf("BENCH stream proto=%s sent=%d lost=%d max_gap_ms=%d", name, res.Sent, res.Lost(), res.MaxGapMillis)
+		assert.Positive(e.t, res.Sent, name)
+		assert.Zero(e.t, res.Lost(), "%s stream lost packets: %s", name, res)
+		assert.Empty(e.t, res.Error, "%s stream", name)
+	}
+}
+
+var (
+	handleRe  = regexp.MustCompile(`# handle \d+`)
+	ifindexRe = regexp.MustCompile(`(?m)^(\d+): (kup-[0-9a-f]+)`)
+)
+
+// kernelObjects lists the identities of what kuport made on a node: each kup-* device's
+// ifindex and every nftables handle in table ip kuport. A recreated object changes it.
+func (e *env) kernelObjects(node string) string {
+	e.t.Helper()
+	links := ifindexRe.FindAllString(e.exec(node, "ip", "-o", "link", "show"), -1)
+	out, _ := e.l.Net.Exec(context.Background(), node, "nft", "-a", "list", "table", "ip", "kuport")
+	return strings.Join(links, "\n") + "\n" + strings.Join(handleRe.FindAllString(out, -1), " ")
+}
+
+func (e *env) allKernelObjects() map[string]string {
+	out := map[string]string{}
+	for _, n := range e.l.Net.Nodes() {
+		out[n.Name] = e.kernelObjects(n.Name)
+	}
+	return out
+}
+
+// upgrade rolls both workloads to the next release under live streams: nothing lost, no
+// kernel object recreated, and the agents report the new version.
+func (e *env) upgrade(dir, tag string) {
+	before := e.allKernelObjects()
+	streams := e.streams(60 * time.Second)
+	time.Sleep(2 * time.Second)
+	e.kubectl("apply", "-k", dir)
+	e.kubectl("-n", kuportNS, "rollout", "status", "daemonset/kuport-agent", "--timeout=240s")
+	e.kubectl("-n", kuportNS, "rollout", "status", "deployment/kuport-controller", "--timeout=240s")
+	e.assertLossless(streams)
+	assert.Equal(e.t, before, e.allKernelObjects(), "kernel objects recreated by the upgrade")
+	e.waitAgentVersions(tag)
+	e.assertAnswers("tcp", 3000, "web-a")
+}
+
+// waitAgentVersions waits until ListNodes, asked of the leader through kubectl
+// port-forward as the README does, shows every node's agent at version.
+func (e *env) waitAgentVersions(version string) {
+	e.t.Helper()
+	require.Eventually(e.t, func() bool {
+		nodes, err := e.listNodes()
+		if err != nil {
+			e.t.Logf("ListNodes: %v", err)
+			return false
+		}
+		got := 0
+		for _, n := range nodes {
+			if n.version == version && n.connected {
+				got++
+			}
+		}
+		return got == len(e.l.Net.Nodes())
+	}, 90*time.Second, 2*time.Second, "agents at %s", version)
+}
+
+// leaderPod is the controller pod holding the Lease: its identity starts with the pod's
+// hostname, which is the pod name.
+func (e *env) leaderPod() string {
+	e.t.Helper()
+	var lease *coordinationv1.Lease
+	require.Eventually(e.t, func() bool {
+		var err error
+		lease, err = e.l.Kube.CoordinationV1().Leases(kuportNS).Get(context.Background(), "kuport-controller", metav1.GetOptions{})
+		return err == nil && lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity != ""
+	}, 60*time.Second, 500*time.Millisecond)
+	id := *lease.Spec.HolderIdentity
+	return id[:strings.Index(id+"_", "_")]
+}
+
+// failover deletes the leader's pod under live streams; a new PortMap is then Programmed
+// within the lease duration plus a few seconds.
+func (e *env) failover() {
+	leader := e.leaderPod()
+	streams := e.streams(40 * time.Second)
+	time.Sleep(2 * time.Second)
+	deleted := time.Now()
+	e.kubectl("-n", kuportNS, "delete", "pod", leader, "--wait=false")
+	e.kubectlIn(`apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata: {name: after-failover, namespace: demo}
+spec: {className: public, protocol: TCP, port: 3002, serviceRef: {name: web-a, port: web}}
+`, "apply", "-f", "-")
+	e.waitProgrammed("demo", "after-failover")
+	took := time.Since(deleted)
+	e.t.Logf("BENCH failover delete_to_programmed_s=%.1f", took.Seconds())
+	assert.Less(e.t, took, 15*time.Second+10*time.Second, "new PortMap Programmed within the lease duration plus a few seconds")
+	assert.NotEqual(e.t, leader, e.leaderPod())
+	e.assertLossless(streams)
+}
+
+// drainAndEvict drains worker-c (where a controller replica may run) and evicts the agent
+// on the accepting node under live streams: traffic keeps flowing and the new agent adopts
+// the kernel state without recreating anything.
+func (e *env) drainAndEvict() {
+	ctx := context.Background()
+	before := e.allKernelObjects()
+	streams := e.streams(45 * time.Second)
+	time.Sleep(2 * time.Second)
+	e.kubectl("drain", "worker-c", "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=120s")
+	e.kubectl("uncordon", "worker-c")
+	pods, err := e.l.Kube.CoreV1().Pods(kuportNS).List(ctx, metav1.ListOptions{
+		LabelSelector: "app.kubernetes.io/name=kuport-agent", FieldSelector: "spec.nodeName=edge-a",
+	})
+	require.NoError(e.t, err)
+	require.Len(e.t, pods.Items, 1)
+	old := pods.Items[0].Name
+	require.NoError(e.t, e.l.Kube.CoreV1().Pods(kuportNS).EvictV1(ctx, &policyv1.Eviction{
+		ObjectMeta: metav1.ObjectMeta{Name: old, Namespace: kuportNS},
+	}))
+	require.Eventually(e.t, func() bool {
+		pods, err := e.l.Kube.CoreV1().Pods(kuportNS).List(ctx, metav1.ListOptions{
+			LabelSelector: "app.kubernetes.io/name=kuport-agent", FieldSelector: "spec.nodeName=edge-a",
+		})
+		return err == nil && len(pods.Items) == 1 && pods.Items[0].Name != old && podReady(&pods.Items[0])
+	}, 120*time.Second, time.Second, "a new agent pod on edge-a")
+	e.assertLossless(streams)
+	assert.Equal(e.t, before, e.allKernelObjects(), "kernel objects recreated by the drain or the eviction")
+	e.assertAnswers("tcp", 3001, "web-b")
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// uninstall runs the README's uninstall and checks that nothing of kuport is left on any
+// node and everything else is as it was before the install.
+func (e *env) uninstall(tag string, before map[string]string) {
+	e.kubectl("delete", "portmaps", "--all", "--all-namespaces")
+	e.kubectl("delete", "portmapclasses", "--all")
+	e.kubectl("delete", "-k", overlay(e.t, tag), "--wait=true", "--timeout=180s")
+	cleanup := pinnedKustomization(e.t, filepath.Join(repoRoot, "deploy/cleanup"), tag)
+	e.kubectl("apply", "-k", cleanup)
+	e.kubectl("-n", "kuport-cleanup", "rollout", "status", "daemonset/kuport-cleanup", "--timeout=180s")
+	e.kubectl("delete", "-k", cleanup, "--wait=true", "--timeout=180s")
+
+	crds := e.kubectl("get", "crd", "-o", "name")
+	assert.NotContains(e.t, crds, "kuport.wlz.li")
+	for _, n := range e.l.Net.Nodes() {
+		out, _ := e.l.Net.Exec(context.Background(), n.Name, "nft", "list", "tables")
+		assert.NotContains(e.t, out, "ip kuport", n.Name)
+		assert.NotContains(e.t, e.exec(n.Name, "ip", "-o", "link", "show"), "kup-", n.Name)
+		rules := e.exec(n.Name, "ip", "rule", "show")
+		assert.NotRegexp(e.t, `(?m)^10[12]:`, rules, n.Name)
+		assert.Equal(e.t, before[n.Name], e.foreignState(n.Name), "%s: state other than kuport's changed", n.Name)
+	}
+}
+
+// foreignState is a node's network state other than kube-proxy's (which follows Services)
+// and without counters: every nftables table, ip rule, route of every table and device name.
+func (e *env) foreignState(node string) string {
+	e.t.Helper()
+	tables := strings.Split(strings.TrimSpace(e.exec(node, "nft", "list", "tables")), "\n")
+	sort.Strings(tables)
+	var b strings.Builder
+	for _, t := range tables {
+		if t == "" || strings.HasSuffix(t, " kube-proxy") {
+			continue
+		}
+		fields := strings.Fields(t) // table <family> <name>
+		b.WriteString(e.exec(node, "nft", "-s", "list", "table", fields[1], fields[2]))
+	}
+	b.WriteString(e.exec(node, "ip", "rule", "show"))
+	b.WriteString(e.exec(node, "ip", "route", "show", "table", "all"))
+	links := regexp.MustCompile(`(?m)^\d+: ([^:@]+)`).FindAllStringSubmatch(e.exec(node, "ip", "-o", "link", "show"), -1)
+	for _, l := range links {
+		b.WriteString(l[1] + "\n")
+	}
+	return b.String()
+}

@@ -1,0 +1,191 @@
+package kubelab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"kuport.wlz.li/kuport/lab/netlab"
+)
+
+// node is one lab node namespace running containerd, a kubelet and kube-proxy.
+type node struct {
+	c     *Cluster
+	spec  netlab.NodeSpec
+	procs []*netlab.Proc // in start order
+}
+
+// dir holds the node's configs and sockets (small, on the lab dir); state its runtimes'
+// heavy state (on disk).
+func (n *node) dir() string   { return filepath.Join(labKubeDir, n.spec.Name) }
+func (n *node) state() string { return filepath.Join(StateRoot, n.spec.Name) }
+
+func (n *node) containerdSocket() string { return filepath.Join(n.dir(), "containerd.sock") }
+
+// cgroupName is the node's kubelet cgroupRoot: its own, so that pods of different nodes
+// never share a QoS hierarchy.
+func (n *node) cgroupName() string { return "kuport-lab-" + n.spec.Name }
+
+func (n *node) logFile(component string) string {
+	return filepath.Join(n.c.logDir(), component+"-"+n.spec.Name+".log")
+}
+
+func (n *node) start(ctx context.Context) error {
+	for _, d := range []string{n.dir(), n.state()} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	if err := n.apiBridge(ctx); err != nil {
+		return err
+	}
+	if err := createCgroup(n.cgroupName()); err != nil {
+		return err
+	}
+	if err := n.startContainerd(ctx); err != nil {
+		return err
+	}
+	if err := n.importImages(ctx); err != nil {
+		return err
+	}
+	if err := n.startKubelet(); err != nil {
+		return err
+	}
+	return n.startKubeProxy()
+}
+
+// apiBridge gives the node APIAddr on lo and a socat there that carries connections to the
+// API server's unix socket in the root namespace.
+func (n *node) apiBridge(ctx context.Context) error {
+	if _, err := n.c.cfg.Net.Exec(ctx, n.spec.Name, "ip", "addr", "replace", APIAddr+"/32", "dev", "lo"); err != nil {
+		return err
+	}
+	p, err := n.c.cfg.Net.Start(n.spec.Name, n.logFile("socat-apiserver"), "socat",
+		"TCP-LISTEN:"+strconv.Itoa(APIPort)+",bind="+APIAddr+",fork,reuseaddr", "UNIX-CONNECT:"+n.c.apiSocket())
+	if err != nil {
+		return err
+	}
+	n.procs = append(n.procs, p)
+	return nil
+}
+
+func (n *node) startContainerd(ctx context.Context) error {
+	conf := filepath.Join(n.dir(), "containerd.toml")
+	if err := os.WriteFile(conf, []byte(n.containerdConfig()), 0o644); err != nil {
+		return err
+	}
+	cniDir := filepath.Join(n.dir(), "cni")
+	if err := os.MkdirAll(cniDir, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(cniDir, "10-kuport-lab.conflist"), []byte(n.cniConfig()), 0o644); err != nil {
+		return err
+	}
+	p, err := n.c.cfg.Net.StartShared(n.spec.Name, n.logFile("containerd"), "containerd", "--config", conf)
+	if err != nil {
+		return err
+	}
+	n.procs = append(n.procs, p)
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		select {
+		case <-p.Done():
+			return false, errors.New("containerd exited")
+		default:
+		}
+		_, err := n.ctr(ctx, "version")
+		return err == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("containerd not ready (see %s): %w", n.logFile("containerd"), err)
+	}
+	return nil
+}
+
+// ctr runs ctr against the node's containerd in the k8s.io namespace (the CRI's).
+func (n *node) ctr(ctx context.Context, args ...string) (string, error) {
+	return n.c.cfg.Net.Exec(ctx, "", append([]string{"ctr", "--address", n.containerdSocket(), "-n", "k8s.io"}, args...)...)
+}
+
+// ImportImage loads an image tarball into the node's containerd, as an operator's
+// registry pull would make it present.
+func (n *node) importImage(ctx context.Context, tarball string) error {
+	if _, err := n.ctr(ctx, "images", "import", "--no-unpack=false", tarball); err != nil {
+		return fmt.Errorf("import %s: %w", tarball, err)
+	}
+	return nil
+}
+
+func (n *node) importImages(ctx context.Context) error {
+	for _, img := range n.c.cfg.Images {
+		if err := n.importImage(ctx, img); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (n *node) startKubelet() error {
+	kubeconfig := filepath.Join(n.dir(), "kubelet.kubeconfig")
+	if err := n.c.cfg.API.WriteClientKubeconfig(kubeconfig, nodeServer(), "system:node:"+n.spec.Name, "system:nodes"); err != nil {
+		return err
+	}
+	conf := filepath.Join(n.dir(), "kubelet.yaml")
+	if err := os.WriteFile(conf, []byte(n.kubeletConfig()), 0o644); err != nil {
+		return err
+	}
+	p, err := n.c.cfg.Net.StartShared(n.spec.Name, n.logFile("kubelet"), filepath.Join(n.c.cfg.K8sBin, "kubelet"),
+		"--config="+conf, "--kubeconfig="+kubeconfig,
+		"--root-dir="+filepath.Join(n.state(), "kubelet"),
+		"--cert-dir="+filepath.Join(n.dir(), "kubelet-pki"),
+		"--hostname-override="+n.spec.Name,
+		"--node-ip="+n.spec.UnderlayAddr.Addr().String(),
+		"--v=1")
+	if err != nil {
+		return err
+	}
+	n.procs = append(n.procs, p)
+	return nil
+}
+
+func (n *node) startKubeProxy() error {
+	kubeconfig := filepath.Join(n.dir(), "kube-proxy.kubeconfig")
+	if err := n.c.cfg.API.WriteClientKubeconfig(kubeconfig, nodeServer(), "system:kube-proxy"); err != nil {
+		return err
+	}
+	conf := filepath.Join(n.dir(), "kube-proxy.yaml")
+	if err := os.WriteFile(conf, []byte(n.kubeProxyConfig(kubeconfig)), 0o644); err != nil {
+		return err
+	}
+	p, err := n.c.cfg.Net.StartShared(n.spec.Name, n.logFile("kube-proxy"), filepath.Join(n.c.cfg.K8sBin, "kube-proxy"),
+		"--config="+conf, "--v=1")
+	if err != nil {
+		return err
+	}
+	n.procs = append(n.procs, p)
+	return nil
+}
+
+// stop stops kube-proxy, the kubelet and containerd (in reverse start order) and then
+// kube-proxy's tables, which it leaves behind.
+func (n *node) stop() error {
+	var errs []error
+	for i := len(n.procs) - 1; i >= 0; i-- {
+		if err := n.procs[i].Stop(); err != nil {
+			n.c.log.Debug("stop", "node", n.spec.Name, "error", err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, t := range []string{"ip kube-proxy", "ip6 kube-proxy"} {
+		if _, err := n.c.cfg.Net.Exec(ctx, n.spec.Name, "sh", "-c", "nft list table "+t+" >/dev/null 2>&1 && nft delete table "+t+" || true"); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
