@@ -1,7 +1,7 @@
 // Command imagepack packs static binaries into a one-layer image tarball (package
 // kuport.wlz.li/kuport/build/imagepack) and prints "NAME DIGEST ID": the image's manifest
-// digest (what a registry serves once it is pushed) and its config digest (the image ID, which
-// `crictl images` shows after `ctr images import` too). `make images` runs it.
+// digest (what a registry serves once it is pushed) and its config digest (the image ID, the
+// same after `ctr images import`). `make images` runs it.
 //
 //	imagepack --name REGISTRY/REPO:TAG --out FILE --file PATH=SRC [--file ...]
 //	          [--user UID:GID] [--entrypoint ARG ...] [--label KEY=VALUE ...]
