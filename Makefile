@@ -67,12 +67,12 @@ BIN := $(CURDIR)/bin
 LDFLAGS := -X main.version=$(VERSION)
 # Static binaries whose bytes depend only on the source, VERSION and the Go toolchain: no cgo,
 # no build paths, no VCS stamp (the image labels carry the revision).
-GOBUILD = CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags "$(LDFLAGS)"
+GOBUILD := CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false
 
 .PHONY: build
 build:
 	@mkdir -p $(BIN)
-	@$(GOBUILD) -o $(BIN)/ ./cmd/...
+	@$(GOBUILD) -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
 
 # images packs one image tarball per binary into bin/images/ (build/imagepack; no daemon, no
 # registry) and lists each image's name and manifest digest in bin/images/digests.txt. The
@@ -102,7 +102,7 @@ endef
 .PHONY: images
 images:
 	@mkdir -p $(IMAGES)/bin
-	@GOOS=linux GOARCH=$(IMAGE_ARCH) $(GOBUILD) -o $(IMAGES)/bin/ ./cmd/kuport-controller ./cmd/kuport-agent
+	@GOOS=linux GOARCH=$(IMAGE_ARCH) $(GOBUILD) -ldflags "$(LDFLAGS)" -o $(IMAGES)/bin/ ./cmd/kuport-controller ./cmd/kuport-agent
 	@{ $(call image,kuport-controller,65532:65532,kuport controller: compiles PortMaps and streams node programs) && \
 	   $(call image,kuport-agent,0:0,kuport node agent: applies its node's program with nftables and netlink); \
 	 } > $(IMAGES)/digests.txt.tmp
@@ -110,8 +110,8 @@ images:
 	@cat $(IMAGES)/digests.txt
 
 # lab-images packs the lab's sandbox image, bin/images/pause.tar as kuport.lab/pause:1
-# (lab/pause; containerd's sandbox_image), with every timestamp at the epoch so its digest
-# changes only with the program and the toolchain.
+# (lab/pause; containerd's sandbox_image). It carries no version and every timestamp is the
+# epoch, so its digest changes only with the program and the toolchain.
 .PHONY: lab-images
 lab-images:
 	@mkdir -p $(IMAGES)/bin
