@@ -75,8 +75,9 @@ build:
 	@$(GOBUILD) -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
 
 # images packs one image tarball per binary into bin/images/ (build/imagepack; no daemon, no
-# registry) and lists each image's name and manifest digest in bin/images/digests.txt. The
-# same commit gives the same digests: every timestamp is SOURCE_DATE_EPOCH (the commit time).
+# registry) and lists each image's name, manifest digest and image ID (config digest) in
+# bin/images/digests.txt. The same commit gives the same digests: every timestamp is
+# SOURCE_DATE_EPOCH (the commit time).
 # `make images VERSION=v0.1.0` sets the binaries' version and the tag.
 IMAGES := $(BIN)/images
 IMAGE_REPO ?= ghcr.io/kuport
