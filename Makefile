@@ -122,11 +122,14 @@ lab-images:
 		--label org.opencontainers.image.source=$(IMAGE_SOURCE) --label org.opencontainers.image.title=pause
 
 # deps installs the Debian packages the datapath, the lab and the tests use (sysctl is procps;
-# chromium loads the controller's dashboard headless in its tests).
+# chromium loads the controller's dashboard headless in its tests; containerd, runc, the CNI
+# plugins and socat run the kubelet-backed lab's nodes; installing containerd starts nothing).
 .PHONY: deps
 deps:
-	@if ! command -v nft >/dev/null || ! command -v conntrack >/dev/null || ! command -v ip >/dev/null || ! command -v sysctl >/dev/null || ! command -v chromium >/dev/null; then \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables conntrack iproute2 procps chromium) >&2; \
+	@if ! command -v nft >/dev/null || ! command -v conntrack >/dev/null || ! command -v ip >/dev/null || ! command -v sysctl >/dev/null || ! command -v chromium >/dev/null \
+		|| ! command -v containerd >/dev/null || ! command -v runc >/dev/null || ! command -v socat >/dev/null || ! [ -x /usr/lib/cni/bridge ]; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables conntrack iproute2 procps chromium \
+			containerd runc containernetworking-plugins socat) >&2; \
 	fi
 
 # lab-binaries builds (once per version, cached outside the repo) etcd, kube-apiserver and
@@ -147,9 +150,16 @@ lint: $(BUF)
 # test runs everything: generated code up to date, lint, unit and golden tests, privileged
 # datapath tests in fresh network namespaces, and the end-to-end suite against the lab.
 .PHONY: test
-test: deps tools lab-binaries check-generated lint build
+test: deps tools lab-binaries check-generated lint build images lab-images images-next
 	KUPORT_PRIVILEGED=1 KUPORT_LAB_BIN=$$(lab/build-binaries.sh) KUPORT_BIN=$(BIN) \
+		KUPORT_IMAGES=$(IMAGES) KUPORT_IMAGES_NEXT=$(BIN)/images-next \
 		$(GO) test -count=1 -p 1 -timeout 30m ./...
+
+# images-next packs the images of a later version (VERSION-next) into bin/images-next, for the
+# install e2e's rolling upgrade.
+.PHONY: images-next
+images-next:
+	@$(MAKE) --no-print-directory images VERSION=$(VERSION)-next IMAGES=$(BIN)/images-next >/dev/null
 
 # ---------------------------------------------------------------------------------------
 # The lab

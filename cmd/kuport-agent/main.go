@@ -5,7 +5,7 @@
 //	             [--underlay-interface IF] [--report-interval 10s] [--resync-interval 30s]
 //	             [--token-file /var/run/secrets/kuport/token] [--inspect-listen 127.0.0.1:7400]
 //	             [--epoch-file /run/kuport/epoch] [--log-level info]
-//	kuport-agent cleanup [--log-level info]
+//	kuport-agent cleanup [--wait] [--log-level info]
 //	kuport-agent --version
 //
 // TARGET is a gRPC target: unix:///run/kuport-lab/controller-0.sock or host:port. The agent
@@ -17,7 +17,8 @@
 // the node across agent restarts, so a deposed leader cannot get a stale program applied by a
 // restarted agent ("" keeps it in memory only). SIGTERM and
 // SIGINT stop the agent and leave the kernel as it is (fail static); `cleanup` removes
-// everything kuport made on the node and exits.
+// everything kuport made on the node and exits (with --wait, it then waits for SIGTERM, so a
+// cleanup DaemonSet's pods become Ready once their node is clean: deploy/cleanup).
 //
 // Exit status: 0 on success, 2 on a usage error, 1 on any other error.
 package main
@@ -90,8 +91,9 @@ func runErr(args []string, stdout, stderr io.Writer) error {
 	inspectListen := fs.String("inspect-listen", defaultInspectListen, `host:port serving the applied program to grpcurl (keep it on loopback); "" serves nothing`)
 	logLevel := fs.String("log-level", "info", "log level: trace, debug, info, warn or error")
 	showVersion := fs.Bool("version", false, "print the version and exit")
+	wait := fs.Bool("wait", false, "with cleanup: after cleaning up, wait for SIGTERM or SIGINT before exiting")
 	fs.Usage = func() {
-		_, _ = fmt.Fprintln(stderr, "usage: kuport-agent --node-name N --controller TARGET [flags]\n       kuport-agent cleanup [--log-level L]\n       kuport-agent --version")
+		_, _ = fmt.Fprintln(stderr, "usage: kuport-agent --node-name N --controller TARGET [flags]\n       kuport-agent cleanup [--wait] [--log-level L]\n       kuport-agent --version")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -136,6 +138,11 @@ func runErr(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("cleanup: %w", err)
 		}
 		log.Info("removed everything kuport made on this node")
+		if *wait {
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			<-ctx.Done()
+		}
 		return nil
 	}
 

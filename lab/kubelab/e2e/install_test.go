@@ -68,6 +68,9 @@ func overlay(t *testing.T, tag string) string {
 func pinnedKustomization(t *testing.T, base, tag string) string {
 	t.Helper()
 	dir := t.TempDir()
+	// kustomize takes a base only by a relative path.
+	rel, err := filepath.Rel(dir, base)
+	require.NoError(t, err)
 	k := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
@@ -75,7 +78,7 @@ resources:
 images:
   - {name: ghcr.io/kuport/kuport-controller, newTag: %q}
   - {name: ghcr.io/kuport/kuport-agent, newTag: %q}
-`, base, tag, tag)
+`, rel, tag, tag)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644))
 	return dir
 }
