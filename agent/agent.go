@@ -22,6 +22,8 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -58,6 +60,14 @@ var DefaultBackoff = wait.Backoff{
 	Steps:    math.MaxInt32,
 	Cap:      5 * time.Second,
 }
+
+// ReadyService is the grpc.health.v1 service of the agent's readiness, served by its
+// InspectionServer: SERVING while a stream to a controller is open (Hello sent and the stream
+// not yet ended) and the agent has taken a program since it started (applied it, whatever
+// its entry errors, or found it already applied; a refused program, fenced or another
+// node's, does not count). NOT_SERVING before that and while it reconnects. The overall
+// service "" is its liveness: SERVING while the process answers.
+var ReadyService = kuportv1.AgentService_ServiceDesc.ServiceName
 
 // Config configures an Agent. Zero durations take the Default* values.
 type Config struct {
@@ -121,6 +131,8 @@ type Agent struct {
 	// applied is what setCurrent last published, for the inspection server (nil before the
 	// first program).
 	applied atomic.Pointer[kuportv1.GetAppliedProgramResponse]
+	// health is the inspection server's grpc.health.v1: "" and ReadyService.
+	health *health.Server
 }
 
 // New checks cfg and returns an Agent. It errors when the node name, the targets or the
@@ -156,7 +168,18 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Agent{cfg: cfg, log: cfg.Log, epochFloor: floor}, nil
+	a := &Agent{cfg: cfg, log: cfg.Log, epochFloor: floor, health: health.NewServer()}
+	a.setReady(false)
+	return a, nil
+}
+
+// setReady sets the status of ReadyService.
+func (a *Agent) setReady(ready bool) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if ready {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	a.health.SetServingStatus(ReadyService, st)
 }
 
 // errSessionEnded marks a stream the controller closed cleanly.
@@ -261,6 +284,10 @@ func (a *Agent) session(ctx context.Context, target string, resync <-chan time.T
 		return false, fmt.Errorf("send hello to %s: %w", target, err)
 	}
 	a.log.Info("connected to controller", "target", target, "applied_version", hello.AppliedVersion, "applied_epoch", hello.AppliedEpoch)
+	// Connected: ready when a program was taken since start (a reconnect that claims the
+	// applied version gets no program), until the stream ends.
+	a.setReady(a.current != nil)
+	defer a.setReady(false)
 
 	programs := make(chan *kuportv1.NodeProgram)
 	recvErr := make(chan error, 1)
@@ -322,7 +349,9 @@ func (a *Agent) session(ctx context.Context, target string, resync <-chan time.T
 			return healthy, fmt.Errorf("receive from %s: %w", target, err)
 		case p := <-programs:
 			healthy = true
-			err = sendAck(a.handleProgram(p))
+			ack := a.handleProgram(p)
+			a.setReady(a.current != nil)
+			err = sendAck(ack)
 		case <-resync:
 			err = sendAck(a.resync())
 		case <-report.C:

@@ -5,7 +5,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
@@ -30,12 +29,13 @@ func (i inspection) GetAppliedProgram(context.Context, *kuportv1.GetAppliedProgr
 }
 
 // InspectionServer returns a gRPC server (not yet serving) with the agent's local inspection
-// surface: kuport.v1.AgentInspectionService, grpc.health.v1 (SERVING) and server reflection,
-// for grpcurl on the node. It has no authentication: serve it on loopback only.
+// surface: kuport.v1.AgentInspectionService, grpc.health.v1 ("" SERVING for liveness,
+// ReadyService for readiness) and server reflection, for grpcurl and `kuport-agent probe` on
+// the node. It has no authentication: serve it on loopback only.
 func (a *Agent) InspectionServer() *grpc.Server {
 	s := grpc.NewServer()
 	kuportv1.RegisterAgentInspectionServiceServer(s, inspection{a: a})
-	healthpb.RegisterHealthServer(s, health.NewServer())
+	healthpb.RegisterHealthServer(s, a.health)
 	reflection.Register(s)
 	return s
 }

@@ -73,3 +73,63 @@ func TestInspectionServesAppliedProgram(t *testing.T) {
 	assert.Empty(t, got.Errors)
 	assert.False(t, got.ApplyTime.AsTime().Before(before), "apply_time %v is before the program was sent", got.ApplyTime.AsTime())
 }
+
+// TestReadiness follows ReadyService through an agent's life: NOT_SERVING while connected
+// without a program or with only a refused one, SERVING once a program is taken, NOT_SERVING
+// once the stream ends, SERVING again on a reconnect that claims the applied program
+// without getting one. The overall service stays SERVING throughout.
+func TestReadiness(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	c, target := startController(t)
+	cfg := testConfig(newFakeDatapath(), &syncBuffer{}, target)
+	// Hold the reconnect, so the state between two streams can be seen.
+	cfg.Backoff.Duration, cfg.Backoff.Cap = 500*time.Millisecond, 500*time.Millisecond
+	a, _ := startAgent(t, cfg)
+
+	sock := filepath.Join(t.TempDir(), "inspect.sock")
+	lis, err := net.Listen("unix", sock)
+	require.NoError(t, err)
+	srv := a.InspectionServer()
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	hc := healthpb.NewHealthClient(conn)
+	check := func(service string) healthpb.HealthCheckResponse_ServingStatus {
+		t.Helper()
+		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: service})
+		require.NoError(t, err)
+		return r.Status
+	}
+	eventually := func(want healthpb.HealthCheckResponse_ServingStatus) {
+		t.Helper()
+		deadline := time.Now().Add(waitFor)
+		for check(ReadyService) != want && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		require.Equal(t, want, check(ReadyService))
+	}
+	const serving, notServing = healthpb.HealthCheckResponse_SERVING, healthpb.HealthCheckResponse_NOT_SERVING
+	assert.Equal(t, "kuport.v1.AgentService", ReadyService)
+
+	s := nextSession(t, c)
+	assert.Equal(t, notServing, check(ReadyService), "connected, no program yet")
+	other := program(1, 1, 27015)
+	other.Node = "worker-b"
+	s.send(t, other)
+	require.NotEmpty(t, s.nextAck(t).GetErrors())
+	assert.Equal(t, notServing, check(ReadyService), "another node's program is refused")
+	s.send(t, program(2, 1, 27015))
+	require.Empty(t, s.nextAck(t).GetErrors())
+	assert.Equal(t, serving, check(ReadyService))
+	assert.Equal(t, serving, check(""))
+
+	close(s.end)
+	eventually(notServing)
+	assert.Equal(t, serving, check(""), "alive while reconnecting")
+	s = nextSession(t, c)
+	require.Equal(t, uint64(2), s.hello.GetAppliedVersion())
+	eventually(serving)
+}

@@ -25,9 +25,9 @@ type Config struct {
 	// NETLINK_ROUTE and NETLINK_NETFILTER (conntrack) families, as it has when created
 	// without a family list.
 	Netlink *netlink.Handle
-	// NetNS is the namespace whose /proc/sys the per-device sysctls (rp_filter) and
-	// ip_forward are read and written in; netns.None() (or any handle <= 0) means the
-	// calling process's own namespace.
+	// NetNS is the namespace of Netlink, where the datapath opens the rtnetlink sockets of
+	// its own requests (rp_filter and ip_forward, devconf.go); netns.None() (or any handle
+	// <= 0) means the calling process's own namespace, which no setns enters.
 	NetNS netns.NsHandle
 	// Log receives every kernel write at trace level and a summary per Apply at debug
 	// level; nil discards.
@@ -53,7 +53,11 @@ func New(cfg Config) *Datapath {
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
-	return &Datapath{nft: cfg.NFT, nl: cfg.Netlink, netns: cfg.NetNS, log: log}
+	ns := cfg.NetNS
+	if ns <= 0 {
+		ns = netns.None()
+	}
+	return &Datapath{nft: cfg.NFT, nl: cfg.Netlink, netns: ns, log: log}
 }
 
 // EntryError is the failure of one program entry. Kind is "dnat", "snat", "mark", "link",
@@ -277,11 +281,9 @@ func (d *Datapath) NodeState(underlay string) (*kuportv1.NodeState, error) {
 			}
 		}
 	}
-	fwd, err := d.readSysctl("/proc/sys/net/ipv4/ip_forward")
-	if err != nil {
+	if st.IpForward, err = d.ipForward(); err != nil {
 		return nil, err
 	}
-	st.IpForward = fwd == "1"
 	return st, nil
 }
 

@@ -20,7 +20,7 @@ const linkTTL = 64
 
 // rpFilterLoose is the rp_filter value set on each link: the kernel uses max(all, device),
 // and strict (1) drops the decapsulated request after DNAT (DESIGN.md, "rp_filter").
-const rpFilterLoose = "2"
+const rpFilterLoose = 2
 
 // wantLink is a validated Link entry.
 type wantLink struct {
@@ -138,13 +138,12 @@ func (d *Datapath) syncLink(w *wantLink, changes *int) error {
 		}
 		*changes++
 	}
-	path := "/proc/sys/net/ipv4/conf/" + w.name + "/rp_filter"
-	v, err := d.readSysctl(path)
+	v, err := d.rpFilter(l.Attrs().Index)
 	if err != nil {
 		return err
 	}
 	if v != rpFilterLoose {
-		if err := d.writeSysctl(path, rpFilterLoose); err != nil {
+		if err := d.setRPFilter(l.Attrs().Index, rpFilterLoose); err != nil {
 			return err
 		}
 		*changes++

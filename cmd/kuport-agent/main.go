@@ -6,6 +6,7 @@
 //	             [--token-file /var/run/secrets/kuport/token] [--inspect-listen 127.0.0.1:7400]
 //	             [--epoch-file /run/kuport/epoch] [--log-level info]
 //	kuport-agent cleanup [--wait] [--log-level info]
+//	kuport-agent probe [--address 127.0.0.1:7400] [--service ""] [--timeout 1s]
 //	kuport-agent --version
 //
 // TARGET is a gRPC target: unix:///run/kuport-lab/controller-0.sock or host:port. The agent
@@ -20,7 +21,15 @@
 // everything kuport made on the node and exits (with --wait, it then waits for SIGTERM, so a
 // cleanup DaemonSet's pods become Ready once their node is clean: deploy/cleanup).
 //
-// Exit status: 0 on success, 2 on a usage error, 1 on any other error.
+// `probe` is the DaemonSet's liveness and readiness probe (an exec probe: the kubelet's gRPC
+// and TCP probes of a host-network pod dial the node's address, and the inspection server
+// stays on loopback). It runs a grpc.health.v1 Check of --service against a running agent's
+// --inspect-listen address and exits 0 only on SERVING: service "" answers while the agent
+// process serves (liveness), "kuport.v1.AgentService" while it is connected to a controller
+// and has taken a program since it started (readiness, agent.ReadyService).
+//
+// Exit status: 0 on success, 2 on a usage error, 1 on any other error (for probe: anything
+// but SERVING).
 package main
 
 import (
@@ -32,12 +41,16 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/hashicorp/go-hclog"
 	"github.com/spf13/pflag"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"kuport.wlz.li/kuport/agent"
 	"kuport.wlz.li/kuport/datapath"
@@ -78,6 +91,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 func runErr(args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "probe" {
+		return probe(args[1:], stdout, stderr)
+	}
 	fs := pflag.NewFlagSet("kuport-agent", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	nodeName := fs.String("node-name", "", "name of this node (required to run)")
@@ -93,7 +109,8 @@ func runErr(args []string, stdout, stderr io.Writer) error {
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	wait := fs.Bool("wait", false, "with cleanup: after cleaning up, wait for SIGTERM or SIGINT before exiting")
 	fs.Usage = func() {
-		_, _ = fmt.Fprintln(stderr, "usage: kuport-agent --node-name N --controller TARGET [flags]\n       kuport-agent cleanup [--wait] [--log-level L]\n       kuport-agent --version")
+		_, _ = fmt.Fprintln(stderr, "usage: kuport-agent --node-name N --controller TARGET [flags]\n       kuport-agent cleanup [--wait] [--log-level L]\n"+
+			"       kuport-agent probe [--address A] [--service S] [--timeout D]\n       kuport-agent --version")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -203,4 +220,41 @@ func openDatapath(log hclog.Logger) (*datapath.Datapath, func(), error) {
 		nl.Close()
 		_ = nft.CloseLasting()
 	}, nil
+}
+
+// probe runs `kuport-agent probe`: one grpc.health.v1 Check; nil only on SERVING.
+func probe(args []string, stdout, stderr io.Writer) error {
+	fs := pflag.NewFlagSet("kuport-agent probe", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	address := fs.String("address", defaultInspectListen, "gRPC target of the agent's --inspect-listen")
+	service := fs.String("service", "", `health service to check: "" (the agent answers) or `+agent.ReadyService+" (connected, a program taken)")
+	timeout := fs.Duration("timeout", time.Second, "deadline of the check")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return nil
+		}
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	switch {
+	case fs.NArg() > 0:
+		return fmt.Errorf("%w: probe: unexpected arguments %q", errUsage, fs.Args())
+	case *timeout <= 0:
+		return fmt.Errorf("%w: probe: --timeout must be positive", errUsage)
+	}
+	conn, err := grpc.NewClient(*address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("probe %s: %w", *address, err)
+	}
+	defer func() { _ = conn.Close() }()
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: *service})
+	if err != nil {
+		return fmt.Errorf("probe %s service %q: %w", *address, *service, err)
+	}
+	if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		return fmt.Errorf("probe %s service %q: %s", *address, *service, resp.GetStatus())
+	}
+	_, _ = fmt.Fprintf(stdout, "service %q: %s\n", *service, resp.GetStatus())
+	return nil
 }
