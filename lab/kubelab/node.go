@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -109,7 +111,13 @@ func (n *node) startContainerd(ctx context.Context) error {
 
 // ctr runs ctr against the node's containerd in the k8s.io namespace (the CRI's).
 func (n *node) ctr(ctx context.Context, args ...string) (string, error) {
-	return n.c.cfg.Net.Exec(ctx, "", append([]string{"ctr", "--address", n.containerdSocket(), "-n", "k8s.io"}, args...)...)
+	// The socket is a path: ctr reaches it from the root namespace.
+	cmd := exec.CommandContext(ctx, "ctr", append([]string{"--address", n.containerdSocket(), "-n", "k8s.io"}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("ctr %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
 }
 
 // ImportImage loads an image tarball into the node's containerd, as an operator's

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os/exec"
 	"regexp"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -32,6 +33,8 @@ func (e *env) listNodes() ([]nodeRow, error) {
 	if err != nil {
 		return nil, err
 	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
@@ -45,7 +48,9 @@ func (e *env) listNodes() ([]nodeRow, error) {
 		}
 	}
 	if port == "" {
-		return nil, fmt.Errorf("port-forward printed no local port")
+		cancel()
+		_ = cmd.Wait()
+		return nil, fmt.Errorf("port-forward printed no local port: %s", strings.TrimSpace(stderr.String()))
 	}
 	go func() {
 		for sc.Scan() { // keep draining, so kubectl never blocks on its stdout
