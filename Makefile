@@ -166,6 +166,7 @@ images-next:
 
 LAB_DIR ?= /run/kuport-lab
 # LAB_ARGS adds kuport-lab flags to lab-up, e.g. --controller-replicas=2.
+# cluster-up is lab-up on the kubelet-backed cluster, kuport installed from make images.
 LAB_ARGS ?=
 
 .PHONY: demo
@@ -176,6 +177,10 @@ demo: deps lab-binaries build
 .PHONY: lab-up
 lab-up: deps tools lab-binaries build
 	@$(BIN)/kuport-lab up --k8s-bin $$(lab/build-binaries.sh) --bin $(BIN) --dir $(LAB_DIR) $(LAB_ARGS)
+
+.PHONY: cluster-up
+cluster-up: deps tools lab-binaries build images lab-images
+	@$(BIN)/kuport-lab up --kubelet --images $(IMAGES) --k8s-bin $$(lab/build-binaries.sh) --bin $(BIN) --dir $(LAB_DIR) $(LAB_ARGS)
 
 .PHONY: lab-down
 lab-down:

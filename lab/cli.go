@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"kuport.wlz.li/kuport/lab/cluster"
+	"kuport.wlz.li/kuport/lab/kubelab"
 	"kuport.wlz.li/kuport/lab/netlab"
 )
 
@@ -34,6 +35,8 @@ func parseOptions(name string, args []string, stderr io.Writer) (Options, error)
 	fs.StringVar(&opt.CRDDir, "crds", "deploy/crds", "dir of the CRD YAMLs")
 	fs.StringVar(&opt.RBACFile, "rbac", "deploy/rbac.yaml", "ServiceAccounts and RBAC to install; the controller runs as kuport-controller")
 	fs.IntVar(&opt.ControllerReplicas, "controller-replicas", 1, "controller replicas to run under leader election; every agent gets them all")
+	fs.BoolVar(&opt.Kubelet, "kubelet", false, "up: run the kubelet-backed cluster and install kuport with kubectl apply -k instead")
+	fs.StringVar(&opt.Images, "images", "bin/images", "with --kubelet: dir of `make images` and `make lab-images` tarballs")
 	level := fs.String("log-level", "info", "log level of stderr")
 	if err := fs.Parse(args); err != nil {
 		return opt, err
@@ -143,6 +146,13 @@ func UpDetached(ctx context.Context, args []string, stderr io.Writer) error {
 // and the `remote` mapping, marks the lab ready and keeps it until ctx ends (SIGTERM from
 // Down), then tears it down.
 func Run(ctx context.Context, args []string, stderr io.Writer) (err error) {
+	opt, err := parseOptions("run", args, stderr)
+	if err != nil {
+		return err
+	}
+	if opt.Kubelet {
+		return runKubelet(ctx, opt)
+	}
 	l, opt, err := upDemo(ctx, "run", args, stderr)
 	if err != nil {
 		return err
@@ -185,10 +195,49 @@ func Down(ctx context.Context, args []string, stderr io.Writer) error {
 		_ = os.Remove(pidPath)
 	}
 	_ = os.Remove(filepath.Join(*dir, readyFile))
-	err := netlab.WhileFree(func() error { return errors.Join(cluster.StopDir(*dir), netlab.Teardown()) })
+	err := netlab.WhileFree(func() error {
+		return errors.Join(cluster.StopDir(*dir), netlab.Teardown(), kubelab.RemoveLeftovers(hclog.NewNullLogger()))
+	})
 	if errors.Is(err, netlab.ErrLabRunning) {
 		_, _ = fmt.Fprintf(stderr, "lab-down: %v; left it alone\n", err)
 		return nil
 	}
 	return err
+}
+
+// runKubelet is Run for `up --kubelet`: the kubelet-backed cluster with kuport installed by
+// `kubectl apply -k` of the lab overlay pinned to the images' tag, kept until ctx ends.
+func runKubelet(ctx context.Context, opt Options) (err error) {
+	images, err := filepath.Glob(filepath.Join(opt.Images, "*.tar"))
+	if err != nil || len(images) == 0 {
+		return fmt.Errorf("no image tarballs in %s: run make images lab-images", opt.Images)
+	}
+	tag, err := kubelab.ImageTag(filepath.Join(opt.Images, "kuport-agent.tar"))
+	if err != nil {
+		return err
+	}
+	overlay, err := filepath.Abs("lab/kubelab/overlay")
+	if err != nil {
+		return err
+	}
+	l, err := kubelab.Up(ctx, kubelab.Options{K8sBin: opt.K8sBin, Bin: opt.Bin, Images: images, Log: opt.Log})
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, l.Close()) }()
+	install := filepath.Join(opt.Dir, "install")
+	if err := kubelab.PinnedKustomization(install, overlay, tag); err != nil {
+		return err
+	}
+	opt.Log.Info("installing kuport", "kustomization", install)
+	if err := l.Cluster.Install(ctx, install); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(opt.Dir, readyFile), nil, 0o644); err != nil {
+		return err
+	}
+	opt.Log.Info("lab ready")
+	<-ctx.Done()
+	opt.Log.Info("stopping the lab")
+	return nil
 }

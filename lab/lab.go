@@ -69,6 +69,10 @@ type Options struct {
 	ControllerReplicas int
 	// Log receives progress; nil discards.
 	Log hclog.Logger
+	// Kubelet makes `kuport-lab up` (and run) start the kubelet-backed cluster instead
+	// (lab/kubelab) and install kuport on it from the image tarballs in Images.
+	Kubelet bool
+	Images  string
 }
 
 // Lab is a running lab.
@@ -126,10 +130,6 @@ func (l *Lab) up(ctx context.Context) error {
 	})
 	if err != nil {
 		return err
-	}
-	// Each lab's process logs start empty, so grepping them reads only this run.
-	if err := clearLogs(l.logDir()); err != nil {
-		return fmt.Errorf("lab: %w", err)
 	}
 	// Leftovers of a crashed run: stop its processes before reusing the dir.
 	if err := cluster.StopDir(l.opt.Dir); err != nil {
@@ -193,20 +193,6 @@ func (l *Lab) logDir() string { return filepath.Join(l.opt.Dir, "logs") }
 // ReplicaLog is the log file of controller replica i, in the lab dir.
 func (l *Lab) ReplicaLog(i int) string {
 	return filepath.Join(l.logDir(), fmt.Sprintf("controller-%d.log", i))
-}
-
-// clearLogs empties the earlier runs' *.log files in dir.
-func clearLogs(dir string) error {
-	logs, err := filepath.Glob(filepath.Join(dir, "*.log"))
-	if err != nil {
-		return err
-	}
-	for _, f := range logs {
-		if err := os.Truncate(f, 0); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // etcdDir is where lab/cluster keeps etcd's data.

@@ -198,6 +198,8 @@ func apiserverArgs(dir string, p *pki, etcdURL string, port int) []string {
 		"--tls-cert-file=" + p.servingCert,
 		"--tls-private-key-file=" + p.servingKey,
 		"--client-ca-file=" + p.caCert,
+		"--kubelet-client-certificate=" + p.kubeletClientCert,
+		"--kubelet-client-key=" + p.kubeletClientKey,
 		// Node first: the kubelet-backed cluster's kubelets (system:node:<name>) read only
 		// what their own pods need; RBAC for everyone else.
 		"--authorization-mode=Node,RBAC",

@@ -26,7 +26,10 @@ const certValidity = 365 * 24 * time.Hour
 // admin client credentials in memory for the kubeconfig and rest.Config.
 type pki struct {
 	caCert, servingCert, servingKey, saPub, saKey string
-	caPEM, adminCertPEM, adminKeyPEM              []byte
+	// kubeletClientCert and Key are the API server's identity towards kubelets (logs, exec,
+	// port-forward on the kubelet-backed cluster).
+	kubeletClientCert, kubeletClientKey string
+	caPEM, adminCertPEM, adminKeyPEM    []byte
 	// ca and caKey sign the client certificates of the kubelet-backed cluster's components
 	// (Cluster.WriteClientKubeconfig).
 	ca    *x509.Certificate
@@ -48,6 +51,9 @@ func writePKI(dir string) (*pki, error) {
 		servingKey:  filepath.Join(dir, "apiserver.key"),
 		saPub:       filepath.Join(dir, "sa.pub"),
 		saKey:       filepath.Join(dir, "sa.key"),
+
+		kubeletClientCert: filepath.Join(dir, "apiserver-kubelet-client.crt"),
+		kubeletClientKey:  filepath.Join(dir, "apiserver-kubelet-client.key"),
 	}
 
 	caKey, err := newKey()
@@ -87,6 +93,20 @@ func writePKI(dir string) (*pki, error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("admin cert: %w", err)
+	}
+
+	kcCert, kcKey, err := signLeaf(ca, caKey, x509.Certificate{
+		Subject:     pkix.Name{CommonName: "kube-apiserver-kubelet-client", Organization: []string{"system:masters"}},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("kubelet client cert: %w", err)
+	}
+	if err := certutil.WriteCert(p.kubeletClientCert, kcCert); err != nil {
+		return nil, err
+	}
+	if err := keyutil.WriteKey(p.kubeletClientKey, kcKey); err != nil {
+		return nil, err
 	}
 
 	saKey, err := newKey()

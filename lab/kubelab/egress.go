@@ -49,6 +49,8 @@ type kubeletProxy struct {
 	wg   sync.WaitGroup
 }
 
+// startKubeletProxy listens on socket; nsOf names the node namespace holding host (the
+// kubelet's address, the API server dials InternalIP first).
 func startKubeletProxy(socket string, nsOf func(string) (string, bool)) (*kubeletProxy, error) {
 	_ = os.Remove(socket)
 	if err := os.MkdirAll(filepath.Dir(socket), 0o755); err != nil {

@@ -112,6 +112,10 @@ func runtimeMarker(dir string) string {
 	return filepath.Join(StateRoot, ".created"+strings.ReplaceAll(dir, "/", "-"))
 }
 
+// RemoveLeftovers removes whatever a crashed kubelet-backed lab left on the machine (see
+// removeLeftovers); for `make lab-down`, holding the lab lock.
+func RemoveLeftovers(log hclog.Logger) error { return removeLeftovers(log) }
+
 // removeLeftovers kills every process left in the lab's cgroups (containers, pause
 // processes) and every containerd shim serving a lab containerd, unmounts everything under
 // the lab's state, removes the cgroups depth-first, the state and the runtime directories the

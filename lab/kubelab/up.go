@@ -86,7 +86,7 @@ func (l *Lab) up(ctx context.Context, opt Options) error {
 	}
 	l.API, err = cluster.Start(ctx, cluster.Config{
 		Dir: cluster.DefaultDir, BinDir: opt.K8sBin, Log: opt.Log.Named("cluster"),
-		ExtraArgs: []string{"--egress-selector-config-file=" + egress},
+		ExtraArgs: []string{"--egress-selector-config-file=" + egress, "--kubelet-preferred-address-types=InternalIP"},
 	})
 	if err != nil {
 		return err

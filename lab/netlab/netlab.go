@@ -169,10 +169,28 @@ func Build(ctx context.Context, cfg Config) (*Net, error) {
 	if err := Teardown(); err != nil {
 		return nil, errors.Join(fmt.Errorf("netlab: remove leftovers: %w", err), n.Close())
 	}
+	// Each lab's process logs start empty, so grepping them reads only this run.
+	if err := clearLogs(cfg.Dir); err != nil {
+		return nil, errors.Join(fmt.Errorf("netlab: %w", err), n.Close())
+	}
 	if err := n.build(ctx); err != nil {
 		return nil, errors.Join(fmt.Errorf("netlab: build: %w", err), n.Close())
 	}
 	return n, nil
+}
+
+// clearLogs empties the earlier runs' *.log files in dir.
+func clearLogs(dir string) error {
+	logs, err := filepath.Glob(filepath.Join(dir, "*.log"))
+	if err != nil {
+		return err
+	}
+	for _, f := range logs {
+		if err := os.Truncate(f, 0); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // acquireLock takes the machine-wide lab lock, waiting (and saying so once on log) while

@@ -9,14 +9,11 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/hashicorp/go-hclog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -46,15 +43,12 @@ func imageDirs(t *testing.T) (cur, next string) {
 	return cur, next
 }
 
-// imageTag is the tag an image tarball records (its RepoTags).
+// imageTag is the tag an image tarball records.
 func imageTag(t *testing.T, path string) string {
 	t.Helper()
-	m, err := tarball.LoadManifest(func() (io.ReadCloser, error) { return os.Open(path) })
-	require.NoError(t, err, path)
-	require.NotEmpty(t, m, path)
-	require.NotEmpty(t, m[0].RepoTags, path)
-	ref := m[0].RepoTags[0]
-	return ref[strings.LastIndex(ref, ":")+1:]
+	tag, err := kubelab.ImageTag(path)
+	require.NoError(t, err)
+	return tag
 }
 
 // overlay is the lab overlay with both kuport images pinned to tag.
@@ -63,23 +57,11 @@ func overlay(t *testing.T, tag string) string {
 	return pinnedKustomization(t, filepath.Join(repoRoot, "lab/kubelab/overlay"), tag)
 }
 
-// pinnedKustomization writes a kustomization of base that pins both kuport images to tag, as
-// an operator pins a release in an overlay of theirs, and returns its directory.
+// pinnedKustomization is base with both kuport images pinned to tag, in a temporary dir.
 func pinnedKustomization(t *testing.T, base, tag string) string {
 	t.Helper()
 	dir := t.TempDir()
-	// kustomize takes a base only by a relative path.
-	rel, err := filepath.Rel(dir, base)
-	require.NoError(t, err)
-	k := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-resources:
-  - %s
-images:
-  - {name: ghcr.io/kuport/kuport-controller, newTag: %q}
-  - {name: ghcr.io/kuport/kuport-agent, newTag: %q}
-`, rel, tag, tag)
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644))
+	require.NoError(t, kubelab.PinnedKustomization(dir, base, tag))
 	return dir
 }
 
