@@ -111,9 +111,7 @@ func TestPrivilegedInstall(t *testing.T) {
 	}
 
 	applied := time.Now()
-	e.kubectl("apply", "-k", overlay(t, curTag))
-	e.kubectl("-n", kuportNS, "rollout", "status", "deployment/kuport-controller", "--timeout=180s")
-	e.kubectl("-n", kuportNS, "rollout", "status", "daemonset/kuport-agent", "--timeout=180s")
+	e.runReadme("install", overlay(t, curTag), "")
 	e.assertAgentUnprivileged()
 	e.kubectlIn(mappings, "apply", "-f", "-")
 	e.waitProgrammed("demo", "local", "remote", "remote-udp")
@@ -122,7 +120,7 @@ func TestPrivilegedInstall(t *testing.T) {
 	e.assertAnswers("tcp", 3001, "web-b")
 	e.assertAnswers("udp", 27015, "web-b")
 
-	t.Run("upgrade", func(t *testing.T) { e.t = t; e.upgrade(overlay(t, nextTag), nextTag) })
+	t.Run("upgrade", func(t *testing.T) { e.t = t; e.upgrade(nextTag) })
 	if t.Failed() {
 		return
 	}
