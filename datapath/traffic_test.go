@@ -119,5 +119,5 @@ func TestPrivilegedLateInterface(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	assert.Equal(t, uint64(3), packets())
-	assert.Contains(t, tn.exec(t, "nft", "list", "table", "ip", "kuport"), `iifname "enp7s0" udp dport 27015 counter packets 3 `)
+	assert.Contains(t, tn.exec(t, "nft", "list", "table", "ip", "kuport"), `"enp7s0" . udp . 27015 counter packets 3 `)
 }
