@@ -35,11 +35,11 @@ import (
 type staleFlows struct {
 	// local are the destinations of the local routing table (this node's addresses).
 	local []netip.Prefix
-	// want are kup-pre's translations after the change; gone are those before it that want
-	// lacks and added those of want the kernel did not hold, each by protocol and dialed
-	// port. A flow an unchanged element translated is translated the same way by want, so
-	// only gone and added are searched for every flow, want only for a flow a gone element
-	// made.
+	// gone are kup-pre's translations before the change that want lacks, added those of
+	// want the kernel did not hold, and want those after it of the protocols and ports of
+	// gone, each by protocol and dialed port. A flow an unchanged element translated is
+	// translated the same way by want, so only gone and added are searched for every flow,
+	// want only for a flow a gone element made.
 	want, gone, added map[protoPort][]translation
 	// matched is called with each flow the filter matches, for the trace log.
 	matched func(*netlink.ConntrackFlow)
@@ -59,63 +59,94 @@ type translation struct {
 	toPort uint16
 }
 
-// translations are the DNAT elements of t by set and key (none for a nil t).
-func translations(t *table) map[string]translation {
-	out := map[string]translation{}
+// translation reads a DNAT element of set s; false for one in no DNAT form.
+func translationOf(s *setSpec, e elem) (translation, bool) {
+	var tr translation
+	key := e.key
+	for _, f := range s.key {
+		n := int(f.words() * 4)
+		if len(key) < n {
+			return tr, false
+		}
+		b := []byte(key[:f.typ.Bytes])
+		key = key[n:]
+		switch f.typ.Name {
+		case "ipv4_addr":
+			tr.daddr = netip.AddrFrom4([4]byte(b))
+		case "inet_proto":
+			tr.proto = b[0]
+		case "inet_service":
+			tr.port = binary.BigEndian.Uint16(b)
+		}
+	}
+	if len(e.val) < 6 {
+		return tr, false
+	}
+	tr.to, tr.toPort = netip.AddrFrom4([4]byte([]byte(e.val[:4]))), binary.BigEndian.Uint16([]byte(e.val[4:6]))
+	return tr, true
+}
+
+// dnatSets are t's DNAT sets' elements by set name (none for a nil t).
+func dnatSets(t *table) map[string]map[string]elem {
+	out := map[string]map[string]elem{}
 	if t == nil {
 		return out
 	}
 	for _, s := range t.layout.sets {
-		if s.role != roleDNAT {
-			continue
-		}
-		for k, e := range t.elems[s.name] {
-			var tr translation
-			key := e.key
-			for _, f := range s.key {
-				n := int(f.words() * 4)
-				if len(key) < n {
-					break
-				}
-				b := []byte(key[:f.typ.Bytes])
-				key = key[n:]
-				switch f.typ.Name {
-				case "ipv4_addr":
-					tr.daddr = netip.AddrFrom4([4]byte(b))
-				case "inet_proto":
-					tr.proto = b[0]
-				case "inet_service":
-					tr.port = binary.BigEndian.Uint16(b)
-				}
-			}
-			if len(e.val) < 6 {
-				continue
-			}
-			tr.to, tr.toPort = netip.AddrFrom4([4]byte([]byte(e.val[:4]))), binary.BigEndian.Uint16([]byte(e.val[4:6]))
-			out[s.name+"\x00"+k] = tr
+		if s.role == roleDNAT {
+			out[s.name] = t.elems[s.name]
 		}
 	}
 	return out
 }
 
 // newStaleFlows returns the filter for a change of kup-pre's maps from old (nil: no table)
-// to want, or nil when they translate the same.
+// to want, or nil when they translate the same. Its cost is the changed elements' but for
+// one pass over want's DNAT elements when some went.
 func newStaleFlows(old, want *table) *staleFlows {
-	before, after := translations(old), translations(want)
+	if old == want {
+		return nil
+	}
 	s := &staleFlows{want: map[protoPort][]translation{}, gone: map[protoPort][]translation{}, added: map[protoPort][]translation{}}
-	for k, tr := range before {
-		if after[k] != tr {
-			s.gone[tr.protoPort] = append(s.gone[tr.protoPort], tr)
+	before, after := dnatSets(old), dnatSets(want)
+	read := func(set, key string, e elem) (translation, bool) {
+		spec := want.layout.byName[set]
+		if spec == nil && old != nil {
+			spec = old.layout.byName[set]
+		}
+		return translationOf(spec, e)
+	}
+	for set, elems := range before {
+		for k, e := range elems {
+			if w, ok := after[set][k]; ok && w.key == e.key && w.val == e.val {
+				continue
+			}
+			if tr, ok := read(set, k, e); ok {
+				s.gone[tr.protoPort] = append(s.gone[tr.protoPort], tr)
+			}
 		}
 	}
-	for k, tr := range after {
-		s.want[tr.protoPort] = append(s.want[tr.protoPort], tr)
-		if before[k] != tr {
-			s.added[tr.protoPort] = append(s.added[tr.protoPort], tr)
+	for set, elems := range after {
+		for k, e := range elems {
+			if o, ok := before[set][k]; ok && o.val == e.val {
+				continue
+			}
+			if tr, ok := read(set, k, e); ok {
+				s.added[tr.protoPort] = append(s.added[tr.protoPort], tr)
+			}
 		}
 	}
 	if len(s.gone) == 0 && len(s.added) == 0 {
 		return nil
+	}
+	if len(s.gone) > 0 {
+		for set, elems := range after {
+			for k, e := range elems {
+				if tr, ok := read(set, k, e); ok && s.gone[tr.protoPort] != nil {
+					s.want[tr.protoPort] = append(s.want[tr.protoPort], tr)
+				}
+			}
+		}
 	}
 	return s
 }

@@ -268,6 +268,9 @@ func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes in
 	fam := want.layout.fam
 	t := &nftables.Table{Name: tableName, Family: fam.table}
 	trace := d.log.IsTrace()
+	if have == want && intact {
+		return 0, nil, nil // the table compiled from the program the kernel is known to hold
+	}
 	if want.empty() {
 		if have == nil {
 			return 0, nil, nil
