@@ -100,6 +100,8 @@ lint: $(BUF)
 test: deps tools lab-binaries check-generated lint build
 	KUPORT_PRIVILEGED=1 KUPORT_LAB_BIN=$$(lab/build-binaries.sh) KUPORT_BIN=$(BIN) \
 		$(GO) test -count=1 -p 1 -timeout 30m ./...
+	# bench/datapath.sh once at small N: a smoke test that it completes, not of its timings.
+	sh bench/datapath.sh --mappings 1,10 --traffic 200ms
 
 # ---------------------------------------------------------------------------------------
 # The lab
