@@ -154,6 +154,8 @@ test: deps tools lab-binaries check-generated lint build images lab-images image
 	KUPORT_PRIVILEGED=1 KUPORT_LAB_BIN=$$(lab/build-binaries.sh) KUPORT_BIN=$(BIN) \
 		KUPORT_IMAGES=$(IMAGES) KUPORT_IMAGES_NEXT=$(BIN)/images-next \
 		$(GO) test -count=1 -p 1 -timeout 30m ./...
+	# bench/datapath.sh once at small N: a smoke test that it completes, not of its timings.
+	sh bench/datapath.sh --mappings 1,10 --traffic 200ms
 
 # images-next packs the images of a later version (VERSION-next) into bin/images-next, for the
 # install e2e's rolling upgrade.

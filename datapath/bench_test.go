@@ -7,13 +7,14 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
 // benchProgram is edge-a's program for n same-node TCP mappings on enp1s0, ports 10000 up,
-// each to its own pod address: per mapping a DNAT rule (with its two kup-count rules) and
-// the request's identity SNAT, 4n nftables rules in all.
+// each to its own pod address: per mapping a DNAT entry (its translation and its two
+// counting elements) and the request's identity SNAT, 4n set elements in all.
 func benchProgram(n int) *kuportv1.NodeProgram {
 	p := &kuportv1.NodeProgram{Node: "edge-a", Version: 1, Epoch: 1}
 	for i := range n {
@@ -27,21 +28,31 @@ func benchProgram(n int) *kuportv1.NodeProgram {
 	return p
 }
 
-// BenchmarkApply measures Apply in a fresh namespace for programs of 10, 100 and 1000
+// retarget is p with mapping i's pod moved: one mapping changed.
+func retarget(p *kuportv1.NodeProgram, i int, pod string) *kuportv1.NodeProgram {
+	q := proto.Clone(p).(*kuportv1.NodeProgram)
+	q.Version++
+	q.DnatRules[i].ToAddress, q.SnatRules[i].Address = pod, pod
+	return q
+}
+
+// BenchmarkApply measures Apply in a fresh namespace for programs of 10, 1,000 and 10,000
 // mappings: "first" writes the whole program into an empty namespace (a node receiving its
-// program), "again" re-applies it unchanged, which reads the kernel and writes nothing (the
-// agent's resync, every 30 s by default). Run as root:
+// program), "again" re-applies it unchanged, which writes nothing (the agent's resync,
+// every 30 s by default), "change" retargets one mapping back and forth (4 element writes
+// each). Run as root:
 //
-//	KUPORT_PRIVILEGED=1 go test -run '^$' -bench Apply -benchtime 20x ./datapath/
+//	KUPORT_PRIVILEGED=1 go test -run '^$' -bench Apply -benchtime 5x ./datapath/
 func BenchmarkApply(b *testing.B) {
 	if os.Getenv("KUPORT_PRIVILEGED") != "1" {
 		b.Skip("needs root (network namespaces, nftables): set KUPORT_PRIVILEGED=1")
 	}
-	for _, n := range []int{10, 100, 1000} {
+	for _, n := range []int{10, 1000, 10000} {
 		p := benchProgram(n)
 		b.Run(fmt.Sprintf("first/mappings=%d", n), func(b *testing.B) {
 			tn := newTestNS(b, "100.64.93.143")
 			tn.dp.log = hclog.NewNullLogger()
+			b.ReportAllocs()
 			for range b.N {
 				require.NoError(b, tn.dp.Apply(p))
 				b.StopTimer()
@@ -53,10 +64,23 @@ func BenchmarkApply(b *testing.B) {
 			tn := newTestNS(b, "100.64.93.143")
 			tn.dp.log = hclog.NewNullLogger()
 			require.NoError(b, tn.dp.Apply(p))
+			b.ReportAllocs()
 			b.ResetTimer()
 			for range b.N {
 				require.NoError(b, tn.dp.Apply(p))
 				require.Zero(b, tn.dp.lastChanges, "an unchanged program must write nothing")
+			}
+		})
+		b.Run(fmt.Sprintf("change/mappings=%d", n), func(b *testing.B) {
+			tn := newTestNS(b, "100.64.93.143")
+			tn.dp.log = hclog.NewNullLogger()
+			require.NoError(b, tn.dp.Apply(p))
+			moved := []*kuportv1.NodeProgram{retarget(p, n-1, "10.244.200.1"), p}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				require.NoError(b, tn.dp.Apply(moved[i%2]))
+				require.Equal(b, 4, tn.dp.lastChanges, "one mapping's elements: its translation and its identity SNAT, each deleted and added")
 			}
 		})
 	}

@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"encoding/binary"
 	"net"
 	"net/netip"
 	"slices"
@@ -18,15 +19,15 @@ import (
 // the rules now in the kernel. The choice of what to delete is derived from the kernel's
 // kup-pre before and after the change, never decided: the controller decided the rules.
 
-// staleFlows is the conntrack filter of one change of kup-pre. It matches a flow that
-// arrived from elsewhere (its source is not an address of this node) for an address of
-// this node, which is what a kup-pre rule translates, when either
-//   - a rule the kernel held translated it (protocol, destination port and, if the rule
-//     has one, destination address match; the reply comes from the rule's target address
-//     and port) and no desired rule would translate it to that same target: the target
-//     moved or the mapping went; or
-//   - it was not destination-NATed at all and a rule the kernel did not hold would
-//     translate it now: it arrived before the rule existed.
+// staleFlows is the conntrack filter of one change of kup-pre's maps. It matches a flow
+// that arrived from elsewhere (its source is not an address of this node) for an address of
+// this node, which is what a kup-pre element translates, when either
+//   - an element the kernel held translated it (protocol, destination port and, if the
+//     element has one, destination address match; the reply comes from the element's target
+//     address and port) and no desired element would translate it to that same target: the
+//     target moved or the mapping went; or
+//   - it was not destination-NATed at all and an element the kernel did not hold would
+//     translate it now: it arrived before the element existed.
 //
 // Conntrack does not record the arrival interface, so a flow is matched whatever interface
 // it came in by: an entry of the same protocol, port and target from another interface is
@@ -34,51 +35,120 @@ import (
 type staleFlows struct {
 	// local are the destinations of the local routing table (this node's addresses).
 	local []netip.Prefix
-	// want are kup-pre's DNAT rules after the change; gone are the rules before it that
-	// want lacks and added the rules of want the kernel did not hold (by their text). A
-	// flow an unchanged rule translated is translated the same way by want, so only gone
-	// and added are searched for every flow, want only for a flow a gone rule made.
-	want, gone, added []*rule
+	// gone are kup-pre's translations before the change that want lacks, added those of
+	// want the kernel did not hold, and want those after it of the protocols and ports of
+	// gone, each by protocol and dialed port. A flow an unchanged element translated is
+	// translated the same way by want, so only gone and added are searched for every flow,
+	// want only for a flow a gone element made.
+	want, gone, added map[protoPort][]translation
 	// matched is called with each flow the filter matches, for the trace log.
 	matched func(*netlink.ConntrackFlow)
 }
 
-// newStaleFlows returns the filter for a change of kup-pre from old to want (both in chain
-// order, any chain; only DNAT rules count), or nil when the DNAT rules are the same.
-func newStaleFlows(old, want []*rule) *staleFlows {
-	s := &staleFlows{want: dnatRules(want)}
-	text := func(rules []*rule) map[string]bool {
-		m := map[string]bool{}
-		for _, r := range rules {
-			m[r.String()] = true
+type protoPort struct {
+	proto uint8
+	port  uint16
+}
+
+// translation is one DNAT element read back: a first packet of protocol proto to port
+// (and daddr, when valid) goes to to:toPort.
+type translation struct {
+	protoPort
+	daddr  netip.Addr
+	to     netip.Addr
+	toPort uint16
+}
+
+// translation reads a DNAT element of set s; false for one in no DNAT form.
+func translationOf(s *setSpec, e elem) (translation, bool) {
+	var tr translation
+	key := e.key
+	for _, f := range s.key {
+		n := int(f.words() * 4)
+		if len(key) < n {
+			return tr, false
 		}
-		return m
-	}
-	had, has := text(old), text(s.want)
-	for _, r := range dnatRules(old) {
-		if !has[r.String()] {
-			s.gone = append(s.gone, r)
+		b := []byte(key[:f.typ.Bytes])
+		key = key[n:]
+		switch f.typ.Name {
+		case "ipv4_addr":
+			tr.daddr = netip.AddrFrom4([4]byte(b))
+		case "inet_proto":
+			tr.proto = b[0]
+		case "inet_service":
+			tr.port = binary.BigEndian.Uint16(b)
 		}
 	}
-	for _, r := range s.want {
-		if !had[r.String()] {
-			s.added = append(s.added, r)
+	if len(e.val) < 6 {
+		return tr, false
+	}
+	tr.to, tr.toPort = netip.AddrFrom4([4]byte([]byte(e.val[:4]))), binary.BigEndian.Uint16([]byte(e.val[4:6]))
+	return tr, true
+}
+
+// dnatSets are t's DNAT sets' elements by set name (none for a nil t).
+func dnatSets(t *table) map[string]map[string]elem {
+	out := map[string]map[string]elem{}
+	if t == nil {
+		return out
+	}
+	for _, s := range t.layout.sets {
+		if s.role == roleDNAT {
+			out[s.name] = t.elems[s.name]
+		}
+	}
+	return out
+}
+
+// newStaleFlows returns the filter for a change of kup-pre's maps from old (nil: no table)
+// to want, or nil when they translate the same. Its cost is the changed elements' but for
+// one pass over want's DNAT elements when some went.
+func newStaleFlows(old, want *table) *staleFlows {
+	if old == want {
+		return nil
+	}
+	s := &staleFlows{want: map[protoPort][]translation{}, gone: map[protoPort][]translation{}, added: map[protoPort][]translation{}}
+	before, after := dnatSets(old), dnatSets(want)
+	read := func(set, key string, e elem) (translation, bool) {
+		spec := want.layout.byName[set]
+		if spec == nil && old != nil {
+			spec = old.layout.byName[set]
+		}
+		return translationOf(spec, e)
+	}
+	for set, elems := range before {
+		for k, e := range elems {
+			if w, ok := after[set][k]; ok && w.key == e.key && w.val == e.val {
+				continue
+			}
+			if tr, ok := read(set, k, e); ok {
+				s.gone[tr.protoPort] = append(s.gone[tr.protoPort], tr)
+			}
+		}
+	}
+	for set, elems := range after {
+		for k, e := range elems {
+			if o, ok := before[set][k]; ok && o.val == e.val {
+				continue
+			}
+			if tr, ok := read(set, k, e); ok {
+				s.added[tr.protoPort] = append(s.added[tr.protoPort], tr)
+			}
 		}
 	}
 	if len(s.gone) == 0 && len(s.added) == 0 {
 		return nil
 	}
-	return s
-}
-
-func dnatRules(rules []*rule) []*rule {
-	var out []*rule
-	for _, r := range rules {
-		if r.action == actionDNAT {
-			out = append(out, r)
+	if len(s.gone) > 0 {
+		for set, elems := range after {
+			for k, e := range elems {
+				if tr, ok := read(set, k, e); ok && s.gone[tr.protoPort] != nil {
+					s.want[tr.protoPort] = append(s.want[tr.protoPort], tr)
+				}
+			}
 		}
 	}
-	return out
+	return s
 }
 
 // MatchConntrackFlow implements netlink.CustomConntrackFilter.
@@ -87,17 +157,15 @@ func (s *staleFlows) MatchConntrackFlow(f *netlink.ConntrackFlow) bool {
 	if !s.isLocal(dst) || s.isLocal(src) {
 		return false
 	}
-	proto, dport := f.Forward.Protocol, f.Forward.DstPort
+	pp := protoPort{f.Forward.Protocol, f.Forward.DstPort}
 	to, toPort := addrOf(f.Reverse.SrcIP), f.Reverse.SrcPort
+	catches := func(tr translation) bool { return !tr.daddr.IsValid() || tr.daddr == dst }
 	var match bool
-	if to == dst && toPort == dport {
-		match = anyRule(s.added, func(r *rule) bool { return r.catches(proto, dst, dport) })
+	if to == dst && toPort == pp.port {
+		match = slices.ContainsFunc(s.added[pp], catches)
 	} else {
-		made := func(r *rule) bool {
-			a, p := r.translate(dport)
-			return r.catches(proto, dst, dport) && a == to && p == toPort
-		}
-		match = anyRule(s.gone, made) && !anyRule(s.want, made)
+		made := func(tr translation) bool { return catches(tr) && tr.to == to && tr.toPort == toPort }
+		match = slices.ContainsFunc(s.gone[pp], made) && !slices.ContainsFunc(s.want[pp], made)
 	}
 	if match && s.matched != nil {
 		s.matched(f)
@@ -106,7 +174,7 @@ func (s *staleFlows) MatchConntrackFlow(f *netlink.ConntrackFlow) bool {
 }
 
 // setLocal takes this node's addresses from the local table's routes, and adds each
-// changed rule's destination match: this node's end of a link, which is no longer in the
+// changed element's destination match: this node's end of a link, which is no longer in the
 // local table when this Apply removed the link, while flows to it may remain.
 func (s *staleFlows) setLocal(routes []netlink.Route) {
 	for _, r := range routes {
@@ -118,9 +186,13 @@ func (s *staleFlows) setLocal(routes []netlink.Route) {
 			s.local = append(s.local, netip.PrefixFrom(p.Unmap(), ones))
 		}
 	}
-	for _, r := range slices.Concat(s.gone, s.added) {
-		if r.daddr.IsValid() {
-			s.local = append(s.local, netip.PrefixFrom(r.daddr, 32))
+	for _, m := range []map[protoPort][]translation{s.gone, s.added} {
+		for _, trs := range m {
+			for _, tr := range trs {
+				if tr.daddr.IsValid() {
+					s.local = append(s.local, netip.PrefixFrom(tr.daddr, tr.daddr.BitLen()))
+				}
+			}
 		}
 	}
 }
@@ -134,40 +206,9 @@ func (s *staleFlows) isLocal(a netip.Addr) bool {
 	return false
 }
 
-func anyRule(rules []*rule, pred func(*rule) bool) bool {
-	for _, r := range rules {
-		if pred(r) {
-			return true
-		}
-	}
-	return false
-}
-
 func addrOf(ip net.IP) netip.Addr {
 	a, _ := netip.AddrFromSlice(ip)
 	return a.Unmap()
-}
-
-// catches reports whether the DNAT rule r applies to the first packet of a flow of
-// protocol proto to dst:dport; the arrival interface is not checked (conntrack has none).
-func (r *rule) catches(proto uint8, dst netip.Addr, dport uint16) bool {
-	return r.proto == proto && dport >= r.dport.first && dport <= r.dport.last &&
-		(!r.daddr.IsValid() || r.daddr == dst)
-}
-
-// translate returns the address and port the DNAT rule r sends a packet for dport to: a
-// range keeps the port (the rule forms only ever translate a range onto itself, DESIGN.md
-// "Port ranges"), a single port goes to the rule's port, a shifted range by its map.
-func (r *rule) translate(dport uint16) (netip.Addr, uint16) {
-	for _, p := range r.portMap {
-		if p.key == dport {
-			return r.toAddr, p.value
-		}
-	}
-	if dport >= r.toPorts.first && dport <= r.toPorts.last {
-		return r.toAddr, dport
-	}
-	return r.toAddr, r.toPorts.first
 }
 
 // deleteStaleFlows deletes the conntrack entries s matches (nothing for a nil s). A

@@ -3,7 +3,6 @@ package datapath
 import (
 	"maps"
 	"net"
-	"regexp"
 	"testing"
 	"time"
 
@@ -14,19 +13,23 @@ import (
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
-// dnat builds a valid DNAT rule: iifname "enp1s0" (or the link with its address when
-// daddr is set) <proto> dport first-last dnat to addr:to.
-func dnat(t *testing.T, id string, proto kuportv1.Protocol, first, last uint32, daddr, addr string, to uint32) *rule {
-	t.Helper()
+// dnat builds a DNAT entry: iifname "enp1s0" (or the link with its address when daddr is
+// set) <proto> dport first-last dnat to addr:to.
+func dnat(id string, proto kuportv1.Protocol, first, last uint32, daddr, addr string, to uint32) *kuportv1.DnatRule {
 	e := &kuportv1.DnatRule{Id: id, InInterface: "enp1s0", MatchDestination: daddr, Protocol: proto,
 		Ports: &kuportv1.PortRange{First: first, Last: last}, ToAddress: addr, ToPort: to}
 	if daddr != "" {
 		e.InInterface = "kup-dcc4266d"
 	}
-	r, err := dnatRule(e)
-	require.NoError(t, err)
-	r.kind, r.id = "dnat", id
-	return r
+	return e
+}
+
+// tableOf compiles DNAT entries, all valid.
+func tableOf(t *testing.T, entries ...*kuportv1.DnatRule) *table {
+	t.Helper()
+	tbl, errs := compileTable(&kuportv1.NodeProgram{DnatRules: entries})
+	require.Empty(t, errs)
+	return tbl
 }
 
 // ctFlow is a conntrack entry: the original tuple src:sport -> dst:dport, and the reply's
@@ -46,26 +49,26 @@ func TestStaleFlows(t *testing.T) {
 		node   = "203.0.113.9"
 		link   = "169.254.77.1"
 	)
-	unchanged := dnat(t, "a/other/dnat/enp1s0", udp, 3001, 3001, "", "10.244.17.5", 3001)
-	old := []*rule{
-		dnat(t, "a/moves/dnat/enp1s0", udp, 3000, 3000, "", "10.244.17.5", 3000),
+	unchanged := dnat("a/other/dnat/enp1s0", udp, 3001, 3001, "", "10.244.17.5", 3001)
+	old := []*kuportv1.DnatRule{
+		dnat("a/moves/dnat/enp1s0", udp, 3000, 3000, "", "10.244.17.5", 3000),
 		unchanged,
-		dnat(t, "a/gone/dnat/enp1s0", tcp, 4000, 4000, "", "10.244.17.5", 4000),
-		dnat(t, "a/range/dnat/enp1s0", udp, 27015, 27115, "", "10.244.17.5", 27015),
-		dnat(t, "a/shifted/dnat/enp1s0", tcp, 40000, 40009, "", "10.244.17.5", 7000),
-		dnat(t, "a/link/dnat/kup-dcc4266d", tcp, 5000, 5000, link, "10.244.18.107", 5000),
-		dnat(t, "a/renamed/dnat/enp1s0", udp, 6000, 6000, "", "10.244.17.5", 6000),
+		dnat("a/gone/dnat/enp1s0", tcp, 4000, 4000, "", "10.244.17.5", 4000),
+		dnat("a/range/dnat/enp1s0", udp, 27015, 27115, "", "10.244.17.5", 27015),
+		dnat("a/shifted/dnat/enp1s0", tcp, 40000, 40009, "", "10.244.17.5", 7000),
+		dnat("a/link/dnat/kup-dcc4266d", tcp, 5000, 5000, link, "10.244.18.107", 5000),
+		dnat("a/renamed/dnat/enp1s0", udp, 6000, 6000, "", "10.244.17.5", 6000),
 	}
-	want := []*rule{
-		dnat(t, "a/moves/dnat/enp1s0", udp, 3000, 3000, "", "10.244.17.6", 3000),
+	want := []*kuportv1.DnatRule{
+		dnat("a/moves/dnat/enp1s0", udp, 3000, 3000, "", "10.244.17.6", 3000),
 		unchanged,
-		dnat(t, "a/range/dnat/enp1s0", udp, 27015, 27115, "", "10.244.17.6", 27015),
-		dnat(t, "a/shifted/dnat/enp1s0", tcp, 40000, 40009, "", "10.244.17.6", 7000),
-		dnat(t, "a/link/dnat/kup-dcc4266d", tcp, 5000, 5000, link, "10.244.18.120", 5000),
-		dnat(t, "b/renamed/dnat/enp1s0", udp, 6000, 6000, "", "10.244.17.5", 6000),
-		dnat(t, "a/new/dnat/enp1s0", udp, 3002, 3002, "", "10.244.17.5", 3002),
+		dnat("a/range/dnat/enp1s0", udp, 27015, 27115, "", "10.244.17.6", 27015),
+		dnat("a/shifted/dnat/enp1s0", tcp, 40000, 40009, "", "10.244.17.6", 7000),
+		dnat("a/link/dnat/kup-dcc4266d", tcp, 5000, 5000, link, "10.244.18.120", 5000),
+		dnat("b/renamed/dnat/enp1s0", udp, 6000, 6000, "", "10.244.17.5", 6000),
+		dnat("a/new/dnat/enp1s0", udp, 3002, 3002, "", "10.244.17.5", 3002),
 	}
-	s := newStaleFlows(old, want)
+	s := newStaleFlows(tableOf(t, old...), tableOf(t, want...))
 	require.NotNil(t, s)
 	// The link's address is not in the local table: this change removed the link (the
 	// rule's destination match makes it local all the same).
@@ -107,12 +110,14 @@ func TestStaleFlows(t *testing.T) {
 		})
 	}
 
-	assert.Nil(t, newStaleFlows(old, old), "the same DNAT rules change nothing")
-	assert.Nil(t, newStaleFlows(nil, nil))
-	mark := &rule{chain: "kup-mangle", action: actionMark, mark: 1}
-	assert.Nil(t, newStaleFlows(old, append(append([]*rule{}, old...), mark)), "only DNAT rules count")
-	assert.NotNil(t, newStaleFlows(old, old[1:]), "a rule removed")
-	assert.NotNil(t, newStaleFlows(old[1:], old), "a rule added")
+	assert.Nil(t, newStaleFlows(tableOf(t, old...), tableOf(t, old...)), "the same DNAT entries change nothing")
+	assert.Nil(t, newStaleFlows(nil, tableOf(t)))
+	marked, errs := compileTable(&kuportv1.NodeProgram{DnatRules: old, MarkRules: []*kuportv1.MarkRule{{Id: "m",
+		Kind: kuportv1.MarkKind_MARK_KIND_STATIC, Address: "10.244.17.5", Protocol: tcp, Ports: &kuportv1.PortRange{First: 1, Last: 1}, Mark: 1}}})
+	require.Empty(t, errs)
+	assert.Nil(t, newStaleFlows(tableOf(t, old...), marked), "only DNAT elements count")
+	assert.NotNil(t, newStaleFlows(tableOf(t, old...), tableOf(t, old[1:]...)), "an entry removed")
+	assert.NotNil(t, newStaleFlows(tableOf(t, old[1:]...), tableOf(t, old...)), "an entry added")
 }
 
 // flowsBySport lists the namespace's IPv4 conntrack entries of protocol proto by original
@@ -200,12 +205,10 @@ func TestPrivilegedConntrack(t *testing.T) {
 		foreign: "203.0.113.9:4000 -> 203.0.113.9:4000",
 	}, tn.flowsBySport(t, 17))
 
-	// A rule deleted by hand lets a new client past it; the resync that puts the rule back
-	// deletes that client's un-NATed entry, and only that.
+	// An element deleted by hand lets a new client past it; the resync that puts the element
+	// back deletes that client's un-NATed entry, and only that.
 	const bypass = 5004
-	handle := regexp.MustCompile(`comment "g/early/dnat/enp1s0" # handle (\d+)`).FindStringSubmatch(tn.exec(t, "nft", "-a", "list", "chain", "ip", "kuport", "kup-pre"))
-	require.NotNil(t, handle)
-	tn.exec(t, "nft", "delete", "rule", "ip", "kuport", "kup-pre", "handle", handle[1])
+	tn.exec(t, "nft", "delete", "element", "ip", "kuport", "dnat-ports", `{ "enp1s0" . udp . 3002 }`)
 	client.sendUDP(t, bypass, "203.0.113.9", 3002)
 	tn.waitFlows(t, map[uint16]string{
 		moves:   "203.0.113.9:3000 -> 10.244.17.6:3000",

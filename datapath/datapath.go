@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/hashicorp/go-hclog"
+	mdnetlink "github.com/mdlayher/netlink"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -45,6 +46,11 @@ type Datapath struct {
 	// lastChanges is the number of kernel writes the last Apply made (0 when the kernel
 	// already held the program).
 	lastChanges int
+	// genConn asks for the ruleset generation (gen.go); known is the table the kernel holds
+	// as of a generation, and last the program it was compiled from (sync.go).
+	genConn *mdnetlink.Conn
+	known   *known
+	last    *compiled
 }
 
 // New returns a Datapath over the injected kernel handles; it opens nothing itself.
@@ -120,31 +126,14 @@ func (d *Datapath) Apply(p *kuportv1.NodeProgram) error {
 }
 
 func (d *Datapath) apply(p *kuportv1.NodeProgram, changes *int) error {
-	rules, errs := compileRules(p)
-	// The table is read once: syncTable writes only what differs from it, and the
-	// conntrack entries to delete follow from kup-pre before and after.
-	kt, err := d.readTable()
-	var added []*rule
-	if err == nil {
-		var n int
-		added, n, err = d.syncTable(kt, rules)
-		*changes += n
-	}
+	want, errs := d.compile(p)
+	have, err := d.syncTable(want, changes)
 	var stale *staleFlows
 	if err != nil {
-		// kup-pre is as it was: no conntrack entry is stale.
-		if len(added) == 0 {
-			errs = append(errs, err)
-		}
-		failed := map[string]bool{}
-		for _, r := range added {
-			if !failed[r.id] {
-				failed[r.id] = true
-				errs = append(errs, &EntryError{Kind: r.kind, ID: r.id, Err: err})
-			}
-		}
+		errs = append(errs, err)
 	} else {
-		stale = newStaleFlows(kt.decoded("kup-pre"), rules)
+		// kup-pre's maps changed from have to want: the flows that still go the old way.
+		stale = newStaleFlows(have, want)
 	}
 
 	keep := map[string]bool{}
@@ -194,53 +183,17 @@ func (d *Datapath) Cleanup() error {
 }
 
 // Dump returns the kernel's table ip kuport in Render's form ("" when there is no table):
-// what `nft list table ip kuport` prints with counters normalised, read through the
-// nftables library. A rule or chain in no kuport form appears as a "# ..." line.
+// what `nft list table ip kuport` prints with counters normalised and elements sorted, read
+// through the nftables library. A set, chain or rule in no kuport form appears as a "# ..."
+// line.
 func (d *Datapath) Dump() (string, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	kt, err := d.readTable()
+	kt, err := d.readKernel()
 	if err != nil || kt == nil {
 		return "", err
 	}
 	return kt.text(), nil
-}
-
-// Counters returns the packets and bytes of every kuport rule in the kernel, one Counter
-// per entry id (the rule's comment), in chain and rule order: a DNAT entry's kup-count
-// rules fill its forwarded_in and forwarded_out.
-func (d *Datapath) Counters() ([]*kuportv1.Counter, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	kt, err := d.readTable()
-	if err != nil || kt == nil {
-		return nil, err
-	}
-	var out []*kuportv1.Counter
-	byID := map[string]*kuportv1.Counter{}
-	for _, c := range kt.chains {
-		for _, r := range kt.decoded(c.Name) {
-			if r.id == "" {
-				continue
-			}
-			ctr := byID[r.id]
-			if ctr == nil {
-				ctr = &kuportv1.Counter{Id: r.id}
-				byID[r.id] = ctr
-				out = append(out, ctr)
-			}
-			traffic := &kuportv1.Traffic{Packets: r.packets, Bytes: r.bytes}
-			switch {
-			case r.action != actionCount:
-				ctr.Packets, ctr.Bytes = r.packets, r.bytes
-			case r.iface.out:
-				ctr.ForwardedOut = traffic
-			default:
-				ctr.ForwardedIn = traffic
-			}
-		}
-	}
-	return out, nil
 }
 
 // NodeState reports every interface (name, IPv4 addresses in kernel order, MTU), the

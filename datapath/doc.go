@@ -1,20 +1,21 @@
 // Package datapath turns a NodeProgram into kernel state on one node and reads that state
-// back: the nftables table "ip kuport" (chains kup-pre, kup-post, kup-mangle), vxlan link
+// back: the nftables table "ip kuport" (its chains, rules and sets), vxlan link
 // devices named "kup-*", ip rules at prefs 101 and 102, and the routing tables a program
 // names. It owns exactly those objects and touches nothing else (see README.md, the priority
-// contract), except that when its DNAT rules change it deletes the conntrack entries of
-// flows that still follow the old rules (conntrack.go). It makes no decisions: every
+// contract), except that when its DNAT elements change it deletes the conntrack entries
+// of flows that still follow the old ones (conntrack.go). It makes no decisions: every
 // address, mark, table and name comes from the program.
 //
 // The nftables connection and netlink handle are injected, so the same code runs against
-// the node's namespace or a test's fresh one.
+// the node's namespace or a test's fresh one; the one socket the datapath opens itself, on
+// first use and in Config.NetNS, asks for the nftables ruleset generation (gen.go).
 //
-// A program's rules have one internal form (rule) with four maps onto it: the program
-// entries compile into it, it encodes into nftables expressions, kernel rules decode back
-// into it, and it prints as the nft text that Render, Dump and the golden files in
-// testdata/ share. Apply compares kernel and program by that text, so it changes only
-// what differs; moving dispatch into nftables maps at scale (DESIGN.md, Scale) changes
-// only this file set.
+// The table's layout (layout.go) is the same for every program: a few rules, each looking
+// up one set, so the per-packet cost does not grow with the number of mappings. The
+// program's entries compile into the sets' elements (entries.go, elements.go), which Render,
+// Dump and the golden files in testdata/ print as nft lists them. Apply writes only the
+// elements that differ (nft.go), and reads the table only when the ruleset generation says
+// someone else may have changed it (sync.go, gen.go).
 //
 // Use:
 //

@@ -65,30 +65,29 @@ func (tn *testNS) kernelDump(t *testing.T) string {
 	return b.String()
 }
 
-// nftTable is the text `nft list table ip kuport` prints for these rule lines.
-func nftTable(pre, post, mangle, count []string) string {
-	var b strings.Builder
-	b.WriteString("table ip kuport {\n")
-	for i, c := range []struct {
-		name, header string
-		rules        []string
-	}{
-		{"kup-pre", "type nat hook prerouting priority dstnat - 10; policy accept;", pre},
-		{"kup-post", "type nat hook postrouting priority srcnat - 10; policy accept;", post},
-		{"kup-mangle", "type filter hook prerouting priority mangle + 10; policy accept;", mangle},
-		{"kup-count", "type filter hook forward priority filter - 10; policy accept;", count},
-	} {
-		if i > 0 {
-			b.WriteString("\n")
-		}
-		b.WriteString("\tchain " + c.name + " {\n\t\t" + c.header + "\n")
-		for _, r := range c.rules {
-			b.WriteString("\t\t" + r + "\n")
-		}
-		b.WriteString("\t}\n")
+// nftTable is the text `nft list table ip kuport` prints (elements sorted) for these
+// element lines, each "<set>\t<element>", in worker-b's layout (reply exemptions for
+// cilium_).
+func nftTable(elements ...[]string) string {
+	l := newLayout(familyIPv4, []string{"cilium_"})
+	bySet := map[string][]string{}
+	for _, e := range slices.Concat(elements...) {
+		set, text, _ := strings.Cut(e, "\t")
+		bySet[set] = append(bySet[set], text)
 	}
-	b.WriteString("}\n")
-	return b.String()
+	var blocks []block
+	for _, s := range l.sets {
+		slices.Sort(bySet[s.name])
+		blocks = append(blocks, block{head: s.keyword() + " " + s.name, lines: s.header(), elements: bySet[s.name]})
+	}
+	for _, c := range chainSpecs {
+		bl := block{head: "chain " + c.name, lines: []string{c.header()}}
+		for _, r := range l.chainRules(c.name) {
+			bl.lines = append(bl.lines, r.text)
+		}
+		blocks = append(blocks, bl)
+	}
+	return render(familyIPv4, blocks)
 }
 
 // podMapping is worker-b's part of a mapping whose pod it holds, reached from edge-a over
@@ -155,41 +154,22 @@ func TestPrivilegedStates(t *testing.T) {
 		routePublic   = "default via 169.254.77.0 dev kup-dcc4266d table 201 \n"
 		routeIntranet = "default via 169.254.79.1 dev kup-2b1e7a90 table 202 \n"
 	)
-	var (
-		preA      = `iifname "kup-dcc4266d" ip daddr 169.254.77.1 udp dport 27015 counter dnat to 10.244.18.107:27015 comment "games/a/dnat/kup-dcc4266d"`
-		preAMoved = `iifname "kup-dcc4266d" ip daddr 169.254.77.1 udp dport 27015 counter dnat to 10.244.18.120:27015 comment "games/a/dnat/kup-dcc4266d"`
-		preB      = `iifname "kup-dcc4266d" ip daddr 169.254.77.1 tcp dport 8080 counter dnat to 10.244.18.108:8080 comment "games/b/dnat/kup-dcc4266d"`
-		preC      = `iifname "kup-2b1e7a90" ip daddr 169.254.79.0 tcp dport 443 counter dnat to 10.244.18.109:443 comment "web/c/dnat/kup-2b1e7a90"`
-		postA     = []string{
-			`oifname "cilium_host" ip daddr 10.244.18.107 udp dport 27015 counter snat to ip saddr comment "games/a/snat"`,
-			`oifname != "cilium_*" ip saddr 10.244.18.107 udp sport 27015 counter snat to ip saddr comment "games/a/snat-reply"`,
+	// elems are a mapping's elements on worker-b: its translation, the counting of its
+	// packets over the link both ways, the request's identity SNAT, the reply exemption and
+	// the return mark.
+	elems := func(m podMapping) []string {
+		p := strings.ToLower(strings.TrimPrefix(m.proto.String(), "PROTOCOL_"))
+		dialed := fmt.Sprintf(`%q . %s . %s . %d counter comment "%s/dnat/%s"`, m.link.Name, m.link.LocalAddress, p, m.port, m.key, m.link.Name)
+		pod := fmt.Sprintf("%s . %s . %d counter", m.pod, p, m.port)
+		return []string{
+			fmt.Sprintf("dnat-addr-ports\t%s : %s . %d", dialed, m.pod, m.port),
+			"count-in-addr-ports\t" + dialed,
+			"count-out-addr-ports\t" + dialed,
+			"snat-request\t" + fmt.Sprintf(`"cilium_host" . %s comment "%s/snat"`, pod, m.key),
+			"snat-reply-cilium_\t" + fmt.Sprintf(`%s comment "%s/snat-reply"`, pod, m.key),
+			"mark-static\t" + fmt.Sprintf(`%s comment "%s/mark" : 0x%08x`, pod, m.key, m.mark),
 		}
-		postAMoved = []string{
-			`oifname "cilium_host" ip daddr 10.244.18.120 udp dport 27015 counter snat to ip saddr comment "games/a/snat"`,
-			`oifname != "cilium_*" ip saddr 10.244.18.120 udp sport 27015 counter snat to ip saddr comment "games/a/snat-reply"`,
-		}
-		postB = []string{
-			`oifname "cilium_host" ip daddr 10.244.18.108 tcp dport 8080 counter snat to ip saddr comment "games/b/snat"`,
-			`oifname != "cilium_*" ip saddr 10.244.18.108 tcp sport 8080 counter snat to ip saddr comment "games/b/snat-reply"`,
-		}
-		postC = []string{
-			`oifname "cilium_host" ip daddr 10.244.18.109 tcp dport 443 counter snat to ip saddr comment "web/c/snat"`,
-			`oifname != "cilium_*" ip saddr 10.244.18.109 tcp sport 443 counter snat to ip saddr comment "web/c/snat-reply"`,
-		}
-		markA      = `ip saddr 10.244.18.107 udp sport 27015 counter meta mark set 0x6b700001 comment "games/a/mark"`
-		markAMoved = `ip saddr 10.244.18.120 udp sport 27015 counter meta mark set 0x6b700001 comment "games/a/mark"`
-		markB      = `ip saddr 10.244.18.108 tcp sport 8080 counter meta mark set 0x6b700001 comment "games/b/mark"`
-		markC      = `ip saddr 10.244.18.109 tcp sport 443 counter meta mark set 0x6b700002 comment "web/c/mark"`
-		// count is a mapping's kup-count pair: its packets arriving over the link for the
-		// pod, and those leaving by it from the pod.
-		count = func(m podMapping) []string {
-			p, id := strings.ToLower(strings.TrimPrefix(m.proto.String(), "PROTOCOL_")), m.key+"/dnat/"+m.link.Name
-			return []string{
-				fmt.Sprintf(`iifname %q ip daddr %s %s dport %d ct status dnat counter comment %q`, m.link.Name, m.pod, p, m.port, id),
-				fmt.Sprintf(`oifname %q ip saddr %s %s sport %d ct status dnat counter comment %q`, m.link.Name, m.pod, p, m.port, id),
-			}
-		}
-	)
+	}
 	steps := []struct {
 		name    string
 		program *kuportv1.NodeProgram
@@ -197,34 +177,32 @@ func TestPrivilegedStates(t *testing.T) {
 	}{{
 		name:    "add a mapping",
 		program: workerB(1, a),
-		want: nftTable([]string{preA}, postA, []string{markA}, count(a)) + linkPublic +
+		want: nftTable(elems(a)) + linkPublic +
 			rulesPublic + routePublic,
 	}, {
 		name:    "a second mapping shares the link",
 		program: workerB(2, a, b),
-		want: nftTable([]string{preA, preB}, slices.Concat(postA, postB), []string{markA, markB}, slices.Concat(count(a), count(b))) + linkPublic +
+		want: nftTable(elems(a), elems(b)) + linkPublic +
 			rulesPublic + routePublic,
 	}, {
 		name:    "a mapping over another class's link",
 		program: workerB(3, a, b, c),
-		want: nftTable([]string{preA, preB, preC}, slices.Concat(postA, postB, postC), []string{markA, markB, markC},
-			slices.Concat(count(a), count(b), count(c))) +
+		want: nftTable(elems(a), elems(b), elems(c)) +
 			linkIntranet + linkPublic + rulesBoth + routePublic + routeIntranet,
 	}, {
 		name:    "the endpoint of the first changes",
 		program: workerB(4, aMoved, b, c),
-		want: nftTable([]string{preAMoved, preB, preC}, slices.Concat(postAMoved, postB, postC), []string{markAMoved, markB, markC},
-			slices.Concat(count(aMoved), count(b), count(c))) +
+		want: nftTable(elems(aMoved), elems(b), elems(c)) +
 			linkIntranet + linkPublic + rulesBoth + routePublic + routeIntranet,
 	}, {
 		name:    "the first is removed",
 		program: workerB(5, b, c),
-		want: nftTable([]string{preB, preC}, slices.Concat(postB, postC), []string{markB, markC}, slices.Concat(count(b), count(c))) +
+		want: nftTable(elems(b), elems(c)) +
 			linkIntranet + linkPublic + rulesBoth + routePublic + routeIntranet,
 	}, {
 		name:    "the other class's mapping is removed",
 		program: workerB(6, b),
-		want: nftTable([]string{preB}, postB, []string{markB}, count(b)) + linkPublic +
+		want: nftTable(elems(b)) + linkPublic +
 			rulesPublic + routePublic,
 	}, {
 		name:    "all removed",

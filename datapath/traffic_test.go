@@ -119,5 +119,117 @@ func TestPrivilegedLateInterface(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	assert.Equal(t, uint64(3), packets())
-	assert.Contains(t, tn.exec(t, "nft", "list", "table", "ip", "kuport"), `iifname "enp7s0" udp dport 27015 counter packets 3 `)
+	assert.Contains(t, tn.exec(t, "nft", "list", "table", "ip", "kuport"), `"enp7s0" . udp . 27015 counter packets 3 `)
+}
+
+// addPod gives tn forwarding and a pod: a namespace holding eth0 with addr/24 behind
+// cilium_host (10.244.17.1/24 in tn), its default route through it, and a UDP server on
+// port that answers every datagram to its sender with the sender's address as it saw it.
+func (tn *testNS) addPod(t *testing.T, addr string, port int) {
+	t.Helper()
+	name, ns := newNetNS(t, "kuptest-pod-")
+	for _, args := range [][]string{
+		{"sysctl", "-qw", "net.ipv4.ip_forward=1"},
+		{"ip", "link", "add", "cilium_host", "type", "veth", "peer", "name", "eth0", "netns", name},
+		{"ip", "addr", "add", "10.244.17.1/24", "dev", "cilium_host"},
+		{"ip", "link", "set", "cilium_host", "up"},
+	} {
+		tn.exec(t, args...)
+	}
+	for _, args := range [][]string{
+		{"ip", "link", "set", "lo", "up"},
+		{"ip", "addr", "add", addr + "/24", "dev", "eth0"},
+		{"ip", "link", "set", "eth0", "up"},
+		{"ip", "route", "add", "default", "via", "10.244.17.1"},
+	} {
+		run(t, append([]string{"ip", "netns", "exec", name}, args...)...)
+	}
+	var conn *net.UDPConn
+	inNS(t, ns, func() error {
+		var err error
+		conn, err = net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP(addr), Port: port})
+		return err
+	})
+	t.Cleanup(func() { _ = conn.Close() })
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			_, from, err := conn.ReadFromUDP(buf)
+			if err != nil {
+				return
+			}
+			_, _ = conn.WriteToUDP([]byte(from.IP.String()), from)
+		}
+	}()
+}
+
+// exchangeUDP sends one datagram from the peer to dst:dport from a new port and returns
+// the answer's text and source.
+func (p *peerNS) exchangeUDP(t *testing.T, dst string, dport int) (string, string) {
+	t.Helper()
+	var text, from string
+	inNS(t, p.ns, func() error {
+		c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP(p.addr)})
+		if err != nil {
+			return err
+		}
+		defer func() { _ = c.Close() }()
+		if _, err := c.WriteToUDP([]byte("kuport"), &net.UDPAddr{IP: net.ParseIP(dst), Port: dport}); err != nil {
+			return err
+		}
+		if err := c.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+			return err
+		}
+		buf := make([]byte, 1500)
+		n, src, err := c.ReadFromUDP(buf)
+		if err != nil {
+			return err
+		}
+		text, from = string(buf[:n]), src.String()
+		return nil
+	})
+	return text, from
+}
+
+// TestPrivilegedSharedPodPortCounts sends traffic through two mappings dialed on 4000 and
+// 4001 of one interface, both to the same pod port: each mapping's counters count its own
+// flows' packets, both ways, and none of the other's. The pod sees the client's address and
+// the answers come from the dialed ports.
+func TestPrivilegedSharedPodPortCounts(t *testing.T) {
+	privileged(t)
+	tn := newTestNS(t, "100.64.93.143")
+	tn.addPod(t, "10.244.17.5", 3000)
+	client := tn.addPeer(t, "enp1s0", "203.0.113.9", "203.0.113.7")
+	mapping := func(key string, dialed uint32) (*kuportv1.DnatRule, *kuportv1.SnatRule) {
+		return &kuportv1.DnatRule{Id: key + "/dnat/enp1s0", Mapping: key, InInterface: "enp1s0", Protocol: kuportv1.Protocol_PROTOCOL_UDP,
+				Ports: &kuportv1.PortRange{First: dialed, Last: dialed}, ToAddress: "10.244.17.5", ToPort: 3000},
+			&kuportv1.SnatRule{Id: key + "/snat", Mapping: key, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST, OutInterface: "cilium_host",
+				Address: "10.244.17.5", Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: &kuportv1.PortRange{First: 3000, Last: 3000}}
+	}
+	d1, s1 := mapping("g/four-thousand", 4000)
+	d2, s2 := mapping("g/four-thousand-one", 4001)
+	p := &kuportv1.NodeProgram{Node: "edge-a", Version: 1, DnatRules: []*kuportv1.DnatRule{d1, d2}, SnatRules: []*kuportv1.SnatRule{s1, s2}}
+	require.NoError(t, tn.dp.Apply(p))
+
+	const first, second = 3, 5
+	for dport, n := range map[int]int{4000: first, 4001: second} {
+		for range n {
+			text, from := client.exchangeUDP(t, "203.0.113.9", dport)
+			assert.Equal(t, "203.0.113.7", text, "the pod saw the client")
+			assert.Equal(t, net.JoinHostPort("203.0.113.9", itoa(uint32(dport))), from, "the answer comes from the dialed port")
+		}
+	}
+	counters, err := tn.dp.Counters()
+	require.NoError(t, err)
+	for id, n := range map[string]uint64{d1.Id: first, d2.Id: second} {
+		c := counterOf(counters, id)
+		require.NotNil(t, c, id)
+		assert.Equal(t, n, c.GetPackets(), "%s: flows", id)
+		assert.Equal(t, n, c.GetForwardedIn().GetPackets(), "%s: requests", id)
+		assert.Equal(t, n, c.GetForwardedOut().GetPackets(), "%s: answers", id)
+		assert.Equal(t, n*(20+8+6), c.GetForwardedIn().GetBytes(), "%s: request bytes", id)
+	}
+	// The identity SNAT element both mappings need is one, the first's: it claims every flow.
+	assert.Equal(t, uint64(first+second), counterOf(counters, s1.Id).GetPackets())
+	assert.Nil(t, counterOf(counters, s2.Id))
 }

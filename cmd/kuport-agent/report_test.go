@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"fmt"
 	"net"
 	"os/exec"
 	"runtime"
@@ -49,38 +48,60 @@ func sendUDP(t *testing.T, ns, src string, sport int, dst string, dport int) {
 // traffic is one counter's packets and bytes.
 type traffic struct{ packets, bytes uint64 }
 
-// nftCounters reads the counter of every rule of table ip kuport, from `nft -j list table
-// ip kuport`: by comment, and for a kup-count rule by comment and " in" (an iifname match)
-// or " out" (oifname).
+// nftCounters reads the element counters of table ip kuport from `nft -j list table ip
+// kuport`, summed by element comment (an entry id), with " in" for the count-in sets and
+// " out" for the count-out sets.
 func (n *agentNS) nftCounters(t *testing.T) map[string]traffic {
 	t.Helper()
+	type element struct {
+		Elem struct {
+			Comment string `json:"comment"`
+			Counter struct {
+				Packets uint64 `json:"packets"`
+				Bytes   uint64 `json:"bytes"`
+			} `json:"counter"`
+		} `json:"elem"`
+	}
+	type set struct {
+		Name string            `json:"name"`
+		Elem []json.RawMessage `json:"elem"`
+	}
 	var listing struct {
 		Nftables []struct {
-			Rule *struct {
-				Chain   string           `json:"chain"`
-				Comment string           `json:"comment"`
-				Expr    []map[string]any `json:"expr"`
-			} `json:"rule"`
+			Set *set `json:"set"`
+			Map *set `json:"map"`
 		} `json:"nftables"`
 	}
 	listed := n.exec(t, "nft", "-j", "list", "table", "ip", "kuport")
 	require.NoError(t, json.Unmarshal([]byte(listed), &listing))
 	out := map[string]traffic{}
 	for _, o := range listing.Nftables {
-		if o.Rule == nil {
+		s := o.Set
+		if s == nil {
+			s = o.Map
+		}
+		if s == nil {
 			continue
 		}
-		key := o.Rule.Comment
-		if o.Rule.Chain == "kup-count" {
-			key += " in"
-			if strings.Contains(fmt.Sprint(o.Rule.Expr), "oifname") {
-				key = o.Rule.Comment + " out"
+		for _, raw := range s.Elem {
+			var e element
+			if o.Map != nil { // [element, data]
+				var pair []json.RawMessage
+				require.NoError(t, json.Unmarshal(raw, &pair))
+				raw = pair[0]
 			}
-		}
-		for _, e := range o.Rule.Expr {
-			if c, ok := e["counter"].(map[string]any); ok {
-				out[key] = traffic{uint64(c["packets"].(float64)), uint64(c["bytes"].(float64))}
+			require.NoError(t, json.Unmarshal(raw, &e))
+			key := e.Elem.Comment
+			switch {
+			case strings.HasPrefix(s.Name, "count-in-"):
+				key += " in"
+			case strings.HasPrefix(s.Name, "count-out-"):
+				key += " out"
 			}
+			c := out[key]
+			c.packets += e.Elem.Counter.Packets
+			c.bytes += e.Elem.Counter.Bytes
+			out[key] = c
 		}
 	}
 	return out
@@ -186,7 +207,7 @@ func TestPrivilegedAgentReportsCounters(t *testing.T) {
 	nft := ns.nftCounters(t)
 	assert.Equal(t, nft, reported, "the report carries nft's counters, by rule comment")
 	assert.Equal(t, traffic{remote, nft["games/remote/dnat/enp1s0"].bytes}, nft["games/remote/snat"], "every DNATed request left by the link")
-	// kup-count saw every datagram forwarded towards the pods; none came back.
+	// kup-count-in saw every datagram sent towards the pods; none came back.
 	assert.Equal(t, traffic{local, nft["games/local/dnat/enp1s0"].bytes}, nft["games/local/dnat/enp1s0 in"])
 	assert.Equal(t, traffic{remote, nft["games/remote/dnat/enp1s0"].bytes}, nft["games/remote/dnat/enp1s0 in"])
 	assert.Equal(t, traffic{}, nft["games/remote/dnat/enp1s0 out"])

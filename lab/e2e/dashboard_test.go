@@ -54,7 +54,7 @@ func TestPrivilegedE2EDashboard(t *testing.T) {
 	base := "http://" + lab.ControllerHTTPAddr
 	metricsURL := base + "/metrics"
 	// The reply of every datagram is counted where edge-a forwards it back out of enp1s0
-	// (kup-count, every packet); the agents report every 2 s in the lab.
+	// (kup-count-in/-out, every packet); the agents report every 2 s in the lab.
 	row := "edge-a " + lab.DemoNamespace + "/" + name + "/forwarded/enp1s0 out"
 	pageCount := func() (uint64, string, error) {
 		dom, err := dashboardtest.DumpDOM(ctx, chromium, base+"/", 2*time.Second)

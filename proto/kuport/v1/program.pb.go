@@ -1402,9 +1402,9 @@ type Counter struct {
 	// A mark rule counts every packet it marks.
 	Packets uint64 `protobuf:"varint,2,opt,name=packets,proto3" json:"packets,omitempty"`
 	Bytes   uint64 `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
-	// DNAT entries only: every packet of the flows the entry translated that reached this
-	// node's forward hook (chain kup-count, ahead of any firewall's forward chain, which may
-	// still drop it). forwarded_in arrived on the entry's in_interface, towards the pod;
+	// DNAT entries only: every packet of the entry's flows on this node, counted by the port
+	// the client dialed (chains kup-count-in and kup-count-out, ahead of any firewall, which
+	// may still drop it). forwarded_in arrived on the entry's in_interface, towards the pod;
 	// forwarded_out left by it, from the pod.
 	ForwardedIn   *Traffic `protobuf:"bytes,4,opt,name=forwarded_in,json=forwardedIn,proto3" json:"forwarded_in,omitempty"`
 	ForwardedOut  *Traffic `protobuf:"bytes,5,opt,name=forwarded_out,json=forwardedOut,proto3" json:"forwarded_out,omitempty"`

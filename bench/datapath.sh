@@ -1,0 +1,12 @@
+#!/bin/sh
+# bench/datapath.sh: kuport's datapath at 1, 1,000 and 10,000 mappings in one run (issue 11),
+# one BENCH line per size. Root: it builds network namespaces (a client, a node, a pod).
+#   sudo bench/datapath.sh                 # the figures BENCHMARKS.md records
+#   sudo bench/datapath.sh --mappings 1,10 --traffic 200ms   # a smoke run
+set -eu
+cd "$(dirname "$0")/.."
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+go build -o "$out/kuport-agent" ./cmd/kuport-agent
+go build -o "$out/bench" ./bench/datapath
+"$out/bench" --agent "$out/kuport-agent" "$@"

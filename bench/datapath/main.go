@@ -1,0 +1,413 @@
+// Command datapath measures kuport's datapath at several program sizes in one run (issue
+// 11): the product's Datapath applies N same-node TCP mappings on enp1s0 to a node
+// namespace between a client namespace and a pod namespace, and traffic goes to the last
+// mapping. It prints one BENCH line per size. Run it as root through bench/datapath.sh.
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/hashicorp/go-hclog"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	"kuport.wlz.li/kuport/datapath"
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+const (
+	nodeAddr   = "203.0.113.9"
+	clientAddr = "203.0.113.7"
+)
+
+func main() {
+	sizes := flag.String("mappings", "1,1000,10000", "program sizes, comma-separated")
+	agent := flag.String("agent", "", "kuport-agent binary (agent_rss_mb); empty: not measured")
+	traffic := flag.Duration("traffic", 2*time.Second, "duration of each traffic measurement")
+	flag.Parse()
+	for _, s := range strings.Split(*sizes, ",") {
+		n, err := strconv.Atoi(s)
+		if err == nil {
+			err = measure(n, *agent, *traffic)
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "mappings=%s: %v\n", s, err)
+			os.Exit(1)
+		}
+	}
+}
+
+// program is edge-a's program for n same-node TCP mappings on enp1s0 (datapath's
+// benchProgram): ports 10000 up, each to its own pod address, a DNAT entry and the request's
+// identity SNAT per mapping.
+func program(n int) *kuportv1.NodeProgram {
+	p := &kuportv1.NodeProgram{Node: "edge-a", Version: 1, Epoch: 1}
+	for i := range n {
+		key, port := fmt.Sprintf("bench/m%05d", i), uint32(10000+i)
+		ports := &kuportv1.PortRange{First: port, Last: port}
+		p.DnatRules = append(p.DnatRules, &kuportv1.DnatRule{Id: key + "/dnat/enp1s0", Mapping: key, InInterface: "enp1s0",
+			Protocol: kuportv1.Protocol_PROTOCOL_TCP, Ports: ports, ToAddress: podAddr(i), ToPort: port})
+		p.SnatRules = append(p.SnatRules, &kuportv1.SnatRule{Id: key + "/snat", Mapping: key, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
+			OutInterface: "cilium_host", Address: podAddr(i), Protocol: kuportv1.Protocol_PROTOCOL_TCP, Ports: ports})
+	}
+	return p
+}
+
+func podAddr(i int) string { return fmt.Sprintf("10.244.%d.%d", 17+i/250, 2+i%250) }
+
+// topology is a node namespace with enp1s0 towards a client namespace and cilium_host
+// towards a pod namespace that holds the last mapping's pod address.
+type topology struct{ node, client, pod string }
+
+func sh(args ...string) error {
+	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+		return fmt.Errorf("%v: %v: %s", args, err, out)
+	}
+	return nil
+}
+
+func newTopology(pod string) (*topology, error) {
+	suffix := strconv.Itoa(os.Getpid())
+	t := &topology{node: "kupbench-node-" + suffix, client: "kupbench-client-" + suffix, pod: "kupbench-pod-" + suffix}
+	in := func(ns string, args ...string) []string { return append([]string{"ip", "netns", "exec", ns}, args...) }
+	steps := [][]string{
+		{"ip", "netns", "add", t.node}, {"ip", "netns", "add", t.client}, {"ip", "netns", "add", t.pod},
+		in(t.node, "ip", "link", "set", "lo", "up"),
+		in(t.node, "sysctl", "-qw", "net.ipv4.ip_forward=1"),
+		in(t.node, "ip", "link", "add", "enp1s0", "type", "veth", "peer", "name", "eth0", "netns", t.client),
+		in(t.node, "ip", "addr", "add", nodeAddr+"/24", "dev", "enp1s0"),
+		in(t.node, "ip", "link", "set", "enp1s0", "up"),
+		in(t.node, "ip", "link", "add", "cilium_host", "type", "veth", "peer", "name", "eth0", "netns", t.pod),
+		in(t.node, "ip", "addr", "add", "10.244.17.1/24", "dev", "cilium_host"),
+		in(t.node, "ip", "link", "set", "cilium_host", "up"),
+		in(t.node, "ip", "route", "add", "10.244.0.0/16", "dev", "cilium_host"),
+		in(t.client, "ip", "link", "set", "lo", "up"),
+		in(t.client, "ip", "addr", "add", clientAddr+"/24", "dev", "eth0"),
+		in(t.client, "ip", "link", "set", "eth0", "up"),
+		in(t.pod, "ip", "link", "set", "lo", "up"),
+		in(t.pod, "ip", "addr", "add", pod+"/16", "dev", "eth0"),
+		in(t.pod, "ip", "link", "set", "eth0", "up"),
+		in(t.pod, "ip", "route", "add", "default", "via", "10.244.17.1"),
+	}
+	for _, s := range steps {
+		if err := sh(s...); err != nil {
+			t.close()
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+func (t *topology) close() {
+	for _, ns := range []string{t.node, t.client, t.pod} {
+		_ = exec.Command("ip", "netns", "delete", ns).Run()
+	}
+}
+
+// inNS runs fn on a thread in the named namespace; the thread ends with it.
+func inNS(name string, fn func() error) error {
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		h, err := netns.GetFromName(name)
+		if err == nil {
+			defer func() { _ = h.Close() }()
+			err = netns.Set(h)
+		}
+		if err == nil {
+			err = fn()
+		}
+		done <- err
+	}()
+	return <-done
+}
+
+// serve runs the pod's TCP server: each connection is read to its end (throughput), or
+// answered byte for byte (request/response and connection rate).
+func serve(l net.Listener) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer func() { _ = c.Close() }()
+			_, _ = io.Copy(c, c)
+		}()
+	}
+}
+
+// trafficFigures measures, from the client to the node's dialed port: one flow's
+// throughput, sequential new connections per second, and the p50 of connect + one-byte
+// request + reply.
+func trafficFigures(t *topology, port int, d time.Duration) (gbps, connPerS, rrP50us float64, err error) {
+	target := net.JoinHostPort(nodeAddr, strconv.Itoa(port))
+	dialer := net.Dialer{Timeout: 2 * time.Second}
+	err = inNS(t.client, func() error {
+		c, err := dialer.Dial("tcp4", target)
+		if err != nil {
+			return err
+		}
+		go func() { _, _ = io.Copy(io.Discard, c) }()
+		buf := make([]byte, 128<<10)
+		var sent int64
+		start := time.Now()
+		for time.Since(start) < d {
+			n, err := c.Write(buf)
+			sent += int64(n)
+			if err != nil {
+				return err
+			}
+		}
+		gbps = float64(sent) * 8 / time.Since(start).Seconds() / 1e9
+		_ = c.Close()
+
+		var conns int
+		start = time.Now()
+		for time.Since(start) < d {
+			c, err := dialer.Dial("tcp4", target)
+			if err != nil {
+				return err
+			}
+			_ = c.(*net.TCPConn).SetLinger(0)
+			_ = c.Close()
+			conns++
+		}
+		connPerS = float64(conns) / time.Since(start).Seconds()
+
+		var rtts []time.Duration
+		one := []byte{'k'}
+		start = time.Now()
+		for time.Since(start) < d {
+			t0 := time.Now()
+			c, err := dialer.Dial("tcp4", target)
+			if err != nil {
+				return err
+			}
+			if _, err := c.Write(one); err != nil {
+				return err
+			}
+			if _, err := io.ReadFull(c, one); err != nil {
+				return err
+			}
+			rtts = append(rtts, time.Since(t0))
+			_ = c.(*net.TCPConn).SetLinger(0)
+			_ = c.Close()
+		}
+		slices.Sort(rtts)
+		rrP50us = float64(rtts[len(rtts)/2].Nanoseconds()) / 1e3
+		return nil
+	})
+	return gbps, connPerS, rrP50us, err
+}
+
+var writesRE = regexp.MustCompile(`kernel_writes=(\d+)`)
+
+// lastWrites is the kernel writes of the last Apply the log recorded.
+func lastWrites(log *bytes.Buffer) int {
+	m := writesRE.FindAllStringSubmatch(log.String(), -1)
+	if len(m) == 0 {
+		return -1
+	}
+	n, _ := strconv.Atoi(m[len(m)-1][1])
+	return n
+}
+
+func measure(n int, agent string, d time.Duration) error {
+	p := program(n)
+	t, err := newTopology(podAddr(n - 1))
+	if err != nil {
+		return err
+	}
+	defer t.close()
+	var pod net.Listener
+	if err := inNS(t.pod, func() error {
+		pod, err = net.Listen("tcp4", net.JoinHostPort(podAddr(n-1), strconv.Itoa(10000+n-1)))
+		return err
+	}); err != nil {
+		return err
+	}
+	defer func() { _ = pod.Close() }()
+	go serve(pod)
+
+	ns, err := netns.GetFromName(t.node)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = ns.Close() }()
+	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)), datapath.NFTSocketOption())
+	if err != nil {
+		return err
+	}
+	nl, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return err
+	}
+	defer nl.Close()
+	var log bytes.Buffer
+	dp := datapath.New(datapath.Config{NFT: conn, Netlink: nl, NetNS: ns,
+		Log: hclog.New(&hclog.LoggerOptions{Level: hclog.Debug, Output: &log})})
+
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	start := time.Now()
+	if err := dp.Apply(p); err != nil {
+		return err
+	}
+	first := time.Since(start)
+	runtime.ReadMemStats(&after)
+	allocMB := float64(after.TotalAlloc-before.TotalAlloc) / 1e6
+
+	const resyncs = 5
+	start = time.Now()
+	for range resyncs {
+		if err := dp.Apply(p); err != nil {
+			return err
+		}
+		if w := lastWrites(&log); w != 0 {
+			return fmt.Errorf("an unchanged program wrote %d times", w)
+		}
+	}
+	resync := time.Since(start) / resyncs
+
+	// One mapping (the middle one) retargeted to another pod and back.
+	moved := proto.Clone(p).(*kuportv1.NodeProgram)
+	mid := n / 2
+	moved.Version++
+	moved.DnatRules[mid].ToAddress, moved.SnatRules[mid].Address = "10.244.250.1", "10.244.250.1"
+	back := proto.Clone(p).(*kuportv1.NodeProgram)
+	back.Version += 2
+	const changes = 4
+	var change time.Duration
+	writes := 0
+	for i := range changes {
+		next := moved
+		if i%2 == 1 {
+			next = back
+		}
+		start = time.Now()
+		if err := dp.Apply(next); err != nil {
+			return err
+		}
+		change += time.Since(start)
+		writes = lastWrites(&log)
+	}
+	change /= changes
+
+	gbps, connPerS, rrP50, err := trafficFigures(t, 10000+n-1, d)
+	if err != nil {
+		return fmt.Errorf("traffic: %w", err)
+	}
+	rss := "n/a"
+	if agent != "" {
+		mb, err := agentRSS(agent, t.node, back)
+		if err != nil {
+			return fmt.Errorf("agent: %w", err)
+		}
+		rss = fmt.Sprintf("%.1f", mb)
+	}
+	fmt.Printf("BENCH datapath mappings=%d tcp_gbps=%.2f conn_per_s=%.0f rr_p50_us=%.0f first_apply_ms=%.1f resync_ms=%.1f change_ms=%.1f change_writes=%d apply_alloc_mb=%.1f agent_rss_mb=%s\n",
+		n, gbps, connPerS, rrP50, ms(first), ms(resync), ms(change), writes, allocMB, rss)
+	return nil
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 }
+
+// controller serves one program to the agent and reports its first Ack.
+type controller struct {
+	kuportv1.UnimplementedAgentServiceServer
+	program *kuportv1.NodeProgram
+	acked   chan *kuportv1.Ack
+}
+
+func (c *controller) Connect(stream kuportv1.AgentService_ConnectServer) error {
+	if _, err := stream.Recv(); err != nil {
+		return err
+	}
+	if err := stream.Send(&kuportv1.ConnectResponse{Message: &kuportv1.ConnectResponse_Program{Program: c.program}}); err != nil {
+		return err
+	}
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		if ack := m.GetAck(); ack != nil {
+			select {
+			case c.acked <- ack:
+			default:
+			}
+		}
+	}
+}
+
+// agentRSS runs the real agent in the node namespace holding program (which the kernel
+// already holds), waits for its Ack and a resync past it, and returns its resident memory
+// in MB.
+func agentRSS(agent, node string, program *kuportv1.NodeProgram) (float64, error) {
+	dir, err := os.MkdirTemp("", "kupbench-")
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = os.RemoveAll(dir) }()
+	sock := filepath.Join(dir, "controller.sock")
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		return 0, err
+	}
+	ctrl := &controller{program: program, acked: make(chan *kuportv1.Ack, 1)}
+	srv := grpc.NewServer()
+	kuportv1.RegisterAgentServiceServer(srv, ctrl)
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", node, agent, "--node-name", "edge-a", "--controller", "unix://"+sock,
+		"--token-file", "", "--inspect-listen", "", "--epoch-file", "", "--resync-interval", "1s", "--log-level", "warn")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		return 0, err
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	select {
+	case ack := <-ctrl.acked:
+		if len(ack.GetErrors()) > 0 {
+			return 0, fmt.Errorf("ack with errors: %v", ack.GetErrors())
+		}
+	case <-time.After(60 * time.Second):
+		return 0, fmt.Errorf("no ack: %s", out.String())
+	}
+	time.Sleep(3 * time.Second) // resyncs and a report or two
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cmd.Process.Pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if f := strings.Fields(line); len(f) == 3 && f[0] == "VmRSS:" {
+			kb, err := strconv.ParseFloat(f[1], 64)
+			return kb / 1024, err
+		}
+	}
+	return 0, errors.New("no VmRSS")
+}

@@ -1,0 +1,139 @@
+package datapath
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// elem is one element of one of kuport's sets: its key and data as the registers hold them
+// (each part padded to 4 bytes), and the id of the program entry it renders, kept as the
+// element's comment so that `nft list` shows it and counters are reported by it.
+type elem struct {
+	key, val string
+	id       string
+}
+
+// table is the whole of table ip kuport: its layout and every set's elements by key.
+type table struct {
+	layout *layout
+	elems  map[string]map[string]elem
+}
+
+func newTable(l *layout) *table {
+	t := &table{layout: l, elems: make(map[string]map[string]elem, len(l.sets))}
+	for _, s := range l.sets {
+		t.elems[s.name] = map[string]elem{}
+	}
+	return t
+}
+
+// empty reports whether the table holds no element: a program without entries has no
+// table at all.
+func (t *table) empty() bool {
+	for _, m := range t.elems {
+		if len(m) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// pack concatenates key or data parts as a concatenation holds them in registers: each
+// padded with zeros to a multiple of 4 bytes.
+func pack(parts ...[]byte) string {
+	var b strings.Builder
+	for _, p := range parts {
+		b.Write(p)
+		for n := len(p); n%4 != 0; n++ {
+			b.WriteByte(0)
+		}
+	}
+	return b.String()
+}
+
+func ifnameBytes(name string) []byte {
+	b := make([]byte, unix.IFNAMSIZ)
+	copy(b, name)
+	return b
+}
+
+func portBytes(p uint16) []byte { return binary.BigEndian.AppendUint16(nil, p) }
+
+// markBytes is a mark as a mark map holds it, in network byte order (layout.go).
+func markBytes(m uint32) []byte { return binary.BigEndian.AppendUint32(nil, m) }
+
+// Transport protocol numbers as they appear in meta l4proto.
+const (
+	protoTCP uint8 = 6
+	protoUDP uint8 = 17
+)
+
+// valueText prints the parts of packed by fields as nft lists them.
+func valueText(fields []field, packed string) string {
+	parts := make([]string, 0, len(fields))
+	for _, f := range fields {
+		n := int(f.words() * 4)
+		if len(packed) < n {
+			return fmt.Sprintf("# %d bytes where %s takes %d", len(packed), f.typ.Name, n)
+		}
+		b := []byte(packed[:f.typ.Bytes])
+		packed = packed[n:]
+		switch f.typ.Name {
+		case "ifname":
+			parts = append(parts, fmt.Sprintf("%q", strings.TrimRight(string(b), "\x00")))
+		case "ipv4_addr":
+			parts = append(parts, netip.AddrFrom4([4]byte(b)).String())
+		case "inet_proto":
+			switch b[0] {
+			case protoTCP:
+				parts = append(parts, "tcp")
+			case protoUDP:
+				parts = append(parts, "udp")
+			default:
+				parts = append(parts, fmt.Sprint(b[0]))
+			}
+		case "inet_service":
+			parts = append(parts, fmt.Sprint(binary.BigEndian.Uint16(b)))
+		case "mark":
+			parts = append(parts, fmt.Sprintf("0x%08x", binary.BigEndian.Uint32(b)))
+		default:
+			parts = append(parts, fmt.Sprintf("0x%x", b))
+		}
+	}
+	if len(packed) > 0 {
+		parts = append(parts, fmt.Sprintf("# %d bytes more", len(packed)))
+	}
+	return strings.Join(parts, " . ")
+}
+
+// text is the element as `nft list` prints it, its counter normalised to "counter".
+func (e elem) text(s *setSpec, counted bool) string {
+	t := valueText(s.key, e.key)
+	if counted {
+		t += " counter"
+	}
+	if e.id != "" {
+		t += fmt.Sprintf(" comment %q", e.id)
+	}
+	if s.data != nil {
+		t += " : " + valueText(s.data, e.val)
+	}
+	return t
+}
+
+// elementLines are a set's elements as nft lists them, sorted: nft prints a hash set in the
+// kernel's hash order, which no program can predict, so Render, Dump and the tests' reading
+// of `nft list` all sort.
+func elementLines(s *setSpec, elems map[string]elem, counted func(elem) bool) []string {
+	lines := make([]string, 0, len(elems))
+	for _, e := range elems {
+		lines = append(lines, e.text(s, counted(e)))
+	}
+	slices.Sort(lines)
+	return lines
+}

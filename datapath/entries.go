@@ -1,0 +1,315 @@
+package datapath
+
+import (
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// maxCommentLen is nft's limit on a comment (NFTNL_UDATA_COMMENT_MAXLEN 128, NUL included);
+// an element's comment carries its entry's id.
+const maxCommentLen = 127
+
+// portRange is an inclusive range of transport ports.
+type portRange struct{ first, last uint16 }
+
+// each calls fn with every port of the range and its offset from the first.
+func (r portRange) each(fn func(port, offset uint16)) {
+	for p := uint32(r.first); p <= uint32(r.last); p++ {
+		fn(uint16(p), uint16(p-uint32(r.first)))
+	}
+}
+
+// put is one element an entry needs in one set.
+type put struct {
+	set string
+	elem
+}
+
+// compileTable turns the program's entries into the table's elements (Render's and Apply's
+// one source). Every port of a range is its own element: a hash lookup costs the same at any
+// size, where an interval set costs about 15 µs per lookup at 10,000 elements
+// (../shared/notes/nftables-maps.md). So a range keeps each port by mapping each to itself,
+// and a shifted range maps port by port, which NAT to a port range cannot (it picks from the
+// range as a pool; DESIGN.md, "Port ranges").
+//
+// An invalid entry, one whose id repeats, or one that needs a key another entry already
+// holds with other data (a dialed port taken, a pod port marked for another link) becomes an
+// *EntryError and puts nothing. An element another entry already holds with the same data is
+// shared: it stays that entry's, whose id it carries and under which it is counted (the
+// founding document's rules counted it under the first rule that matched, too).
+func compileTable(p *kuportv1.NodeProgram) (*table, []error) {
+	fam := familyIPv4
+	var errs []error
+	seen := map[string]bool{}
+	type entry struct {
+		kind, id string
+		puts     []put
+	}
+	var entries []entry
+	prefixes := map[string]bool{}
+	add := func(kind, id string, puts []put, err error) {
+		if err == nil && seen[id] {
+			err = fmt.Errorf("id used by another entry")
+		}
+		if err != nil {
+			errs = append(errs, &EntryError{Kind: kind, ID: id, Err: err})
+			return
+		}
+		seen[id] = true
+		for i := range puts {
+			puts[i].id = id
+			if name, ok := strings.CutPrefix(puts[i].set, replySetPrefix); ok {
+				prefixes[name] = true
+			}
+		}
+		entries = append(entries, entry{kind, id, puts})
+	}
+	for _, e := range p.GetDnatRules() {
+		puts, err := dnatPuts(fam, e)
+		add("dnat", e.GetId(), puts, err)
+	}
+	for _, e := range p.GetSnatRules() {
+		puts, err := snatPuts(fam, e)
+		add("snat", e.GetId(), puts, err)
+	}
+	for _, e := range p.GetMarkRules() {
+		puts, err := markPuts(fam, e)
+		add("mark", e.GetId(), puts, err)
+	}
+
+	t := newTable(newLayout(fam, slices.Sorted(maps.Keys(prefixes))))
+	for _, en := range entries {
+		var conflict error
+		for _, pt := range en.puts {
+			if have, ok := t.elems[pt.set][pt.key]; ok && have.val != pt.val {
+				s := t.layout.byName[pt.set]
+				conflict = fmt.Errorf("%s is %s's in %s", valueText(s.key, pt.key), have.id, pt.set)
+				break
+			}
+		}
+		if conflict != nil {
+			errs = append(errs, &EntryError{Kind: en.kind, ID: en.id, Err: conflict})
+			continue
+		}
+		for _, pt := range en.puts {
+			if _, ok := t.elems[pt.set][pt.key]; !ok {
+				t.elems[pt.set][pt.key] = pt.elem
+			}
+		}
+	}
+	return t, errs
+}
+
+// dnatPuts is the DnatRule form of program.proto (founding document, kup-pre): per port, the
+// translation, and the keys that count the mapping's packets in both directions. The count
+// sets are keyed by the dialed port, the only thing that tells two mappings to one pod port
+// apart: kup-count-in sees requests before DNAT, kup-count-out replies after their
+// translation back, both on the entry's interface.
+func dnatPuts(fam family, e *kuportv1.DnatRule) ([]put, error) {
+	if err := checkID(e.GetId()); err != nil {
+		return nil, err
+	}
+	if err := checkIfname(e.GetInInterface()); err != nil {
+		return nil, err
+	}
+	var daddr netip.Addr
+	var err error
+	if e.GetMatchDestination() != "" {
+		if daddr, err = parseAddr(fam, "match_destination", e.GetMatchDestination()); err != nil {
+			return nil, err
+		}
+	}
+	proto, err := protocol(e.GetProtocol())
+	if err != nil {
+		return nil, err
+	}
+	dport, err := ports(e.GetPorts())
+	if err != nil {
+		return nil, err
+	}
+	to, err := parseAddr(fam, "to_address", e.GetToAddress())
+	if err != nil {
+		return nil, err
+	}
+	width := uint32(dport.last - dport.first)
+	toPort := e.GetToPort()
+	if toPort == 0 || toPort+width > 65535 {
+		return nil, fmt.Errorf("to_port %d with range width %d is outside 1-65535", toPort, width)
+	}
+	dnat, in, out := "dnat-ports", "count-in-ports", "count-out-ports"
+	if daddr.IsValid() {
+		dnat, in, out = "dnat-addr-ports", "count-in-addr-ports", "count-out-addr-ports"
+	}
+	var puts []put
+	dport.each(func(port, offset uint16) {
+		var key string
+		if daddr.IsValid() {
+			key = pack(ifnameBytes(e.GetInInterface()), daddr.AsSlice(), []byte{proto}, portBytes(port))
+		} else {
+			key = pack(ifnameBytes(e.GetInInterface()), []byte{proto}, portBytes(port))
+		}
+		puts = append(puts,
+			put{set: dnat, elem: elem{key: key, val: pack(to.AsSlice(), portBytes(uint16(toPort)+offset))}},
+			put{set: in, elem: elem{key: key}},
+			put{set: out, elem: elem{key: key}})
+	})
+	return puts, nil
+}
+
+// snatPuts is the identity SNAT of program.proto's SnatKind (founding document and
+// DESIGN.md, kup-post), one element per port.
+func snatPuts(fam family, e *kuportv1.SnatRule) ([]put, error) {
+	if err := checkID(e.GetId()); err != nil {
+		return nil, err
+	}
+	addr, err := parseAddr(fam, "address", e.GetAddress())
+	if err != nil {
+		return nil, err
+	}
+	proto, err := protocol(e.GetProtocol())
+	if err != nil {
+		return nil, err
+	}
+	pr, err := ports(e.GetPorts())
+	if err != nil {
+		return nil, err
+	}
+	var puts []put
+	switch e.GetKind() {
+	case kuportv1.SnatKind_SNAT_KIND_REQUEST:
+		if err := checkIfname(e.GetOutInterface()); err != nil {
+			return nil, err
+		}
+		pr.each(func(port, _ uint16) {
+			puts = append(puts, put{set: "snat-request",
+				elem: elem{key: pack(ifnameBytes(e.GetOutInterface()), addr.AsSlice(), []byte{proto}, portBytes(port))}})
+		})
+	case kuportv1.SnatKind_SNAT_KIND_REPLY:
+		prefix := e.GetOutInterface()
+		if err := checkIfname(prefix); err != nil {
+			return nil, err
+		}
+		// The prefix names its set, so it must be a word nft reads as a name.
+		if strings.IndexFunc(prefix, func(c rune) bool {
+			return !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.')
+		}) >= 0 {
+			return nil, fmt.Errorf("device prefix %q has characters other than letters, digits, _, - and .", prefix)
+		}
+		pr.each(func(port, _ uint16) {
+			puts = append(puts, put{set: replySetPrefix + prefix, elem: elem{key: pack(addr.AsSlice(), []byte{proto}, portBytes(port))}})
+		})
+	default:
+		return nil, fmt.Errorf("unknown snat kind %v", e.GetKind())
+	}
+	return puts, nil
+}
+
+// markPuts is a return-marking form of program.proto's MarkKind (DESIGN.md, "Return marking
+// forms that worked"). Single marks the reply by its source. Multi cannot: the reply says
+// nothing about which forwarder its request came through, so the request's arrival link is
+// saved on the flow and the reply takes it back from there (founding document, Multi). The
+// save writes only the ct mark, so the request itself is not diverted on its way in.
+func markPuts(fam family, e *kuportv1.MarkRule) ([]put, error) {
+	if err := checkID(e.GetId()); err != nil {
+		return nil, err
+	}
+	addr, err := parseAddr(fam, "address", e.GetAddress())
+	if err != nil {
+		return nil, err
+	}
+	proto, err := protocol(e.GetProtocol())
+	if err != nil {
+		return nil, err
+	}
+	pr, err := ports(e.GetPorts())
+	if err != nil {
+		return nil, err
+	}
+	kind, mark := e.GetKind(), e.GetMark()
+	switch kind {
+	case kuportv1.MarkKind_MARK_KIND_STATIC, kuportv1.MarkKind_MARK_KIND_CT_SAVE, kuportv1.MarkKind_MARK_KIND_CT_RESTORE:
+	default:
+		return nil, fmt.Errorf("unknown mark kind %v", kind)
+	}
+	if kind != kuportv1.MarkKind_MARK_KIND_CT_SAVE && e.GetInInterface() != "" {
+		return nil, fmt.Errorf("in_interface is for %v only", kuportv1.MarkKind_MARK_KIND_CT_SAVE)
+	}
+	switch restore := kind == kuportv1.MarkKind_MARK_KIND_CT_RESTORE; {
+	case restore && mark != 0:
+		return nil, fmt.Errorf("mark %#x is set: a restore takes the flow's mark", mark)
+	case !restore && mark == 0:
+		return nil, fmt.Errorf("mark is 0")
+	}
+	var puts []put
+	switch kind {
+	case kuportv1.MarkKind_MARK_KIND_STATIC:
+		pr.each(func(port, _ uint16) {
+			puts = append(puts, put{set: "mark-static", elem: elem{key: pack(addr.AsSlice(), []byte{proto}, portBytes(port)), val: pack(markBytes(mark))}})
+		})
+	case kuportv1.MarkKind_MARK_KIND_CT_SAVE:
+		if err := checkIfname(e.GetInInterface()); err != nil {
+			return nil, err
+		}
+		pr.each(func(port, _ uint16) {
+			puts = append(puts, put{set: "mark-ct-save",
+				elem: elem{key: pack(ifnameBytes(e.GetInInterface()), addr.AsSlice(), []byte{proto}, portBytes(port)), val: pack(markBytes(mark))}})
+		})
+	case kuportv1.MarkKind_MARK_KIND_CT_RESTORE:
+		pr.each(func(port, _ uint16) {
+			puts = append(puts, put{set: "mark-ct-restore", elem: elem{key: pack(addr.AsSlice(), []byte{proto}, portBytes(port))}})
+		})
+	}
+	return puts, nil
+}
+
+// checkID keeps an id printable inside nft's quoted comment and within its length limit.
+func checkID(id string) error {
+	if id == "" || len(id) > maxCommentLen {
+		return fmt.Errorf("id must be 1-%d bytes", maxCommentLen)
+	}
+	if strings.ContainsAny(id, "\"\\") || strings.IndexFunc(id, func(c rune) bool { return c < 0x20 || c > 0x7e }) >= 0 {
+		return fmt.Errorf("id %q has characters nft cannot print in a comment", id)
+	}
+	return nil
+}
+
+// checkIfname accepts a Linux interface name (at most 15 bytes, IFNAMSIZ - 1).
+func checkIfname(name string) error {
+	if name == "" || len(name) > 15 || strings.ContainsAny(name, "\"\\*/ ") {
+		return fmt.Errorf("interface name %q is not a valid device name", name)
+	}
+	return nil
+}
+
+func ipv4(field, s string) (netip.Addr, error) { return parseAddr(familyIPv4, field, s) }
+
+// parseAddr parses an address of the family.
+func parseAddr(fam family, field, s string) (netip.Addr, error) {
+	a, err := netip.ParseAddr(s)
+	if err != nil || a.BitLen() != int(fam.addr.Bytes*8) || a.Is4In6() {
+		return netip.Addr{}, fmt.Errorf("%s %q is not an %s address", field, s, fam.addrName)
+	}
+	return a, nil
+}
+
+func protocol(p kuportv1.Protocol) (uint8, error) {
+	switch p {
+	case kuportv1.Protocol_PROTOCOL_TCP:
+		return protoTCP, nil
+	case kuportv1.Protocol_PROTOCOL_UDP:
+		return protoUDP, nil
+	}
+	return 0, fmt.Errorf("unknown protocol %v", p)
+}
+
+func ports(p *kuportv1.PortRange) (portRange, error) {
+	if p == nil || p.GetFirst() < 1 || p.GetLast() < p.GetFirst() || p.GetLast() > 65535 {
+		return portRange{}, fmt.Errorf("ports %d-%d are not a range within 1-65535", p.GetFirst(), p.GetLast())
+	}
+	return portRange{uint16(p.GetFirst()), uint16(p.GetLast())}, nil
+}

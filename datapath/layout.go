@@ -1,0 +1,344 @@
+package datapath
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// The table's layout: its chains, sets and rules, which do not depend on how many entries a
+// program has. Every rule is one lookup in a set whose elements are the program's entries
+// (elements.go), so a packet costs one hash lookup per rule whatever the number of mappings
+// (../shared/notes/nftables-maps.md: a chain of N rules costs about 22 ns per rule per
+// packet; a hash set lookup does not move from 2 to 20,000 elements). The founding
+// document's rule forms stay the semantics: each set says which of them its elements stand
+// for.
+
+// tableName is the one nftables table kuport owns.
+const tableName = "kuport"
+
+// family is what the address family decides: the table's family, the address fields and
+// their type, the NAT family. kuport writes IPv4 only; every set and rule takes its address
+// fields from here, so IPv6 is another value of this type (table ip6 kuport, the same sets
+// with ipv6_addr), not another layout.
+type family struct {
+	table        nftables.TableFamily
+	name         string // as nft names the family: "ip"
+	addrName     string // in errors: "IPv4"
+	nat          uint32
+	addr         nftables.SetDatatype
+	saddr, daddr field
+}
+
+// field is one part of a set's key or data: its type and, for a key, the expression that
+// loads it from the packet and the text nft prints for that.
+type field struct {
+	typ  nftables.SetDatatype
+	text string
+	load func(reg uint32) expr.Any
+}
+
+func meta(k expr.MetaKey) func(uint32) expr.Any {
+	return func(reg uint32) expr.Any { return &expr.Meta{Key: k, Register: reg} }
+}
+
+func payload(base expr.PayloadBase, offset, n uint32) func(uint32) expr.Any {
+	return func(reg uint32) expr.Any {
+		return &expr.Payload{Base: base, Offset: offset, Len: n, DestRegister: reg}
+	}
+}
+
+var (
+	fieldIIF   = field{nftables.TypeIFName, "iifname", meta(expr.MetaKeyIIFNAME)}
+	fieldOIF   = field{nftables.TypeIFName, "oifname", meta(expr.MetaKeyOIFNAME)}
+	fieldProto = field{nftables.TypeInetProto, "meta l4proto", meta(expr.MetaKeyL4PROTO)}
+	// th dport and th sport cover TCP and UDP alike: both put the ports first.
+	fieldDport = field{nftables.TypeInetService, "th dport", payload(expr.PayloadBaseTransportHeader, 2, 2)}
+	fieldSport = field{nftables.TypeInetService, "th sport", payload(expr.PayloadBaseTransportHeader, 0, 2)}
+	fieldPort  = field{typ: nftables.TypeInetService}
+	fieldMark  = field{typ: nftables.TypeMark}
+)
+
+var familyIPv4 = family{
+	table: nftables.TableFamilyIPv4, name: "ip", addrName: "IPv4", nat: unix.NFPROTO_IPV4, addr: nftables.TypeIPAddr,
+	saddr: field{nftables.TypeIPAddr, "ip saddr", payload(expr.PayloadBaseNetworkHeader, 12, 4)},
+	daddr: field{nftables.TypeIPAddr, "ip daddr", payload(expr.PayloadBaseNetworkHeader, 16, 4)},
+}
+
+// words is the field's length in 32-bit registers: concatenations pad each part to 4 bytes.
+func (f field) words() uint32 { return (f.typ.Bytes + 3) / 4 }
+
+// register names the register at 32-bit word w of the data registers as the kernel lists it
+// (nft_dump_register): a 128-bit register where one starts (1-4), the 32-bit register
+// (8-23) otherwise.
+func register(w uint32) uint32 {
+	if w%4 == 0 {
+		return 1 + w/4
+	}
+	return unix.NFT_REG32_00 + w
+}
+
+// setRole is what a set's elements stand for, which decides the Counter field their
+// counters fill.
+type setRole int
+
+const (
+	roleDNAT setRole = iota + 1
+	roleCountIn
+	roleCountOut
+	roleSNAT
+	roleMark
+)
+
+// kind names the program entries the role's elements render, in errors.
+func (r setRole) kind() string {
+	switch r {
+	case roleSNAT:
+		return "snat"
+	case roleMark:
+		return "mark"
+	}
+	return "dnat"
+}
+
+// setSpec is one of kuport's sets: its name, key and data (none for a plain set). Every set
+// counts per element (`counter` in its body).
+type setSpec struct {
+	name string
+	key  []field
+	data []field
+	role setRole
+}
+
+func (s *setSpec) kind() string { return s.role.kind() }
+
+func concat(fields []field) nftables.SetDatatype {
+	types := make([]nftables.SetDatatype, len(fields))
+	for i, f := range fields {
+		types[i] = f.typ
+	}
+	if len(types) == 1 {
+		return types[0]
+	}
+	return nftables.MustConcatSetType(types...)
+}
+
+func (s *setSpec) keyType() nftables.SetDatatype { return concat(s.key) }
+
+func (s *setSpec) dataType() nftables.SetDatatype {
+	if s.data == nil {
+		return nftables.TypeInvalid
+	}
+	return concat(s.data)
+}
+
+// kernelSet is the set as AddSet creates it.
+func (s *setSpec) kernelSet(t *nftables.Table) *nftables.Set {
+	return &nftables.Set{Table: t, Name: s.name, IsMap: s.data != nil, Counter: true,
+		Concatenation: len(s.key) > 1, KeyType: s.keyType(), DataType: s.dataType()}
+}
+
+// header is the set's opening lines as nft lists them.
+func (s *setSpec) header() []string {
+	typ := typeText(s.key)
+	if s.data != nil {
+		typ += " : " + typeText(s.data)
+	}
+	return []string{"type " + typ, "counter"}
+}
+
+func (s *setSpec) keyword() string {
+	if s.data != nil {
+		return "map"
+	}
+	return "set"
+}
+
+func typeText(fields []field) string {
+	names := make([]string, len(fields))
+	for i, f := range fields {
+		names[i] = f.typ.Name
+	}
+	return strings.Join(names, " . ")
+}
+
+// chainSpec is one of kuport's base chains. NAT is set up once per hook, so kup-pre and
+// kup-post sort 10 ahead of the standard dstnat/srcnat chains (kube-proxy's, the CNI's) and
+// claim a flow first; kup-mangle marks after the standard mangle chains, so their mark
+// writes cannot undo it (founding document). The counting chains see the dialed port, which
+// tells mappings apart: kup-count-in before destination NAT (-100) rewrites it in a request,
+// kup-count-out after source NAT (100) has written it back into a reply.
+type chainSpec struct {
+	name         string
+	typ          nftables.ChainType
+	hook         nftables.ChainHook
+	hookName     string
+	priority     nftables.ChainPriority
+	priorityName string
+}
+
+var chainSpecs = []chainSpec{
+	{name: "kup-pre", typ: nftables.ChainTypeNAT, hook: *nftables.ChainHookPrerouting, hookName: "prerouting", priority: -110, priorityName: "dstnat - 10"},
+	{name: "kup-post", typ: nftables.ChainTypeNAT, hook: *nftables.ChainHookPostrouting, hookName: "postrouting", priority: 90, priorityName: "srcnat - 10"},
+	{name: "kup-mangle", typ: nftables.ChainTypeFilter, hook: *nftables.ChainHookPrerouting, hookName: "prerouting", priority: -140, priorityName: "mangle + 10"},
+	{name: "kup-count-in", typ: nftables.ChainTypeFilter, hook: *nftables.ChainHookPrerouting, hookName: "prerouting", priority: -120, priorityName: "-120"},
+	{name: "kup-count-out", typ: nftables.ChainTypeFilter, hook: *nftables.ChainHookPostrouting, hookName: "postrouting", priority: 110, priorityName: "srcnat + 10"},
+}
+
+// header is the chain's first line as `nft list` prints it.
+func (c chainSpec) header() string {
+	return fmt.Sprintf("type %s hook %s priority %s; policy accept;", c.typ, c.hookName, c.priorityName)
+}
+
+func (c chainSpec) matches(k *nftables.Chain) bool {
+	return k.Type == c.typ && k.Hooknum != nil && *k.Hooknum == c.hook &&
+		k.Priority != nil && *k.Priority == c.priority &&
+		(k.Policy == nil || *k.Policy == nftables.ChainPolicyAccept)
+}
+
+// ruleSpec is one of kuport's rules: its chain, its text as nft lists it, and its
+// expressions, each lookup naming its set (by name and, for a set queued in the same
+// transaction, by id).
+type ruleSpec struct {
+	chain string
+	text  string
+	exprs func(set func(name string) *nftables.Set) []expr.Any
+}
+
+// layout is the whole table but its elements. It is the same for every program but for the
+// reply exemptions: one set and rule per CNI device prefix the program names.
+type layout struct {
+	fam    family
+	sets   []*setSpec
+	byName map[string]*setSpec
+	rules  []ruleSpec
+}
+
+// replySetPrefix names a reply exemption's set after its CNI device prefix.
+const replySetPrefix = "snat-reply-"
+
+func newLayout(fam family, replyPrefixes []string) *layout {
+	l := &layout{fam: fam, byName: map[string]*setSpec{}}
+	set := func(name string, role setRole, key, data []field) *setSpec {
+		s := &setSpec{name: name, key: key, data: data, role: role}
+		l.sets = append(l.sets, s)
+		l.byName[name] = s
+		return s
+	}
+	target := []field{{typ: fam.addr}, fieldPort}
+	// A DNAT entry with a destination match (this node's end of a link) and one without are
+	// separate maps: a hash key has no wildcard.
+	dnatAddr := set("dnat-addr-ports", roleDNAT, []field{fieldIIF, fam.daddr, fieldProto, fieldDport}, target)
+	dnat := set("dnat-ports", roleDNAT, []field{fieldIIF, fieldProto, fieldDport}, target)
+	inAddr := set("count-in-addr-ports", roleCountIn, []field{fieldIIF, fam.daddr, fieldProto, fieldDport}, nil)
+	in := set("count-in-ports", roleCountIn, []field{fieldIIF, fieldProto, fieldDport}, nil)
+	outAddr := set("count-out-addr-ports", roleCountOut, []field{fieldOIF, fam.saddr, fieldProto, fieldSport}, nil)
+	out := set("count-out-ports", roleCountOut, []field{fieldOIF, fieldProto, fieldSport}, nil)
+	request := set("snat-request", roleSNAT, []field{fieldOIF, fam.daddr, fieldProto, fieldDport}, nil)
+	var replies []*setSpec
+	for _, prefix := range replyPrefixes {
+		replies = append(replies, set(replySetPrefix+prefix, roleSNAT, []field{fam.saddr, fieldProto, fieldSport}, nil))
+	}
+	static := set("mark-static", roleMark, []field{fam.saddr, fieldProto, fieldSport}, []field{fieldMark})
+	save := set("mark-ct-save", roleMark, []field{fieldIIF, fam.daddr, fieldProto, fieldDport}, []field{fieldMark})
+	restore := set("mark-ct-restore", roleMark, []field{fam.saddr, fieldProto, fieldSport}, nil)
+
+	dnatTo := func(s *setSpec) ruleSpec {
+		return l.rule("kup-pre", fmt.Sprintf("dnat %s to %s map @%s", fam.name, keyText(s), s.name), nil, s, true,
+			&expr.NAT{Type: expr.NATTypeDestNAT, Family: fam.nat, RegAddrMin: register(0), RegAddrMax: register(0),
+				RegProtoMin: register(fam.addr.Bytes / 4), RegProtoMax: register(fam.addr.Bytes / 4), Specified: true})
+	}
+	// "snat to ip saddr": the address register is loaded from the packet's own source, so
+	// the translation is the identity and only claims the flow before the CNI's masquerade.
+	identity := []expr.Any{fam.saddr.load(register(0)),
+		&expr.NAT{Type: expr.NATTypeSourceNAT, Family: fam.nat, RegAddrMin: register(0), RegAddrMax: register(0)}}
+	l.rules = append(l.rules, dnatTo(dnatAddr), dnatTo(dnat),
+		l.rule("kup-post", fmt.Sprintf("%s @%s snat to %s saddr", keyText(request), request.name, fam.name), nil, request, false, identity...))
+	for i, s := range replies {
+		prefix := replyPrefixes[i]
+		match := []expr.Any{fieldOIF.load(register(0)), &expr.Cmp{Op: expr.CmpOpNeq, Register: register(0), Data: []byte(prefix)}}
+		l.rules = append(l.rules, l.rule("kup-post", fmt.Sprintf("oifname != %q %s @%s snat to %s saddr", prefix+"*", keyText(s), s.name, fam.name),
+			match, s, false, identity...))
+	}
+	dirIs := func(dir byte) []expr.Any {
+		return []expr.Any{&expr.Ct{Key: expr.CtKeyDIRECTION, Register: register(0)},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: register(0), Data: []byte{dir}}}
+	}
+	replyDNAT := append(dirIs(ctDirReply),
+		&expr.Ct{Key: expr.CtKeySTATUS, Register: register(0)},
+		&expr.Bitwise{SourceRegister: register(0), DestRegister: register(0), Len: 4, Mask: ipsDstNAT, Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: register(0), Data: make([]byte, 4)})
+	// A mark map holds its marks in network byte order and the rule turns the looked-up
+	// mark into the host order meta and ct marks are in: nft prints a map's data in network
+	// order unless the set's userdata says otherwise, which google/nftables v0.3.0 cannot
+	// write, so host-order data would list byte-swapped.
+	toHost := &expr.Byteorder{SourceRegister: register(0), DestRegister: register(0), Op: expr.ByteorderNtoh, Len: 4, Size: 4}
+	l.rules = append(l.rules,
+		l.rule("kup-mangle", fmt.Sprintf("meta mark set %s map @%s", keyText(static), static.name), nil, static, true,
+			toHost, &expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: register(0)}),
+		l.rule("kup-mangle", fmt.Sprintf("ct mark set %s map @%s", keyText(save), save.name), nil, save, true,
+			toHost, &expr.Ct{Key: expr.CtKeyMARK, SourceRegister: true, Register: register(0)}),
+		l.rule("kup-mangle", fmt.Sprintf("%s @%s meta mark set ct mark", keyText(restore), restore.name), nil, restore, false,
+			&expr.Ct{Key: expr.CtKeyMARK, Register: register(0)},
+			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: register(0)}),
+		l.rule("kup-count-in", fmt.Sprintf("ct direction original %s @%s", keyText(inAddr), inAddr.name), dirIs(ctDirOriginal), inAddr, false),
+		l.rule("kup-count-in", fmt.Sprintf("ct direction original %s @%s", keyText(in), in.name), dirIs(ctDirOriginal), in, false),
+		l.rule("kup-count-out", fmt.Sprintf("ct direction reply ct status dnat %s @%s", keyText(outAddr), outAddr.name), replyDNAT, outAddr, false),
+		l.rule("kup-count-out", fmt.Sprintf("ct direction reply ct status dnat %s @%s", keyText(out), out.name), replyDNAT, out, false),
+	)
+	return l
+}
+
+// Conntrack directions as "ct direction" loads them (IP_CT_DIR_ORIGINAL, IP_CT_DIR_REPLY).
+const (
+	ctDirOriginal byte = 0
+	ctDirReply    byte = 1
+)
+
+// ipsDstNAT is the conntrack status bit of a flow whose destination was translated
+// (IPS_DST_NAT, 1 << 5) as "ct status dnat" masks it, in host byte order.
+var ipsDstNAT = binaryutil.NativeEndian.PutUint32(1 << 5)
+
+// keyText is a set's key as a rule prints the expression that builds it.
+func keyText(s *setSpec) string {
+	parts := make([]string, len(s.key))
+	for i, f := range s.key {
+		parts[i] = f.text
+	}
+	return strings.Join(parts, " . ")
+}
+
+// rule builds a rule: the match expressions, the loads of set's key from register 1 on, the
+// lookup (its result in register 1 when toReg), then the action.
+func (l *layout) rule(chain, text string, match []expr.Any, s *setSpec, toReg bool, action ...expr.Any) ruleSpec {
+	return ruleSpec{chain: chain, text: text, exprs: func(set func(string) *nftables.Set) []expr.Any {
+		e := slices.Clone(match)
+		w := uint32(0)
+		for _, f := range s.key {
+			e = append(e, f.load(register(w)))
+			w += f.words()
+		}
+		ks := set(s.name)
+		lookup := &expr.Lookup{SourceRegister: register(0), SetName: ks.Name, SetID: ks.ID}
+		if toReg {
+			lookup.DestRegister, lookup.IsDestRegSet = register(0), true
+		}
+		return append(append(e, lookup), action...)
+	}}
+}
+
+// chainRules returns the rules of chain in order.
+func (l *layout) chainRules(chain string) []ruleSpec {
+	var out []ruleSpec
+	for _, r := range l.rules {
+		if r.chain == chain {
+			out = append(out, r)
+		}
+	}
+	return out
+}

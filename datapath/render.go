@@ -1,0 +1,68 @@
+package datapath
+
+import (
+	"strings"
+
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// block is one set or chain as `nft list` prints it: its opening word and name, its lines,
+// and a set's element lines.
+type block struct {
+	head     string
+	lines    []string
+	elements []string
+}
+
+// render prints a table as nft 1.0.6 lists it (`nft list table ip kuport`): sets first, then
+// chains, each followed by a blank line but the last; a set's elements one per line.
+func render(fam family, blocks []block) string {
+	var b strings.Builder
+	b.WriteString("table " + fam.name + " " + tableName + " {\n")
+	for i, bl := range blocks {
+		if i > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString("\t" + bl.head + " {\n")
+		for _, l := range bl.lines {
+			b.WriteString("\t\t" + l + "\n")
+		}
+		if len(bl.elements) > 0 {
+			b.WriteString("\t\telements = { " + strings.Join(bl.elements, ",\n\t\t\t     ") + " }\n")
+		}
+		b.WriteString("\t}\n")
+	}
+	b.WriteString("}\n")
+	return b.String()
+}
+
+// Render returns the nftables table a program compiles to, as `nft list table ip kuport`
+// (nft 1.0.6) prints it once applied, with every "counter packets N bytes M" normalised to
+// "counter" and each set's elements sorted (nft prints them in hash order): tab
+// indentation, the sets, then chains kup-pre, kup-post, kup-mangle, kup-count-in and
+// kup-count-out. A program with no valid entry renders as "" (Apply removes the table).
+// Entries that fail validation are left out; Apply reports them.
+func Render(p *kuportv1.NodeProgram) string {
+	t, _ := compileTable(p)
+	return t.text()
+}
+
+func (t *table) text() string {
+	if t.empty() {
+		return ""
+	}
+	l := t.layout
+	var blocks []block
+	for _, s := range l.sets {
+		blocks = append(blocks, block{head: s.keyword() + " " + s.name, lines: s.header(),
+			elements: elementLines(s, t.elems[s.name], func(elem) bool { return true })})
+	}
+	for _, c := range chainSpecs {
+		bl := block{head: "chain " + c.name, lines: []string{c.header()}}
+		for _, r := range l.chainRules(c.name) {
+			bl.lines = append(bl.lines, r.text)
+		}
+		blocks = append(blocks, bl)
+	}
+	return render(l.fam, blocks)
+}
