@@ -281,7 +281,8 @@ func (e *env) uninstall(tag string, before map[string]string) {
 // foreignState is a node's network state other than kube-proxy's (which follows Services)
 // and without counters: every nftables table, IPv4 rule and route of every table (kuport
 // holds no IPv6 state; pod veths gain IPv6 link-local routes at their own pace), and device
-// names. A bridge's "linkdown" flag follows whether pods run behind it, so it is dropped.
+// names but the pods' veths (the drain moves pods, CoreDNS among them, between nodes). A
+// bridge's "linkdown" flag follows whether pods run behind it, so it is dropped.
 func (e *env) foreignState(node string) string {
 	e.t.Helper()
 	tables := strings.Split(strings.TrimSpace(e.exec(node, "nft", "list", "tables")), "\n")
@@ -298,7 +299,9 @@ func (e *env) foreignState(node string) string {
 	b.WriteString(strings.ReplaceAll(e.exec(node, "ip", "-4", "route", "show", "table", "all"), " linkdown", ""))
 	links := regexp.MustCompile(`(?m)^\d+: ([^:@]+)`).FindAllStringSubmatch(e.exec(node, "ip", "-o", "link", "show"), -1)
 	for _, l := range links {
-		b.WriteString(l[1] + "\n")
+		if !strings.HasPrefix(l[1], "veth") {
+			b.WriteString(l[1] + "\n")
+		}
 	}
 	return b.String()
 }
