@@ -157,7 +157,7 @@ func run(args []string) error {
 	default:
 		names := servingcert.DefaultNames(*leaseNamespace)
 		if *tlsNames != "" {
-			names = strings.Split(*tlsNames, ",")
+			names = strings.FieldsFunc(*tlsNames, func(r rune) bool { return r == ',' || r == ' ' })
 		}
 		loadCert = (&servingcert.Secret{
 			Client: kube, Namespace: *leaseNamespace, Name: *tlsSecret, CAConfigMap: *tlsCAConfigMap,
