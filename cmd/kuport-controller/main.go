@@ -19,10 +19,12 @@
 // one in the Secret --tls-secret in --lease-namespace, which the first replica generates with
 // its own CA for --tls-names and whose CA it publishes in the ConfigMap --tls-ca-configmap for
 // the agents; either is re-read every minute. --health-listen serves grpc.health.v1 alone in
-// plaintext, for the kubelet's gRPC probes, which cannot speak TLS. Replicas elect a leader on a coordination.k8s.io Lease (package
-// controller/leader): only the leader watches the API, compiles, writes status and serves
-// programs; a follower listens but refuses agent streams and inspection calls with
-// FAILED_PRECONDITION. --leader-elect=false runs a single replica that leads at once, with
+// plaintext, for the kubelet's gRPC probes, which cannot speak TLS.
+//
+// Replicas elect a leader on a coordination.k8s.io Lease (package controller/leader): only
+// the leader watches the API, compiles, writes status and serves programs; a follower
+// listens but refuses agent streams and inspection calls with FAILED_PRECONDITION.
+// --leader-elect=false runs a single replica that leads at once, with
 // the start's unix seconds as its epoch (never mix it with elected replicas: their
 // lease-derived epochs are lower, so agents would refuse them until restarted).
 //

@@ -121,7 +121,7 @@ func (s *Server) leading() (*Registry, error) {
 func (s *Server) Serve(lis net.Listener) error { return serveUntilStop(s.grpc, lis) }
 
 // ServeHealth serves grpc.health.v1 alone, in plaintext, on lis until Stop; it returns nil
-// after Stop. Health tells nothing secret: it is what the kubelet's readiness probe asks.
+// after Stop. Health tells nothing secret: it is what the kubelet's probes ask.
 func (s *Server) ServeHealth(lis net.Listener) error { return serveUntilStop(s.plain, lis) }
 
 func serveUntilStop(srv *grpc.Server, lis net.Listener) error {
