@@ -152,11 +152,12 @@ func TestPrivilegedE2EAuth(t *testing.T) {
 			}
 			return len(nodes.Nodes) > 0
 		}, 20*time.Second, 200*time.Millisecond, "ListNodes rows without epoch, connected_since or last_report_time")
-		// Wait for the probe's packets in edge-a's counter.
+		// Wait for the probe's packets in edge-a's counter, and for a report of each node made
+		// after its link was created.
 		var m *kuportv1.GetMappingResponse
 		require.Eventually(t, func() bool {
 			m, err = svc.GetMapping(ctx, &kuportv1.GetMappingRequest{Namespace: lab.DemoNamespace, Name: remote.Name})
-			if err != nil || len(m.Nodes) != 2 {
+			if err != nil || len(m.Nodes) != 2 || len(m.Nodes[0].Links) == 0 || len(m.Nodes[1].Links) == 0 {
 				return false
 			}
 			for _, c := range m.Nodes[0].Counters {
