@@ -10,10 +10,14 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"math"
+	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -21,7 +25,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
@@ -81,6 +85,15 @@ type Config struct {
 	// Targets are gRPC targets of the controller replicas ("unix:///path" or "host:port"),
 	// tried in turn: each failed or broken stream moves to the next.
 	Targets []string
+	// CAFile holds the PEM certificate(s) of the CA that the controller's serving certificate
+	// must chain to (deploy/agent.yaml mounts the controller's ConfigMap kuport-controller-ca
+	// there). The stream always runs over TLS, and a controller whose certificate does not
+	// verify is refused. Read afresh for every stream, so a CA the controller published anew
+	// is picked up at the next connect.
+	CAFile string
+	// ServerName is the name the controller's certificate must be valid for; empty takes the
+	// host of each target. Required with a unix target, whose host names nothing.
+	ServerName string
 	// Datapath applies programs and reads the node's kernel state.
 	Datapath Datapath
 	// EntryErrors extracts per-entry failures from an Apply error; nil, or an empty result,
@@ -112,8 +125,8 @@ type Config struct {
 	// fencing survives them (a decimal number; on a tmpfs, so a reboot clears it with the
 	// kernel state). Empty keeps it in memory only.
 	EpochFile string
-	// DialOptions are added to the defaults (insecure transport credentials, the TokenFile
-	// credentials, connect backoff capped like Backoff).
+	// DialOptions are added to the defaults (TLS verifying CAFile and ServerName, the
+	// TokenFile credentials, connect backoff capped like Backoff).
 	DialOptions []grpc.DialOption
 }
 
@@ -135,16 +148,24 @@ type Agent struct {
 	health *health.Server
 }
 
-// New checks cfg and returns an Agent. It errors when the node name, the targets or the
-// datapath are missing, or Config.EpochFile cannot be read.
+// New checks cfg and returns an Agent. It errors when the node name, the targets, the CA file
+// or the datapath are missing, a unix target has no server name, or Config.EpochFile cannot
+// be read.
 func New(cfg Config) (*Agent, error) {
 	switch {
 	case cfg.NodeName == "":
 		return nil, errors.New("agent: node name is required")
 	case len(cfg.Targets) == 0:
 		return nil, errors.New("agent: at least one controller target is required")
+	case cfg.CAFile == "":
+		return nil, errors.New("agent: the controller's CA file is required")
 	case cfg.Datapath == nil:
 		return nil, errors.New("agent: datapath is required")
+	}
+	for _, target := range cfg.Targets {
+		if (strings.HasPrefix(target, "unix:") || strings.HasPrefix(target, "unix-abstract:")) && cfg.ServerName == "" {
+			return nil, fmt.Errorf("agent: unix target %s needs the controller's server name", target)
+		}
 	}
 	if cfg.Log == nil {
 		cfg.Log = hclog.NewNullLogger()
@@ -231,28 +252,42 @@ func (a *Agent) waitResyncing(ctx context.Context, d time.Duration, resync <-cha
 	}
 }
 
-// dialOptions are the defaults: insecure transport credentials, the token of
+// dialOptions are the defaults: TLS trusting the CA of Config.CAFile (read now), the token of
 // Config.TokenFile, and a connect backoff no slower than the agent's own.
-func (a *Agent) dialOptions() []grpc.DialOption {
+func (a *Agent) dialOptions() ([]grpc.DialOption, error) {
+	pem, err := os.ReadFile(a.cfg.CAFile)
+	if err != nil {
+		return nil, fmt.Errorf("read controller CA: %w", err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("read controller CA: no PEM certificate in %s", a.cfg.CAFile)
+	}
 	bc := backoff.DefaultConfig
 	bc.MaxDelay = a.cfg.Backoff.Cap
 	if bc.MaxDelay <= 0 {
 		bc.MaxDelay = DefaultBackoff.Cap
 	}
 	opts := []grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
+			RootCAs: roots, ServerName: a.cfg.ServerName, MinVersion: tls.VersionTLS13,
+		})),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: bc, MinConnectTimeout: 5 * time.Second}),
 	}
 	if a.cfg.TokenFile != "" {
 		opts = append(opts, grpc.WithPerRPCCredentials(tokenFile(a.cfg.TokenFile)))
 	}
-	return append(opts, a.cfg.DialOptions...)
+	return append(opts, a.cfg.DialOptions...), nil
 }
 
 // session runs one stream to target until it breaks or ctx ends. healthy reports whether
 // the stream delivered at least one program.
 func (a *Agent) session(ctx context.Context, target string, resync <-chan time.Time) (healthy bool, err error) {
-	conn, err := grpc.NewClient(target, a.dialOptions()...)
+	opts, err := a.dialOptions()
+	if err != nil {
+		return false, err
+	}
+	conn, err := grpc.NewClient(target, opts...)
 	if err != nil {
 		return false, fmt.Errorf("client for %s: %w", target, err)
 	}

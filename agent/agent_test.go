@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"net"
 	"os"
@@ -14,7 +15,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/hashicorp/go-hclog"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -160,15 +160,22 @@ func (c *testController) Connect(stream kuportv1.AgentService_ConnectServer) err
 	}
 }
 
-// startController serves a testController on a unix socket in a temporary directory and
-// returns it with the agent's target for it.
+// startController serves a testController with the controller's certificate
+// (startControllerWith).
 func startController(t *testing.T) (*testController, string) {
+	t.Helper()
+	return startControllerWith(t, controllerCert)
+}
+
+// startControllerWith serves a testController over TLS with cert on a unix socket in a
+// temporary directory and returns it with the agent's target for it.
+func startControllerWith(t *testing.T, cert tls.Certificate) (*testController, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "controller.sock")
 	lis, err := net.Listen("unix", path)
 	require.NoError(t, err)
 	c := &testController{sessions: make(chan *session, 8)}
-	srv := grpc.NewServer()
+	srv := tlsServer(cert)
 	kuportv1.RegisterAgentServiceServer(srv, c)
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
@@ -200,6 +207,8 @@ func testConfig(dp Datapath, logs *syncBuffer, targets ...string) Config {
 		AgentVersion:      "v0.0.0-test",
 		Underlay:          "wt0",
 		Targets:           targets,
+		CAFile:            controllerCAFile,
+		ServerName:        testServerName,
 		Datapath:          dp,
 		Log:               hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Trace}),
 		ReportInterval:    time.Hour,
@@ -627,12 +636,14 @@ func TestRotatesThroughTargets(t *testing.T) {
 	require.Contains(t, logs.String(), "absent.sock")
 }
 
-func TestNewRequiresNodeTargetsAndDatapath(t *testing.T) {
+func TestNewRequiresNodeTargetsCAAndDatapath(t *testing.T) {
 	dp := newFakeDatapath()
 	for name, cfg := range map[string]Config{
-		"node":     {Targets: []string{"unix:///x"}, Datapath: dp},
-		"target":   {NodeName: "edge-a", Datapath: dp},
-		"datapath": {NodeName: "edge-a", Targets: []string{"unix:///x"}},
+		"node":        {Targets: []string{"unix:///x"}, CAFile: "ca.crt", ServerName: "c", Datapath: dp},
+		"target":      {NodeName: "edge-a", CAFile: "ca.crt", Datapath: dp},
+		"CA file":     {NodeName: "edge-a", Targets: []string{"c:7443"}, Datapath: dp},
+		"server name": {NodeName: "edge-a", Targets: []string{"c:7443", "unix:///x"}, CAFile: "ca.crt", Datapath: dp},
+		"datapath":    {NodeName: "edge-a", Targets: []string{"unix:///x"}, CAFile: "ca.crt", ServerName: "c"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := New(cfg)
@@ -657,7 +668,7 @@ func TestFollowerRefusalMovesOnWithoutBackoff(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "follower.sock")
 	lis, err := net.Listen("unix", path)
 	require.NoError(t, err)
-	srv := grpc.NewServer()
+	srv := tlsServer(controllerCert)
 	kuportv1.RegisterAgentServiceServer(srv, followerController{})
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)

@@ -26,6 +26,6 @@ func (f tokenFile) GetRequestMetadata(context.Context, ...string) (map[string]st
 	return map[string]string{"authorization": "Bearer " + token}, nil
 }
 
-// RequireTransportSecurity is false: the controller's listeners are plaintext (a unix socket
-// in the lab); the token is short-lived and proves only the node's identity.
-func (tokenFile) RequireTransportSecurity() bool { return false }
+// RequireTransportSecurity is true: the token crosses the network only inside the stream's
+// TLS, so it cannot be read off the wire and replayed.
+func (tokenFile) RequireTransportSecurity() bool { return true }

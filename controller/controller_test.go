@@ -2,6 +2,8 @@ package controller
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -13,7 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -28,6 +30,7 @@ import (
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/controller/agents"
 	"kuport.wlz.li/kuport/controller/compile"
+	"kuport.wlz.li/kuport/controller/servingcert"
 	"kuport.wlz.li/kuport/lab/cluster"
 	"kuport.wlz.li/kuport/lab/labtest"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
@@ -84,10 +87,22 @@ func TestPrivilegedControllerAPI(t *testing.T) {
 		stopRun()
 		assert.NoError(t, <-ran)
 	}()
+	// The serving certificate as in a cluster: generated into a Secret, its CA published in a
+	// ConfigMap, which the agent trusts.
+	require.NoError(t, cl.EnsureNamespace(ctx, "kuport-system", nil))
+	src := &servingcert.Secret{Client: kube, Namespace: "kuport-system", Name: servingcert.DefaultSecret,
+		CAConfigMap: servingcert.DefaultCAConfigMap, Names: servingcert.DefaultNames("kuport-system")}
+	certs, err := servingcert.NewReloader(ctx, src.Load, log.Named("tls"))
+	require.NoError(t, err)
+	caMap, err := kube.CoreV1().ConfigMaps("kuport-system").Get(ctx, servingcert.DefaultCAConfigMap, metav1.GetOptions{})
+	require.NoError(t, err)
+	roots := x509.NewCertPool()
+	require.True(t, roots.AppendCertsFromPEM([]byte(caMap.Data[servingcert.CACertKey])))
+
 	sock := "unix://" + filepath.Join(t.TempDir(), "controller.sock")
 	lis, err := agents.Listen(sock)
 	require.NoError(t, err)
-	srv := agents.NewServer(log.Named("grpc"), nil)
+	srv := agents.NewServer(log.Named("grpc"), nil, certs.TLSConfig())
 	srv.Lead(ctl.Registry())
 	go func() { assert.NoError(t, srv.Serve(lis)) }()
 	defer srv.Stop()
@@ -113,7 +128,8 @@ func TestPrivilegedControllerAPI(t *testing.T) {
 	require.NoError(t, err)
 
 	// The agent of edge-a says hello.
-	conn, err := grpc.NewClient(sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(sock, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
+		RootCAs: roots, ServerName: "kuport-controller.kuport-system.svc"})))
 	require.NoError(t, err)
 	defer conn.Close()
 	agent, err := kuportv1.NewAgentServiceClient(conn).Connect(ctx)

@@ -3,7 +3,7 @@
 // client, the accepting node edge-a, the worker worker-b and pods, with the mesh and CNI
 // emulations (lab/netlab), the controller replicas in the root namespace (they elect a
 // leader on a Lease in kuport-system) and one agent per node namespace reaching them over
-// their unix sockets. Node, Pod, Service and EndpointSlice objects are written by hand, as
+// their unix sockets, over TLS with the certificate the replicas generate (controllertls.go). Node, Pod, Service and EndpointSlice objects are written by hand, as
 // kwok does, since no kubelet or controller-manager runs; so are the agents' Pods, to which
 // the lab binds each agent's token (agentauth.go), as a kubelet's projected volume would.
 //
@@ -227,8 +227,9 @@ func (l *Lab) StopController(kill bool) error { return l.StopReplica(0, kill) }
 
 // StartReplica starts controller replica i (0 <= i < Options.ControllerReplicas) in the root
 // namespace, listening on ReplicaSocket(i) and ReplicaAddr(i), with the default leader
-// election flags (Lease kuport-system/kuport-controller, 15 s, 10 s, 2 s), as the
-// kuport-controller ServiceAccount with a freshly minted token (ControllerKubeconfig).
+// election flags (Lease kuport-system/kuport-controller, 15 s, 10 s, 2 s) and TLS flags (the
+// generated Secret, see ControllerCAFile), as the kuport-controller ServiceAccount with a
+// freshly minted token (ControllerKubeconfig).
 func (l *Lab) StartReplica(i int) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -270,7 +271,9 @@ func (l *Lab) StopReplica(i int, kill bool) error {
 }
 
 // StartAgent starts kuport-agent inside the node's namespace, as DESIGN.md pins it, with a
-// freshly minted token (AgentTokenFile) and its inspection server on 127.0.0.1:7400 there.
+// freshly minted token (AgentTokenFile), the controller's CA as published now
+// (ControllerCAFile; it waits up to 30 s for a replica to publish it) and its inspection
+// server on 127.0.0.1:7400 there.
 func (l *Lab) StartAgent(node string) error {
 	return l.StartAgentBinary(node, filepath.Join(l.opt.Bin, "kuport-agent"))
 }
@@ -291,8 +294,12 @@ func (l *Lab) StartAgentBinary(node, binary string) error {
 	if err := l.mintAgentToken(ctx, node); err != nil {
 		return err
 	}
+	if err := l.writeControllerCA(ctx); err != nil {
+		return err
+	}
 	args := []string{binary, "--node-name", node, "--underlay-interface", spec.UnderlayIface, "--token-file", l.AgentTokenFile(node),
-		"--epoch-file", l.AgentEpochFile(node)}
+		"--epoch-file", l.AgentEpochFile(node),
+		"--controller-ca-file", filepath.Join(l.opt.Dir, ControllerCAFile), "--controller-server-name", ControllerServerName}
 	for i := range l.controllers {
 		args = append(args, "--controller", "unix://"+filepath.Join(l.opt.Dir, ReplicaSocket(i)))
 	}

@@ -31,7 +31,7 @@ exec setpriv --no-new-privs --inh-caps=-all --ambient-caps=-all --bounding-set=-
 func TestPrivilegedAgentLeastPrivilege(t *testing.T) {
 	ns := newAgentNS(t, "leastpriv")
 	ns.ip(t, "link", "set", "lo", "up") // for the inspection server and the probe
-	ctrl, target := serveOneShot(t, &kuportv1.NodeProgram{Node: "edge-a", Version: 1, Epoch: 7,
+	ctrl, controller := serveOneShot(t, &kuportv1.NodeProgram{Node: "edge-a", Version: 1, Epoch: 7,
 		DnatRules: []*kuportv1.DnatRule{{
 			Id: "games/gs/dnat/wt0", Mapping: "games/gs", InInterface: "wt0",
 			Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: &kuportv1.PortRange{First: 27015, Last: 27015},
@@ -46,9 +46,10 @@ func TestPrivilegedAgentLeastPrivilege(t *testing.T) {
 	epoch := filepath.Join(t.TempDir(), "kuport", "epoch")
 	self, err := os.Executable()
 	require.NoError(t, err)
-	cmd := exec.Command("ip", "netns", "exec", ns.name, "unshare", "--mount", "--propagation", "private", "--",
-		"sh", "-c", restrictScript, "sh", self, "--node-name", "edge-a", "--controller", target, "--token-file", "",
-		"--epoch-file", epoch, "--inspect-listen", "127.0.0.1:7400", "--log-level", "debug")
+	args := append([]string{"netns", "exec", ns.name, "unshare", "--mount", "--propagation", "private", "--",
+		"sh", "-c", restrictScript, "sh", self, "--node-name", "edge-a", "--token-file", "",
+		"--epoch-file", epoch, "--inspect-listen", "127.0.0.1:7400", "--log-level", "debug"}, controller.flags()...)
+	cmd := exec.Command("ip", args...)
 	cmd.Env = append(os.Environ(), runMainEnv+"=1")
 	var out syncWriter
 	cmd.Stdout, cmd.Stderr = &out, &out

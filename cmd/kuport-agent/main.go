@@ -4,12 +4,17 @@
 //	kuport-agent --node-name N --controller TARGET [--controller TARGET2 ...]
 //	             [--underlay-interface IF] [--report-interval 10s] [--resync-interval 30s]
 //	             [--token-file /var/run/secrets/kuport/token] [--inspect-listen 127.0.0.1:7400]
-//	             [--epoch-file /run/kuport/epoch] [--log-level info]
+//	             [--epoch-file /run/kuport/epoch] [--controller-ca-file /var/run/kuport/ca/ca.crt]
+//	             [--controller-server-name NAME] [--log-level info]
 //	kuport-agent cleanup [--wait] [--log-level info]
 //	kuport-agent probe [--address 127.0.0.1:7400] [--service ""] [--timeout 1s]
 //	kuport-agent --version
 //
-// TARGET is a gRPC target: unix:///run/kuport-lab/controller-0.sock or host:port. The agent
+// TARGET is a gRPC target: unix:///run/kuport-lab/controller-0.sock or host:port. The stream
+// runs over TLS: the controller's certificate must chain to a CA of --controller-ca-file (the
+// ConfigMap kuport-controller-ca mounted by deploy/agent.yaml; read on every connect) and be
+// valid for --controller-server-name, by default the host of the target (a unix target needs
+// the flag). A controller that fails either is refused, and the log says why. The agent
 // proves its node to the controller with the token in --token-file (a ServiceAccount token
 // with audience "kuport" bound to its Pod, re-read on every connect; "" sends none, for a
 // controller run with --agent-auth=false). It serves the program it applied
@@ -61,6 +66,8 @@ import (
 const (
 	defaultTokenFile     = "/var/run/secrets/kuport/token"
 	defaultInspectListen = "127.0.0.1:7400"
+	// defaultCAFile is where deploy/agent.yaml mounts the ConfigMap kuport-controller-ca.
+	defaultCAFile = "/var/run/kuport/ca/ca.crt"
 	// defaultEpochFile lives on the host's /run, a tmpfs: a reboot clears it together with the
 	// kernel state it fences.
 	defaultEpochFile = "/run/kuport/epoch"
@@ -102,6 +109,8 @@ func runErr(args []string, stdout, stderr io.Writer) error {
 	reportInterval := fs.Duration("report-interval", agent.DefaultReportInterval, "period of reports to the controller")
 	resyncInterval := fs.Duration("resync-interval", agent.DefaultResyncInterval,
 		"period of full resyncs of the applied program against the kernel, which repair what others changed")
+	caFile := fs.String("controller-ca-file", defaultCAFile, "PEM CA certificate(s) the controller's serving certificate must chain to, read on every connect")
+	serverName := fs.String("controller-server-name", "", "name the controller's certificate must be valid for (default: the host of each target; required with unix targets)")
 	tokenFile := fs.String("token-file", defaultTokenFile, `file holding the agent's token (audience "kuport", bound to its Pod), read on every connect; "" sends none`)
 	epochFile := fs.String("epoch-file", defaultEpochFile, `file keeping the highest program epoch applied on this node across agent restarts (fencing); "" keeps it in memory`)
 	inspectListen := fs.String("inspect-listen", defaultInspectListen, `host:port serving the applied program to grpcurl (keep it on loopback); "" serves nothing`)
@@ -168,6 +177,8 @@ func runErr(args []string, stdout, stderr io.Writer) error {
 		AgentVersion:   version,
 		Underlay:       *underlay,
 		Targets:        *targets,
+		CAFile:         *caFile,
+		ServerName:     *serverName,
 		Datapath:       dp,
 		EntryErrors:    datapath.EntryErrors,
 		Log:            log,

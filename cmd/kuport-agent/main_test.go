@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"os"
@@ -14,7 +15,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
+	"kuport.wlz.li/kuport/controller/servingcert"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -170,26 +173,44 @@ func (n *agentNS) startAgent(t *testing.T, args ...string) (*exec.Cmd, chan erro
 	return cmd, exited
 }
 
-// serveOneShot serves a oneShotController holding program on a unix socket and returns it
-// with its gRPC target.
-func serveOneShot(t *testing.T, program *kuportv1.NodeProgram) (*oneShotController, string) {
+// controllerEndpoint is how an agent reaches and verifies a test controller: its target, the
+// CA file and the server name of its certificate.
+type controllerEndpoint struct {
+	target, caFile, serverName string
+}
+
+// flags are the kuport-agent flags for e.
+func (e controllerEndpoint) flags() []string {
+	return []string{"--controller", e.target, "--controller-ca-file", e.caFile, "--controller-server-name", e.serverName}
+}
+
+// serveOneShot serves a oneShotController holding program over TLS on a unix socket and
+// returns it with its endpoint.
+func serveOneShot(t *testing.T, program *kuportv1.NodeProgram) (*oneShotController, controllerEndpoint) {
 	t.Helper()
-	sock := filepath.Join(t.TempDir(), "controller.sock")
-	lis, err := net.Listen("unix", sock)
+	dir := t.TempDir()
+	e := controllerEndpoint{target: "unix://" + filepath.Join(dir, "controller.sock"), caFile: filepath.Join(dir, "ca.crt"),
+		serverName: "kuport-controller.test"}
+	b, err := servingcert.Generate([]string{e.serverName}, time.Now())
+	require.NoError(t, err)
+	cert, err := b.Certificate()
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(e.caFile, b.CACert, 0o600))
+	lis, err := net.Listen("unix", strings.TrimPrefix(e.target, "unix://"))
 	require.NoError(t, err)
 	ctrl := &oneShotController{messages: make(chan *kuportv1.ConnectRequest, 64), program: program}
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{*cert}})))
 	kuportv1.RegisterAgentServiceServer(srv, ctrl)
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
-	return ctrl, "unix://" + sock
+	return ctrl, e
 }
 
 // TestPrivilegedAgentFailStaticAndCleanup runs kuport-agent in a fresh network namespace:
 // it applies the program, keeps it in the kernel across SIGTERM, and `cleanup` removes it.
 func TestPrivilegedAgentFailStaticAndCleanup(t *testing.T) {
 	ns := newAgentNS(t, "failstatic")
-	ctrl, target := serveOneShot(t, &kuportv1.NodeProgram{Node: "edge-a", Version: 1, Epoch: 1, DnatRules: []*kuportv1.DnatRule{{
+	ctrl, controller := serveOneShot(t, &kuportv1.NodeProgram{Node: "edge-a", Version: 1, Epoch: 1, DnatRules: []*kuportv1.DnatRule{{
 		Id: "games/gs/dnat/wt0", Mapping: "games/gs", InInterface: "wt0",
 		Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: &kuportv1.PortRange{First: 27015, Last: 27015},
 		ToAddress: "10.244.17.5", ToPort: 27015,
@@ -199,7 +220,7 @@ func TestPrivilegedAgentFailStaticAndCleanup(t *testing.T) {
 		return string(out), err
 	}
 
-	cmd, exited := ns.startAgent(t, "--node-name", "edge-a", "--controller", target, "--token-file", "", "--inspect-listen", "", "--epoch-file", "", "--log-level", "debug")
+	cmd, exited := ns.startAgent(t, append(controller.flags(), "--node-name", "edge-a", "--token-file", "", "--inspect-listen", "", "--epoch-file", "", "--log-level", "debug")...)
 
 	hello := ctrl.next(t, func(m *kuportv1.ConnectRequest) bool { return m.GetHello() != nil }).GetHello()
 	require.Equal(t, "edge-a", hello.GetNode())

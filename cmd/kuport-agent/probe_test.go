@@ -85,8 +85,9 @@ func TestProbeDefaultAddress(t *testing.T) {
 // TestProbeAgent probes a real agent's inspection server: alive at once, ready once it has
 // taken the program its controller sent, not ready again once the controller is gone.
 func TestProbeAgent(t *testing.T) {
-	ctrl, target := serveOneShot(t, &kuportv1.NodeProgram{Node: "edge-a", Version: 1, Epoch: 1})
-	a, err := agent.New(agent.Config{NodeName: "edge-a", Targets: []string{target}, Datapath: stubDatapath{}})
+	ctrl, controller := serveOneShot(t, &kuportv1.NodeProgram{Node: "edge-a", Version: 1, Epoch: 1})
+	a, err := agent.New(agent.Config{NodeName: "edge-a", Targets: []string{controller.target}, CAFile: controller.caFile,
+		ServerName: controller.serverName, Datapath: stubDatapath{}})
 	require.NoError(t, err)
 	addr := serveOnLoopback(t, a.InspectionServer())
 	ready := []string{"--address", addr, "--service", agent.ReadyService}

@@ -166,8 +166,8 @@ func TestPrivilegedAgentReportsCounters(t *testing.T) {
 		Links: []*kuportv1.Link{{Name: "kup-5e30a797", ClassName: "public", PeerNode: "worker-b", Vni: 4242, Port: 4790,
 			LocalUnderlay: "100.64.93.143", RemoteUnderlay: "100.64.93.150", LocalAddress: "169.254.77.0", PeerAddress: "169.254.77.1", Mtu: 1370}},
 	}
-	ctrl, target := serveOneShot(t, program)
-	ns.startAgent(t, "--node-name", "edge-a", "--controller", target, "--token-file", "", "--inspect-listen", "", "--epoch-file", "", "--report-interval", "100ms")
+	ctrl, controller := serveOneShot(t, program)
+	ns.startAgent(t, append(controller.flags(), "--node-name", "edge-a", "--token-file", "", "--inspect-listen", "", "--epoch-file", "", "--report-interval", "100ms")...)
 	ack := ctrl.next(t, func(m *kuportv1.ConnectRequest) bool { return m.GetAck() != nil }).GetAck()
 	require.Empty(t, ack.GetErrors())
 	// The far end answers no ARP: a fixed neighbour lets each request leave by the link.

@@ -5,6 +5,8 @@
 //	                  [--leader-elect=true] [--lease-namespace kuport-system] [--lease-name kuport-controller]
 //	                  [--lease-duration 15s] [--renew-deadline 10s] [--retry-period 2s] [--identity ID]
 //	                  [--agent-auth=true] [--agent-service-account kuport-system:kuport-agent]
+//	                  [--tls-cert-file PATH --tls-key-file PATH | --tls-secret kuport-controller-tls
+//	                   --tls-ca-configmap kuport-controller-ca --tls-names NAME,...] [--health-listen ADDR]
 //
 // Agent streams must carry a token of --agent-service-account bound to a Pod on the node they
 // claim (audience "kuport", reviewed with a TokenReview); ProgramService then answers loopback
@@ -12,10 +14,17 @@
 // development only.
 //
 // --grpc-listen is repeatable: "unix:///run/kuport/controller.sock" (the default) or
-// "127.0.0.1:7443". Replicas elect a leader on a coordination.k8s.io Lease (package
-// controller/leader): only the leader watches the API, compiles, writes status and serves
-// programs; a follower listens but refuses agent streams and inspection calls with
-// FAILED_PRECONDITION. --leader-elect=false runs a single replica that leads at once, with
+// "127.0.0.1:7443". Every gRPC listener serves TLS (package controller/servingcert), with the
+// certificate and key of --tls-cert-file and --tls-key-file (cert-manager's, say) or else the
+// one in the Secret --tls-secret in --lease-namespace, which the first replica generates with
+// its own CA for --tls-names and whose CA it publishes in the ConfigMap --tls-ca-configmap for
+// the agents; either is re-read every minute. --health-listen serves grpc.health.v1 alone in
+// plaintext, for the kubelet's gRPC probes, which cannot speak TLS.
+//
+// Replicas elect a leader on a coordination.k8s.io Lease (package controller/leader): only
+// the leader watches the API, compiles, writes status and serves programs; a follower
+// listens but refuses agent streams and inspection calls with FAILED_PRECONDITION.
+// --leader-elect=false runs a single replica that leads at once, with
 // the start's unix seconds as its epoch (never mix it with elected replicas: their
 // lease-derived epochs are lower, so agents would refuse them until restarted).
 //
@@ -26,6 +35,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -49,6 +59,7 @@ import (
 	"kuport.wlz.li/kuport/controller/dashboard"
 	"kuport.wlz.li/kuport/controller/leader"
 	"kuport.wlz.li/kuport/controller/metrics"
+	"kuport.wlz.li/kuport/controller/servingcert"
 )
 
 const defaultListen = "unix:///run/kuport/controller.sock"
@@ -87,6 +98,12 @@ func run(args []string) error {
 	identity := fs.String("identity", "", "this replica's identity in the Lease, unique per process (default <hostname>_<pid>_<random>)")
 	agentAuth := fs.Bool("agent-auth", true, "require agent tokens (TokenReview) on agent streams and serve inspection to loopback clients only; false is for development")
 	agentSA := fs.String("agent-service-account", agents.DefaultAgentServiceAccount, "the agents' ServiceAccount, <namespace>:<name>, whose Pod-bound tokens (audience "+agents.TokenAudience+") prove a node")
+	tlsCertFile := fs.String("tls-cert-file", "", "PEM serving certificate (chain) of the gRPC listeners, with --tls-key-file (a mounted cert-manager Secret, say), re-read every minute; empty uses --tls-secret")
+	tlsKeyFile := fs.String("tls-key-file", "", "PEM private key of --tls-cert-file")
+	tlsSecret := fs.String("tls-secret", servingcert.DefaultSecret, "Secret (kubernetes.io/tls) in --lease-namespace holding the serving certificate and its CA, generated when absent and reissued before it expires; without --tls-cert-file")
+	tlsCAConfigMap := fs.String("tls-ca-configmap", servingcert.DefaultCAConfigMap, "ConfigMap in --lease-namespace where the CA of --tls-secret is published (key "+servingcert.CACertKey+") for the agents")
+	tlsNames := fs.String("tls-names", "", "comma-separated DNS names and IP addresses of the certificate in --tls-secret (default: the Service "+servingcert.Service+"'s names in --lease-namespace and 127.0.0.1)")
+	healthListen := fs.String("health-listen", "", "host:port serving grpc.health.v1 alone, in plaintext, for the kubelet's gRPC probes; empty serves none")
 	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
 		return nil
 	} else if err != nil {
@@ -127,14 +144,36 @@ func run(args []string) error {
 	} else {
 		log.Warn("agent authentication is off: any client may claim any node and inspect every program")
 	}
-	srv := agents.NewServer(log.Named("grpc"), auth)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 
+	var loadCert func(context.Context) (*tls.Certificate, error)
+	switch {
+	case (*tlsCertFile == "") != (*tlsKeyFile == ""):
+		return errors.New("--tls-cert-file and --tls-key-file go together")
+	case *tlsCertFile != "":
+		loadCert = servingcert.Files(*tlsCertFile, *tlsKeyFile)
+	default:
+		names := servingcert.DefaultNames(*leaseNamespace)
+		if *tlsNames != "" {
+			names = strings.FieldsFunc(*tlsNames, func(r rune) bool { return r == ',' || r == ' ' })
+		}
+		loadCert = (&servingcert.Secret{
+			Client: kube, Namespace: *leaseNamespace, Name: *tlsSecret, CAConfigMap: *tlsCAConfigMap,
+			Names: names, Log: log.Named("tls"),
+		}).Load
+	}
+	certs, err := servingcert.NewReloader(ctx, loadCert, log.Named("tls"))
+	if err != nil {
+		return err
+	}
+	srv := agents.NewServer(log.Named("grpc"), auth, certs.TLSConfig())
+
 	var wg sync.WaitGroup
+	wg.Go(func() { certs.Run(ctx) })
 	for _, addr := range listen {
 		lis, err := agents.Listen(addr)
 		if err != nil {
@@ -147,6 +186,18 @@ func run(args []string) error {
 				cancel(err)
 			}
 		})
+	}
+	if *healthListen != "" {
+		if lis, err := net.Listen("tcp", *healthListen); err != nil {
+			cancel(fmt.Errorf("health listen: %w", err))
+		} else {
+			log.Info("health listening", "address", *healthListen)
+			wg.Go(func() {
+				if err := srv.ServeHealth(lis); err != nil {
+					cancel(err)
+				}
+			})
+		}
 	}
 
 	web := dashboard.New()
@@ -210,6 +261,7 @@ func run(args []string) error {
 	}
 
 	log.Info("stopping", "cause", context.Cause(ctx), "error", leadErr)
+	cancel(nil) // ends the certificate reloads, also after the leadership was lost
 	srv.Stop()
 	_ = hs.Close()
 	wg.Wait()

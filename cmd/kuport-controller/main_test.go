@@ -4,15 +4,18 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"kuport.wlz.li/kuport/controller/servingcert"
 )
 
 // TestLeaderElectionFlagsAreChecked: durations client-go's leader election cannot work with
 // stop the controller before it campaigns or serves.
 func TestLeaderElectionFlagsAreChecked(t *testing.T) {
-	err := run([]string{"--kubeconfig", unreachableKubeconfig(t), "--grpc-listen", "127.0.0.1:0",
-		"--lease-duration", "10s", "--renew-deadline", "10s"})
+	err := run(append([]string{"--kubeconfig", unreachableKubeconfig(t), "--grpc-listen", "127.0.0.1:0",
+		"--lease-duration", "10s", "--renew-deadline", "10s"}, certFlags(t)...))
 	require.ErrorContains(t, err, "leader election")
 }
 
@@ -22,6 +25,32 @@ func TestAgentServiceAccountIsChecked(t *testing.T) {
 	err := run([]string{"--kubeconfig", unreachableKubeconfig(t), "--grpc-listen", "127.0.0.1:0",
 		"--agent-service-account", "kuport-agent"})
 	require.ErrorContains(t, err, "--agent-service-account")
+}
+
+// TestTLSFlagsAreChecked: a certificate file without its key, or one that cannot be read, stops
+// the controller before it serves; the Secret it would use instead needs the API server.
+func TestTLSFlagsAreChecked(t *testing.T) {
+	kubeconfig := unreachableKubeconfig(t)
+	err := run([]string{"--kubeconfig", kubeconfig, "--grpc-listen", "127.0.0.1:0", "--tls-cert-file", "tls.crt"})
+	require.ErrorContains(t, err, "--tls-cert-file and --tls-key-file go together")
+	err = run([]string{"--kubeconfig", kubeconfig, "--grpc-listen", "127.0.0.1:0",
+		"--tls-cert-file", filepath.Join(t.TempDir(), "tls.crt"), "--tls-key-file", filepath.Join(t.TempDir(), "tls.key")})
+	require.ErrorContains(t, err, "serving certificate")
+	err = run([]string{"--kubeconfig", kubeconfig, "--grpc-listen", "127.0.0.1:0"})
+	require.ErrorContains(t, err, "serving certificate secret kuport-system/kuport-controller-tls")
+}
+
+// certFlags writes a serving certificate and key and returns the flags naming them, so the
+// controller starts without the API server.
+func certFlags(t *testing.T) []string {
+	t.Helper()
+	b, err := servingcert.Generate([]string{"kuport-controller.test"}, time.Now())
+	require.NoError(t, err)
+	dir := t.TempDir()
+	cert, key := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	require.NoError(t, os.WriteFile(cert, b.Cert, 0o600))
+	require.NoError(t, os.WriteFile(key, b.Key, 0o600))
+	return []string{"--tls-cert-file", cert, "--tls-key-file", key}
 }
 
 // unreachableKubeconfig writes a kubeconfig naming an API server nobody listens on.

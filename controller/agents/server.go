@@ -2,6 +2,7 @@ package agents
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +17,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -28,7 +30,10 @@ import (
 )
 
 // Server serves kuport.v1.AgentService and kuport.v1.ProgramService over the Registry of the
-// leader, plus grpc.health.v1 and server reflection (for grpcurl).
+// leader, plus grpc.health.v1 and server reflection (for grpcurl), over TLS on every listener
+// (Serve), so an agent's token never crosses the network in the clear and agents verify the
+// controller's certificate. ServeHealth serves grpc.health.v1 alone in plaintext, for the
+// kubelet's gRPC probes, which cannot speak TLS.
 //
 // With an Authenticator, an agent stream must carry "authorization: Bearer <token>" proving
 // the node its Hello names (proto/kuport/v1/program.proto, AgentService), and
@@ -50,14 +55,16 @@ type Server struct {
 	auth     Authenticator            // nil: agent streams and inspection are not authenticated
 	log      hclog.Logger
 	grpc     *grpc.Server
+	plain    *grpc.Server // health only, plaintext (ServeHealth)
 	health   *health.Server
 	stopping chan struct{}
 	stopOnce sync.Once
 }
 
 // NewServer returns a follower's Server (see Server); nothing listens until Serve. auth nil
-// turns authentication off (development only: any client may then claim any node).
-func NewServer(log hclog.Logger, auth Authenticator) *Server {
+// turns authentication off (development only: any client may then claim any node). tlsConfig
+// holds the serving certificate (package controller/servingcert) and must not be nil.
+func NewServer(log hclog.Logger, auth Authenticator, tlsConfig *tls.Config) *Server {
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
@@ -68,6 +75,7 @@ func NewServer(log hclog.Logger, auth Authenticator) *Server {
 		stopping: make(chan struct{}),
 	}
 	s.grpc = grpc.NewServer(
+		grpc.Creds(credentials.NewTLS(tlsConfig)),
 		// Probe idle streams so a vanished agent is seen as disconnected within about 40 s.
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
@@ -77,6 +85,8 @@ func NewServer(log hclog.Logger, auth Authenticator) *Server {
 	kuportv1.RegisterProgramServiceServer(s.grpc, s)
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
+	s.plain = grpc.NewServer()
+	healthpb.RegisterHealthServer(s.plain, s.health)
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(kuportv1.AgentService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
 	return s
@@ -107,9 +117,15 @@ func (s *Server) leading() (*Registry, error) {
 	return nil, status.Errorf(codes.FailedPrecondition, "this controller replica is not the leader (leader: %s)", leader)
 }
 
-// Serve accepts connections on lis until Stop; it returns nil after Stop.
-func (s *Server) Serve(lis net.Listener) error {
-	if err := s.grpc.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+// Serve accepts TLS connections on lis until Stop; it returns nil after Stop.
+func (s *Server) Serve(lis net.Listener) error { return serveUntilStop(s.grpc, lis) }
+
+// ServeHealth serves grpc.health.v1 alone, in plaintext, on lis until Stop; it returns nil
+// after Stop. Health tells nothing secret: it is what the kubelet's probes ask.
+func (s *Server) ServeHealth(lis net.Listener) error { return serveUntilStop(s.plain, lis) }
+
+func serveUntilStop(srv *grpc.Server, lis net.Listener) error {
+	if err := srv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return fmt.Errorf("serve %s: %w", lis.Addr(), err)
 	}
 	return nil
@@ -122,6 +138,7 @@ func (s *Server) Stop() {
 		s.health.Shutdown()
 		close(s.stopping)
 		s.grpc.GracefulStop()
+		s.plain.GracefulStop()
 	})
 }
 

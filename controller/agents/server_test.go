@@ -2,8 +2,11 @@ package agents
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,12 +14,14 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
+	"kuport.wlz.li/kuport/controller/servingcert"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -35,7 +40,7 @@ func TestServerOverUnixSocket(t *testing.T) {
 	reg.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false), "worker-b": {}})
 	reg.Release(nil, time.Now())
 
-	srv := NewServer(nil, nil)
+	srv := NewServer(nil, nil, serverTLS(t))
 	srv.Lead(reg)
 	conn := serve(t, srv, "unix://"+filepath.Join(t.TempDir(), "run", "controller.sock"))
 
@@ -145,7 +150,7 @@ func TestListenReplacesStaleSocket(t *testing.T) {
 func TestFollowerRefusesUntilItLeads(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	srv := NewServer(nil, nil)
+	srv := NewServer(nil, nil, serverTLS(t))
 	conn := serve(t, srv, "unix://"+filepath.Join(t.TempDir(), "controller.sock"))
 	health := healthpb.NewHealthClient(conn)
 	agentHealth := func() healthpb.HealthCheckResponse_ServingStatus {
@@ -205,7 +210,7 @@ func TestServerAuthenticatesAgents(t *testing.T) {
 	reg := NewRegistry(Config{Epoch: 5, Start: time.Now()})
 	reg.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false), "worker-b": {}})
 	reg.Release(nil, time.Now())
-	srv := NewServer(nil, fakeReviewer(t))
+	srv := NewServer(nil, fakeReviewer(t), serverTLS(t))
 	srv.Lead(reg)
 	sock := "unix://" + filepath.Join(t.TempDir(), "controller.sock")
 	for _, addr := range []string{sock, "127.0.0.1:0"} {
@@ -270,17 +275,75 @@ func serve(t *testing.T, srv *Server, addr string) *grpc.ClientConn {
 		srv.Stop()
 		assert.NoError(t, <-served)
 	})
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(clientTLS(t)))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
 	return conn
+}
+
+// testServerName is the name the tests' serving certificate is valid for.
+const testServerName = "kuport-controller.test"
+
+// testBundle is the tests' CA and serving certificate, generated once.
+var testBundle = sync.OnceValues(func() (*servingcert.Bundle, error) {
+	return servingcert.Generate([]string{testServerName}, time.Now())
+})
+
+// serverTLS is a Server's TLS configuration serving testBundle's certificate.
+func serverTLS(t *testing.T) *tls.Config {
+	t.Helper()
+	b, err := testBundle()
+	require.NoError(t, err)
+	c, err := b.Certificate()
+	require.NoError(t, err)
+	return &tls.Config{Certificates: []tls.Certificate{*c}}
+}
+
+// clientTLS are client credentials trusting testBundle's CA, verifying testServerName, as an
+// agent's.
+func clientTLS(t *testing.T) credentials.TransportCredentials {
+	t.Helper()
+	b, err := testBundle()
+	require.NoError(t, err)
+	pool := x509.NewCertPool()
+	require.True(t, pool.AppendCertsFromPEM(b.CACert))
+	return credentials.NewTLS(&tls.Config{RootCAs: pool, ServerName: testServerName})
+}
+
+// TestHealthListenerIsPlaintext: ServeHealth answers grpc.health.v1 in plaintext, as the
+// kubelet's probe asks, and nothing else; the TLS listener refuses a plaintext client.
+func TestHealthListenerIsPlaintext(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	srv := NewServer(nil, nil, serverTLS(t))
+	healthLis, err := Listen("127.0.0.1:0")
+	require.NoError(t, err)
+	served := make(chan error, 1)
+	go func() { served <- srv.ServeHealth(healthLis) }()
+	t.Cleanup(func() { assert.NoError(t, <-served) }) // after serve's cleanup stopped srv
+	tlsConn := serve(t, srv, "127.0.0.1:0")
+
+	plain, err := grpc.NewClient(healthLis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer plain.Close()
+	hr, err := healthpb.NewHealthClient(plain).Check(ctx, &healthpb.HealthCheckRequest{})
+	require.NoError(t, err)
+	assert.Equal(t, healthpb.HealthCheckResponse_SERVING, hr.Status)
+	_, err = kuportv1.NewProgramServiceClient(plain).ListNodes(ctx, &kuportv1.ListNodesRequest{})
+	assert.Equal(t, codes.Unimplemented, status.Code(err), "%v", err)
+
+	plainToTLS, err := grpc.NewClient(tlsConn.Target(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer plainToTLS.Close()
+	_, err = healthpb.NewHealthClient(plainToTLS).Check(ctx, &healthpb.HealthCheckRequest{})
+	assert.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
 }
 
 // TestGetMapping: per-node state of one mapping; NOT_FOUND for a mapping no program carries.
 func TestGetMapping(t *testing.T) {
 	reg := NewRegistry(Config{Epoch: 5, Start: time.Now()})
 	reg.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false)})
-	srv := NewServer(nil, nil)
+	srv := NewServer(nil, nil, serverTLS(t))
 	srv.Lead(reg)
 	resp, err := srv.GetMapping(context.Background(), &kuportv1.GetMappingRequest{Namespace: "games", Name: "remote"})
 	require.NoError(t, err)

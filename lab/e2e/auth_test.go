@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"os"
 	"path/filepath"
 	"testing"
@@ -11,15 +13,20 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	authnv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/controller/agents"
+	"kuport.wlz.li/kuport/controller/leader"
+	"kuport.wlz.li/kuport/controller/servingcert"
 	"kuport.wlz.li/kuport/lab"
 	"kuport.wlz.li/kuport/lab/cluster"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
@@ -39,8 +46,8 @@ func TestPrivilegedE2EAuth(t *testing.T) {
 		waitAgent(t, svc, n, "")
 	}
 
-	conn, err := grpc.NewClient("unix://"+filepath.Join(cluster.DefaultDir, lab.ReplicaSocket(0)),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	socket := "unix://" + filepath.Join(cluster.DefaultDir, lab.ReplicaSocket(0))
+	conn, err := grpc.NewClient(socket, grpc.WithTransportCredentials(controllerTLS(t, lab.ControllerServerName)))
 	require.NoError(t, err)
 	defer conn.Close()
 	connectAs := func(token, node string) error {
@@ -56,6 +63,32 @@ func TestPrivilegedE2EAuth(t *testing.T) {
 	}
 	edgeToken, err := os.ReadFile(l.AgentTokenFile("edge-a"))
 	require.NoError(t, err)
+
+	t.Run("the agents' stream is TLS with the certificate the controller generated", func(t *testing.T) {
+		sec, err := l.Kube.CoreV1().Secrets(leader.DefaultNamespace).Get(ctx, servingcert.DefaultSecret, metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.Equal(t, corev1.SecretTypeTLS, sec.Type)
+		ca, err := os.ReadFile(filepath.Join(cluster.DefaultDir, lab.ControllerCAFile))
+		require.NoError(t, err)
+		assert.Equal(t, string(sec.Data[servingcert.CACertKey]), string(ca), "the agents trust the Secret's CA")
+
+		for name, creds := range map[string]credentials.TransportCredentials{
+			"plaintext":          insecure.NewCredentials(),
+			"another CA":         credentials.NewTLS(&tls.Config{RootCAs: x509.NewCertPool(), ServerName: lab.ControllerServerName}),
+			"another name":       controllerTLS(t, "kuport-controller.elsewhere.svc"),
+			"the Service's name": controllerTLS(t, lab.ControllerServerName),
+		} {
+			c, err := grpc.NewClient(socket, grpc.WithTransportCredentials(creds))
+			require.NoError(t, err)
+			_, err = healthpb.NewHealthClient(c).Check(ctx, &healthpb.HealthCheckRequest{})
+			_ = c.Close()
+			if name == "the Service's name" {
+				assert.NoError(t, err, name)
+			} else {
+				assert.Equal(t, codes.Unavailable, status.Code(err), "%s: %v", name, err)
+			}
+		}
+	})
 
 	t.Run("the API server binds the token to the agent's Pod and node", func(t *testing.T) {
 		review, err := l.Kube.AuthenticationV1().TokenReviews().Create(ctx, &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{
@@ -119,11 +152,12 @@ func TestPrivilegedE2EAuth(t *testing.T) {
 			}
 			return len(nodes.Nodes) > 0
 		}, 20*time.Second, 200*time.Millisecond, "ListNodes rows without epoch, connected_since or last_report_time")
-		// Wait for the probe's packets in edge-a's counter.
+		// Wait for the probe's packets in edge-a's counter, and for a report of each node made
+		// after its link was created.
 		var m *kuportv1.GetMappingResponse
 		require.Eventually(t, func() bool {
 			m, err = svc.GetMapping(ctx, &kuportv1.GetMappingRequest{Namespace: lab.DemoNamespace, Name: remote.Name})
-			if err != nil || len(m.Nodes) != 2 {
+			if err != nil || len(m.Nodes) != 2 || len(m.Nodes[0].Links) == 0 || len(m.Nodes[1].Links) == 0 {
 				return false
 			}
 			for _, c := range m.Nodes[0].Counters {

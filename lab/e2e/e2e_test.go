@@ -280,17 +280,17 @@ func TestPrivilegedE2E(t *testing.T) {
 		out = sh("kubectl get portmaps -A -o wide")
 		assert.Regexp(t, `(?m)^NAMESPACE\s+NAME\s+CLASS\s+PROTOCOL\s+PORT\s+ENDPOINT\s+PROGRAMMED\s+NODE\s+PUBLISHED\s*$`, out)
 		assert.Regexp(t, `(?m)^demo\s+remote\s+public\s+TCP\s+3000\s+10\.244\.18\.107\s+True\s+worker-b\s+203\.0\.113\.9,100\.64\.93\.143\s*$`, out)
-		out = sh("grpcurl -plaintext 127.0.0.1:7443 list")
+		out = sh("grpcurl -cacert /run/kuport-lab/controller-ca.crt 127.0.0.1:7443 list")
 		assert.Contains(t, out, "kuport.v1.ProgramService")
 		assert.Contains(t, out, "kuport.v1.AgentService")
-		out = sh(`grpcurl -plaintext -d '{"node":"edge-a"}' 127.0.0.1:7443 kuport.v1.ProgramService/GetProgram`)
+		out = sh(`grpcurl -cacert /run/kuport-lab/controller-ca.crt -d '{"node":"edge-a"}' 127.0.0.1:7443 kuport.v1.ProgramService/GetProgram`)
 		assert.Contains(t, out, `"node": "edge-a"`)
 		assert.Contains(t, out, `"demo/remote/dnat/enp1s0"`)
 		assert.Contains(t, out, `"name": "`+linkOnEdgeA+`"`)
-		out = sh(`grpcurl -plaintext 127.0.0.1:7443 kuport.v1.ProgramService/ListNodes`)
+		out = sh(`grpcurl -cacert /run/kuport-lab/controller-ca.crt 127.0.0.1:7443 kuport.v1.ProgramService/ListNodes`)
 		assert.Contains(t, out, `"node": "worker-b"`)
 		assert.Contains(t, out, `"connectedSince": "`)
-		out = sh(`grpcurl -plaintext -d '{"namespace":"demo","name":"remote"}' 127.0.0.1:7443 kuport.v1.ProgramService/GetMapping`)
+		out = sh(`grpcurl -cacert /run/kuport-lab/controller-ca.crt -d '{"namespace":"demo","name":"remote"}' 127.0.0.1:7443 kuport.v1.ProgramService/GetMapping`)
 		assert.Contains(t, out, `"demo/remote/dnat/enp1s0"`)
 		assert.Contains(t, out, `"acked": true`)
 		out = sh("ip netns exec edge-a grpcurl -plaintext 127.0.0.1:7400 list")
@@ -311,6 +311,7 @@ func TestPrivilegedE2E(t *testing.T) {
 		out, err := c.CombinedOutput()
 		require.NoError(t, err, "%s", out)
 		for _, obj := range []string{"clusterrole.rbac.authorization.k8s.io/kuport-controller", "role.rbac.authorization.k8s.io/kuport-controller-leader-election", "role.rbac.authorization.k8s.io/kuport-controller-agent-pods",
+			"role.rbac.authorization.k8s.io/kuport-controller-serving-cert",
 			"deployment.apps/kuport-controller", "daemonset.apps/kuport-agent"} {
 			assert.Contains(t, string(out), obj)
 		}

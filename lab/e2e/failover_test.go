@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
 	"net"
 	"path/filepath"
 	"slices"
@@ -13,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,15 +23,26 @@ import (
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/controller/leader"
+	"kuport.wlz.li/kuport/controller/servingcert"
 	"kuport.wlz.li/kuport/lab"
+	"kuport.wlz.li/kuport/lab/cluster"
 	"kuport.wlz.li/kuport/lab/netlab"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
+// controllerTLS are client credentials trusting the lab controller's CA (lab.ControllerCAFile)
+// and verifying serverName ("" takes the target's host, 127.0.0.1 for a loopback listener).
+func controllerTLS(t *testing.T, serverName string) credentials.TransportCredentials {
+	t.Helper()
+	creds, err := credentials.NewClientTLSFromFile(filepath.Join(cluster.DefaultDir, lab.ControllerCAFile), serverName)
+	require.NoError(t, err)
+	return creds
+}
+
 // replicaService dials controller replica i's inspection listener.
 func replicaService(t *testing.T, i int) kuportv1.ProgramServiceClient {
 	t.Helper()
-	conn, err := grpc.NewClient(lab.ReplicaAddr(i), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(lab.ReplicaAddr(i), grpc.WithTransportCredentials(controllerTLS(t, "")))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
 	return kuportv1.NewProgramServiceClient(conn)
@@ -149,12 +161,14 @@ func TestPrivilegedE2EFailover(t *testing.T) {
 	// while only that leader is reachable: the forged leader hands edge-a's restarted agent a
 	// program of the old epoch that would remove everything.
 	edgeBefore := kernelState(t, l, "edge-a")
-	acks := forgeLeader(t, filepath.Join(t.TempDir(), "forged.sock"), &kuportv1.NodeProgram{
+	// The deposed leader holds the serving certificate, as every replica does.
+	acks := forgeLeader(t, l, filepath.Join(t.TempDir(), "forged.sock"), &kuportv1.NodeProgram{
 		Node: "edge-a", Version: before.GetProgram().GetVersion() + 100, Epoch: before.GetProgram().GetEpoch()})
 	require.NoError(t, l.StopAgent("edge-a", false))
 	forged, err := l.Net.Start("edge-a", filepath.Join(t.TempDir(), "agent.log"), filepath.Join(l.Bin(), "kuport-agent"),
 		"--node-name", "edge-a", "--controller", "unix://"+acks.socket, "--token-file", "", "--inspect-listen", "",
-		"--epoch-file", l.AgentEpochFile("edge-a"))
+		"--epoch-file", l.AgentEpochFile("edge-a"),
+		"--controller-ca-file", filepath.Join(cluster.DefaultDir, lab.ControllerCAFile), "--controller-server-name", lab.ControllerServerName)
 	require.NoError(t, err)
 	select {
 	case ack := <-acks.ch:
@@ -199,13 +213,18 @@ type forgedLeader struct {
 	ch      chan *kuportv1.Ack
 }
 
-// forgeLeader serves a forgedLeader on the unix socket path until the test ends.
-func forgeLeader(t *testing.T, socket string, p *kuportv1.NodeProgram) *forgedLeader {
+// forgeLeader serves a forgedLeader on the unix socket path until the test ends, over TLS
+// with the lab controller's serving certificate (the Secret the replicas share).
+func forgeLeader(t *testing.T, l *lab.Lab, socket string, p *kuportv1.NodeProgram) *forgedLeader {
 	t.Helper()
 	f := &forgedLeader{socket: socket, program: p, ch: make(chan *kuportv1.Ack, 1)}
+	sec, err := l.Kube.CoreV1().Secrets(leader.DefaultNamespace).Get(context.Background(), servingcert.DefaultSecret, metav1.GetOptions{})
+	require.NoError(t, err)
+	cert, err := tls.X509KeyPair(sec.Data[corev1.TLSCertKey], sec.Data[corev1.TLSPrivateKeyKey])
+	require.NoError(t, err)
 	lis, err := net.Listen("unix", socket)
 	require.NoError(t, err)
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(grpc.Creds(credentials.NewServerTLSFromCert(&cert)))
 	kuportv1.RegisterAgentServiceServer(srv, f)
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)

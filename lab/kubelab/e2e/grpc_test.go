@@ -3,6 +3,8 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"os/exec"
 	"regexp"
@@ -10,7 +12,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
 
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
@@ -23,10 +25,20 @@ type nodeRow struct {
 var forwardingRe = regexp.MustCompile(`Forwarding from 127\.0\.0\.1:(\d+) -> 7443`)
 
 // listNodes asks the leader's ProgramService for ListNodes through
-// `kubectl -n kuport-system port-forward pod/<leader> :7443`, as the README tells operators.
+// `kubectl -n kuport-system port-forward pod/<leader> :7443`, verifying the controller's
+// certificate with the CA of the ConfigMap kuport-controller-ca, as the README tells
+// operators.
 func (e *env) listNodes() ([]nodeRow, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	ca, err := e.l.Cluster.KubectlRun(ctx, "", "-n", kuportNS, "get", "configmap", "kuport-controller-ca", "-o", `jsonpath={.data.ca\.crt}`)
+	if err != nil {
+		return nil, err
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM([]byte(ca)) {
+		return nil, fmt.Errorf("configmap kuport-controller-ca holds no CA certificate: %q", ca)
+	}
 	cmd := exec.CommandContext(ctx, e.l.Cluster.Kubectl(), "--kubeconfig", e.l.Cluster.Kubeconfig(),
 		"-n", kuportNS, "port-forward", "pod/"+e.leaderPod(), ":7443")
 	stdout, err := cmd.StdoutPipe()
@@ -56,7 +68,7 @@ func (e *env) listNodes() ([]nodeRow, error) {
 		for sc.Scan() { // keep draining, so kubectl never blocks on its stdout
 		}
 	}()
-	conn, err := grpc.NewClient("127.0.0.1:"+port, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("127.0.0.1:"+port, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots})))
 	if err != nil {
 		return nil, err
 	}
