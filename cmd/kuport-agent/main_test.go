@@ -239,7 +239,7 @@ func TestPrivilegedAgentFailStaticAndCleanup(t *testing.T) {
 	require.Equal(t, uint64(1), ack.GetVersion())
 	table, err := nftList()
 	require.NoError(t, err, table)
-	require.Contains(t, table, "dnat to 10.244.17.5:27015")
+	require.Contains(t, table, `comment "games/gs/dnat/wt0" : 10.244.17.5 . 27015`)
 
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	select {
@@ -251,7 +251,7 @@ func TestPrivilegedAgentFailStaticAndCleanup(t *testing.T) {
 	}
 	table, err = nftList()
 	require.NoError(t, err, "fail static: the table stays after the agent stops")
-	require.Contains(t, table, "dnat to 10.244.17.5:27015")
+	require.Contains(t, table, `comment "games/gs/dnat/wt0" : 10.244.17.5 . 27015`)
 
 	cleanup, cleanupOut := ns.agentCmd(t, "cleanup")
 	require.NoError(t, cleanup.Run(), cleanupOut.String())
