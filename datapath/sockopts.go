@@ -16,7 +16,7 @@ import (
 // many. The kernel then acknowledges every message of the transaction, and the
 // acknowledgements overflow a default receive buffer ("recvmsg: no buffer space
 // available"): measured at 400 rules (100 mappings) on one node, before the buffer was
-// raised (BenchmarkApply; TestPrivilegedThousandMappings applies 4,000 rules). Asking for
+// raised (BenchmarkApply; TestPrivilegedTenThousandMappings applies 40,000 elements). Asking for
 // acknowledgements without the echoed message (NETLINK_CAP_ACK) was not enough on its own.
 const NFTSocketBuffer = 64 << 20
 
