@@ -176,7 +176,7 @@ func TestPrivilegedE2ELateInterface(t *testing.T) {
 	assert.Contains(t, meta.FindStatusCondition(pm.Status.Conditions, v1alpha1.ConditionProgrammed).Message, "interface enp9s0 not present")
 	require.Eventually(t, func() bool {
 		table, err := l.NftTable(ctx, "edge-a")
-		return err == nil && strings.Contains(table, `iifname "enp9s0" tcp dport 3000`)
+		return err == nil && strings.Contains(table, `"enp9s0" . tcp . 3000 `)
 	}, 10*time.Second, 100*time.Millisecond, "the rule for the missing interface is not in edge-a's kernel")
 	assertAnswers(t, l, 3000)
 	before, err := svc.GetProgram(ctx, &kuportv1.GetProgramRequest{Node: "edge-a"})
