@@ -309,13 +309,14 @@ func replyWay(p *plan) way {
 	return way{class: p.class.name, pair: pairKey(p.pair(links[0]))}
 }
 
-// wayTaken is the PortConflict of a viable plan whose way is already an older accepted
-// mapping's, "" when there is none. Its dialed ports may not cross any of its links
-// alongside an older mapping's (two interfaces of one node may hold the same port, API.md
-// PortConflict, but one link cannot carry both to different pods). Nor may an older mapping
-// already return its pod's replies another way: a static mark sends every reply from those
-// pod ports into one link, so a second mapping reaching the same pod ports over another
-// link, or directly, or under Multi, would have its replies diverted into the wrong link.
+// wayTaken returns the PortConflict reason and message of a viable plan whose links or reply
+// way an older accepted mapping already takes, "" when none does. Its dialed ports may not
+// cross any of its links alongside an older mapping's (two interfaces of one node may hold
+// the same port, API.md PortConflict, but one link cannot carry both to different pods). Nor
+// may an older mapping already return its pod's replies another way: a static mark sends
+// every reply from those pod ports into one link, so a second mapping reaching the same pod
+// ports over another link, or directly, or under Multi, would have its replies diverted into
+// the wrong link.
 func (c *compiler) wayTaken(p *plan) (string, string) {
 	for _, t := range p.remoteTargets() {
 		pair := pairKey(p.pair(t))
