@@ -183,3 +183,22 @@ func TestRefusedMappingHoldsNothing(t *testing.T) {
 		})
 	}
 }
+
+// An accepted mapping that finds no free link slot still holds its ports and its link's
+// crossing, so a newer mapping over the same pair cannot take the link when a slot frees up.
+func TestAcceptedMappingWithoutSlotHoldsItsLink(t *testing.T) {
+	s := world(mkPortMap("remote", 0, 3000), mkPortMap("web", 1, 3001, interfaces("enp1s0")),
+		mkPortMap("other", 2, 3001, interfaces("wt0")))
+	s.Classes["public"].Spec.ReturnPath.Vxlan.Subnet = "169.254.77.0/31"
+	addService(s, "web", 3001, mkEndpoint("web-0", "10.244.19.7", "worker-c"))
+	addService(s, "other", 3001, mkEndpoint("other-0", "10.244.19.8", "worker-c"))
+	want := map[string]outcome{
+		"demo/remote": served(epRemote, "edge-a", "worker-b"),
+		"demo/web":    unprogrammed(v1alpha1.ReasonReturnPathUnavailable, "worker-c 10.244.19.7"),
+		"demo/other": {Accepted: v1alpha1.ReasonPortConflict, Programmed: v1alpha1.ReasonNotAccepted, Endpoint: "worker-c 10.244.19.8",
+			Message: `TCP ports 3001 cross link edge-a/worker-c of class "public", which already carries them for demo/web`},
+	}
+	if d := cmp.Diff(want, outcomes(Compile(s), want), cmpopts.EquateEmpty()); d != "" {
+		t.Errorf("portmaps (-want +got):\n%s", d)
+	}
+}
