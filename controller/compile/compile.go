@@ -59,15 +59,15 @@ type compiler struct {
 	classes    map[string]*classInfo
 	classOrder []*classInfo
 	// plans in holding order: mappings whose status says they are accepted first, then by
-	// age (creationTimestamp, then namespace/name); the first holds a contested port.
+	// age (creationTimestamp, then namespace/name); the first accepted holds a contested port.
 	plans []*plan
 	// tables in use per node across every class's claims.
 	tables map[string]map[int32]bool
 	// held: the port ranges accepted mappings hold per (node, interface, protocol).
 	held map[hold][]holding
-	// crossings: the dialed port ranges that emitted mappings send over each link.
+	// crossings: the dialed port ranges that accepted mappings send over each link.
 	crossings map[crossing][]holding
-	// replies: how emitted mappings return each pod's replies.
+	// replies: how accepted mappings return each pod's replies.
 	replies  map[replies][]replyHolding
 	programs map[string]*programBuilder
 }

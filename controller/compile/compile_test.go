@@ -920,10 +920,17 @@ func TestLinkClaims(t *testing.T) {
 	}
 
 	// A second class on the same nodes, compiled with the first one's claims, moves nothing.
-	next := world(mkPortMap("remote", 0, 3000), mkPortMap("i-remote", 1, 4000, className("intranet"), service("remote")))
+	next := world(mkPortMap("remote", 0, 3000), mkPortMap("i-remote", 1, 4000, className("intranet")))
 	next.Classes["public"].Status.Links = r.Classes["public"].Links
 	next.Classes["intranet"] = intranet(1, map[string][]string{"edge-a": {"wt0"}})
+	// remote's pod on another pod port: the replies of remote's own are marked into public's link.
+	addService(next, "i-remote", 4000, mkEndpoint("remote-0", "10.244.18.107", "worker-b"))
 	r2 := Compile(next)
+	for k, o := range outcomes(r2, nil) {
+		if o.Programmed != v1alpha1.ReasonAllNodesReady {
+			t.Errorf("%s: Accepted %s, Programmed %s; want it served", k, o.Accepted, o.Programmed)
+		}
+	}
 	if d := cmp.Diff(r.Classes["public"].Links[0], r2.Classes["public"].Links[0]); d != "" {
 		t.Errorf("edge-a/worker-b claim moved (-before +after):\n%s", d)
 	}

@@ -115,9 +115,11 @@ func TestStableNumbering(t *testing.T) {
 	// A new class over the same nodes and a new node joining move nothing: the new pair takes
 	// slot 2 (slot 0 is still claimed), the new class's end on worker-c the next free table.
 	joined := func(at time.Time, prev *Result) *Snapshot {
-		s := web(world(mkPortMap("web", 1, 3001), mkPortMap("i-web", 2, 4000, className("intranet"), service("web")),
+		s := web(world(mkPortMap("web", 1, 3001), mkPortMap("i-web", 2, 4000, className("intranet")),
 			mkPortMap("far", 3, 3002)))
 		s.Classes["intranet"] = intranet(1, map[string][]string{"edge-a": {"wt0"}})
+		// web's pod on another pod port: the replies of web's own are marked into public's link.
+		addService(s, "i-web", 4000, mkEndpoint("web-0", "10.244.19.7", "worker-c"))
 		addNodes(s, "worker-d", "worker-e")
 		s.Agents["worker-d"] = mkAgent(iface("wt0", "100.64.93.170", 1420))
 		s.Agents["worker-e"] = mkAgent(iface("wt0", "100.64.93.180", 1420))
@@ -125,6 +127,11 @@ func TestStableNumbering(t *testing.T) {
 		return carry(s, prev, at)
 	}
 	r3 := Compile(joined(now.Add(3*time.Minute), r2))
+	for k, o := range outcomes(r3, nil) {
+		if o.Programmed != v1alpha1.ReasonAllNodesReady {
+			t.Errorf("%s: Accepted %s, Programmed %s; want it served", k, o.Accepted, o.Programmed)
+		}
+	}
 	want3 := append(want2[:2:2],
 		claimOf("edge-a", "worker-d", 2, "169.254.77.4/31", nil, v1alpha1.LinkEnd{Node: "worker-d", Table: 201}))
 	if d := cmp.Diff(want3, r3.Classes["public"].Links); d != "" {

@@ -149,7 +149,7 @@ func (c *compiler) allocate() {
 			if needed[p.class] == nil {
 				needed[p.class] = map[string]bool{}
 			}
-			needed[p.class][pairKey(pairOf(t.node, p.ep.node))] = true
+			needed[p.class][pairKey(p.pair(t))] = true
 		}
 	}
 	for _, ci := range c.classOrder {
@@ -171,7 +171,7 @@ func (c *compiler) allocate() {
 	}
 	for _, p := range c.plans {
 		for _, t := range p.remoteTargets() {
-			cl := c.claimFor(p.class, pairOf(t.node, p.ep.node))
+			cl := c.claimFor(p.class, p.pair(t))
 			if cl == nil {
 				p.fail(v1alpha1.ReasonReturnPathUnavailable, fmt.Sprintf(
 					"class %q has no free link slot in subnet %s for nodes %s and %s",

@@ -109,10 +109,14 @@ type holding struct {
 	by    string
 }
 
-// plan decides acceptance and, for an accepted mapping, its endpoint, serving node and
-// targets (the programming nodes that bind an interface), before any link slot is
-// allocated. A target lacking the pod in a class that builds no links refuses the mapping
-// with ReturnPathUnavailable (founding document, refusal table).
+// plan decides acceptance in one phase, before any link slot is allocated: the checks of
+// accept, then for a mapping that could be programmed its endpoint, serving node and targets
+// (the programming nodes that bind an interface) and the link crossings and reply ways they
+// need (PortConflict too). Only then does an accepted mapping hold its ports, crossings and
+// reply way, so a refused one holds nothing and a newer mapping is judged as if it did not
+// exist; allocate and emit only number and write what is accepted here. A target lacking the
+// pod in a class that builds no links fails the mapping with ReturnPathUnavailable (founding
+// document, refusal table).
 func (c *compiler) plan(pm *v1alpha1.PortMap) {
 	p := &plan{pm: pm, key: MappingKey(pm)}
 	c.plans = append(c.plans, p)
@@ -126,6 +130,20 @@ func (c *compiler) plan(pm *v1alpha1.PortMap) {
 	if !p.accepted() {
 		return
 	}
+	c.route(p)
+	if p.ok() {
+		if reason, msg := c.wayTaken(p); reason != "" {
+			p.acceptReason, p.acceptMsg = reason, msg
+			return
+		}
+	}
+	c.hold(p)
+}
+
+// route chooses an accepted mapping's endpoint, serving node and targets, or records the
+// programming failure that leaves it without them.
+func (c *compiler) route(p *plan) {
+	pm := p.pm
 	ci := p.class
 	ep, why := c.chooseEndpoint(p)
 	if ep == nil {
@@ -191,8 +209,7 @@ func narrow(classIfaces, want []string) []string {
 }
 
 // accept checks a mapping in API.md's order and returns the first failing reason with a
-// message, or ReasonValid. An accepted mapping holds its ports on every (node, interface) of
-// its class it may bind.
+// message, or ReasonValid. It holds nothing: plan does, once every check has passed.
 func (c *compiler) accept(p *plan) (string, string) {
 	pm := p.pm
 	ci := c.classes[pm.Spec.ClassName]
@@ -224,13 +241,7 @@ func (c *compiler) accept(p *plan) (string, string) {
 			return v1alpha1.ReasonPortReserved, fmt.Sprintf("port %d is reserved by class %q", r, ci.name)
 		}
 	}
-	var holds []hold
-	for _, n := range ci.accepting {
-		for _, i := range narrow(ci.ifaces[n], pm.Spec.Interfaces) {
-			holds = append(holds, hold{node: n, iface: i, proto: p.proto})
-		}
-	}
-	for _, h := range holds {
+	for _, h := range p.holds() {
 		for _, other := range c.held[h] {
 			if other.ports.overlaps(p.ports) {
 				return v1alpha1.ReasonPortConflict, fmt.Sprintf("%s ports %s on %s interface %s are held by %s",
@@ -244,10 +255,106 @@ func (c *compiler) accept(p *plan) (string, string) {
 				"interface %s is not an interface of any accepting node of class %q", want, ci.name)
 		}
 	}
-	for _, h := range holds {
+	return v1alpha1.ReasonValid, fmt.Sprintf("accepted by class %q", ci.name)
+}
+
+// holds are the (node, interface, protocol) an accepted mapping holds its ports on: every one
+// of its class it may bind.
+func (p *plan) holds() []hold {
+	var out []hold
+	for _, n := range p.class.accepting {
+		for _, i := range narrow(p.class.ifaces[n], p.pm.Spec.Interfaces) {
+			out = append(out, hold{node: n, iface: i, proto: p.proto})
+		}
+	}
+	return out
+}
+
+// pair is the node pair of the link a target lacking the pod needs.
+func (p *plan) pair(t *target) [2]string { return pairOf(t.node, p.ep.node) }
+
+// crossing is traffic of one protocol over one link: on the pod's node, the link-side DNAT
+// matches the link device, its /31 address, the protocol and the dialed port, nothing more.
+type crossing struct {
+	class, pair string
+	proto       kuportv1.Protocol
+}
+
+// replies is a pod's replies of one protocol on its node: kup-mangle marks them by their
+// source address and port, whatever flow they belong to.
+type replies struct {
+	node, address string
+	proto         kuportv1.Protocol
+}
+
+// way is how a mapping returns its pod's replies: the link (class and pair) a static mark
+// sends every one of them into under Single, or the zero way when replies follow their flow
+// (no link, or Multi's conntrack mark). Each link has its own table and so its own mark on
+// the pod's node, so the link names the mark before any is allocated.
+type way struct{ class, pair string }
+
+// replyHolding is the way a mapping returns a pod's replies from some ports.
+type replyHolding struct {
+	ports portRange
+	way   way
+	by    string
+}
+
+// replyWay is the way a viable plan returns its pod's replies.
+func replyWay(p *plan) way {
+	links := p.remoteTargets()
+	if p.class.multi || len(links) == 0 {
+		return way{}
+	}
+	return way{class: p.class.name, pair: pairKey(p.pair(links[0]))}
+}
+
+// wayTaken returns the PortConflict reason and message of a viable plan whose links or reply
+// way an older accepted mapping already takes, "" when none does. Its dialed ports may not
+// cross any of its links alongside an older mapping's (two interfaces of one node may hold
+// the same port, API.md PortConflict, but one link cannot carry both to different pods). Nor
+// may an older mapping already return its pod's replies another way: a static mark sends
+// every reply from those pod ports into one link, so a second mapping reaching the same pod
+// ports over another link, or directly, or under Multi, would have its replies diverted into
+// the wrong link.
+func (c *compiler) wayTaken(p *plan) (string, string) {
+	for _, t := range p.remoteTargets() {
+		pair := pairKey(p.pair(t))
+		for _, other := range c.crossings[crossing{class: p.class.name, pair: pair, proto: p.proto}] {
+			if other.ports.overlaps(p.ports) {
+				return v1alpha1.ReasonPortConflict, fmt.Sprintf("%s ports %s cross link %s of class %q, which already carries them for %s",
+					p.pm.Spec.Protocol, other.ports, pair, p.class.name, other.by)
+			}
+		}
+	}
+	mine := replyWay(p)
+	podPorts := p.ports.startingAt(p.ep.port)
+	for _, other := range c.replies[replies{node: p.ep.node, address: p.ep.address, proto: p.proto}] {
+		if other.ports.overlaps(podPorts) && other.way != mine {
+			return v1alpha1.ReasonPortConflict, fmt.Sprintf("replies from pod %s %s ports %s already return another way for %s",
+				p.ep.address, p.pm.Spec.Protocol, other.ports, other.by)
+		}
+	}
+	return "", ""
+}
+
+// hold records what an accepted mapping holds: its ports on every (node, interface) it may
+// bind and, when it can be programmed, its dialed ports on every one of its links, built or
+// not (so a link whose forwarder is not ready yet, or that finds no free slot, stays the
+// older mapping's), and the way its pod's replies return.
+func (c *compiler) hold(p *plan) {
+	for _, h := range p.holds() {
 		c.held[h] = append(c.held[h], holding{ports: p.ports, by: p.key})
 	}
-	return v1alpha1.ReasonValid, fmt.Sprintf("accepted by class %q", ci.name)
+	if !p.ok() {
+		return
+	}
+	for _, t := range p.remoteTargets() {
+		k := crossing{class: p.class.name, pair: pairKey(p.pair(t)), proto: p.proto}
+		c.crossings[k] = append(c.crossings[k], holding{ports: p.ports, by: p.key})
+	}
+	k := replies{node: p.ep.node, address: p.ep.address, proto: p.proto}
+	c.replies[k] = append(c.replies[k], replyHolding{ports: p.ports.startingAt(p.ep.port), way: replyWay(p), by: p.key})
 }
 
 // namespaceSelected applies the class's namespaceSelector to the namespace's labels; no

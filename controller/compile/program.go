@@ -116,10 +116,9 @@ func (c *compiler) checkNodes(p *plan) (problems []string, built []*target) {
 // of its link, with the request's identity SNAT; on the pod's node that SNAT once, and the
 // far ends of the links (emitPodEnd).
 func (c *compiler) emit(p *plan) {
-	if !p.ok() || c.crossesTaken(p) || c.repliesTaken(p) {
+	if !p.ok() {
 		return
 	}
-	c.holdCrossingsAndReplies(p)
 	problems, built := c.checkNodes(p)
 	if len(problems) > 0 {
 		p.fail(v1alpha1.ReasonNodeNotReady, strings.Join(problems, "; "))
@@ -168,86 +167,6 @@ func requestSnat(p *plan, egress, address string, ports portRange) *kuportv1.Sna
 		Id: p.key + "/snat", Mapping: p.key, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
 		OutInterface: egress, Address: address, Protocol: p.proto, Ports: ports.wire(),
 	}
-}
-
-// crossing is traffic of one protocol over one link: on the pod's node, the link-side DNAT
-// matches the link device, its /31 address, the protocol and the dialed port, nothing more.
-type crossing struct {
-	class, pair string
-	proto       kuportv1.Protocol
-}
-
-// crossesTaken refuses a plan whose dialed ports would cross any of its links alongside an
-// older mapping's (two interfaces of one node may hold the same port, API.md PortConflict,
-// but one link cannot carry both to different pods): the newer is not accepted.
-func (c *compiler) crossesTaken(p *plan) bool {
-	for _, t := range p.remoteTargets() {
-		k := crossing{class: p.class.name, pair: t.link.key(), proto: p.proto}
-		for _, other := range c.crossings[k] {
-			if other.ports.overlaps(p.ports) {
-				p.acceptReason = v1alpha1.ReasonPortConflict
-				p.acceptMsg = fmt.Sprintf("%s ports %s cross link %s of class %q, which already carries them for %s",
-					p.pm.Spec.Protocol, other.ports, t.link.key(), p.class.name, other.by)
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// replies is a pod's replies of one protocol on its node: kup-mangle marks them by their
-// source address and port, whatever flow they belong to.
-type replies struct {
-	node, address string
-	proto         kuportv1.Protocol
-}
-
-// replyHolding is how a mapping returns a pod's replies from some ports: mark is the static
-// mark (Single over a link) that sends every such reply into one link, 0 when replies follow
-// their flow (no link, or Multi's conntrack mark).
-type replyHolding struct {
-	ports portRange
-	mark  uint32
-	by    string
-}
-
-// replyMark is the mark a plan sets on its pod's replies, 0 when it sets none of its own.
-func replyMark(p *plan) uint32 {
-	links := p.remoteTargets()
-	if p.class.multi || len(links) == 0 {
-		return 0
-	}
-	return markOf(links[0].link.ends[p.ep.node])
-}
-
-// repliesTaken refuses a plan whose pod's replies an older mapping already returns another
-// way: a static mark sends every reply from those pod ports into one link, so a second
-// mapping reaching the same pod ports over another link, or directly, or under Multi, would
-// have its replies diverted into the wrong link (PortConflict on the newer).
-func (c *compiler) repliesTaken(p *plan) bool {
-	mine := replyMark(p)
-	podPorts := p.ports.startingAt(p.ep.port)
-	for _, other := range c.replies[replies{node: p.ep.node, address: p.ep.address, proto: p.proto}] {
-		if other.ports.overlaps(podPorts) && other.mark != mine {
-			p.acceptReason = v1alpha1.ReasonPortConflict
-			p.acceptMsg = fmt.Sprintf("replies from pod %s %s ports %s already return another way for %s",
-				p.ep.address, p.pm.Spec.Protocol, other.ports, other.by)
-			return true
-		}
-	}
-	return false
-}
-
-// holdCrossingsAndReplies records a plan's dialed ports on every one of its links, built or
-// not (so a link whose forwarder is not ready yet stays the older mapping's), and how its
-// pod's replies return.
-func (c *compiler) holdCrossingsAndReplies(p *plan) {
-	for _, t := range p.remoteTargets() {
-		k := crossing{class: p.class.name, pair: t.link.key(), proto: p.proto}
-		c.crossings[k] = append(c.crossings[k], holding{ports: p.ports, by: p.key})
-	}
-	k := replies{node: p.ep.node, address: p.ep.address, proto: p.proto}
-	c.replies[k] = append(c.replies[k], replyHolding{ports: p.ports.startingAt(p.ep.port), mark: replyMark(p), by: p.key})
 }
 
 // emitLink puts a link's device on both of its nodes, each named after the other.

@@ -147,7 +147,10 @@ func TestFailuresLeaveOthersUndisturbed(t *testing.T) {
 		{name: "SubnetExhausted", snap: func() *Snapshot {
 			s := with(mkPortMap("bad", 3, 3000, className("tiny"), service("wc")),
 				vxlanClass("tiny", func(v *v1alpha1.VxlanConfig) { v.Subnet = "169.254.80.0/31" }))
-			s.PortMaps = append(s.PortMaps, mkPortMap("first", 2, 3001, className("tiny"), service("remote")))
+			// first takes tiny's one slot; its pod is not by-remote's, whose replies go back by
+			// public's link.
+			s.PortMaps = append(s.PortMaps, mkPortMap("first", 2, 3001, className("tiny"), service("wb")))
+			addService(s, "wb", 3000, mkEndpoint("wb-0", "10.244.18.200", "worker-b"))
 			addService(s, "wc", 3000, mkEndpoint("wc-0", "10.244.19.7", "worker-c"))
 			return s
 		}, programmed: v1alpha1.ReasonReturnPathUnavailable, class: "tiny", ready: v1alpha1.ReasonSubnetExhausted},
