@@ -153,3 +153,32 @@ func checkIndexMatchesPrograms(t *testing.T, r *Result) {
 		}
 	}
 }
+
+// TestIndexServingNode: the index carries the serving node compile chose (API.md): the
+// endpoint's node when it accepts, else the class's first accepting node by name.
+func TestIndexServingNode(t *testing.T) {
+	podAccepts := multiWorld()
+	podAccepts.Classes["intranet"] = multiClass(map[string][]string{"edge-a": {"enp1s0"}, "worker-b": {"eth0"}})
+	podElsewhere := multiWorld()
+	podElsewhere.Classes["intranet"] = multiClass(map[string][]string{"worker-c": {"eth0"}, "edge-a": {"enp1s0"}})
+	for _, tc := range []struct {
+		name string
+		s    *Snapshot
+		want string
+	}{
+		{"single, remote pod", world(mkPortMap("remote", 0, 3000)), "edge-a"},
+		{"multi, pod on an accepting node", podAccepts, "worker-b"},
+		{"multi, pod elsewhere", podElsewhere, "edge-a"},
+	} {
+		r := Compile(tc.s)
+		carried := r.PortMaps[types.NamespacedName{Namespace: "demo", Name: "remote"}].Nodes
+		if len(carried) == 0 {
+			t.Fatalf("%s: no node carries demo/remote", tc.name)
+		}
+		for _, node := range carried {
+			if got := r.Index[node]["demo/remote"].ServingNode; got != tc.want {
+				t.Errorf("%s: %s indexes serving node %q, want %q", tc.name, node, got, tc.want)
+			}
+		}
+	}
+}
