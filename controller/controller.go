@@ -332,7 +332,7 @@ func (c *Controller) compile(ctx context.Context) error {
 			return err
 		}
 	}
-	c.reg.SetPrograms(res.Programs)
+	c.reg.SetPrograms(res.Programs, res.Index)
 	c.pushes.Observe(c.reg.Nodes(), time.Now())
 	if released, wait := c.reg.Release(unheard, snap.Now); !released {
 		c.queue.AddAfter(keyCompile, wait)

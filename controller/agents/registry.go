@@ -85,7 +85,9 @@ type Registry struct {
 type node struct {
 	// program is the current program with version and epoch set; nil until compile names
 	// the node. Never mutated once stored (sent to streams concurrently).
-	program  *kuportv1.NodeProgram
+	program *kuportv1.NodeProgram
+	// index is compile's index of program, by mapping; never mutated once stored.
+	index    compile.NodeIndex
 	mappings map[string]*mappingVersion
 
 	session        *session  // nil while no stream is open
@@ -162,11 +164,12 @@ func (r *Registry) nodeLocked(name string) *node {
 }
 
 // SetPrograms stores compile's programs (content only: their version and epoch are
-// ignored). A node whose content differs from what it holds gets version previous+1 and, when
+// ignored) and their index (compile.Result.Index), which says which entries, links and
+// return paths of each program are a mapping's. A node whose content differs from what it holds gets version previous+1 and, when
 // its agent is connected and the startup hold is over, the new program is pushed. A node that
 // had a program and is absent from programs gets an empty one (its agent clears its rules).
 // It returns the names of the nodes whose program changed, sorted.
-func (r *Registry) SetPrograms(programs map[string]*kuportv1.NodeProgram) []string {
+func (r *Registry) SetPrograms(programs map[string]*kuportv1.NodeProgram, index map[string]compile.NodeIndex) []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var changed []string
@@ -176,7 +179,7 @@ func (r *Registry) SetPrograms(programs map[string]*kuportv1.NodeProgram) []stri
 		}
 		switch {
 		case n.program != nil && !isEmpty(n.program):
-			if r.storeLocked(name, n, &kuportv1.NodeProgram{}) {
+			if r.storeLocked(name, n, &kuportv1.NodeProgram{}, nil) {
 				changed = append(changed, name)
 			}
 		case n.session == nil:
@@ -189,7 +192,7 @@ func (r *Registry) SetPrograms(programs map[string]*kuportv1.NodeProgram) []stri
 		if p == nil {
 			p = &kuportv1.NodeProgram{}
 		}
-		if r.storeLocked(name, r.nodeLocked(name), p) {
+		if r.storeLocked(name, r.nodeLocked(name), p, index[name]) {
 			changed = append(changed, name)
 		}
 	}
@@ -200,11 +203,13 @@ func (r *Registry) SetPrograms(programs map[string]*kuportv1.NodeProgram) []stri
 	return changed
 }
 
-// storeLocked stores p's content as n's program if it differs and wakes n's stream.
-func (r *Registry) storeLocked(name string, n *node, p *kuportv1.NodeProgram) bool {
+// storeLocked stores p's content as n's program if it differs, with its index, and wakes n's
+// stream.
+func (r *Registry) storeLocked(name string, n *node, p *kuportv1.NodeProgram, index compile.NodeIndex) bool {
 	next := proto.Clone(p).(*kuportv1.NodeProgram)
 	next.Node = name
 	next.Epoch = r.epoch
+	n.index = index
 	if n.program != nil {
 		next.Version = n.program.Version
 		if proto.Equal(next, n.program) {
@@ -213,7 +218,7 @@ func (r *Registry) storeLocked(name string, n *node, p *kuportv1.NodeProgram) bo
 	}
 	next.Version++
 	n.program = next
-	digests := mappingDigests(next)
+	digests := digestMappings(next, index)
 	for m := range n.mappings {
 		if _, ok := digests[m]; !ok {
 			delete(n.mappings, m)
@@ -237,67 +242,33 @@ func isEmpty(p *kuportv1.NodeProgram) bool {
 	return len(p.DnatRules)+len(p.SnatRules)+len(p.MarkRules)+len(p.Links)+len(p.ReturnPaths) == 0
 }
 
-// mappingDigests groups a program's entries by mapping: each mapping's rules plus the links
-// and return paths they use (a link named as a rule's interface or holding a rule's
-// address, a return path with a mark rule's mark or on a used link, and that return path's
-// link), digested so a change to any of them gives the mapping a new version.
-func mappingDigests(p *kuportv1.NodeProgram) map[string]*mappingVersion {
-	linkByName := map[string]*kuportv1.Link{}
-	linkByAddr := map[string]*kuportv1.Link{}
-	for _, l := range p.Links {
-		linkByName[l.Name] = l
-		linkByAddr[l.LocalAddress] = l
-		linkByAddr[l.PeerAddress] = l
-	}
-	type group struct {
-		entries []proto.Message
-		ids     map[string]bool
-		links   map[string]bool
-		marks   map[uint32]bool
-	}
-	groups := map[string]*group{}
-	get := func(mapping, id string, m proto.Message) *group {
-		g := groups[mapping]
-		if g == nil {
-			g = &group{ids: map[string]bool{}, links: map[string]bool{}, marks: map[uint32]bool{}}
-			groups[mapping] = g
-		}
-		g.entries = append(g.entries, m)
-		g.ids[id] = true
-		return g
-	}
-	useLink := func(g *group, l *kuportv1.Link) {
-		if l != nil {
-			g.links[l.Name] = true
-		}
-	}
+// digestMappings digests each mapping of a program's index: its entries, links and return
+// paths as compile indexed them, so a change to any of them gives the mapping a new version.
+func digestMappings(p *kuportv1.NodeProgram, index compile.NodeIndex) map[string]*mappingVersion {
+	byID := map[string]proto.Message{}
 	for _, d := range p.DnatRules {
-		g := get(d.Mapping, d.Id, d)
-		useLink(g, linkByName[d.InInterface])
-		useLink(g, linkByAddr[d.ToAddress])
-		useLink(g, linkByAddr[d.MatchDestination])
+		byID[d.Id] = d
 	}
 	for _, s := range p.SnatRules {
-		useLink(get(s.Mapping, s.Id, s), linkByName[s.OutInterface])
+		byID[s.Id] = s
 	}
 	for _, m := range p.MarkRules {
-		get(m.Mapping, m.Id, m).marks[m.Mark] = true
+		byID[m.Id] = m
 	}
-
-	out := make(map[string]*mappingVersion, len(groups))
-	for mapping, g := range groups {
-		var paths []*kuportv1.ReturnPath
-		for _, rp := range p.ReturnPaths {
-			if g.marks[rp.Mark] || g.links[rp.Link] {
-				paths = append(paths, rp)
-				g.ids[rp.Id] = true
-			}
-		}
-		for _, rp := range paths {
-			useLink(g, linkByName[rp.Link])
-		}
+	links := make(map[string]proto.Message, len(p.Links))
+	for _, l := range p.Links {
+		links[l.Name] = l
+	}
+	returns := make(map[string]proto.Message, len(p.ReturnPaths))
+	for _, rp := range p.ReturnPaths {
+		returns[rp.Id] = rp
+	}
+	out := make(map[string]*mappingVersion, len(index))
+	for mapping, mi := range index {
+		mv := &mappingVersion{ids: map[string]bool{}}
 		h := sha256.New()
-		add := func(m proto.Message) {
+		add := func(id string, m proto.Message) {
+			mv.ids[id] = true
 			// Deterministic marshalling of one message cannot fail for a valid message; a
 			// failure still changes the digest, so it is never mistaken for "unchanged".
 			b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
@@ -307,17 +278,15 @@ func mappingDigests(p *kuportv1.NodeProgram) map[string]*mappingVersion {
 			h.Write(binary.AppendUvarint(nil, uint64(len(b))))
 			h.Write(b)
 		}
-		for _, e := range g.entries {
-			add(e)
+		for _, e := range mi.Entries {
+			add(e.ID, byID[e.ID])
 		}
-		for _, name := range slices.Sorted(maps.Keys(g.links)) {
-			add(linkByName[name])
-			g.ids[name] = true
+		for _, name := range mi.Links {
+			add(name, links[name])
 		}
-		for _, rp := range paths {
-			add(rp)
+		for _, id := range mi.ReturnPaths {
+			add(id, returns[id])
 		}
-		mv := &mappingVersion{ids: g.ids}
 		h.Sum(mv.digest[:0])
 		out[mapping] = mv
 	}
@@ -466,6 +435,16 @@ func (r *Registry) Program(nodeName string) (program *kuportv1.NodeProgram, acke
 		return nil, 0, false
 	}
 	return n.program, n.ackedVersion, true
+}
+
+// Index returns compile's index of node's current program (nil when it has none).
+func (r *Registry) Index(nodeName string) compile.NodeIndex {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if n := r.nodes[nodeName]; n != nil {
+		return n.index
+	}
+	return nil
 }
 
 // Nodes lists every node compile or an agent named, sorted by name.

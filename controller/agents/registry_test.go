@@ -8,7 +8,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
+	"k8s.io/apimachinery/pkg/types"
 
+	"kuport.wlz.li/kuport/controller/compile"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -44,6 +46,32 @@ func remoteProgram(podAddr string, withLocal bool) *kuportv1.NodeProgram {
 	return p
 }
 
+// remoteIndex is compile's index of remoteProgram: which of its entries and links are whose.
+func remoteIndex(withLocal bool) compile.NodeIndex {
+	idx := compile.NodeIndex{"games/remote": {
+		Mapping: types.NamespacedName{Namespace: "games", Name: "remote"}, ServingNode: "edge-a",
+		Entries: []compile.Entry{
+			{ID: "games/remote/dnat/enp1s0", Name: "dnat/enp1s0", Kind: compile.KindDNAT, Direction: compile.DirectionIn, Interface: "enp1s0"},
+			{ID: "games/remote/snat", Name: "snat", Kind: compile.KindSNAT, Direction: compile.DirectionIn},
+		},
+		Links: []string{"kup-1234abcd"},
+	}}
+	if withLocal {
+		idx["games/local"] = &compile.MappingIndex{
+			Mapping: types.NamespacedName{Namespace: "games", Name: "local"}, ServingNode: "edge-a",
+			Entries: []compile.Entry{
+				{ID: "games/local/dnat/enp1s0", Name: "dnat/enp1s0", Kind: compile.KindDNAT, Direction: compile.DirectionIn, Interface: "enp1s0"},
+			},
+		}
+	}
+	return idx
+}
+
+// edgeIndex is the index of edge-a holding remoteProgram.
+func edgeIndex(withLocal bool) map[string]compile.NodeIndex {
+	return map[string]compile.NodeIndex{"edge-a": remoteIndex(withLocal)}
+}
+
 func newTestRegistry(changes *[]Change) *Registry {
 	return NewRegistry(Config{Epoch: 77, Start: t0, OnChange: func(c Change) {
 		if changes != nil {
@@ -57,34 +85,36 @@ func TestSetProgramsVersionsOnlyOnChange(t *testing.T) {
 
 	assert.Equal(t, []string{"edge-a", "worker-b"}, r.SetPrograms(map[string]*kuportv1.NodeProgram{
 		"edge-a": remoteProgram("10.244.17.5", false), "worker-b": {},
-	}))
+	}, edgeIndex(false)))
 	p, _, ok := r.Program("edge-a")
 	require.True(t, ok)
 	assert.Equal(t, uint64(1), p.Version)
 	assert.Equal(t, uint64(77), p.Epoch)
 	assert.Equal(t, "edge-a", p.Node)
+	assert.Equal(t, remoteIndex(false), r.Index("edge-a"))
 
 	// The same content (whatever version/epoch compile left on it) is no change.
 	same := remoteProgram("10.244.17.5", false)
 	same.Version, same.Epoch = 99, 3
-	assert.Empty(t, r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": same, "worker-b": {}}))
+	assert.Empty(t, r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": same, "worker-b": {}}, edgeIndex(false)))
 	p, _, _ = r.Program("edge-a")
 	assert.Equal(t, uint64(1), p.Version)
 
 	assert.Equal(t, []string{"edge-a"}, r.SetPrograms(map[string]*kuportv1.NodeProgram{
 		"edge-a": remoteProgram("10.244.17.5", true), "worker-b": {},
-	}))
+	}, edgeIndex(true)))
 	p, _, _ = r.Program("edge-a")
 	assert.Equal(t, uint64(2), p.Version)
 	assert.Len(t, p.DnatRules, 2)
 
 	// A node compile no longer names is emptied once, then, with no agent connected,
 	// forgotten.
-	assert.Equal(t, []string{"edge-a"}, r.SetPrograms(map[string]*kuportv1.NodeProgram{"worker-b": {}}))
+	assert.Equal(t, []string{"edge-a"}, r.SetPrograms(map[string]*kuportv1.NodeProgram{"worker-b": {}}, nil))
 	p, _, _ = r.Program("edge-a")
 	assert.Equal(t, uint64(3), p.Version)
 	assert.Empty(t, p.DnatRules)
-	assert.Empty(t, r.SetPrograms(map[string]*kuportv1.NodeProgram{"worker-b": {}}))
+	assert.Nil(t, r.Index("edge-a"))
+	assert.Empty(t, r.SetPrograms(map[string]*kuportv1.NodeProgram{"worker-b": {}}, nil))
 	_, _, ok = r.Program("edge-a")
 	assert.False(t, ok)
 	require.Len(t, r.Nodes(), 1)
@@ -94,7 +124,7 @@ func TestSetProgramsVersionsOnlyOnChange(t *testing.T) {
 func TestMappingVersionsAndAckGating(t *testing.T) {
 	var changes []Change
 	r := newTestRegistry(&changes)
-	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false)}) // v1
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false)}, edgeIndex(false)) // v1
 
 	ok, why := r.MappingReady("edge-a", "games/remote")
 	assert.False(t, ok)
@@ -117,7 +147,7 @@ func TestMappingVersionsAndAckGating(t *testing.T) {
 	assert.True(t, ok)
 
 	// v2 adds games/local only: games/remote stays programmed at ack 1, games/local waits.
-	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", true)})
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", true)}, edgeIndex(true))
 	ok, _ = r.MappingReady("edge-a", "games/remote")
 	assert.True(t, ok)
 	ok, why = r.MappingReady("edge-a", "games/local")
@@ -127,7 +157,7 @@ func TestMappingVersionsAndAckGating(t *testing.T) {
 	// v3 changes the link games/remote uses (its MTU): games/remote needs ack 3 now.
 	p := remoteProgram("10.244.17.5", true)
 	p.Links[0].Mtu = 1350
-	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": p})
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": p}, edgeIndex(true))
 	r.ack(s, &kuportv1.Ack{Epoch: 77, Version: 2})
 	ok, _ = r.MappingReady("edge-a", "games/local")
 	assert.True(t, ok)
@@ -169,7 +199,7 @@ func TestMappingVersionsAndAckGating(t *testing.T) {
 
 func TestReleaseWaitsForExpectedNodesOrTimeout(t *testing.T) {
 	r := newTestRegistry(nil)
-	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false), "worker-b": {}})
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false), "worker-b": {}}, edgeIndex(false))
 	s := r.connect(&kuportv1.Hello{Node: "edge-a"})
 
 	released, wait := r.Release([]string{"worker-b"}, t0.Add(5*time.Second))
@@ -199,7 +229,7 @@ func TestReleaseWaitsForExpectedNodesOrTimeout(t *testing.T) {
 // program of this term, and no longer than the startup hold.
 func TestSettling(t *testing.T) {
 	r := newTestRegistry(nil)
-	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false)})
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false)}, edgeIndex(false))
 	assert.True(t, r.Settling("edge-a", t0.Add(time.Second)), "not heard from yet")
 	assert.True(t, r.Settling("worker-b", t0.Add(time.Second)), "a node no program names")
 	assert.False(t, r.Settling("edge-a", t0.Add(DefaultHold)), "the hold is over")
@@ -213,7 +243,7 @@ func TestSettling(t *testing.T) {
 
 func TestHelloWithCurrentProgramIsNotResent(t *testing.T) {
 	r := newTestRegistry(nil)
-	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false)})
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false)}, edgeIndex(false))
 	r.Release(nil, t0)
 	s := r.connect(&kuportv1.Hello{Node: "edge-a", AppliedEpoch: 77, AppliedVersion: 1})
 	assert.Nil(t, r.next(s))
@@ -256,7 +286,12 @@ func TestMappingCounters(t *testing.T) {
 		Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: &kuportv1.PortRange{First: 3000, Last: 3000},
 		ToAddress: "10.244.18.107", ToPort: 3000,
 	}}}
-	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", true), "worker-b": worker})
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", true), "worker-b": worker},
+		map[string]compile.NodeIndex{"edge-a": remoteIndex(true), "worker-b": {"games/remote": {
+			Mapping: types.NamespacedName{Namespace: "games", Name: "remote"}, ServingNode: "edge-a",
+			Entries: []compile.Entry{{ID: "games/remote/dnat/kup-5e30a797", Name: "dnat/kup-5e30a797",
+				Kind: compile.KindDNAT, Direction: compile.DirectionIn, Interface: "kup-5e30a797"}},
+		}}})
 	edge := r.connect(&kuportv1.Hello{Node: "edge-a"})
 	r.report(edge, &kuportv1.Report{Counters: []*kuportv1.Counter{
 		{Id: "games/remote/dnat/enp1s0", Packets: 7, Bytes: 700},
@@ -300,7 +335,7 @@ func TestMappingCounters(t *testing.T) {
 // and links per node; Nodes carries the epoch and the stream's and report's times.
 func TestMappingAndNodeInspection(t *testing.T) {
 	r := newTestRegistry(nil)
-	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", true), "worker-b": {}})
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", true), "worker-b": {}}, edgeIndex(true))
 	r.Release(nil, t0)
 	before := time.Now()
 	s := r.connect(&kuportv1.Hello{Node: "edge-a"})

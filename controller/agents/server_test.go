@@ -37,7 +37,7 @@ func TestServerOverUnixSocket(t *testing.T) {
 			acked <- struct{}{}
 		}
 	}})
-	reg.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false), "worker-b": {}})
+	reg.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false), "worker-b": {}}, edgeIndex(false))
 	reg.Release(nil, time.Now())
 
 	srv := NewServer(nil, nil, serverTLS(t))
@@ -101,7 +101,7 @@ func TestServerOverUnixSocket(t *testing.T) {
 	assert.Equal(t, uint64(1), gp.Program.Version)
 
 	// A program change is pushed on the open stream.
-	reg.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", true), "worker-b": {}})
+	reg.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", true), "worker-b": {}}, edgeIndex(true))
 	msg, err = agent.Recv()
 	require.NoError(t, err)
 	assert.Equal(t, uint64(2), msg.GetProgram().GetVersion())
@@ -190,7 +190,7 @@ func TestFollowerRefusesUntilItLeads(t *testing.T) {
 	assert.Equal(t, healthpb.HealthCheckResponse_NOT_SERVING, agentHealth())
 
 	reg := NewRegistry(Config{Epoch: 3, Start: time.Now()})
-	reg.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false)})
+	reg.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false)}, edgeIndex(false))
 	reg.Release(nil, time.Now())
 	srv.Lead(reg)
 	assert.Equal(t, healthpb.HealthCheckResponse_SERVING, agentHealth())
@@ -208,7 +208,7 @@ func TestServerAuthenticatesAgents(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	reg := NewRegistry(Config{Epoch: 5, Start: time.Now()})
-	reg.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false), "worker-b": {}})
+	reg.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false), "worker-b": {}}, edgeIndex(false))
 	reg.Release(nil, time.Now())
 	srv := NewServer(nil, fakeReviewer(t), serverTLS(t))
 	srv.Lead(reg)
@@ -342,7 +342,7 @@ func TestHealthListenerIsPlaintext(t *testing.T) {
 // TestGetMapping: per-node state of one mapping; NOT_FOUND for a mapping no program carries.
 func TestGetMapping(t *testing.T) {
 	reg := NewRegistry(Config{Epoch: 5, Start: time.Now()})
-	reg.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false)})
+	reg.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false)}, edgeIndex(false))
 	srv := NewServer(nil, nil, serverTLS(t))
 	srv.Lead(reg)
 	resp, err := srv.GetMapping(context.Background(), &kuportv1.GetMappingRequest{Namespace: "games", Name: "remote"})

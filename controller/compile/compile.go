@@ -153,9 +153,11 @@ func (c *compiler) result() *Result {
 		Programs: map[string]*kuportv1.NodeProgram{},
 		PortMaps: map[types.NamespacedName]*PortMapResult{},
 		Classes:  map[string]*v1alpha1.PortMapClassStatus{},
+		Index:    map[string]NodeIndex{},
 	}
 	for name, b := range c.programs {
 		r.Programs[name] = b.program()
+		r.Index[name] = b.nodeIndex()
 	}
 	for _, p := range c.plans {
 		r.PortMaps[types.NamespacedName{Namespace: p.pm.Namespace, Name: p.pm.Name}] = c.portMapResult(p)

@@ -50,6 +50,7 @@ func TestGoldenPrograms(t *testing.T) {
 	}
 	for name, s := range cases {
 		r := Compile(s)
+		checkIndexMatchesPrograms(t, r)
 		for _, node := range nodes[name] {
 			file := name + "-" + node + ".program.json"
 			t.Run(file, func(t *testing.T) {

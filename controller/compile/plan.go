@@ -63,6 +63,8 @@ type plan struct {
 	// nodes whose programs carry the mapping's entries, and the addresses it answers on.
 	nodes     []string
 	published []v1alpha1.PublishedAddress
+	// serving is the serving node (API.md), set with ep.
+	serving string
 }
 
 // target is one programming node with the interfaces it binds (at least one), and the link
@@ -159,6 +161,7 @@ func (c *compiler) route(p *plan) {
 	if ci.accepts(ep.node) {
 		serving = ep.node
 	}
+	p.serving = serving
 	// Under Multi an accepting node the narrowing leaves no interface carries nothing
 	// (API.md, interfaces resolve per node).
 	candidates := ci.programmingNodes(serving)

@@ -7,20 +7,72 @@ import (
 	"slices"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
-// programBuilder accumulates one node's program; links and return paths shared by several
-// mappings are added once.
+// programBuilder accumulates one node's program and its index; links and return paths shared
+// by several mappings are added once.
 type programBuilder struct {
 	p       *kuportv1.NodeProgram
 	links   map[string]bool
 	returns map[string]bool
+	index   NodeIndex
 }
 
 func newProgramBuilder(node string) *programBuilder {
-	return &programBuilder{p: &kuportv1.NodeProgram{Node: node}, links: map[string]bool{}, returns: map[string]bool{}}
+	return &programBuilder{p: &kuportv1.NodeProgram{Node: node}, links: map[string]bool{}, returns: map[string]bool{},
+		index: NodeIndex{}}
+}
+
+// of returns the index of p's entries in the program, created on first use.
+func (b *programBuilder) of(p *plan) *MappingIndex {
+	mi := b.index[p.key]
+	if mi == nil {
+		mi = &MappingIndex{Mapping: types.NamespacedName{Namespace: p.pm.Namespace, Name: p.pm.Name}, ServingNode: p.serving}
+		b.index[p.key] = mi
+	}
+	return mi
+}
+
+// entry indexes p's entry name and returns its id.
+func (b *programBuilder) entry(p *plan, name string, kind EntryKind, dir, iface string) string {
+	id := p.key + "/" + name
+	mi := b.of(p)
+	mi.Entries = append(mi.Entries, Entry{ID: id, Name: name, Kind: kind, Direction: dir, Interface: iface})
+	return id
+}
+
+// addDnat adds p's DNAT entry name, counted in, on r.InInterface.
+func (b *programBuilder) addDnat(p *plan, name string, r *kuportv1.DnatRule) {
+	r.Id, r.Mapping = b.entry(p, name, KindDNAT, DirectionIn, r.InInterface), p.key
+	b.p.DnatRules = append(b.p.DnatRules, r)
+}
+
+// addSnat adds p's SNAT entry name, counted in direction dir.
+func (b *programBuilder) addSnat(p *plan, name, dir string, r *kuportv1.SnatRule) {
+	r.Id, r.Mapping = b.entry(p, name, KindSNAT, dir, ""), p.key
+	b.p.SnatRules = append(b.p.SnatRules, r)
+}
+
+// addMark adds p's mark entry name, counted in direction dir.
+func (b *programBuilder) addMark(p *plan, name, dir string, r *kuportv1.MarkRule) {
+	r.Id, r.Mapping = b.entry(p, name, KindMark, dir, ""), p.key
+	b.p.MarkRules = append(b.p.MarkRules, r)
+}
+
+// uses indexes the link device and, when returnPath is not "", the return path p's entries
+// use in the program.
+func (b *programBuilder) uses(p *plan, link, returnPath string) {
+	mi := b.of(p)
+	if !slices.Contains(mi.Links, link) {
+		mi.Links = append(mi.Links, link)
+	}
+	if returnPath != "" && !slices.Contains(mi.ReturnPaths, returnPath) {
+		mi.ReturnPaths = append(mi.ReturnPaths, returnPath)
+	}
 }
 
 func (b *programBuilder) addLink(l *kuportv1.Link) {
@@ -45,6 +97,16 @@ func (b *programBuilder) program() *kuportv1.NodeProgram {
 	slices.SortFunc(b.p.Links, func(x, y *kuportv1.Link) int { return cmp.Compare(x.Name, y.Name) })
 	slices.SortFunc(b.p.ReturnPaths, func(x, y *kuportv1.ReturnPath) int { return cmp.Compare(x.Id, y.Id) })
 	return b.p
+}
+
+// nodeIndex returns the program's index with every list sorted.
+func (b *programBuilder) nodeIndex() NodeIndex {
+	for _, mi := range b.index {
+		slices.SortFunc(mi.Entries, func(x, y Entry) int { return cmp.Compare(x.ID, y.ID) })
+		slices.Sort(mi.Links)
+		slices.Sort(mi.ReturnPaths)
+	}
+	return b.index
 }
 
 // lacks reports what a node carrying a mapping's entries is missing: addresses on the
@@ -139,12 +201,13 @@ func (c *compiler) emit(p *plan) {
 		if t.link != nil {
 			to, toPorts = t.link.address(ep.node).String(), p.ports
 			links = append(links, t)
-			b.p.SnatRules = append(b.p.SnatRules, requestSnat(p, linkName(p.class.name, ep.node), to, toPorts))
+			dev := linkName(p.class.name, ep.node)
+			b.addSnat(p, "snat", DirectionIn, requestSnat(p, dev, to, toPorts))
+			b.uses(p, dev, "")
 		}
 		for _, i := range t.ifaces {
-			b.p.DnatRules = append(b.p.DnatRules, &kuportv1.DnatRule{
-				Id: p.key + "/dnat/" + i, Mapping: p.key, InInterface: i,
-				Protocol: p.proto, Ports: p.ports.wire(), ToAddress: to, ToPort: toPorts.first,
+			b.addDnat(p, "dnat/"+i, &kuportv1.DnatRule{
+				InInterface: i, Protocol: p.proto, Ports: p.ports.wire(), ToAddress: to, ToPort: toPorts.first,
 			})
 			p.published = append(p.published, v1alpha1.PublishedAddress{
 				Node: t.node, Interface: i, Address: c.node(t.node).address(i),
@@ -153,7 +216,7 @@ func (c *compiler) emit(p *plan) {
 	}
 	// The pod's node delivers every request, local or off a link, through the CNI's device.
 	pod := c.programs[ep.node]
-	pod.p.SnatRules = append(pod.p.SnatRules, requestSnat(p, cniHostDevice, ep.address, podPorts))
+	pod.addSnat(p, "snat", DirectionIn, requestSnat(p, cniHostDevice, ep.address, podPorts))
 	if len(links) > 0 {
 		c.emitPodEnd(p, links, podPorts)
 	}
@@ -164,8 +227,7 @@ func (c *compiler) emit(p *plan) {
 // egress towards address:ports (founding document, kup-post).
 func requestSnat(p *plan, egress, address string, ports portRange) *kuportv1.SnatRule {
 	return &kuportv1.SnatRule{
-		Id: p.key + "/snat", Mapping: p.key, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
-		OutInterface: egress, Address: address, Protocol: p.proto, Ports: ports.wire(),
+		Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST, OutInterface: egress, Address: address, Protocol: p.proto, Ports: ports.wire(),
 	}
 }
 
@@ -201,34 +263,35 @@ func (c *compiler) emitPodEnd(p *plan, links []*target, podPorts portRange) {
 		mark := markOf(cl.ends[ep.node])
 		peerUnderlay, _ := c.node(t.node).underlay()
 		// The link carries the dialed ports (see emit); translate them to the pod's here.
-		b.p.DnatRules = append(b.p.DnatRules, &kuportv1.DnatRule{
-			Id: p.key + "/dnat/" + dev, Mapping: p.key, InInterface: dev,
-			MatchDestination: here, Protocol: p.proto, Ports: p.ports.wire(),
+		b.addDnat(p, "dnat/"+dev, &kuportv1.DnatRule{
+			InInterface: dev, MatchDestination: here, Protocol: p.proto, Ports: p.ports.wire(),
 			ToAddress: ep.address, ToPort: ep.port,
 		})
 		if p.class.multi {
-			b.p.MarkRules = append(b.p.MarkRules, &kuportv1.MarkRule{
-				Id: p.key + "/ct-save/" + dev, Mapping: p.key, Kind: kuportv1.MarkKind_MARK_KIND_CT_SAVE,
+			b.addMark(p, "ct-save/"+dev, DirectionIn, &kuportv1.MarkRule{
+				Kind:        kuportv1.MarkKind_MARK_KIND_CT_SAVE,
 				InInterface: dev, Address: here, Protocol: p.proto, Ports: p.ports.wire(), Mark: mark,
 			})
 		} else {
-			b.p.MarkRules = append(b.p.MarkRules, &kuportv1.MarkRule{
-				Id: p.key + "/mark", Mapping: p.key, Kind: kuportv1.MarkKind_MARK_KIND_STATIC,
+			b.addMark(p, "mark", DirectionOut, &kuportv1.MarkRule{
+				Kind:    kuportv1.MarkKind_MARK_KIND_STATIC,
 				Address: ep.address, Protocol: p.proto, Ports: podPorts.wire(), Mark: mark,
 			})
 		}
-		b.addReturnPath(&kuportv1.ReturnPath{
+		rp := &kuportv1.ReturnPath{
 			Id: dev + "/return", Link: dev, Mark: mark, Table: uint32(cl.ends[ep.node]),
 			PeerUnderlay: peerUnderlay, PeerLinkAddress: cl.address(t.node).String(),
-		})
+		}
+		b.addReturnPath(rp)
+		b.uses(p, dev, rp.Id)
 	}
-	b.p.SnatRules = append(b.p.SnatRules, &kuportv1.SnatRule{
-		Id: p.key + "/snat-reply", Mapping: p.key, Kind: kuportv1.SnatKind_SNAT_KIND_REPLY,
+	b.addSnat(p, "snat-reply", DirectionOut, &kuportv1.SnatRule{
+		Kind:         kuportv1.SnatKind_SNAT_KIND_REPLY,
 		OutInterface: cniDevicePrefix, Address: ep.address, Protocol: p.proto, Ports: podPorts.wire(),
 	})
 	if p.class.multi {
-		b.p.MarkRules = append(b.p.MarkRules, &kuportv1.MarkRule{
-			Id: p.key + "/ct-restore", Mapping: p.key, Kind: kuportv1.MarkKind_MARK_KIND_CT_RESTORE,
+		b.addMark(p, "ct-restore", DirectionOut, &kuportv1.MarkRule{
+			Kind:    kuportv1.MarkKind_MARK_KIND_CT_RESTORE,
 			Address: ep.address, Protocol: p.proto, Ports: podPorts.wire(),
 		})
 	}

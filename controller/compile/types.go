@@ -59,6 +59,64 @@ type Result struct {
 	PortMaps map[types.NamespacedName]*PortMapResult
 	// Classes by name: the full status to write (conditions, node rows, link claims).
 	Classes map[string]*v1alpha1.PortMapClassStatus
+	// Index by node name, one per program: what each node's program holds for each mapping.
+	// The registry, metrics and dashboard read it rather than re-deriving it from the
+	// program's ids, interface names, addresses and marks.
+	Index map[string]NodeIndex
+}
+
+// NodeIndex is one node's index: by MappingKey, what the node's program holds for the
+// mapping. A mapping with no entry in the program (refused, or carried elsewhere) is absent.
+type NodeIndex map[string]*MappingIndex
+
+// MappingIndex is what one node's program holds for one mapping, by the ids compile gave.
+type MappingIndex struct {
+	Mapping types.NamespacedName
+	// ServingNode is the mapping's serving node (API.md): the endpoint's node when it
+	// accepts, else the class's first accepting node by name.
+	ServingNode string
+	// Entries are the mapping's DNAT, SNAT and mark rules in the program, sorted by id. Each
+	// is counted under its id (Counter.id).
+	Entries []Entry
+	// Links are the names of the link devices the entries use, sorted.
+	Links []string
+	// ReturnPaths are the ids of the return paths its replies take, sorted.
+	ReturnPaths []string
+}
+
+// EntryKind is the list of the program an entry is in.
+type EntryKind int
+
+const (
+	// KindDNAT is a DnatRule: in a NAT chain (kup-pre), it counts a flow's first packet.
+	KindDNAT EntryKind = iota + 1
+	// KindSNAT is a SnatRule: in a NAT chain (kup-post), it counts a flow's first packet.
+	KindSNAT
+	// KindMark is a MarkRule: in kup-mangle, it counts every packet it marks.
+	KindMark
+)
+
+// Directions of an entry's traffic relative to the pod.
+const (
+	// DirectionIn is the request side: towards the pod.
+	DirectionIn = "in"
+	// DirectionOut is the reply side, or a flow the pod opened: from the pod.
+	DirectionOut = "out"
+)
+
+// Entry is one counted entry of a mapping in a node's program.
+type Entry struct {
+	// ID is the entry's id in the program and its Counter's id.
+	ID string
+	// Name is the entry within the mapping: "dnat/<interface>", "snat", "snat-reply",
+	// "mark", "ct-save/<link>" or "ct-restore".
+	Name string
+	Kind EntryKind
+	// Direction is DirectionIn or DirectionOut.
+	Direction string
+	// Interface is the interface a DNAT entry matches arrivals on (an accepting interface or,
+	// on the pod's node, a link); empty for other entries.
+	Interface string
 }
 
 // PortMapResult is the compiled state of one PortMap.

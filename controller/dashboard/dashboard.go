@@ -5,7 +5,8 @@
 //
 // It reads the agent registry and the controller's informer caches through Source and
 // writes nothing anywhere: no API call, no kernel, no decision. Which entry a counter
-// measures comes from metrics.Counted, shared with the Prometheus metrics.
+// measures comes from metrics.Counted, shared with the Prometheus metrics, and a mapping's
+// serving node from compile's index, both through the registry.
 package dashboard
 
 import (
@@ -23,6 +24,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/controller/compile"
@@ -102,7 +104,8 @@ func (s *Server) sample(now time.Time) {
 	s.mu.Unlock()
 	readings := map[string]reading{}
 	if src != nil && watched {
-		for m, cs := range readCounters(src.Agents) {
+		counters, _ := readCounters(src.Agents)
+		for m, cs := range counters {
 			for _, c := range cs {
 				readings[counterKey(m, c)] = reading{packets: c.Packets, bytes: c.Bytes}
 			}
@@ -208,7 +211,8 @@ type Mapping struct {
 	// Ports is "27015" or "27015-27115".
 	Ports    string                   `json:"ports"`
 	Endpoint *v1alpha1.EndpointStatus `json:"endpoint,omitempty"`
-	// ServingNode is the node status is about (API.md), read back by servingNode.
+	// ServingNode is the node status is about (API.md), as compile's index has it; empty
+	// while no program carries the mapping.
 	ServingNode string `json:"servingNode,omitempty"`
 	// Published are the addresses clients dial, one per interface, as status has them.
 	Published []v1alpha1.PublishedAddress `json:"published"`
@@ -263,7 +267,7 @@ func (s *Server) State(now time.Time) *State {
 		addLinkEnds(links, n.Node, program.GetLinks(), stats)
 	}
 
-	counters := readCounters(src.Agents)
+	counters, serving := readCounters(src.Agents)
 	for m, cs := range counters {
 		for i := range cs {
 			cs[i].Rate = rates[counterKey(m, cs[i])]
@@ -284,7 +288,9 @@ func (s *Server) State(now time.Time) *State {
 	slices.SortFunc(st.Classes, func(a, b Class) int { return strings.Compare(a.Name, b.Name) })
 	for _, pm := range src.PortMaps() {
 		m := mapping(pm)
-		m.Counters = counters[pm.Namespace+"/"+pm.Name]
+		key := types.NamespacedName{Namespace: pm.Namespace, Name: pm.Name}
+		m.ServingNode = serving[key]
+		m.Counters = counters[key]
 		if m.Counters == nil {
 			m.Counters = []Counter{}
 		}
@@ -297,24 +303,28 @@ func (s *Server) State(now time.Time) *State {
 }
 
 // readCounters reads, by mapping, the counters of every node's latest report that measure
-// a rule of the node's current program (metrics.Counted).
-func readCounters(a Agents) map[string][]Counter {
-	out := map[string][]Counter{}
+// a rule of the node's current program (metrics.Counted), and the serving node of every
+// mapping some program carries, from compile's index.
+func readCounters(a Agents) (map[types.NamespacedName][]Counter, map[types.NamespacedName]string) {
+	out, serving := map[types.NamespacedName][]Counter{}, map[types.NamespacedName]string{}
 	for _, n := range a.Nodes() {
-		program, _, _ := a.Program(n.Node)
+		index := a.Index(n.Node)
+		for _, mi := range index {
+			serving[mi.Mapping] = mi.ServingNode
+		}
 		ctrs, _ := a.Stats(n.Node)
-		for r, c := range metrics.Counted(program, ctrs) {
+		for r, c := range metrics.Counted(index, ctrs) {
 			out[r.Mapping] = append(out[r.Mapping], Counter{Node: n.Node, Rule: r.Name,
 				Unit: r.Unit, Direction: r.Direction, Packets: c.Packets, Bytes: c.Bytes})
 		}
 	}
-	return out
+	return out, serving
 }
 
 // counterKey names mapping's counter c across samples: a rule's forwarded rows differ by
 // direction only.
-func counterKey(mapping string, c Counter) string {
-	return c.Node + " " + mapping + "/" + c.Rule + " " + c.Direction
+func counterKey(mapping types.NamespacedName, c Counter) string {
+	return c.Node + " " + mapping.String() + "/" + c.Rule + " " + c.Direction
 }
 
 // addLinkEnds adds node's links, with their statistics, to the links by class and node pair.
@@ -379,23 +389,5 @@ func mapping(pm *v1alpha1.PortMap) Mapping {
 	if m.Published == nil {
 		m.Published = []v1alpha1.PublishedAddress{}
 	}
-	m.ServingNode = servingNode(pm.Status)
 	return m
-}
-
-// servingNode reads the serving node (API.md) back from status: the endpoint's node when it
-// publishes the port, else the first publishing node by name. Under Single only the serving
-// node publishes; under Multi compile publishes on every accepting node it programs, and the
-// serving node is the endpoint's if it accepts, else the first accepting node by name.
-func servingNode(st v1alpha1.PortMapStatus) string {
-	var first string
-	for _, p := range st.Published {
-		if st.Endpoint != nil && p.Node == st.Endpoint.Node {
-			return p.Node
-		}
-		if first == "" || p.Node < first {
-			first = p.Node
-		}
-	}
-	return first
 }

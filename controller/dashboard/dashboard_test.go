@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/controller/compile"
@@ -65,6 +66,24 @@ func (f *fakeAgents) Program(node string) (*kuportv1.NodeProgram, uint64, bool) 
 		}, 4, true
 	}
 	return nil, 0, false
+}
+
+// Index is compile's index of Program's programs.
+func (f *fakeAgents) Index(node string) compile.NodeIndex {
+	m := types.NamespacedName{Namespace: "demo", Name: "remote-udp"}
+	switch node {
+	case "edge-a":
+		return compile.NodeIndex{remote: {Mapping: m, ServingNode: "edge-a", Links: []string{"kup-5e30a797"}, Entries: []compile.Entry{
+			{ID: remote + "/dnat/enp1s0", Name: "dnat/enp1s0", Kind: compile.KindDNAT, Direction: compile.DirectionIn, Interface: "enp1s0"},
+			{ID: remote + "/snat", Name: "snat", Kind: compile.KindSNAT, Direction: compile.DirectionIn},
+		}}}
+	case "worker-b":
+		return compile.NodeIndex{remote: {Mapping: m, ServingNode: "edge-a", Links: []string{"kup-dcc4266d"}, Entries: []compile.Entry{
+			{ID: remote + "/dnat/kup-dcc4266d", Name: "dnat/kup-dcc4266d", Kind: compile.KindDNAT, Direction: compile.DirectionIn, Interface: "kup-dcc4266d"},
+			{ID: remote + "/mark", Name: "mark", Kind: compile.KindMark, Direction: compile.DirectionOut},
+		}}}
+	}
+	return nil
 }
 
 func (f *fakeAgents) Stats(node string) ([]*kuportv1.Counter, []*kuportv1.LinkStats) {
@@ -148,6 +167,7 @@ func TestState(t *testing.T) {
 	assert.Equal(t, Condition{Status: "Unknown"}, fresh.Programmed)
 	assert.Empty(t, fresh.Counters)
 	assert.NotNil(t, fresh.Counters, "an empty list, not null, for the page")
+	assert.Empty(t, fresh.ServingNode, "no program carries it")
 
 	m := st.Mappings[1]
 	assert.Equal(t, "edge-a", m.ServingNode)
@@ -198,29 +218,6 @@ func TestSampling(t *testing.T) {
 	s.sample(t0.Add(3*time.Second + idleAfter + time.Second))
 	assert.Nil(t, markRate(t0.Add(3*time.Second+idleAfter+time.Second)))
 	assert.Empty(t, s.series.series)
-}
-
-func TestServingNode(t *testing.T) {
-	pub := func(nodes ...string) []v1alpha1.PublishedAddress {
-		var out []v1alpha1.PublishedAddress
-		for _, n := range nodes {
-			out = append(out, v1alpha1.PublishedAddress{Node: n, Interface: "eth0"})
-		}
-		return out
-	}
-	ep := func(node string) *v1alpha1.EndpointStatus { return &v1alpha1.EndpointStatus{Node: node} }
-	for _, tc := range []struct {
-		name string
-		st   v1alpha1.PortMapStatus
-		want string
-	}{
-		{"single, remote pod", v1alpha1.PortMapStatus{Endpoint: ep("worker-b"), Published: pub("edge-a")}, "edge-a"},
-		{"multi, pod on an accepting node", v1alpha1.PortMapStatus{Endpoint: ep("worker-c"), Published: pub("edge-a", "worker-c")}, "worker-c"},
-		{"multi, pod elsewhere", v1alpha1.PortMapStatus{Endpoint: ep("worker-b"), Published: pub("worker-c", "edge-a")}, "edge-a"},
-		{"refused", v1alpha1.PortMapStatus{Endpoint: ep("worker-b")}, ""},
-	} {
-		assert.Equal(t, tc.want, servingNode(tc.st), tc.name)
-	}
 }
 
 func TestRates(t *testing.T) {

@@ -2,11 +2,12 @@ package metrics
 
 import (
 	"iter"
-	"strings"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/types"
 
+	"kuport.wlz.li/kuport/controller/compile"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -17,6 +18,9 @@ type Source interface {
 	Nodes() []*kuportv1.NodeInfo
 	// Program returns a node's current program (nil if none) and its acknowledged version.
 	Program(node string) (program *kuportv1.NodeProgram, acked uint64, ok bool)
+	// Index returns compile's index of a node's current program: which entries are whose and
+	// what each counts.
+	Index(node string) compile.NodeIndex
 	// Stats returns the rule counters and link statistics of a node's latest Report.
 	Stats(node string) ([]*kuportv1.Counter, []*kuportv1.LinkStats)
 }
@@ -34,20 +38,20 @@ const (
 	UnitPackets Unit = "packets"
 )
 
-// Directions of a rule's traffic relative to the pod.
+// Directions of a rule's traffic relative to the pod, as compile gives them.
 const (
 	// DirectionIn is the request side: towards the pod.
-	DirectionIn = "in"
+	DirectionIn = compile.DirectionIn
 	// DirectionOut is the reply side, or a flow the pod opened: from the pod.
-	DirectionOut = "out"
+	DirectionOut = compile.DirectionOut
 )
 
 // Rule is what a counted program entry measures.
 type Rule struct {
-	// Mapping is the PortMap the entry belongs to: "<namespace>/<name>".
-	Mapping string
-	// Name is the entry id less the mapping prefix: "dnat/<interface>", "snat",
-	// "snat-reply", "mark", "ct-save/<link>" or "ct-restore"; for Forwarded rows
+	// Mapping is the PortMap the entry belongs to.
+	Mapping types.NamespacedName
+	// Name is the entry's name within the mapping (compile.Entry.Name): "dnat/<interface>",
+	// "snat", "snat-reply", "mark", "ct-save/<link>" or "ct-restore"; for Forwarded rows
 	// "forwarded/<interface>".
 	Name      string
 	Unit      Unit
@@ -64,7 +68,7 @@ type Rule struct {
 // Count is a counter's cumulative packets and bytes (IP lengths).
 type Count struct{ Packets, Bytes uint64 }
 
-// Rules indexes a program's counted entries by id, from their kind in the program:
+// Rules indexes a program's counted entries by id, from compile's index of it:
 //
 //	dnat/<if>      kup-pre    flows   in   a new flow arriving on <if> translated
 //	snat           kup-post   flows   in   the same flow leaving towards the pod or the link
@@ -77,38 +81,27 @@ type Count struct{ Packets, Bytes uint64 }
 //
 //	forwarded/<if> kup-count-in   packets in   a packet of its flows arriving on <if>, by dialed port
 //	forwarded/<if> kup-count-out  packets out  a packet of its flows leaving by <if>, by dialed port
-func Rules(p *kuportv1.NodeProgram) map[string]Rule {
+func Rules(index compile.NodeIndex) map[string]Rule {
 	out := map[string]Rule{}
-	add := func(id, mapping string, unit Unit, dir, iface string) {
-		out[id] = Rule{Mapping: mapping, Name: strings.TrimPrefix(id, mapping+"/"), Unit: unit, Direction: dir, Interface: iface}
-	}
-	for _, d := range p.GetDnatRules() {
-		add(d.Id, d.Mapping, UnitFlows, DirectionIn, d.InInterface)
-	}
-	for _, s := range p.GetSnatRules() {
-		dir := DirectionIn
-		if s.Kind == kuportv1.SnatKind_SNAT_KIND_REPLY {
-			dir = DirectionOut
+	for _, mi := range index {
+		for _, e := range mi.Entries {
+			unit := UnitFlows
+			if e.Kind == compile.KindMark {
+				unit = UnitPackets
+			}
+			out[e.ID] = Rule{Mapping: mi.Mapping, Name: e.Name, Unit: unit, Direction: e.Direction, Interface: e.Interface}
 		}
-		add(s.Id, s.Mapping, UnitFlows, dir, "")
-	}
-	for _, m := range p.GetMarkRules() {
-		dir := DirectionOut
-		if m.Kind == kuportv1.MarkKind_MARK_KIND_CT_SAVE {
-			dir = DirectionIn
-		}
-		add(m.Id, m.Mapping, UnitPackets, dir, "")
 	}
 	return out
 }
 
-// Counted pairs each of a node's reported counters with the Rule of program (the node's
-// current program) it measures, and a DNAT entry's forwarded counts with their Forwarded
-// rows. A counter of an entry program no longer holds belongs to a rule the agent is about
-// to remove: it is left out.
-func Counted(program *kuportv1.NodeProgram, counters []*kuportv1.Counter) iter.Seq2[Rule, Count] {
+// Counted pairs each of a node's reported counters with the Rule of index (compile's index
+// of the node's current program) it measures, and a DNAT entry's forwarded counts with their
+// Forwarded rows. A counter of an entry the index no longer holds belongs to a rule the agent
+// is about to remove: it is left out.
+func Counted(index compile.NodeIndex, counters []*kuportv1.Counter) iter.Seq2[Rule, Count] {
 	return func(yield func(Rule, Count) bool) {
-		rules := Rules(program)
+		rules := Rules(index)
 		for _, c := range counters {
 			r, ok := rules[c.Id]
 			if !ok {
@@ -219,8 +212,8 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 
 		program, _, _ := src.Program(n.Node)
 		counters, links := src.Stats(n.Node)
-		for r, ctr := range Counted(program, counters) {
-			ns, name, _ := strings.Cut(r.Mapping, "/")
+		for r, ctr := range Counted(src.Index(n.Node), counters) {
+			ns, name := r.Mapping.Namespace, r.Mapping.Name
 			switch {
 			case r.Forwarded:
 				packets.add([5]string{ns, name, n.Node, r.Interface, r.Direction}, ctr.Packets, ctr.Bytes)

@@ -24,6 +24,7 @@ import (
 type fakeSource struct {
 	nodes    []*kuportv1.NodeInfo
 	programs map[string]*kuportv1.NodeProgram
+	index    map[string]compile.NodeIndex
 	counters map[string][]*kuportv1.Counter
 	links    map[string][]*kuportv1.LinkStats
 }
@@ -35,14 +36,28 @@ func (f *fakeSource) Program(node string) (*kuportv1.NodeProgram, uint64, bool) 
 	return p, 0, ok
 }
 
+func (f *fakeSource) Index(node string) compile.NodeIndex { return f.index[node] }
+
 func (f *fakeSource) Stats(node string) ([]*kuportv1.Counter, []*kuportv1.LinkStats) {
 	return f.counters[node], f.links[node]
 }
 
+// entry is compile's index entry name of mapping m.
+func entry(m, name string, kind compile.EntryKind, dir, iface string) compile.Entry {
+	return compile.Entry{ID: m + "/" + name, Name: name, Kind: kind, Direction: dir, Interface: iface}
+}
+
+func dnat(m, iface string) compile.Entry {
+	return entry(m, "dnat/"+iface, compile.KindDNAT, DirectionIn, iface)
+}
+
 // labSource is the lab's cross-node Single mapping demo/remote-udp (edge-a forwards to
-// web-b on worker-b) plus a Multi mapping demo/shared whose pod is on worker-b.
+// web-b on worker-b) plus a Multi mapping demo/shared whose pod is on worker-b. The programs
+// hold only their links: what the counted entries are comes from the index.
 func labSource() *fakeSource {
 	const m, s = "demo/remote-udp", "demo/shared"
+	remote := types.NamespacedName{Namespace: "demo", Name: "remote-udp"}
+	shared := types.NamespacedName{Namespace: "demo", Name: "shared"}
 	return &fakeSource{
 		nodes: []*kuportv1.NodeInfo{
 			{Node: "edge-a", Connected: true, ProgramVersion: 4, AckedVersion: 4},
@@ -50,31 +65,26 @@ func labSource() *fakeSource {
 			{Node: "worker-c", Connected: false},
 		},
 		programs: map[string]*kuportv1.NodeProgram{
-			"edge-a": {
-				DnatRules: []*kuportv1.DnatRule{
-					{Id: m + "/dnat/enp1s0", Mapping: m, InInterface: "enp1s0"},
-					{Id: m + "/dnat/wt0", Mapping: m, InInterface: "wt0"},
-				},
-				SnatRules: []*kuportv1.SnatRule{{Id: m + "/snat", Mapping: m, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST}},
-				Links:     []*kuportv1.Link{{Name: "kup-5e30a797", PeerNode: "worker-b"}},
-			},
+			"edge-a":   {Links: []*kuportv1.Link{{Name: "kup-5e30a797", PeerNode: "worker-b"}}},
+			"worker-b": {Links: []*kuportv1.Link{{Name: "kup-dcc4266d", PeerNode: "edge-a"}}},
+		},
+		index: map[string]compile.NodeIndex{
+			"edge-a": {m: {Mapping: remote, ServingNode: "edge-a", Links: []string{"kup-5e30a797"}, Entries: []compile.Entry{
+				dnat(m, "enp1s0"), dnat(m, "wt0"), entry(m, "snat", compile.KindSNAT, DirectionIn, ""),
+			}}},
 			"worker-b": {
-				DnatRules: []*kuportv1.DnatRule{
-					{Id: m + "/dnat/kup-dcc4266d", Mapping: m, InInterface: "kup-dcc4266d"},
-					{Id: s + "/dnat/kup-1", Mapping: s, InInterface: "kup-1"},
-					{Id: s + "/dnat/kup-2", Mapping: s, InInterface: "kup-2"},
-				},
-				SnatRules: []*kuportv1.SnatRule{
-					{Id: m + "/snat", Mapping: m, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST},
-					{Id: m + "/snat-reply", Mapping: m, Kind: kuportv1.SnatKind_SNAT_KIND_REPLY},
-				},
-				MarkRules: []*kuportv1.MarkRule{
-					{Id: m + "/mark", Mapping: m, Kind: kuportv1.MarkKind_MARK_KIND_STATIC},
-					{Id: s + "/ct-save/kup-1", Mapping: s, Kind: kuportv1.MarkKind_MARK_KIND_CT_SAVE},
-					{Id: s + "/ct-save/kup-2", Mapping: s, Kind: kuportv1.MarkKind_MARK_KIND_CT_SAVE},
-					{Id: s + "/ct-restore", Mapping: s, Kind: kuportv1.MarkKind_MARK_KIND_CT_RESTORE},
-				},
-				Links: []*kuportv1.Link{{Name: "kup-dcc4266d", PeerNode: "edge-a"}},
+				m: {Mapping: remote, ServingNode: "edge-a", Links: []string{"kup-dcc4266d"}, Entries: []compile.Entry{
+					dnat(m, "kup-dcc4266d"),
+					entry(m, "mark", compile.KindMark, DirectionOut, ""),
+					entry(m, "snat", compile.KindSNAT, DirectionIn, ""),
+					entry(m, "snat-reply", compile.KindSNAT, DirectionOut, ""),
+				}},
+				s: {Mapping: shared, ServingNode: "edge-a", Links: []string{"kup-1", "kup-2"}, Entries: []compile.Entry{
+					entry(s, "ct-restore", compile.KindMark, DirectionOut, ""),
+					entry(s, "ct-save/kup-1", compile.KindMark, DirectionIn, ""),
+					entry(s, "ct-save/kup-2", compile.KindMark, DirectionIn, ""),
+					dnat(s, "kup-1"), dnat(s, "kup-2"),
+				}},
 			},
 		},
 		counters: map[string][]*kuportv1.Counter{
@@ -106,14 +116,15 @@ func labSource() *fakeSource {
 }
 
 func TestRules(t *testing.T) {
-	rules := Rules(labSource().programs["worker-b"])
-	assert.Equal(t, Rule{Mapping: "demo/remote-udp", Name: "dnat/kup-dcc4266d", Unit: UnitFlows, Direction: DirectionIn, Interface: "kup-dcc4266d"},
+	remote := types.NamespacedName{Namespace: "demo", Name: "remote-udp"}
+	rules := Rules(labSource().index["worker-b"])
+	assert.Equal(t, Rule{Mapping: remote, Name: "dnat/kup-dcc4266d", Unit: UnitFlows, Direction: DirectionIn, Interface: "kup-dcc4266d"},
 		rules["demo/remote-udp/dnat/kup-dcc4266d"])
-	assert.Equal(t, Rule{Mapping: "demo/remote-udp", Name: "snat-reply", Unit: UnitFlows, Direction: DirectionOut},
+	assert.Equal(t, Rule{Mapping: remote, Name: "snat-reply", Unit: UnitFlows, Direction: DirectionOut},
 		rules["demo/remote-udp/snat-reply"])
-	assert.Equal(t, Rule{Mapping: "demo/remote-udp", Name: "mark", Unit: UnitPackets, Direction: DirectionOut},
+	assert.Equal(t, Rule{Mapping: remote, Name: "mark", Unit: UnitPackets, Direction: DirectionOut},
 		rules["demo/remote-udp/mark"])
-	assert.Equal(t, Rule{Mapping: "demo/shared", Name: "ct-save/kup-2", Unit: UnitPackets, Direction: DirectionIn},
+	assert.Equal(t, Rule{Mapping: types.NamespacedName{Namespace: "demo", Name: "shared"}, Name: "ct-save/kup-2", Unit: UnitPackets, Direction: DirectionIn},
 		rules["demo/shared/ct-save/kup-2"])
 	assert.Len(t, rules, 9)
 	assert.Empty(t, Rules(nil))
