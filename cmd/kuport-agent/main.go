@@ -172,6 +172,12 @@ func runErr(args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	drift, err := dp.Watch(ctx)
+	if err != nil {
+		return err
+	}
 	a, err := agent.New(agent.Config{
 		NodeName:       *nodeName,
 		AgentVersion:   version,
@@ -184,14 +190,13 @@ func runErr(args []string, stdout, stderr io.Writer) error {
 		Log:            log,
 		ReportInterval: *reportInterval,
 		ResyncInterval: *resyncInterval,
+		Drift:          drift,
 		TokenFile:      *tokenFile,
 		EpochFile:      *epochFile,
 	})
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	if *inspectListen != "" {
 		lis, err := net.Listen("tcp", *inspectListen)
 		if err != nil {
