@@ -35,7 +35,7 @@ const watchReadBuffer = 4 << 20
 // their addresses, ip rules at prefs 101 and 102, and routes in the tables the last Apply
 // synced. The returned channel receives a value watchDebounce (150 ms) after the first such
 // notification of a burst; one value is buffered, so a burst during an Apply is one more
-// Apply. Notifications of anything else are dropped unread, so another program's tables,
+// Apply. Notifications of anything else are read and dropped, so another program's tables,
 // devices, rules and routes never cause a signal; Apply's own writes are notified like any
 // other, and the Apply they cause finds the kernel as it wrote it and writes nothing.
 // Notifications lost to a full socket buffer count as a change. Watch only reads: it never
