@@ -107,8 +107,13 @@ type Config struct {
 	// (default 2 s).
 	StatePollInterval time.Duration
 	// ResyncInterval is how often the last program is applied again, which retries a failed
-	// Apply and repairs kernel state others removed (default 30 s).
+	// Apply and repairs kernel state others removed (default 30 s); Drift repairs sooner.
 	ResyncInterval time.Duration
+	// Drift, when set, signals that kernel state the datapath owns changed (Datapath.Watch
+	// of package datapath): each value resyncs at once, as the ResyncInterval tick does, so
+	// what someone else removed is repaired in well under a second instead of at the next
+	// tick.
+	Drift <-chan struct{}
 	// Backoff paces reconnects; the zero value means DefaultBackoff. It restarts from its
 	// first step after a stream that delivered a program.
 	Backoff wait.Backoff
@@ -247,6 +252,8 @@ func (a *Agent) waitResyncing(ctx context.Context, d time.Duration, resync <-cha
 		case <-timer.C:
 			return true
 		case <-resync:
+			a.resync()
+		case <-a.cfg.Drift:
 			a.resync()
 		}
 	}
@@ -388,6 +395,8 @@ func (a *Agent) session(ctx context.Context, target string, resync <-chan time.T
 			a.setReady(a.current != nil)
 			err = sendAck(ack)
 		case <-resync:
+			err = sendAck(a.resync())
+		case <-a.cfg.Drift:
 			err = sendAck(a.resync())
 		case <-report.C:
 			err = sendReport()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 
 	"github.com/google/nftables"
 	"github.com/hashicorp/go-hclog"
@@ -51,6 +52,9 @@ type Datapath struct {
 	genConn *mdnetlink.Conn
 	known   *known
 	last    *compiled
+	// routeTables are the routing tables the last Apply synced (the program's and those
+	// its band's rules pointed at), read by Watch without the lock (watch.go).
+	routeTables atomic.Pointer[map[int]bool]
 }
 
 // New returns a Datapath over the injected kernel handles; it opens nothing itself.

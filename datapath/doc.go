@@ -7,8 +7,9 @@
 // address, mark, table and name comes from the program.
 //
 // The nftables connection and netlink handle are injected, so the same code runs against
-// the node's namespace or a test's fresh one; the one socket the datapath opens itself, on
-// first use and in Config.NetNS, asks for the nftables ruleset generation (gen.go).
+// the node's namespace or a test's fresh one; the sockets the datapath opens itself, in
+// Config.NetNS, ask for the nftables ruleset generation (gen.go, on first use) and, once
+// Watch is called, listen for changes to what it owns (watch.go).
 //
 // The table's layout (layout.go) is the same for every program: a few rules, each looking
 // up one set, so the per-packet cost does not grow with the number of mappings. The

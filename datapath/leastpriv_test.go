@@ -98,7 +98,8 @@ func TestPrivilegedLeastPrivilege(t *testing.T) {
 }
 
 // restrictedStep is the restricted process's side: it checks that it holds exactly what the
-// DaemonSet grants, then opens the datapath as cmd/kuport-agent does and runs step.
+// DaemonSet grants, then opens the datapath as cmd/kuport-agent does (its watch included)
+// and runs step.
 func restrictedStep(t *testing.T, step string) {
 	status, err := os.ReadFile("/proc/self/status")
 	require.NoError(t, err)
@@ -122,7 +123,16 @@ func restrictedStep(t *testing.T, step string) {
 		Log: hclog.New(&hclog.LoggerOptions{Name: "restricted", Level: hclog.Trace, Output: failOnWarn{t}})})
 	switch step {
 	case "apply":
+		// The watch's sockets join their groups with CAP_NET_ADMIN alone; Apply's own writes
+		// are notified.
+		drift, err := dp.Watch(t.Context())
+		require.NoError(t, err)
 		require.NoError(t, dp.Apply(leastPrivProgram(t)))
+		select {
+		case <-drift:
+		case <-time.After(5 * time.Second):
+			t.Fatal("no drift signal for the apply's writes")
+		}
 		st, err := dp.NodeState("")
 		require.NoError(t, err)
 		assert.True(t, st.GetIpForward(), "ip_forward read without /proc/sys")

@@ -136,6 +136,7 @@ func (d *Datapath) syncReturnPaths(want []*wantReturn, changes *int) []error {
 		}
 		*changes++
 	}
+	d.routeTables.Store(&tables)
 	byTable := map[int]*wantReturn{}
 	for _, w := range want {
 		byTable[w.table] = w

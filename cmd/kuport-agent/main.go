@@ -21,7 +21,9 @@
 // (kuport.v1.AgentInspectionService, health, reflection) on --inspect-listen ("" for none),
 // unauthenticated: keep it on loopback. --epoch-file keeps the highest program epoch applied on
 // the node across agent restarts, so a deposed leader cannot get a stale program applied by a
-// restarted agent ("" keeps it in memory only). SIGTERM and
+// restarted agent ("" keeps it in memory only). The agent watches the kernel objects kuport
+// owns and re-applies its program as soon as someone else changes one (datapath.Watch);
+// --resync-interval is the backstop for whatever goes unnotified. SIGTERM and
 // SIGINT stop the agent and leave the kernel as it is (fail static); `cleanup` removes
 // everything kuport made on the node and exits (with --wait, it then waits for SIGTERM, so a
 // cleanup DaemonSet's pods become Ready once their node is clean: deploy/cleanup).
@@ -108,7 +110,7 @@ func runErr(args []string, stdout, stderr io.Writer) error {
 	targets := fs.StringArray("controller", nil, "controller gRPC target, unix:///path or host:port; repeat for replicas, tried in turn (required to run)")
 	reportInterval := fs.Duration("report-interval", agent.DefaultReportInterval, "period of reports to the controller")
 	resyncInterval := fs.Duration("resync-interval", agent.DefaultResyncInterval,
-		"period of full resyncs of the applied program against the kernel, which repair what others changed")
+		"period of full resyncs of the applied program against the kernel, which repair what others changed (a change the kernel notifies is repaired at once)")
 	caFile := fs.String("controller-ca-file", defaultCAFile, "PEM CA certificate(s) the controller's serving certificate must chain to, read on every connect")
 	serverName := fs.String("controller-server-name", "", "name the controller's certificate must be valid for (default: the host of each target; required with unix targets)")
 	tokenFile := fs.String("token-file", defaultTokenFile, `file holding the agent's token (audience "kuport", bound to its Pod), read on every connect; "" sends none`)
@@ -172,6 +174,12 @@ func runErr(args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	drift, err := dp.Watch(ctx)
+	if err != nil {
+		return err
+	}
 	a, err := agent.New(agent.Config{
 		NodeName:       *nodeName,
 		AgentVersion:   version,
@@ -184,14 +192,13 @@ func runErr(args []string, stdout, stderr io.Writer) error {
 		Log:            log,
 		ReportInterval: *reportInterval,
 		ResyncInterval: *resyncInterval,
+		Drift:          drift,
 		TokenFile:      *tokenFile,
 		EpochFile:      *epochFile,
 	})
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	if *inspectListen != "" {
 		lis, err := net.Listen("tcp", *inspectListen)
 		if err != nil {
