@@ -33,9 +33,10 @@ import (
 )
 
 const (
-	// AgentResyncInterval is the lab agents' --resync-interval: shorter than the default
-	// 30 s so that the e2e suite sees a repair quickly.
-	AgentResyncInterval = 5 * time.Second
+	// AgentResyncInterval is the lab agents' --resync-interval: long, so that a repair the
+	// e2e suite sees within seconds is the agent's watch of its kernel objects at work, not
+	// its periodic resync (the backstop).
+	AgentResyncInterval = time.Minute
 	// ControllerAddr is controller replica 0's loopback listener for grpcurl
 	// (ReplicaAddr(0)); replica 0 is the first leader.
 	ControllerAddr = "127.0.0.1:7443"
