@@ -152,25 +152,8 @@ func (d *Datapath) apply(p *kuportv1.NodeProgram, changes *int) error {
 		}
 	}
 
-	var returns []*wantReturn
-	ids := map[string]bool{}
-	tables := map[uint32]bool{}
-	for _, rp := range p.GetReturnPaths() {
-		w, err := compileReturn(rp)
-		switch {
-		case err != nil:
-		case ids[w.id] || tables[rp.GetTable()]:
-			err = fmt.Errorf("id or table %d used by another return path", w.table)
-		case !keep[w.link]:
-			err = fmt.Errorf("link %s is not in the program", w.link)
-		}
-		if err != nil {
-			errs = append(errs, &EntryError{Kind: "return path", ID: rp.GetId(), Err: err})
-			continue
-		}
-		ids[w.id], tables[rp.GetTable()] = true, true
-		returns = append(returns, w)
-	}
+	returns, rerrs := compileReturns(p)
+	errs = append(errs, rerrs...)
 	errs = append(errs, d.syncReturnPaths(returns, changes)...)
 	errs = append(errs, d.pruneLinks(keep, changes)...)
 	// Last, so a flow's next packet finds the links and routes its new target needs.
