@@ -2,6 +2,8 @@ package datapath
 
 import (
 	"net/netip"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -87,5 +89,75 @@ func TestTraceGolden(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, &c.want, got)
 		})
+	}
+}
+
+// TestPrivilegedTraceAgrees is the differential test of Trace: UDP exchanges from a client
+// through the kernel holding a program (two mappings dialed on 4000 and 4001 to one pod
+// port, a shifted range 5000-5009 to 2995-3004), each of whose element counters moved
+// compared with the elements Trace says the flow matches; the pod answers on 3000 only,
+// so an answer shows the translation Trace gives.
+func TestPrivilegedTraceAgrees(t *testing.T) {
+	privileged(t)
+	tn := newTestNS(t, "100.64.93.143")
+	tn.addPod(t, "10.244.17.5", 3000)
+	client := tn.addPeer(t, "enp1s0", "203.0.113.9", "203.0.113.7")
+	udp := kuportv1.Protocol_PROTOCOL_UDP
+	mapping := func(key string, first, last, to uint32) (*kuportv1.DnatRule, *kuportv1.SnatRule) {
+		return &kuportv1.DnatRule{Id: key + "/dnat/enp1s0", Mapping: key, InInterface: "enp1s0", Protocol: udp,
+				Ports: &kuportv1.PortRange{First: first, Last: last}, ToAddress: "10.244.17.5", ToPort: to},
+			&kuportv1.SnatRule{Id: key + "/snat", Mapping: key, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST, OutInterface: "cilium_host",
+				Address: "10.244.17.5", Protocol: udp, Ports: &kuportv1.PortRange{First: to, Last: to + last - first}}
+	}
+	p := &kuportv1.NodeProgram{Node: "edge-a", Version: 1}
+	for _, m := range []struct {
+		key             string
+		first, last, to uint32
+	}{{"g/a", 4000, 4000, 3000}, {"g/b", 4001, 4001, 3000}, {"g/shifted", 5000, 5009, 2995}} {
+		d, s := mapping(m.key, m.first, m.last, m.to)
+		p.DnatRules, p.SnatRules = append(p.DnatRules, d), append(p.SnatRules, s)
+	}
+	require.NoError(t, tn.dp.Apply(p))
+
+	// moved is every counter that moved since before, as "<id> <field>".
+	counts := func() map[string]uint64 {
+		cs, err := tn.dp.Counters()
+		require.NoError(t, err)
+		out := map[string]uint64{}
+		for _, c := range cs {
+			out[c.GetId()+" packets"] = c.GetPackets()
+			out[c.GetId()+" forwarded_in"] = c.GetForwardedIn().GetPackets()
+			out[c.GetId()+" forwarded_out"] = c.GetForwardedOut().GetPackets()
+		}
+		return out
+	}
+	field := map[string]string{"kup-pre": "packets", "kup-post": "packets", "kup-mangle": "packets",
+		"kup-count-in": "forwarded_in", "kup-count-out": "forwarded_out"}
+	for _, dport := range []uint16{4000, 4001, 5005} {
+		before := counts()
+		text, from := client.exchangeUDP(t, "203.0.113.9", int(dport))
+		assert.Equal(t, "203.0.113.7", text, "the pod saw the client")
+		var moved []string
+		for k, n := range counts() {
+			if n != before[k] {
+				moved = append(moved, k)
+			}
+		}
+		src, err := netip.ParseAddrPort(from)
+		require.NoError(t, err)
+		v, err := Trace(p, Packet{In: "enp1s0", Proto: udp, Src: netip.AddrPortFrom(netip.MustParseAddr("203.0.113.7"), 40000),
+			Dst: netip.AddrPortFrom(netip.MustParseAddr("203.0.113.9"), dport), Out: "cilium_host"})
+		require.NoError(t, err)
+		assert.Equal(t, netip.MustParseAddrPort("10.244.17.5:3000"), v.DNAT, "dport %d", dport)
+		assert.Equal(t, "cilium_host", v.SNAT, "dport %d", dport)
+		assert.Equal(t, netip.AddrPortFrom(netip.MustParseAddr("203.0.113.9"), dport), src, "the answer comes from the dialed port")
+		var traced []string
+		for _, e := range v.Elements {
+			f := strings.SplitN(e, " ", 3)
+			traced = append(traced, f[2]+" "+field[f[0]])
+		}
+		slices.Sort(moved)
+		slices.Sort(traced)
+		assert.Equal(t, traced, moved, "dport %d: the counters that moved are the traced elements'", dport)
 	}
 }
