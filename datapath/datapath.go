@@ -9,7 +9,6 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/hashicorp/go-hclog"
-	mdnetlink "github.com/mdlayher/netlink"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -40,18 +39,18 @@ type Config struct {
 // methods are safe for concurrent use; they are serialised.
 type Datapath struct {
 	mu    sync.Mutex
-	nft   *nftables.Conn
-	nl    *netlink.Handle
+	nft   nftConn
+	nl    netlinkHandle
+	own   ownSockets
 	netns netns.NsHandle
 	log   hclog.Logger
 	// lastChanges is the number of kernel writes the last Apply made (0 when the kernel
 	// already held the program).
 	lastChanges int
-	// genConn asks for the ruleset generation (gen.go); known is the table the kernel holds
-	// as of a generation, and last the program it was compiled from (sync.go).
-	genConn *mdnetlink.Conn
-	known   *known
-	last    *compiled
+	// known is the table the kernel holds as of a ruleset generation (gen.go), and last the
+	// program it was compiled from (sync.go).
+	known *known
+	last  *compiled
 	// routeTables are the routing tables the last Apply synced (the program's and those
 	// its band's rules pointed at), read by Watch without the lock (watch.go).
 	routeTables atomic.Pointer[map[int]bool]
@@ -67,7 +66,7 @@ func New(cfg Config) *Datapath {
 	if ns <= 0 {
 		ns = netns.None()
 	}
-	return &Datapath{nft: cfg.NFT, nl: cfg.Netlink, netns: ns, log: log}
+	return &Datapath{nft: cfg.NFT, nl: cfg.Netlink, own: &sockets{netns: ns, log: log}, netns: ns, log: log}
 }
 
 // EntryError is the failure of one program entry. Kind is "dnat", "snat", "mark", "link",
@@ -152,25 +151,8 @@ func (d *Datapath) apply(p *kuportv1.NodeProgram, changes *int) error {
 		}
 	}
 
-	var returns []*wantReturn
-	ids := map[string]bool{}
-	tables := map[uint32]bool{}
-	for _, rp := range p.GetReturnPaths() {
-		w, err := compileReturn(rp)
-		switch {
-		case err != nil:
-		case ids[w.id] || tables[rp.GetTable()]:
-			err = fmt.Errorf("id or table %d used by another return path", w.table)
-		case !keep[w.link]:
-			err = fmt.Errorf("link %s is not in the program", w.link)
-		}
-		if err != nil {
-			errs = append(errs, &EntryError{Kind: "return path", ID: rp.GetId(), Err: err})
-			continue
-		}
-		ids[w.id], tables[rp.GetTable()] = true, true
-		returns = append(returns, w)
-	}
+	returns, rerrs := compileReturns(p)
+	errs = append(errs, rerrs...)
 	errs = append(errs, d.syncReturnPaths(returns, changes)...)
 	errs = append(errs, d.pruneLinks(keep, changes)...)
 	// Last, so a flow's next packet finds the links and routes its new target needs.
@@ -238,7 +220,7 @@ func (d *Datapath) NodeState(underlay string) (*kuportv1.NodeState, error) {
 			}
 		}
 	}
-	if st.IpForward, err = d.ipForward(); err != nil {
+	if st.IpForward, err = d.own.ipForward(); err != nil {
 		return nil, err
 	}
 	return st, nil

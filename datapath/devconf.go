@@ -30,7 +30,7 @@ const (
 // routeRequest executes req on a NETLINK_ROUTE socket opened in the configured namespace
 // and closed afterwards. For the agent's own namespace (netns.None()) no namespace is
 // entered, so the agent never calls setns (CAP_SYS_ADMIN).
-func (d *Datapath) routeRequest(req *nl.NetlinkRequest, resType uint16) ([][]byte, error) {
+func (d *sockets) routeRequest(req *nl.NetlinkRequest, resType uint16) ([][]byte, error) {
 	s, err := nl.GetNetlinkSocketAt(d.netns, netns.None(), unix.NETLINK_ROUTE)
 	if err != nil {
 		return nil, fmt.Errorf("open rtnetlink socket: %w", err)
@@ -54,7 +54,7 @@ func (m netconfMsg) Serialize() []byte { return m[:] }
 
 // netconf reads one IPv4 setting (a netconfa* attribute) of the device with index
 // ifindex, or of the "all" settings for netconfaIfindexAll.
-func (d *Datapath) netconf(ifindex int32, attr uint16) (uint32, error) {
+func (d *sockets) netconf(ifindex int32, attr uint16) (uint32, error) {
 	req := nl.NewNetlinkRequest(unix.RTM_GETNETCONF, 0)
 	req.AddData(netconfMsg{unix.AF_INET})
 	req.AddData(nl.NewRtAttr(netconfaIfindex, nl.Uint32Attr(uint32(ifindex))))
@@ -78,14 +78,14 @@ func (d *Datapath) netconf(ifindex int32, attr uint16) (uint32, error) {
 }
 
 // rpFilter reads the rp_filter of the device with index ifindex.
-func (d *Datapath) rpFilter(ifindex int) (uint32, error) {
+func (d *sockets) rpFilter(ifindex int) (uint32, error) {
 	return d.netconf(int32(ifindex), netconfaRPFilter)
 }
 
 // setRPFilter sets the rp_filter of the device with index ifindex: RTM_SETLINK carrying
 // IFLA_AF_SPEC / AF_INET / IFLA_INET_CONF / IPV4_DEVCONF_RP_FILTER, which the kernel
 // applies in inet_set_link_af.
-func (d *Datapath) setRPFilter(ifindex int, value uint32) error {
+func (d *sockets) setRPFilter(ifindex int, value uint32) error {
 	d.log.Trace("set rp_filter", "ifindex", ifindex, "value", value)
 	req := nl.NewNetlinkRequest(unix.RTM_SETLINK, unix.NLM_F_ACK)
 	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
@@ -102,7 +102,7 @@ func (d *Datapath) setRPFilter(ifindex int, value uint32) error {
 }
 
 // ipForward reads net.ipv4.ip_forward (the "all" forwarding setting).
-func (d *Datapath) ipForward() (bool, error) {
+func (d *sockets) ipForward() (bool, error) {
 	v, err := d.netconf(netconfaIfindexAll, netconfaForwarding)
 	return v == 1, err
 }

@@ -18,7 +18,7 @@ import (
 
 // generation returns the namespace's nftables ruleset generation. The socket is opened on
 // first use, in the datapath's namespace, and kept.
-func (d *Datapath) generation() (uint32, error) {
+func (d *sockets) generation() (uint32, error) {
 	if d.genConn == nil {
 		c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: max(int(d.netns), 0)})
 		if err != nil {

@@ -138,12 +138,12 @@ func (d *Datapath) syncLink(w *wantLink, changes *int) error {
 		}
 		*changes++
 	}
-	v, err := d.rpFilter(l.Attrs().Index)
+	v, err := d.own.rpFilter(l.Attrs().Index)
 	if err != nil {
 		return err
 	}
 	if v != rpFilterLoose {
-		if err := d.setRPFilter(l.Attrs().Index, rpFilterLoose); err != nil {
+		if err := d.own.setRPFilter(l.Attrs().Index, rpFilterLoose); err != nil {
 			return err
 		}
 		*changes++

@@ -64,6 +64,37 @@ func compileReturn(rp *kuportv1.ReturnPath) (*wantReturn, error) {
 	return w, nil
 }
 
+// compileReturns are the program's valid return paths (Apply's and Trace's one source): a
+// return path whose id or table another holds, or whose link the program does not have,
+// is an *EntryError.
+func compileReturns(p *kuportv1.NodeProgram) ([]*wantReturn, []error) {
+	links := map[string]bool{}
+	for _, l := range p.GetLinks() {
+		links[l.GetName()] = true
+	}
+	var returns []*wantReturn
+	var errs []error
+	ids := map[string]bool{}
+	tables := map[uint32]bool{}
+	for _, rp := range p.GetReturnPaths() {
+		w, err := compileReturn(rp)
+		switch {
+		case err != nil:
+		case ids[w.id] || tables[rp.GetTable()]:
+			err = fmt.Errorf("id or table %d used by another return path", w.table)
+		case !links[w.link]:
+			err = fmt.Errorf("link %s is not in the program", w.link)
+		}
+		if err != nil {
+			errs = append(errs, &EntryError{Kind: "return path", ID: rp.GetId(), Err: err})
+			continue
+		}
+		ids[w.id], tables[rp.GetTable()] = true, true
+		returns = append(returns, w)
+	}
+	return returns, errs
+}
+
 // rules are the return path's two ip rules (founding document, pref 101/102).
 func (w *wantReturn) rules() []*netlink.Rule {
 	mask := uint32(0xffffffff)

@@ -127,11 +127,18 @@ func workerB(version uint64, ms ...podMapping) *kuportv1.NodeProgram {
 	return p
 }
 
-// TestPrivilegedStates feeds worker-b a sequence of programs (tailscale's TestRouterStates)
-// and compares everything kuport owns in the kernel with the expected text after each,
-// then checks that re-applying the step writes nothing.
-func TestPrivilegedStates(t *testing.T) {
-	privileged(t)
+// stateStep is one program of a sequence and what kuport owns in the kernel once it is
+// applied, as kernelDump prints it.
+type stateStep struct {
+	name    string
+	program *kuportv1.NodeProgram
+	want    string
+}
+
+// workerBStates is a sequence of worker-b's programs (tailscale's TestRouterStates): a
+// mapping added, a second sharing its link, a third over another class's link, an endpoint
+// moved, mappings removed one by one, then none.
+func workerBStates() []stateStep {
 	public := &kuportv1.Link{Name: "kup-dcc4266d", ClassName: "public", PeerNode: "edge-a", Vni: 4242, Port: 4790,
 		LocalUnderlay: "100.64.93.150", RemoteUnderlay: "100.64.93.143", LocalAddress: "169.254.77.1", PeerAddress: "169.254.77.0", Mtu: 1370}
 	intranet := &kuportv1.Link{Name: "kup-2b1e7a90", ClassName: "intranet", PeerNode: "edge-c", Vni: 4300, Port: 4790,
@@ -170,11 +177,7 @@ func TestPrivilegedStates(t *testing.T) {
 			"mark-static\t" + fmt.Sprintf(`%s comment "%s/mark" : 0x%08x`, pod, m.key, m.mark),
 		}
 	}
-	steps := []struct {
-		name    string
-		program *kuportv1.NodeProgram
-		want    string
-	}{{
+	return []stateStep{{
 		name:    "add a mapping",
 		program: workerB(1, a),
 		want: nftTable(elems(a)) + linkPublic +
@@ -209,9 +212,15 @@ func TestPrivilegedStates(t *testing.T) {
 		program: workerB(7),
 		want:    "",
 	}}
+}
 
+// TestPrivilegedStates applies workerBStates to a namespace and compares everything kuport
+// owns in the kernel with the expected text after each, then checks that re-applying the
+// step writes nothing.
+func TestPrivilegedStates(t *testing.T) {
+	privileged(t)
 	tn := newTestNS(t, "100.64.93.150")
-	for _, s := range steps {
+	for _, s := range workerBStates() {
 		require.NoError(t, tn.dp.Apply(s.program), s.name)
 		assert.Equal(t, s.want, tn.kernelDump(t), s.name)
 		require.NoError(t, tn.dp.Apply(s.program), s.name)

@@ -40,7 +40,7 @@ type known struct {
 // reads nothing; otherwise it reads the whole table first (gen.go), which finds and repairs
 // whatever someone changed.
 func (d *Datapath) syncTable(want *table, changes *int) (*table, error) {
-	gen, gerr := d.generation()
+	gen, gerr := d.own.generation()
 	if gerr != nil {
 		d.log.Debug("reading the whole table", "error", gerr)
 	}
@@ -87,7 +87,7 @@ func (d *Datapath) syncTable(want *table, changes *int) (*table, error) {
 	if next == 0 {
 		next = 1
 	}
-	if g, err := d.generation(); err == nil && g == next {
+	if g, err := d.own.generation(); err == nil && g == next {
 		d.known = &known{t: kept, gen: g}
 	}
 	return have, nil
