@@ -42,10 +42,16 @@ proto: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC)
 	PATH=$(dir $(PROTOC_GEN_GO)):$(dir $(PROTOC_GEN_GO_GRPC)):$$PATH $(BUF) generate
 	$(BUF) lint
 
+# crds also copies the CRDs into the Helm chart's crds/ (Helm's place for them, installed
+# untemplated), so the chart cannot drift from deploy/crds.
+HELM_CRDS := deploy/helm/kuport/crds
+
 .PHONY: crds
 crds: $(CONTROLLER_GEN)
 	$(CONTROLLER_GEN) object paths=./api/... 
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=deploy/crds
+	rm -f $(HELM_CRDS)/*.yaml
+	cp deploy/crds/*.yaml $(HELM_CRDS)/
 
 .PHONY: generate
 generate: proto crds
@@ -54,8 +60,8 @@ generate: proto crds
 # generators produce.
 .PHONY: check-generated
 check-generated: generate
-	@if [ -n "$$(git status --porcelain -- proto api deploy/crds)" ]; then \
-		git status --short -- proto api deploy/crds; git diff -- proto api deploy/crds; \
+	@if [ -n "$$(git status --porcelain -- proto api deploy/crds $(HELM_CRDS))" ]; then \
+		git status --short -- proto api deploy/crds $(HELM_CRDS); git diff -- proto api deploy/crds $(HELM_CRDS); \
 		echo "generated code is stale: run make generate and commit the result" >&2; exit 1; \
 	fi
 
