@@ -50,19 +50,30 @@ func writeKubeletSysctls(vals map[string]string) error {
 	return errors.Join(errs...)
 }
 
-// cgroupHierarchies lists the mounted v1 hierarchies (and the unified one of a hybrid host).
+// cgroupHierarchies lists the mounted cgroup hierarchies: every v1 one and the unified one
+// (of a hybrid host, or alone on a v2 host), from the mount table.
 func cgroupHierarchies() ([]string, error) {
-	entries, err := os.ReadDir(cgroupFS)
+	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return nil, err
 	}
+	defer func() { _ = f.Close() }()
 	var out []string
-	for _, e := range entries {
-		if e.IsDir() {
-			out = append(out, filepath.Join(cgroupFS, e.Name()))
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// mountinfo: id parent major:minor root mountpoint options ... - fstype source ...
+		left, right, ok := strings.Cut(sc.Text(), " - ")
+		fields, fstype := strings.Fields(left), strings.Fields(right)
+		if !ok || len(fields) < 5 || len(fstype) == 0 {
+			continue
+		}
+		v1 := fstype[0] == "cgroup" && strings.HasPrefix(fields[4], cgroupFS+"/")
+		unified := fstype[0] == "cgroup2" && (fields[4] == cgroupFS || strings.HasPrefix(fields[4], cgroupFS+"/"))
+		if v1 || unified {
+			out = append(out, fields[4])
 		}
 	}
-	return out, nil
+	return out, sc.Err()
 }
 
 // createCgroup creates name in every hierarchy, as the kubelet expects its cgroupRoot to
