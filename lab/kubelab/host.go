@@ -142,10 +142,7 @@ func removeLeftovers(log hclog.Logger) error {
 		}
 	}
 	errs = append(errs, os.RemoveAll(StateRoot), os.RemoveAll(labKubeDir))
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	return markRuntimeDirs()
+	return errors.Join(errs...)
 }
 
 // killLabProcesses SIGKILLs the processes in any kuport-lab-* cgroup and the shims of the

@@ -109,6 +109,9 @@ func (c *Cluster) start(ctx context.Context) error {
 	if err := removeLeftovers(c.log); err != nil {
 		return fmt.Errorf("kubelab: remove leftovers: %w", err)
 	}
+	if err := markRuntimeDirs(); err != nil {
+		return fmt.Errorf("kubelab: %w", err)
+	}
 	if err := os.RemoveAll(c.logDir()); err != nil {
 		return fmt.Errorf("kubelab: %w", err)
 	}
