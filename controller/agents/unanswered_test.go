@@ -3,6 +3,8 @@ package agents
 import (
 	"testing"
 	"time"
+
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
 func TestJudge(t *testing.T) {
@@ -62,5 +64,72 @@ func TestJudgeDuration(t *testing.T) {
 	h = append(h, Sample{At: t0.Add(12 * time.Second), Requests: 6})
 	if v := Judge(h, w); !v.Unanswered || v.Since != t0.Add(2*time.Second) || v.Requests != 6 {
 		t.Fatalf("after 12 s: %+v, want unanswered since 2 s with 6 requests", v)
+	}
+}
+
+// TestRegistryUnanswered: the registry judges each DNAT entry over the node's reports, tells
+// each transition once, and shows the verdict in Unanswered and Mapping.
+func TestRegistryUnanswered(t *testing.T) {
+	var changes []UnansweredChange
+	r := NewRegistry(Config{Epoch: 77, Start: t0, Unanswered: Window{Reports: 3, Duration: 10 * time.Second},
+		OnUnanswered: func(c UnansweredChange) { changes = append(changes, c) }})
+	clock := t0
+	r.now = func() time.Time { return clock }
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", true)}, edgeIndex(true))
+	s := r.connect(&kuportv1.Hello{Node: "edge-a"})
+	report := func(in, out uint64) {
+		clock = clock.Add(5 * time.Second)
+		r.report(s, &kuportv1.Report{Counters: []*kuportv1.Counter{
+			{Id: "games/remote/dnat/enp1s0", ForwardedIn: &kuportv1.Traffic{Packets: in}, ForwardedOut: &kuportv1.Traffic{Packets: out}},
+			{Id: "games/local/dnat/enp1s0", ForwardedIn: &kuportv1.Traffic{Packets: in}, ForwardedOut: &kuportv1.Traffic{Packets: in}},
+		}})
+	}
+	report(0, 0)
+	report(2, 0) // first unanswered request: since this report
+	since := clock
+	report(4, 0)
+	if len(changes) != 0 {
+		t.Fatalf("changes after two reports: %+v", changes)
+	}
+	report(6, 0)
+	if len(changes) != 1 {
+		t.Fatalf("changes = %+v, want one", changes)
+	}
+	want := UnansweredChange{Mapping: "games/remote", Node: "edge-a", Interface: "enp1s0",
+		Verdict: Verdict{Unanswered: true, Since: since, Requests: 6}}
+	if changes[0] != want {
+		t.Errorf("change = %+v, want %+v", changes[0], want)
+	}
+	report(8, 0) // still unanswered: no second event
+	if len(changes) != 1 {
+		t.Fatalf("a second change while unanswered: %+v", changes)
+	}
+	got := r.Unanswered("edge-a")
+	if v := got["games/remote"]; len(v) != 1 || !v[0].Unanswered || v[0].Requests != 8 || v[0].Interface != "enp1s0" {
+		t.Errorf("Unanswered[games/remote] = %+v", v)
+	}
+	if v := got["games/local"]; len(v) != 1 || v[0].Unanswered {
+		t.Errorf("Unanswered[games/local] = %+v, want answered", v)
+	}
+	m := r.Mapping("games/remote")
+	if len(m) != 1 || !m[0].Unanswered || !m[0].UnansweredSince.AsTime().Equal(since) || len(m[0].UnansweredInterfaces) != 1 {
+		t.Errorf("Mapping = %v", m)
+	}
+	if m := r.Mapping("games/local"); len(m) != 1 || m[0].Unanswered || m[0].UnansweredSince != nil {
+		t.Errorf("Mapping(local) = %v", m)
+	}
+	report(9, 1) // a reply: answered again, once
+	if len(changes) != 2 || changes[1].Verdict.Unanswered || !changes[1].Was.Unanswered || changes[1].Was.Requests != 8 {
+		t.Fatalf("changes = %+v, want the answered transition", changes)
+	}
+	report(9, 1)
+	if len(changes) != 2 {
+		t.Fatalf("changes = %+v", changes)
+	}
+	// The mapping leaves the program: its tracker goes with it.
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": {}}, nil)
+	report(0, 0)
+	if got := r.Unanswered("edge-a"); len(got) != 0 {
+		t.Errorf("Unanswered after removal = %+v", got)
 	}
 }
