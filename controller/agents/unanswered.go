@@ -92,3 +92,15 @@ func (t Tracker) Step(s Sample, w Window) Tracker {
 	t.last = s
 	return t
 }
+
+// UnansweredMappings returns, by mapping key, whether any of the mapping's DNAT entries in
+// node's current program is unanswered (metrics.UnansweredSource).
+func (r *Registry) UnansweredMappings(nodeName string) map[string]bool {
+	out := map[string]bool{}
+	for m, vs := range r.Unanswered(nodeName) {
+		for _, v := range vs {
+			out[m] = out[m] || v.Unanswered
+		}
+	}
+	return out
+}

@@ -2025,7 +2025,8 @@ type MappingNode struct {
 	Links []*LinkStats `protobuf:"bytes,8,rep,name=links,proto3" json:"links,omitempty"`
 	// Whether the node forwards the mapping's requests and sees no reply: on some DNAT entry,
 	// forwarded_in rose and forwarded_out did not over the controller's window
-	// (--unanswered-window reports and --unanswered-duration), until a reply arrives.
+	// (--unanswered-reports consecutive reports spanning --unanswered-window), until a reply
+	// arrives.
 	Unanswered bool `protobuf:"varint,9,opt,name=unanswered,proto3" json:"unanswered,omitempty"`
 	// When the report that showed the first unanswered request arrived; unset when answered.
 	UnansweredSince *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=unanswered_since,json=unansweredSince,proto3" json:"unanswered_since,omitempty"`
