@@ -9,6 +9,7 @@
 package controller
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -77,6 +78,9 @@ type Config struct {
 	// OnEpochBehind is called when an agent holds a higher epoch than Epoch and so refuses
 	// this controller's programs (agents.Config.OnEpochBehind). May be nil.
 	OnEpochBehind func(floor uint64)
+	// Unanswered is how long a node's requests must go without a reply before the mapping is
+	// unanswered there (agents.DefaultUnansweredWindow when zero).
+	Unanswered agents.Window
 	// Log is the controller's logger; nil discards.
 	Log hclog.Logger
 }
@@ -153,6 +157,10 @@ func New(cfg Config) (*Controller, error) {
 			}
 		},
 		OnEpochBehind: cfg.OnEpochBehind,
+		Unanswered:    cfg.Unanswered,
+		OnUnanswered: func(ch agents.UnansweredChange) {
+			c.recordAnswers(ch, cmp.Or(cfg.Unanswered, agents.DefaultUnansweredWindow))
+		},
 		OnAgent: func(node string, connected bool, agentVersion string) {
 			c.recordAgentEvent(recorder, node, connected, agentVersion)
 		},
@@ -211,6 +219,25 @@ func (c *Controller) recordAgentEvent(recorder record.EventRecorder, node string
 	}
 	recorder.Event(n, corev1.EventTypeWarning, ReasonAgentDisconnected,
 		"kuport agent disconnected; the node keeps its last program in the kernel but gets no new one")
+}
+
+// recordAnswers records on the PortMap that a node's DNAT entry of it turned unanswered, or
+// answered again (status.Writer.RequestsEvent). A PortMap gone from the cache gets no Event.
+func (c *Controller) recordAnswers(ch agents.UnansweredChange, w agents.Window) {
+	obj, ok, err := c.pms.GetByKey(ch.Mapping)
+	if err != nil || !ok || c.stopping.Load() {
+		return
+	}
+	pm, ok := obj.(*v1alpha1.PortMap)
+	if !ok {
+		return
+	}
+	v := ch.Verdict
+	if !v.Unanswered {
+		v = ch.Was
+	}
+	c.writer.RequestsEvent(pm, status.Answers{Node: ch.Node, Interface: ch.Interface, Unanswered: ch.Verdict.Unanswered,
+		Requests: v.Requests, Since: v.Since, Window: fmt.Sprintf("%d reports and %s", w.Reports, w.Duration)})
 }
 
 // typedInformer starts a dynamic informer whose cache holds typed objects (converted once, on

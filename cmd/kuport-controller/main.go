@@ -7,6 +7,13 @@
 //	                  [--agent-auth=true] [--agent-service-account kuport-system:kuport-agent]
 //	                  [--tls-cert-file PATH --tls-key-file PATH | --tls-secret kuport-controller-tls
 //	                   --tls-ca-configmap kuport-controller-ca --tls-names NAME,...] [--health-listen ADDR]
+//	                  [--unanswered-reports 3] [--unanswered-window 10s]
+//
+// A node that forwards a mapping's requests (Counter.forwarded_in rising) and sees no reply
+// (forwarded_out not rising) for --unanswered-reports consecutive reports spanning at least
+// --unanswered-window makes the mapping unanswered there: a Warning Event RequestsUnanswered
+// on the PortMap naming the node, the interface and the counters, kuport_mapping_unanswered 1,
+// GetMapping's unanswered and the dashboard's mark, until a reply (Normal RequestsAnswered).
 //
 // Agent streams must carry a token of --agent-service-account bound to a Pod on the node they
 // claim (audience "kuport", reviewed with a TokenReview); ProgramService then answers loopback
@@ -103,6 +110,10 @@ func run(args []string) error {
 	tlsSecret := fs.String("tls-secret", servingcert.DefaultSecret, "Secret (kubernetes.io/tls) in --lease-namespace holding the serving certificate and its CA, generated when absent and reissued before it expires; without --tls-cert-file")
 	tlsCAConfigMap := fs.String("tls-ca-configmap", servingcert.DefaultCAConfigMap, "ConfigMap in --lease-namespace where the CA of --tls-secret is published (key "+servingcert.CACertKey+") for the agents")
 	tlsNames := fs.String("tls-names", "", "comma-separated DNS names and IP addresses of the certificate in --tls-secret (default: the Service "+servingcert.Service+"'s names in --lease-namespace and 127.0.0.1)")
+	unansweredReports := fs.Int("unanswered-reports", agents.DefaultUnansweredWindow.Reports,
+		"consecutive reports of a node's agent (the first being the one showing the first unanswered request) a mapping's requests must go without a reply before the mapping is unanswered on the node; see --unanswered-window")
+	unansweredWindow := fs.Duration("unanswered-window", agents.DefaultUnansweredWindow.Duration,
+		"the least time the --unanswered-reports reports must span before a mapping is unanswered on a node (Warning Event RequestsUnanswered, kuport_mapping_unanswered 1, GetMapping's unanswered)")
 	healthListen := fs.String("health-listen", "", "host:port serving grpc.health.v1 alone, in plaintext, for the kubelet's gRPC probes; empty serves none")
 	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
 		return nil
@@ -111,6 +122,9 @@ func run(args []string) error {
 	}
 	if len(listen) == 0 {
 		listen = listFlag{defaultListen}
+	}
+	if *unansweredReports < 1 || *unansweredWindow < 0 {
+		return fmt.Errorf("--unanswered-reports must be at least 1 and --unanswered-window not negative")
 	}
 	lvl := hclog.LevelFromString(*level)
 	if lvl == hclog.NoLevel {
@@ -233,6 +247,7 @@ func run(args []string) error {
 		ctl, err := controller.New(controller.Config{
 			Kube: kube, Dynamic: dyn, Epoch: epoch, Start: time.Now(),
 			LinkRetention: *retention, Log: log, OnEpochBehind: onEpochBehind,
+			Unanswered: agents.Window{Reports: *unansweredReports, Duration: *unansweredWindow},
 		})
 		if err != nil {
 			return err

@@ -60,8 +60,27 @@ type Config struct {
 	// OnEpochBehind is called, outside any lock, when an agent says Hello holding a higher
 	// epoch than Epoch (floor), whose programs it therefore refuses. May be nil.
 	OnEpochBehind func(floor uint64)
+	// Unanswered is how long requests must go without a reply before a DNAT entry is
+	// unanswered (DefaultUnansweredWindow when zero).
+	Unanswered Window
+	// OnUnanswered is called, outside any lock, when a DNAT entry turns unanswered or
+	// answered again (once per transition). May be nil.
+	OnUnanswered func(UnansweredChange)
 	// Log receives agent events; nil discards them.
 	Log hclog.Logger
+}
+
+// UnansweredChange is a DNAT entry turning unanswered, or answered again, on a node.
+type UnansweredChange struct {
+	// Mapping is the mapping's key (compile.MappingKey).
+	Mapping   string
+	Node      string
+	Interface string
+	// Verdict is the entry's verdict now.
+	Verdict Verdict
+	// Was is its verdict before: when the entry is answered again, how long and how many
+	// requests it went unanswered.
+	Was Verdict
 }
 
 // Registry is the per-node state of the controller's agent side. Safe for concurrent use.
@@ -73,6 +92,10 @@ type Registry struct {
 	onAgent   func(node string, connected bool, agentVersion string)
 	// onEpochBehind is Config.OnEpochBehind, never nil.
 	onEpochBehind func(floor uint64)
+	window        Window
+	onUnanswered  func(UnansweredChange)
+	// now is time.Now; tests set it.
+	now func() time.Time
 	// done is closed by Close: its agent streams end.
 	done      chan struct{}
 	closeOnce sync.Once
@@ -100,6 +123,8 @@ type node struct {
 	ackErrors      []*kuportv1.EntryError
 	counters       []*kuportv1.Counter
 	linkStats      []*kuportv1.LinkStats
+	// answers folds each DNAT entry's forwarded counters over the reports (Judge), by id.
+	answers map[string]Tracker
 }
 
 // mappingVersion is the program version at which one mapping's entries on a node last changed.
@@ -139,7 +164,18 @@ func NewRegistry(cfg Config) *Registry {
 	if onEpochBehind == nil {
 		onEpochBehind = func(uint64) {}
 	}
+	window := cfg.Unanswered
+	if window == (Window{}) {
+		window = DefaultUnansweredWindow
+	}
+	onUnanswered := cfg.OnUnanswered
+	if onUnanswered == nil {
+		onUnanswered = func(UnansweredChange) {}
+	}
 	return &Registry{
+		now:           time.Now,
+		window:        window,
+		onUnanswered:  onUnanswered,
 		log:           log,
 		epoch:         cfg.Epoch,
 		holdUntil:     cfg.Start.Add(hold),
@@ -157,7 +193,7 @@ func (r *Registry) Epoch() uint64 { return r.epoch }
 func (r *Registry) nodeLocked(name string) *node {
 	n := r.nodes[name]
 	if n == nil {
-		n = &node{mappings: map[string]*mappingVersion{}}
+		n = &node{mappings: map[string]*mappingVersion{}, answers: map[string]Tracker{}}
 		r.nodes[name] = n
 	}
 	return n
@@ -517,6 +553,20 @@ func (r *Registry) Mapping(mapping string) []*kuportv1.MappingNode {
 			Counters: mv.counters(n),
 		}
 		mn.Ready, mn.Message = n.mappingReady(name, mapping)
+		if mi := n.index[mapping]; mi != nil {
+			for _, e := range mi.Entries {
+				v := n.answers[e.ID].Verdict
+				if e.Kind != compile.KindDNAT || !v.Unanswered {
+					continue
+				}
+				if !mn.Unanswered || v.Since.Before(mn.UnansweredSince.AsTime()) {
+					mn.UnansweredSince = timestamppb.New(v.Since)
+				}
+				mn.Unanswered = true
+				mn.UnansweredInterfaces = append(mn.UnansweredInterfaces, e.Interface)
+			}
+			slices.Sort(mn.UnansweredInterfaces)
+		}
 		for _, l := range n.linkStats {
 			if mv.ids[l.Name] {
 				mn.Links = append(mn.Links, l)
@@ -525,6 +575,72 @@ func (r *Registry) Mapping(mapping string) []*kuportv1.MappingNode {
 		out = append(out, mn)
 	}
 	slices.SortFunc(out, func(a, b *kuportv1.MappingNode) int { return cmp.Compare(a.Node, b.Node) })
+	return out
+}
+
+// dnatEntry is a DNAT entry of a node's index.
+type dnatEntry struct{ mapping, iface string }
+
+// dnatEntries lists index's DNAT entries by id.
+func dnatEntries(index compile.NodeIndex) map[string]dnatEntry {
+	out := map[string]dnatEntry{}
+	for key, mi := range index {
+		for _, e := range mi.Entries {
+			if e.Kind == compile.KindDNAT {
+				out[e.ID] = dnatEntry{key, e.Interface}
+			}
+		}
+	}
+	return out
+}
+
+// judgeLocked steps each DNAT entry's Tracker with n's latest counters and returns the
+// entries whose verdict changed; trackers of entries no longer in n's index are dropped.
+func (r *Registry) judgeLocked(name string, n *node, now time.Time) []UnansweredChange {
+	entries := dnatEntries(n.index)
+	for id := range n.answers {
+		if _, ok := entries[id]; !ok {
+			delete(n.answers, id)
+		}
+	}
+	var out []UnansweredChange
+	for _, c := range n.counters {
+		e, ok := entries[c.Id]
+		if !ok || c.ForwardedIn == nil && c.ForwardedOut == nil {
+			continue
+		}
+		was := n.answers[c.Id]
+		t := was.Step(Sample{At: now, Requests: c.ForwardedIn.GetPackets(), Replies: c.ForwardedOut.GetPackets()}, r.window)
+		n.answers[c.Id] = t
+		if t.Verdict.Unanswered != was.Verdict.Unanswered {
+			out = append(out, UnansweredChange{Mapping: e.mapping, Node: name, Interface: e.iface, Verdict: t.Verdict, Was: was.Verdict})
+		}
+	}
+	return out
+}
+
+// InterfaceVerdict is the verdict of one DNAT entry of a mapping on a node.
+type InterfaceVerdict struct {
+	Interface string
+	Verdict
+}
+
+// Unanswered returns, for each mapping ("<namespace>/<name>") with a DNAT entry in node's
+// current program, its entries' verdicts sorted by interface (Judge over the node's reports).
+func (r *Registry) Unanswered(nodeName string) map[string][]InterfaceVerdict {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := r.nodes[nodeName]
+	if n == nil {
+		return nil
+	}
+	out := map[string][]InterfaceVerdict{}
+	for id, e := range dnatEntries(n.index) {
+		out[e.mapping] = append(out[e.mapping], InterfaceVerdict{Interface: e.iface, Verdict: n.answers[id].Verdict})
+	}
+	for _, vs := range out {
+		slices.SortFunc(vs, func(a, b InterfaceVerdict) int { return cmp.Compare(a.Interface, b.Interface) })
+	}
 	return out
 }
 
@@ -640,12 +756,22 @@ func (r *Registry) report(s *session, rep *kuportv1.Report) {
 	}
 	n.counters = rep.Counters
 	n.linkStats = rep.Links
-	n.lastReport = time.Now()
+	n.lastReport = r.now()
 	changed := rep.State != nil && !proto.Equal(rep.State, n.state)
 	if changed {
 		n.state = rep.State
 	}
+	answers := r.judgeLocked(s.node, n, n.lastReport)
 	r.mu.Unlock()
+	for _, a := range answers {
+		if a.Verdict.Unanswered {
+			r.log.Warn("requests unanswered", "node", a.Node, "mapping", a.Mapping, "interface", a.Interface,
+				"requests", a.Verdict.Requests, "since", a.Verdict.Since)
+		} else {
+			r.log.Info("requests answered again", "node", a.Node, "mapping", a.Mapping, "interface", a.Interface)
+		}
+		r.onUnanswered(a)
+	}
 	if changed {
 		r.log.Info("node state changed", "node", s.node)
 		r.onChange(StateChanged)

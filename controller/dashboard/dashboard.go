@@ -27,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
+	"kuport.wlz.li/kuport/controller/agents"
 	"kuport.wlz.li/kuport/controller/compile"
 	"kuport.wlz.li/kuport/controller/metrics"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
@@ -40,6 +41,12 @@ type Agents interface {
 	metrics.Source
 	// Agents returns what each node's agent last told (its interfaces and underlay).
 	Agents() map[string]*compile.AgentState
+}
+
+// Judge is an Agents that also judges whether each mapping's requests go unanswered on a
+// node (*agents.Registry does); the page shows no unanswered row for an Agents without it.
+type Judge interface {
+	Unanswered(node string) map[string][]agents.InterfaceVerdict
 }
 
 // Source is what the page shows while this replica leads.
@@ -219,7 +226,20 @@ type Mapping struct {
 	Accepted  Condition                   `json:"accepted"`
 	// Programmed is the condition as written (True once every carrying node acknowledged).
 	Programmed Condition `json:"programmed"`
-	Counters   []Counter `json:"counters"`
+	// Unanswered lists the nodes and interfaces where the mapping's requests arrive and no
+	// reply leaves (agents.Judge), sorted; empty while every one is answered or idle.
+	Unanswered []Unanswered `json:"unanswered"`
+	Counters   []Counter    `json:"counters"`
+}
+
+// Unanswered is one DNAT entry of a mapping whose requests go unanswered on its node.
+type Unanswered struct {
+	Node      string `json:"node"`
+	Interface string `json:"interface"`
+	// Since is when the report that showed the first unanswered request arrived.
+	Since time.Time `json:"since"`
+	// Requests arrived since the last reply (replies since: 0).
+	Requests uint64 `json:"requests"`
 }
 
 // Counter is one rule of a mapping on one node: its cumulative values from the node's
@@ -268,6 +288,19 @@ func (s *Server) State(now time.Time) *State {
 	}
 
 	counters, serving := readCounters(src.Agents)
+	unanswered := map[string][]Unanswered{}
+	if j, ok := src.Agents.(Judge); ok {
+		for _, n := range src.Agents.Nodes() {
+			for m, vs := range j.Unanswered(n.Node) {
+				for _, v := range vs {
+					if v.Unanswered {
+						unanswered[m] = append(unanswered[m], Unanswered{Node: n.Node, Interface: v.Interface,
+							Since: v.Since.UTC(), Requests: v.Requests})
+					}
+				}
+			}
+		}
+	}
 	for m, cs := range counters {
 		for i := range cs {
 			cs[i].Rate = rates[counterKey(m, cs[i])]
@@ -291,6 +324,13 @@ func (s *Server) State(now time.Time) *State {
 		key := types.NamespacedName{Namespace: pm.Namespace, Name: pm.Name}
 		m.ServingNode = serving[key]
 		m.Counters = counters[key]
+		m.Unanswered = unanswered[key.String()]
+		slices.SortFunc(m.Unanswered, func(a, b Unanswered) int {
+			return cmp.Or(strings.Compare(a.Node, b.Node), strings.Compare(a.Interface, b.Interface))
+		})
+		if m.Unanswered == nil {
+			m.Unanswered = []Unanswered{}
+		}
 		if m.Counters == nil {
 			m.Counters = []Counter{}
 		}

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
+	"kuport.wlz.li/kuport/controller/agents"
 	"kuport.wlz.li/kuport/controller/compile"
 	"kuport.wlz.li/kuport/controller/dashboard/dashboardtest"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
@@ -184,6 +185,34 @@ func TestState(t *testing.T) {
 		"worker-b dnat/kup-dcc4266d flows in", "worker-b mark packets out",
 	}, rules)
 	assert.Equal(t, uint64(100), m.Counters[3].Packets)
+	assert.NotNil(t, m.Unanswered, "an empty list, not null, for the page")
+	assert.Empty(t, m.Unanswered, "agents that do not judge: nothing unanswered")
+}
+
+// judgingAgents is fakeAgents judging demo/remote-udp's requests unanswered on edge-a's
+// enp1s0 since t0 (agents.Registry.Unanswered).
+type judgingAgents struct{ *fakeAgents }
+
+var unansweredSince = time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+
+func (judgingAgents) Unanswered(node string) map[string][]agents.InterfaceVerdict {
+	switch node {
+	case "edge-a":
+		return map[string][]agents.InterfaceVerdict{remote: {{Interface: "enp1s0",
+			Verdict: agents.Verdict{Unanswered: true, Since: unansweredSince, Requests: 7}}}}
+	case "worker-b":
+		return map[string][]agents.InterfaceVerdict{remote: {{Interface: "kup-dcc4266d"}}}
+	}
+	return nil
+}
+
+func TestStateUnanswered(t *testing.T) {
+	s := New()
+	s.SetSource(labSource(judgingAgents{&fakeAgents{}}))
+	st := s.State(time.Unix(1_800_000_000, 0))
+	require.Len(t, st.Mappings, 2)
+	assert.Empty(t, st.Mappings[0].Unanswered)
+	assert.Equal(t, []Unanswered{{Node: "edge-a", Interface: "enp1s0", Since: unansweredSince, Requests: 7}}, st.Mappings[1].Unanswered)
 }
 
 // TestSampling: State reports the rates of Run's samples, which are taken only while the
@@ -309,7 +338,7 @@ func TestPageInChromium(t *testing.T) {
 		t.Skip(err)
 	}
 	s := New()
-	s.SetSource(labSource(&fakeAgents{step: 25}))
+	s.SetSource(labSource(judgingAgents{&fakeAgents{step: 25}}))
 	srv := httptest.NewServer(s)
 	defer srv.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -322,7 +351,7 @@ func TestPageInChromium(t *testing.T) {
 		dom, err := dashboardtest.DumpDOM(ctx, chromium, srv.URL+"/", 3*time.Second)
 		require.NoError(t, err)
 		for _, want := range []string{`<div id="status" class="muted">leader`, `data-mapping="demo/remote-udp"`,
-			"203.0.113.9:27015", `data-link="kup-dcc4266d"`} {
+			"203.0.113.9:27015", `data-link="kup-dcc4266d"`, `data-unanswered="edge-a/enp1s0"`, "unanswered on edge-a/enp1s0"} {
 			assert.True(t, strings.Contains(dom, want), "the page lacks %s", want)
 		}
 		ctrs := dashboardtest.Counters(dom)

@@ -25,6 +25,13 @@ type Source interface {
 	Stats(node string) ([]*kuportv1.Counter, []*kuportv1.LinkStats)
 }
 
+// UnansweredSource is a Source that also judges, per node, whether each mapping's requests go
+// unanswered (*agents.Registry does): by mapping key, whether any of its DNAT entries on the
+// node is unanswered. A Source without it exports no kuport_mapping_unanswered.
+type UnansweredSource interface {
+	UnansweredMappings(node string) map[string]bool
+}
+
 // Unit says what a rule's counter counts.
 type Unit string
 
@@ -124,6 +131,9 @@ func Counted(index compile.NodeIndex, counters []*kuportv1.Counter) iter.Seq2[Ru
 	}
 }
 
+// unansweredHelp is kuport_mapping_unanswered's help.
+const unansweredHelp = "1 while a node forwards a mapping's requests and sees no reply (kuport_mapping_packets_total in rising, out not, on some interface, for the controller's --unanswered-reports consecutive reports spanning --unanswered-window), until a reply arrives; else 0. Another table's forward drop, a CNI bypassing netfilter on the reply path and a pod that does not answer all look like this. One series per node that receives the mapping's requests."
+
 var (
 	flowsDesc = prometheus.NewDesc("kuport_mapping_flows_total",
 		"New flows a mapping's DNAT rule translated on a node, by arrival interface (kup-pre counts a flow's first packet only). On the pod's node of a cross-node mapping, a kup-* interface counts the same flows again as they arrive over the link.",
@@ -142,6 +152,8 @@ var (
 		"Transmit errors of a kup-* vxlan link device (one per reply looped back into the device when the pref 101 rule is missing).", []string{"node", "link", "peer"}, nil)
 	linkRxErrorsDesc = prometheus.NewDesc("kuport_link_rx_errors_total",
 		"Receive errors of a kup-* vxlan link device.", []string{"node", "link", "peer"}, nil)
+	unansweredDesc = prometheus.NewDesc("kuport_mapping_unanswered", unansweredHelp,
+		[]string{"namespace", "name", "node"}, nil)
 	connectedDesc = prometheus.NewDesc("kuport_agents_connected",
 		"Agents with an open stream to this controller.", nil, nil)
 	programVersionDesc = prometheus.NewDesc("kuport_node_program_version",
@@ -171,7 +183,7 @@ func (c *agentCollector) source() Source {
 // Describe implements prometheus.Collector.
 func (c *agentCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{flowsDesc, packetsDesc, bytesDesc, linkTxPacketsDesc,
-		linkRxPacketsDesc, linkTxErrorsDesc, linkRxErrorsDesc, connectedDesc, programVersionDesc, ackedVersionDesc} {
+		linkRxPacketsDesc, linkTxErrorsDesc, linkRxErrorsDesc, unansweredDesc, connectedDesc, programVersionDesc, ackedVersionDesc} {
 		ch <- d
 	}
 }
@@ -212,7 +224,21 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 
 		program, _, _ := src.Program(n.Node)
 		counters, links := src.Stats(n.Node)
-		for r, ctr := range Counted(src.Index(n.Node), counters) {
+		index := src.Index(n.Node)
+		if us, ok := src.(UnansweredSource); ok {
+			unanswered := us.UnansweredMappings(n.Node)
+			for key, mi := range index {
+				if !hasDNAT(mi) {
+					continue
+				}
+				var v uint64
+				if unanswered[key] {
+					v = 1
+				}
+				gauge(unansweredDesc, v, mi.Mapping.Namespace, mi.Mapping.Name, n.Node)
+			}
+		}
+		for r, ctr := range Counted(index, counters) {
 			ns, name := r.Mapping.Namespace, r.Mapping.Name
 			switch {
 			case r.Forwarded:
@@ -241,4 +267,14 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(packetsDesc, v[0], k[:]...)
 		counter(bytesDesc, v[1], k[:]...)
 	}
+}
+
+// hasDNAT reports whether mi holds a DNAT entry: a node where the mapping's requests arrive.
+func hasDNAT(mi *compile.MappingIndex) bool {
+	for _, e := range mi.Entries {
+		if e.Kind == compile.KindDNAT {
+			return true
+		}
+	}
+	return false
 }

@@ -33,7 +33,7 @@ func TestGrafanaDashboard(t *testing.T) {
 	assert.Equal(t, "kuport", d.UID)
 	require.NotEmpty(t, d.Panels)
 
-	SetLeader(labSource())
+	SetLeader(unansweredSource{labSource()})
 	t.Cleanup(func() { SetLeader(nil) })
 	families, err := registry.Gather()
 	require.NoError(t, err)
@@ -63,7 +63,8 @@ func TestGrafanaDashboard(t *testing.T) {
 		}
 	}
 	for _, n := range []string{"kuport_mapping_flows_total", "kuport_mapping_packets_total", "kuport_link_tx_errors_total",
-		"kuport_program_push_to_ack_seconds", "kuport_agents_connected", "kuport_leader", "kuport_refusals"} {
+		"kuport_program_push_to_ack_seconds", "kuport_agents_connected", "kuport_leader", "kuport_refusals",
+		"kuport_mapping_unanswered"} {
 		assert.True(t, used[n], "no panel shows %s", n)
 	}
 }

@@ -197,6 +197,34 @@ kuport_node_program_version{node="worker-c"} 0
 	assert.Empty(t, problems)
 }
 
+// unansweredSource is labSource judging demo/remote-udp unanswered on edge-a.
+type unansweredSource struct{ *fakeSource }
+
+func (unansweredSource) UnansweredMappings(node string) map[string]bool {
+	if node == "edge-a" {
+		return map[string]bool{"demo/remote-udp": true}
+	}
+	return map[string]bool{}
+}
+
+func TestUnansweredGauge(t *testing.T) {
+	c := &agentCollector{}
+	c.set(labSource())
+	assert.Zero(t, testutil.CollectAndCount(c, "kuport_mapping_unanswered"), "a source that does not judge: no series")
+	c.set(unansweredSource{labSource()})
+	want := `
+# HELP kuport_mapping_unanswered ` + unansweredHelp + `
+# TYPE kuport_mapping_unanswered gauge
+kuport_mapping_unanswered{name="remote-udp",namespace="demo",node="edge-a"} 1
+kuport_mapping_unanswered{name="remote-udp",namespace="demo",node="worker-b"} 0
+kuport_mapping_unanswered{name="shared",namespace="demo",node="worker-b"} 0
+`
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want), "kuport_mapping_unanswered"))
+	problems, err := testutil.CollectAndLint(c)
+	require.NoError(t, err)
+	assert.Empty(t, problems)
+}
+
 func TestPushTracker(t *testing.T) {
 	before := histogramCount(t)
 	t0 := time.Unix(1000, 0)

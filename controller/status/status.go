@@ -167,3 +167,40 @@ func (w *Writer) update(ctx context.Context, gvr schema.GroupVersionResource, na
 	_, err = w.client.Resource(gvr).Namespace(namespace).UpdateStatus(ctx, &unstructured.Unstructured{Object: u}, metav1.UpdateOptions{})
 	return err
 }
+
+// Event reasons on a PortMap whose requests a node forwards without seeing a reply
+// (agents.Judge over the node's reports), and when replies flow again. (added)
+const (
+	ReasonRequestsUnanswered = "RequestsUnanswered"
+	ReasonRequestsAnswered   = "RequestsAnswered"
+)
+
+// Answers is one DNAT entry of a PortMap turning unanswered, or answered again, on a node.
+type Answers struct {
+	Node, Interface string
+	// Unanswered is the entry's state now.
+	Unanswered bool
+	// Requests arrived since the last reply and Since is when the report showing the first
+	// of them arrived: now when unanswered, until the reply when answered again.
+	Requests uint64
+	Since    time.Time
+	// Window is the controller's window, as the operator set it ("3 reports and 10s").
+	Window string
+}
+
+// RequestsEvent records on pm that a node forwards its requests and sees no reply (Warning
+// RequestsUnanswered) or that replies flow again (Normal RequestsAnswered), naming the node,
+// the interface and the counters. The caller calls it once per transition.
+func (w *Writer) RequestsEvent(pm *v1alpha1.PortMap, a Answers) {
+	obj := pm.DeepCopy()
+	obj.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("PortMap"))
+	since := a.Since.UTC().Format(time.RFC3339)
+	if a.Unanswered {
+		w.recorder.Eventf(obj, corev1.EventTypeWarning, ReasonRequestsUnanswered,
+			"node %s interface %s: %d requests since %s, 0 replies over %s: something after kuport's count drops them (another table's forward chain at policy drop, a host firewall) or the pod does not answer",
+			a.Node, a.Interface, a.Requests, since, a.Window)
+		return
+	}
+	w.recorder.Eventf(obj, corev1.EventTypeNormal, ReasonRequestsAnswered,
+		"node %s interface %s: replies flow again (%d requests had gone unanswered since %s)", a.Node, a.Interface, a.Requests, since)
+}

@@ -2022,9 +2022,18 @@ type MappingNode struct {
 	// The entries' counters from the node's latest Report, in report order.
 	Counters []*Counter `protobuf:"bytes,7,rep,name=counters,proto3" json:"counters,omitempty"`
 	// Statistics of the links the entries use, from the node's latest Report.
-	Links         []*LinkStats `protobuf:"bytes,8,rep,name=links,proto3" json:"links,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Links []*LinkStats `protobuf:"bytes,8,rep,name=links,proto3" json:"links,omitempty"`
+	// Whether the node forwards the mapping's requests and sees no reply: on some DNAT entry,
+	// forwarded_in rose and forwarded_out did not over the controller's window
+	// (--unanswered-reports consecutive reports spanning --unanswered-window), until a reply
+	// arrives.
+	Unanswered bool `protobuf:"varint,9,opt,name=unanswered,proto3" json:"unanswered,omitempty"`
+	// When the report that showed the first unanswered request arrived; unset when answered.
+	UnansweredSince *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=unanswered_since,json=unansweredSince,proto3" json:"unanswered_since,omitempty"`
+	// Interfaces of the DNAT entries that are unanswered, sorted.
+	UnansweredInterfaces []string `protobuf:"bytes,11,rep,name=unanswered_interfaces,json=unansweredInterfaces,proto3" json:"unanswered_interfaces,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *MappingNode) Reset() {
@@ -2109,6 +2118,27 @@ func (x *MappingNode) GetCounters() []*Counter {
 func (x *MappingNode) GetLinks() []*LinkStats {
 	if x != nil {
 		return x.Links
+	}
+	return nil
+}
+
+func (x *MappingNode) GetUnanswered() bool {
+	if x != nil {
+		return x.Unanswered
+	}
+	return false
+}
+
+func (x *MappingNode) GetUnansweredSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UnansweredSince
+	}
+	return nil
+}
+
+func (x *MappingNode) GetUnansweredInterfaces() []string {
+	if x != nil {
+		return x.UnansweredInterfaces
 	}
 	return nil
 }
@@ -2400,7 +2430,7 @@ const file_kuport_v1_program_proto_rawDesc = "" +
 	"\x05nodes\x18\x01 \x03(\v2\x13.kuport.v1.NodeInfoR\x05nodes\"E\n" +
 	"\x11GetMappingRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\"\xfa\x01\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\x96\x03\n" +
 	"\vMappingNode\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1b\n" +
 	"\tentry_ids\x18\x02 \x03(\tR\bentryIds\x12\x18\n" +
@@ -2409,7 +2439,13 @@ const file_kuport_v1_program_proto_rawDesc = "" +
 	"\x05ready\x18\x05 \x01(\bR\x05ready\x12\x18\n" +
 	"\amessage\x18\x06 \x01(\tR\amessage\x12.\n" +
 	"\bcounters\x18\a \x03(\v2\x12.kuport.v1.CounterR\bcounters\x12*\n" +
-	"\x05links\x18\b \x03(\v2\x14.kuport.v1.LinkStatsR\x05links\"B\n" +
+	"\x05links\x18\b \x03(\v2\x14.kuport.v1.LinkStatsR\x05links\x12\x1e\n" +
+	"\n" +
+	"unanswered\x18\t \x01(\bR\n" +
+	"unanswered\x12E\n" +
+	"\x10unanswered_since\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\x0funansweredSince\x123\n" +
+	"\x15unanswered_interfaces\x18\v \x03(\tR\x14unansweredInterfaces\"B\n" +
 	"\x12GetMappingResponse\x12,\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x16.kuport.v1.MappingNodeR\x05nodes\"\x1a\n" +
 	"\x18GetAppliedProgramRequest\"\xb7\x01\n" +
@@ -2522,25 +2558,26 @@ var file_kuport_v1_program_proto_depIdxs = []int32{
 	24, // 28: kuport.v1.ListNodesResponse.nodes:type_name -> kuport.v1.NodeInfo
 	17, // 29: kuport.v1.MappingNode.counters:type_name -> kuport.v1.Counter
 	19, // 30: kuport.v1.MappingNode.links:type_name -> kuport.v1.LinkStats
-	27, // 31: kuport.v1.GetMappingResponse.nodes:type_name -> kuport.v1.MappingNode
-	4,  // 32: kuport.v1.GetAppliedProgramResponse.program:type_name -> kuport.v1.NodeProgram
-	15, // 33: kuport.v1.GetAppliedProgramResponse.errors:type_name -> kuport.v1.EntryError
-	31, // 34: kuport.v1.GetAppliedProgramResponse.apply_time:type_name -> google.protobuf.Timestamp
-	10, // 35: kuport.v1.AgentService.Connect:input_type -> kuport.v1.ConnectRequest
-	21, // 36: kuport.v1.ProgramService.GetProgram:input_type -> kuport.v1.GetProgramRequest
-	23, // 37: kuport.v1.ProgramService.ListNodes:input_type -> kuport.v1.ListNodesRequest
-	26, // 38: kuport.v1.ProgramService.GetMapping:input_type -> kuport.v1.GetMappingRequest
-	29, // 39: kuport.v1.AgentInspectionService.GetAppliedProgram:input_type -> kuport.v1.GetAppliedProgramRequest
-	11, // 40: kuport.v1.AgentService.Connect:output_type -> kuport.v1.ConnectResponse
-	22, // 41: kuport.v1.ProgramService.GetProgram:output_type -> kuport.v1.GetProgramResponse
-	25, // 42: kuport.v1.ProgramService.ListNodes:output_type -> kuport.v1.ListNodesResponse
-	28, // 43: kuport.v1.ProgramService.GetMapping:output_type -> kuport.v1.GetMappingResponse
-	30, // 44: kuport.v1.AgentInspectionService.GetAppliedProgram:output_type -> kuport.v1.GetAppliedProgramResponse
-	40, // [40:45] is the sub-list for method output_type
-	35, // [35:40] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	31, // 31: kuport.v1.MappingNode.unanswered_since:type_name -> google.protobuf.Timestamp
+	27, // 32: kuport.v1.GetMappingResponse.nodes:type_name -> kuport.v1.MappingNode
+	4,  // 33: kuport.v1.GetAppliedProgramResponse.program:type_name -> kuport.v1.NodeProgram
+	15, // 34: kuport.v1.GetAppliedProgramResponse.errors:type_name -> kuport.v1.EntryError
+	31, // 35: kuport.v1.GetAppliedProgramResponse.apply_time:type_name -> google.protobuf.Timestamp
+	10, // 36: kuport.v1.AgentService.Connect:input_type -> kuport.v1.ConnectRequest
+	21, // 37: kuport.v1.ProgramService.GetProgram:input_type -> kuport.v1.GetProgramRequest
+	23, // 38: kuport.v1.ProgramService.ListNodes:input_type -> kuport.v1.ListNodesRequest
+	26, // 39: kuport.v1.ProgramService.GetMapping:input_type -> kuport.v1.GetMappingRequest
+	29, // 40: kuport.v1.AgentInspectionService.GetAppliedProgram:input_type -> kuport.v1.GetAppliedProgramRequest
+	11, // 41: kuport.v1.AgentService.Connect:output_type -> kuport.v1.ConnectResponse
+	22, // 42: kuport.v1.ProgramService.GetProgram:output_type -> kuport.v1.GetProgramResponse
+	25, // 43: kuport.v1.ProgramService.ListNodes:output_type -> kuport.v1.ListNodesResponse
+	28, // 44: kuport.v1.ProgramService.GetMapping:output_type -> kuport.v1.GetMappingResponse
+	30, // 45: kuport.v1.AgentInspectionService.GetAppliedProgram:output_type -> kuport.v1.GetAppliedProgramResponse
+	41, // [41:46] is the sub-list for method output_type
+	36, // [36:41] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_kuport_v1_program_proto_init() }

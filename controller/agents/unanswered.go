@@ -1,0 +1,106 @@
+package agents
+
+import "time"
+
+// Unanswered mappings (issue 12, "Why" 3): a DNAT entry whose node keeps forwarding
+// requests (Counter.forwarded_in rising) and sees no reply (forwarded_out not rising) is
+// unanswered there. Another table's forward chain dropping the requests, a CNI bypassing
+// netfilter on the reply path, a pod that does not answer all look like this, while the
+// kernel holds every rule and Programmed stays True.
+
+// DefaultUnansweredWindow is the window of Window's defaults: requests without a reply for
+// at least three reports and 10 s.
+var DefaultUnansweredWindow = Window{Reports: 3, Duration: 10 * time.Second}
+
+// Window is how long requests must go without a reply before their entry is unanswered:
+// Reports consecutive reports, the first being the one that showed the first unanswered
+// request, spanning at least Duration. Both guard: a report sent early (a state change)
+// does not shorten the window, a late one does not lengthen it past the next report.
+type Window struct {
+	Reports  int
+	Duration time.Duration
+}
+
+// Sample is one report's forwarded counts of a DNAT entry: the packets of forwarded_in
+// (requests) and forwarded_out (replies), cumulative.
+type Sample struct {
+	At       time.Time
+	Requests uint64
+	Replies  uint64
+}
+
+// Verdict is what the counter history says of one DNAT entry.
+type Verdict struct {
+	// Unanswered: requests went without a reply for the whole window.
+	Unanswered bool
+	// Since is when the report that showed the first unanswered request arrived; zero
+	// when answered.
+	Since time.Time
+	// Requests is how many requests arrived since the last reply, so far; replies since
+	// are 0 by definition. Zero when answered.
+	Requests uint64
+}
+
+// Tracker is the fold state of Judge over one entry's samples; its zero value has seen
+// nothing. Step it with Judge's step.
+type Tracker struct {
+	last    Sample
+	have    bool
+	pending bool      // requests arrived since the last reply
+	first   time.Time // report that showed the first of them
+	base    uint64    // Requests before the first of them
+	reports int       // reports since the first of them, that one included
+	Verdict Verdict
+}
+
+// Judge folds an entry's counter history, oldest first, into its verdict: the one pure
+// decision of "unanswered". Requests with replies are answered; requests with no reply over
+// w are unanswered (until a reply arrives); no requests is answered (idle). A counter that
+// goes back (the agent restarted, the entry was rewritten) starts the history over from that
+// sample without judging what came before: no false alarm, and the verdict stands until the
+// new history decides otherwise.
+func Judge(history []Sample, w Window) Verdict {
+	var t Tracker
+	for _, s := range history {
+		t = t.Step(s, w)
+	}
+	return t.Verdict
+}
+
+// Step is Judge's fold step: t after one more sample s.
+func (t Tracker) Step(s Sample, w Window) Tracker {
+	switch {
+	case !t.have, s.Requests < t.last.Requests, s.Replies < t.last.Replies:
+		// A baseline: nothing to compare with.
+		t.have, t.pending = true, false
+	case s.Replies > t.last.Replies:
+		t.pending = false
+		t.Verdict = Verdict{}
+	case t.pending:
+		t.reports++
+	case s.Requests > t.last.Requests:
+		t.pending, t.first, t.base, t.reports = true, s.At, t.last.Requests, 1
+	}
+	if t.pending {
+		if !t.Verdict.Unanswered && t.reports >= w.Reports && s.At.Sub(t.first) >= w.Duration {
+			t.Verdict = Verdict{Unanswered: true, Since: t.first}
+		}
+		if t.Verdict.Unanswered {
+			t.Verdict.Requests = s.Requests - t.base
+		}
+	}
+	t.last = s
+	return t
+}
+
+// UnansweredMappings returns, by mapping key, whether any of the mapping's DNAT entries in
+// node's current program is unanswered (metrics.UnansweredSource).
+func (r *Registry) UnansweredMappings(nodeName string) map[string]bool {
+	out := map[string]bool{}
+	for m, vs := range r.Unanswered(nodeName) {
+		for _, v := range vs {
+			out[m] = out[m] || v.Unanswered
+		}
+	}
+	return out
+}

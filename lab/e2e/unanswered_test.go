@@ -1,0 +1,132 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"kuport.wlz.li/kuport/controller/dashboard"
+	"kuport.wlz.li/kuport/controller/status"
+	"kuport.wlz.li/kuport/lab"
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// TestPrivilegedE2EUnanswered maps a UDP port of web-b nobody serves (the lab's pods serve
+// only what a test starts) and probes it: edge-a forwards the requests and sees no reply, so
+// the PortMap gets a Warning Event RequestsUnanswered naming edge-a and enp1s0,
+// kuport_mapping_unanswered{node="edge-a"} is 1, GetMapping's edge-a row and the dashboard's
+// state say unanswered. Then a server starts on the port: once replies flow, a Normal Event
+// RequestsAnswered, the gauge 0 and GetMapping's row answered.
+func TestPrivilegedE2EUnanswered(t *testing.T) {
+	l := startLab(t)
+	ctx := context.Background()
+	const name, port = "silent-udp", 27320
+	mapTo(t, l, name, "public", corev1.ProtocolUDP, port, 0, port, lab.PodB)
+	dst := fmt.Sprintf("%s:%d", lab.PublicAddr, port)
+
+	events := func(reason string) []corev1.Event {
+		list, err := l.Kube.CoreV1().Events(lab.DemoNamespace).List(ctx, metav1.ListOptions{
+			FieldSelector: "involvedObject.kind=PortMap,involvedObject.name=" + name + ",reason=" + reason})
+		require.NoError(t, err)
+		return list.Items
+	}
+	onEdgeA := func(evs []corev1.Event) *corev1.Event {
+		for i, e := range evs {
+			if strings.Contains(e.Message, "node edge-a interface enp1s0:") {
+				return &evs[i]
+			}
+		}
+		return nil
+	}
+	// probeUntil probes dst about every 500 ms until done holds (3 reports of 2 s spanning
+	// 10 s make a mapping unanswered in the lab).
+	probeUntil := func(what string, done func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(60 * time.Second)
+		for !done() {
+			require.True(t, time.Now().Before(deadline), "no %s within 60 s", what)
+			_, _ = l.Net.Probe(ctx, "udp", dst, 500*time.Millisecond)
+		}
+	}
+
+	var warning *corev1.Event
+	probeUntil("RequestsUnanswered Event", func() bool {
+		warning = onEdgeA(events(status.ReasonRequestsUnanswered))
+		return warning != nil
+	})
+	t.Logf("event: %s %s: %s", warning.Type, warning.Reason, warning.Message)
+	assert.Equal(t, corev1.EventTypeWarning, warning.Type)
+	assert.Contains(t, warning.Message, "0 replies")
+	assert.Empty(t, events(status.ReasonRequestsAnswered), "no RequestsAnswered before any reply")
+
+	base := "http://" + lab.ControllerHTTPAddr
+	gauge := map[string]string{"namespace": lab.DemoNamespace, "name": name, "node": "edge-a"}
+	assert.Equal(t, 1.0, promSample(t, base+"/metrics", "kuport_mapping_unanswered", gauge))
+	row := mappingRow(t, name, "edge-a")
+	require.NotNil(t, row, "GetMapping has no edge-a row")
+	assert.True(t, row.GetUnanswered(), "GetMapping's edge-a row: %v", row)
+	assert.NotNil(t, row.GetUnansweredSince())
+	assert.Equal(t, []string{"enp1s0"}, row.GetUnansweredInterfaces())
+	st := dashboardState(t, base+"/api/state")
+	var marked bool
+	for _, m := range st.Mappings {
+		for _, u := range m.Unanswered {
+			marked = marked || m.Name == name && u.Node == "edge-a" && u.Interface == "enp1s0" && u.Requests > 0
+		}
+	}
+	assert.True(t, marked, "the dashboard's state does not mark %s unanswered on edge-a/enp1s0", name)
+
+	// A server on the port: replies flow, and the mark clears once.
+	serve(t, l, lab.PodB, corev1.ProtocolUDP, port)
+	assertAnswersAt(t, l, corev1.ProtocolUDP, lab.PublicAddr, port)
+	var answered *corev1.Event
+	probeUntil("RequestsAnswered Event", func() bool {
+		answered = onEdgeA(events(status.ReasonRequestsAnswered))
+		return answered != nil
+	})
+	t.Logf("event: %s %s: %s", answered.Type, answered.Reason, answered.Message)
+	assert.Equal(t, corev1.EventTypeNormal, answered.Type)
+	assert.Equal(t, 0.0, promSample(t, base+"/metrics", "kuport_mapping_unanswered", gauge))
+	assert.False(t, mappingRow(t, name, "edge-a").GetUnanswered())
+	// Once per transition: still one Warning about edge-a.
+	n := 0
+	for _, e := range events(status.ReasonRequestsUnanswered) {
+		if strings.Contains(e.Message, "node edge-a interface enp1s0:") {
+			n += int(e.Count)
+		}
+	}
+	assert.Equal(t, 1, n, "RequestsUnanswered Events about edge-a")
+}
+
+// mappingRow returns GetMapping's row of node for the demo mapping name (nil if none).
+func mappingRow(t *testing.T, name, node string) *kuportv1.MappingNode {
+	t.Helper()
+	m, err := programService(t).GetMapping(context.Background(), &kuportv1.GetMappingRequest{Namespace: lab.DemoNamespace, Name: name})
+	require.NoError(t, err)
+	for _, n := range m.GetNodes() {
+		if n.GetNode() == node {
+			return n
+		}
+	}
+	return nil
+}
+
+// dashboardState reads the dashboard's /api/state.
+func dashboardState(t *testing.T, url string) dashboard.State {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var st dashboard.State
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&st))
+	return st
+}
