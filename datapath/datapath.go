@@ -140,36 +140,17 @@ func (d *Datapath) apply(p *kuportv1.NodeProgram, changes *int) error {
 		stale = newStaleFlows(have, want)
 	}
 
+	// Links and return paths that fail validation are reported and left out (Validate).
+	links, returns, invalid := compileLinks(p)
+	errs = append(errs, invalid...)
 	keep := map[string]bool{}
 	for _, l := range p.GetLinks() {
 		keep[l.GetName()] = true
-		w, err := compileLink(l)
-		if err == nil {
-			err = d.syncLink(w, changes)
-		}
-		if err != nil {
-			errs = append(errs, &EntryError{Kind: "link", ID: l.GetName(), Err: err})
-		}
 	}
-
-	var returns []*wantReturn
-	ids := map[string]bool{}
-	tables := map[uint32]bool{}
-	for _, rp := range p.GetReturnPaths() {
-		w, err := compileReturn(rp)
-		switch {
-		case err != nil:
-		case ids[w.id] || tables[rp.GetTable()]:
-			err = fmt.Errorf("id or table %d used by another return path", w.table)
-		case !keep[w.link]:
-			err = fmt.Errorf("link %s is not in the program", w.link)
+	for _, w := range links {
+		if err := d.syncLink(w, changes); err != nil {
+			errs = append(errs, &EntryError{Kind: "link", ID: w.name, Err: err})
 		}
-		if err != nil {
-			errs = append(errs, &EntryError{Kind: "return path", ID: rp.GetId(), Err: err})
-			continue
-		}
-		ids[w.id], tables[rp.GetTable()] = true, true
-		returns = append(returns, w)
 	}
 	errs = append(errs, d.syncReturnPaths(returns, changes)...)
 	errs = append(errs, d.pruneLinks(keep, changes)...)
