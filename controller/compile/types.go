@@ -141,8 +141,11 @@ const maxKeyLen = 127 - 21
 // two are longer than maxKeyLen bytes together (a name may have 253), the key is cut to
 // leave room for "~" and the first 8 hex digits of the sha256 of "<namespace>/<name>", so
 // every id of the mapping fits and two long names still differ.
-func MappingKey(pm *v1alpha1.PortMap) string {
-	k := pm.Namespace + "/" + pm.Name
+func MappingKey(pm *v1alpha1.PortMap) string { return Key(pm.Namespace, pm.Name) }
+
+// Key is MappingKey of the PortMap namespace/name.
+func Key(namespace, name string) string {
+	k := namespace + "/" + name
 	if len(k) <= maxKeyLen {
 		return k
 	}
