@@ -44,3 +44,24 @@ func TestLongNameFitsIDs(t *testing.T) {
 		assert.LessOrEqual(t, len(e.ID), 127, e.ID)
 	}
 }
+
+// TestUnusableLinkMTU: a link whose MTU would be unknown (neither end reports one) or below
+// IPv4's 68 is not built, which the datapath would refuse with the node's whole program; the
+// mapping says why.
+func TestUnusableLinkMTU(t *testing.T) {
+	for name, mtus := range map[string][2]uint32{"unknown": {0, 0}, "too small": {100, 1420}} {
+		t.Run(name, func(t *testing.T) {
+			s := world(mkPortMap("remote", 0, 3000, interfaces("enp1s0")))
+			s.Agents["edge-a"].State.Interfaces[1].Mtu = mtus[0]
+			s.Agents["worker-b"].State.Interfaces[0].Mtu = mtus[1]
+			r := Compile(s)
+			for node, p := range r.Programs {
+				assert.Empty(t, p.GetLinks(), node)
+				require.NoError(t, datapath.Validate(p), node)
+			}
+			prog := r.PortMaps[nsName("demo", "remote")].Status.Conditions[1]
+			assert.Equal(t, "NodeNotReady", prog.Reason)
+			assert.Contains(t, prog.Message, "node edge-a: link to worker-b would have MTU")
+		})
+	}
+}
