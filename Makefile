@@ -165,8 +165,8 @@ test: deps tools lab-binaries check-generated lint build images lab-images image
 FUZZTIME ?= 20s
 .PHONY: fuzz-smoke
 fuzz-smoke:
-	$(GO) test -run '^$$' -fuzz '^FuzzCompile$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./controller/compile/
-	$(GO) test -run '^$$' -fuzz '^FuzzValidateProgram$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./datapath/
+	$(GO) test -run '^$$' -fuzz '^FuzzCompile$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 100x ./controller/compile/
+	$(GO) test -run '^$$' -fuzz '^FuzzValidateProgram$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 100x ./datapath/
 
 # images-next packs the images of a later version (VERSION-next) into bin/images-next, for the
 # install e2e's rolling upgrade.
