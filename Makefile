@@ -162,6 +162,17 @@ test: deps tools lab-binaries check-generated lint build images lab-images image
 		$(GO) test -count=1 -p 1 -timeout 30m ./...
 	# bench/datapath.sh once at small N: a smoke test that it completes, not of its timings.
 	sh bench/datapath.sh --mappings 1,10 --traffic 200ms
+	@$(MAKE) --no-print-directory fuzz-smoke
+
+# fuzz-smoke runs each fuzz target briefly beyond its committed corpus (testdata/fuzz/<name>/,
+# which plain `go test` already runs): compile over generated snapshots, and the agent's
+# validation of any program a peer can send. FUZZTIME=10m for a longer run; a failure writes
+# the input to testdata/fuzz/, to commit with its fix.
+FUZZTIME ?= 20s
+.PHONY: fuzz-smoke
+fuzz-smoke:
+	$(GO) test -run '^$$' -fuzz '^FuzzCompile$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 100x ./controller/compile/
+	$(GO) test -run '^$$' -fuzz '^FuzzValidateProgram$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 100x ./datapath/
 
 # images-next packs the images of a later version (VERSION-next) into bin/images-next, for the
 # install e2e's rolling upgrade.

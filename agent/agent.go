@@ -96,9 +96,14 @@ type Config struct {
 	ServerName string
 	// Datapath applies programs and reads the node's kernel state.
 	Datapath Datapath
-	// EntryErrors extracts per-entry failures from an Apply error; nil, or an empty result,
-	// yields one EntryError with an empty id and the error's text.
+	// EntryErrors extracts per-entry failures from an Apply or Validate error; nil, or an
+	// empty result, yields one EntryError with an empty id and the error's text.
 	EntryErrors func(error) []*kuportv1.EntryError
+	// Validate checks a program before anything of it reaches the kernel (datapath.Validate).
+	// A program it rejects is refused whole: Apply is not called, the kernel keeps the
+	// previous program, and the Ack carries the error per entry (EntryErrors), each naming
+	// the entry. nil leaves validation to Apply.
+	Validate func(*kuportv1.NodeProgram) error
 	// Log receives the agent's logs; nil discards them.
 	Log hclog.Logger
 	// ReportInterval is the period of Reports (default 10 s).

@@ -18,7 +18,8 @@ import (
 // A program whose content (everything but version and epoch) equals the current program's,
 // which applied without errors, is acknowledged without calling Apply: the kernel already
 // holds it (a reconnect resends the same program). Any other program is applied, including
-// one of equal epoch and lower version whose content differs.
+// one of equal epoch and lower version whose content differs. A program Config.Validate
+// rejects is refused whole before that, and the current program stays current.
 func (a *Agent) handleProgram(p *kuportv1.NodeProgram) *kuportv1.Ack {
 	if p.GetNode() != a.cfg.NodeName {
 		a.log.Error("refusing a program for another node", "program_node", p.GetNode(), "version", p.GetVersion(), "epoch", p.GetEpoch())
@@ -34,6 +35,15 @@ func (a *Agent) handleProgram(p *kuportv1.NodeProgram) *kuportv1.Ack {
 		return &kuportv1.Ack{Version: p.GetVersion(), Epoch: p.GetEpoch(), Errors: []*kuportv1.EntryError{{
 			Message: fmt.Sprintf("refused by fencing: program epoch %d is lower than the applied epoch %d", p.GetEpoch(), a.epochFloor),
 		}}}
+	}
+	if a.cfg.Validate != nil {
+		if err := a.cfg.Validate(p); err != nil {
+			// Refused whole: the kernel keeps the current program, which stays current.
+			errs := a.entryErrors(err)
+			a.log.Error("refusing an invalid program", "version", p.GetVersion(), "epoch", p.GetEpoch(),
+				"entry_errors", len(errs), "error", err)
+			return &kuportv1.Ack{Version: p.GetVersion(), Epoch: p.GetEpoch(), Errors: errs}
+		}
 	}
 	if cur != nil && len(a.currentErr) == 0 && sameContent(p, cur) {
 		a.log.Debug("program content already applied, acknowledging",

@@ -139,20 +139,18 @@ func (d *Datapath) apply(p *kuportv1.NodeProgram, changes *int) error {
 		stale = newStaleFlows(have, want)
 	}
 
+	// Links and return paths that fail validation are reported and left out (Validate).
+	links, returns, invalid := compileLinks(p)
+	errs = append(errs, invalid...)
 	keep := map[string]bool{}
 	for _, l := range p.GetLinks() {
 		keep[l.GetName()] = true
-		w, err := compileLink(l)
-		if err == nil {
-			err = d.syncLink(w, changes)
-		}
-		if err != nil {
-			errs = append(errs, &EntryError{Kind: "link", ID: l.GetName(), Err: err})
+	}
+	for _, w := range links {
+		if err := d.syncLink(w, changes); err != nil {
+			errs = append(errs, &EntryError{Kind: "link", ID: w.name, Err: err})
 		}
 	}
-
-	returns, rerrs := compileReturns(p)
-	errs = append(errs, rerrs...)
 	errs = append(errs, d.syncReturnPaths(returns, changes)...)
 	errs = append(errs, d.pruneLinks(keep, changes)...)
 	// Last, so a flow's next packet finds the links and routes its new target needs.

@@ -43,6 +43,9 @@ type wantReturn struct {
 
 func compileReturn(rp *kuportv1.ReturnPath) (*wantReturn, error) {
 	w := &wantReturn{id: rp.GetId(), link: rp.GetLink(), mark: rp.GetMark(), table: int(rp.GetTable())}
+	if err := checkID(w.id); err != nil {
+		return nil, err
+	}
 	if err := checkIfname(w.link); err != nil {
 		return nil, err
 	}

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
+	"kuport.wlz.li/kuport/controller/compile"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -315,7 +316,7 @@ func (s *Server) GetMapping(_ context.Context, req *kuportv1.GetMappingRequest) 
 	if req.Namespace == "" || req.Name == "" {
 		return nil, status.Error(codes.InvalidArgument, "namespace and name are required")
 	}
-	nodes := reg.Mapping(req.Namespace + "/" + req.Name)
+	nodes := reg.Mapping(compile.Key(req.Namespace, req.Name))
 	if len(nodes) == 0 {
 		return nil, status.Errorf(codes.NotFound, "no node's program carries mapping %s/%s", req.Namespace, req.Name)
 	}

@@ -209,7 +209,7 @@ func (c *compiler) nodeRow(ci *classInfo, name string) v1alpha1.ClassNodeStatus 
 }
 
 // linkMTU is the MTU of a link between ends with these underlay MTUs: the smaller less the
-// vxlan encapsulation (DESIGN.md, MTU), 0 (the kernel's default) when unknown.
+// vxlan encapsulation (DESIGN.md, MTU), 0 when unknown (a link is then not built, linkUnusable).
 func linkMTU(a, b uint32) uint32 {
 	// An end that reports no MTU yet does not drag the link down: the known end's figure
 	// holds until the other's arrives (founding document, MTU agreement).

@@ -49,11 +49,12 @@ func (r portRange) wire() *kuportv1.PortRange {
 // plan is one PortMap's compilation: the acceptance verdict, then the endpoint, serving node
 // and targets, then what was emitted.
 type plan struct {
-	pm    *v1alpha1.PortMap
-	key   string
-	class *classInfo // nil when the class does not exist
-	proto kuportv1.Protocol
-	ports portRange
+	pm *v1alpha1.PortMap
+	// key names its entries (MappingKey); name is "<namespace>/<name>", for messages.
+	key, name string
+	class     *classInfo // nil when the class does not exist
+	proto     kuportv1.Protocol
+	ports     portRange
 	// acceptReason is ReasonValid when accepted.
 	acceptReason, acceptMsg string
 	// progReason is "" until programming fails.
@@ -120,7 +121,7 @@ type holding struct {
 // pod in a class that builds no links fails the mapping with ReturnPathUnavailable (founding
 // document, refusal table).
 func (c *compiler) plan(pm *v1alpha1.PortMap) {
-	p := &plan{pm: pm, key: MappingKey(pm)}
+	p := &plan{pm: pm, key: MappingKey(pm), name: pm.Namespace + "/" + pm.Name}
 	c.plans = append(c.plans, p)
 	first := uint32(max(pm.Spec.Port, 0))
 	last := first
@@ -347,17 +348,17 @@ func (c *compiler) wayTaken(p *plan) (string, string) {
 // older mapping's), and the way its pod's replies return.
 func (c *compiler) hold(p *plan) {
 	for _, h := range p.holds() {
-		c.held[h] = append(c.held[h], holding{ports: p.ports, by: p.key})
+		c.held[h] = append(c.held[h], holding{ports: p.ports, by: p.name})
 	}
 	if !p.ok() {
 		return
 	}
 	for _, t := range p.remoteTargets() {
 		k := crossing{class: p.class.name, pair: pairKey(p.pair(t)), proto: p.proto}
-		c.crossings[k] = append(c.crossings[k], holding{ports: p.ports, by: p.key})
+		c.crossings[k] = append(c.crossings[k], holding{ports: p.ports, by: p.name})
 	}
 	k := replies{node: p.ep.node, address: p.ep.address, proto: p.proto}
-	c.replies[k] = append(c.replies[k], replyHolding{ports: p.ports.startingAt(p.ep.port), way: replyWay(p), by: p.key})
+	c.replies[k] = append(c.replies[k], replyHolding{ports: p.ports.startingAt(p.ep.port), way: replyWay(p), by: p.name})
 }
 
 // namespaceSelected applies the class's namespaceSelector to the namespace's labels; no

@@ -136,6 +136,22 @@ func (c *compiler) lacks(name string, ifaces []string, linkEnd bool) (miss []str
 	return miss, blocking
 }
 
+// minLinkMTU is the smallest MTU an IPv4 device may have (RFC 791); the datapath refuses a
+// link below it, and with it the node's whole program.
+const minLinkMTU = 68
+
+// linkUnusable says why the link between a forwarder and the pod's node cannot be built
+// for its MTU ("" when it can): neither end reports an underlay MTU, or the smaller one
+// leaves less than minLinkMTU after the encapsulation.
+func (c *compiler) linkUnusable(forwarder, podNode string) string {
+	_, ma := c.node(forwarder).underlay()
+	_, mb := c.node(podNode).underlay()
+	if m := linkMTU(ma, mb); m < minLinkMTU {
+		return fmt.Sprintf("link to %s would have MTU %d (underlay MTUs %d and %d), below IPv4's %d", podNode, m, ma, mb, minLinkMTU)
+	}
+	return ""
+}
+
 // checkNodes returns what the nodes a plan needs lack, one "node <name>: <what>" per node
 // sorted by name (NodeNotReady), and the targets whose entries can be built, in target
 // order. A forwarder that
@@ -153,6 +169,9 @@ func (c *compiler) checkNodes(p *plan) (problems []string, built []*target) {
 		}
 		var blocking bool
 		missing[t.node], blocking = c.lacks(t.node, t.ifaces, true)
+		if why := c.linkUnusable(t.node, p.ep.node); why != "" && !blocking {
+			missing[t.node], blocking = append(missing[t.node], why), true
+		}
 		forwarders[t.node] = blocking
 	}
 	miss, blocking := c.lacks(p.ep.node, podIfaces, len(forwarders) > 0)

@@ -6,6 +6,8 @@
 package compile
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -129,5 +131,24 @@ type PortMapResult struct {
 	Nodes []string
 }
 
-// MappingKey is the "<namespace>/<name>" id programs use for a PortMap's entries.
-func MappingKey(pm *v1alpha1.PortMap) string { return pm.Namespace + "/" + pm.Name }
+// maxKeyLen is the longest MappingKey: an entry's id is the key, "/" and the entry's name
+// (Entry.Name: at most 20 bytes, "dnat/" or "ct-save/" and a device name), and the
+// datapath refuses an id longer than an nftables comment (127 bytes), which would refuse
+// the node's whole program.
+const maxKeyLen = 127 - 21
+
+// MappingKey is the "<namespace>/<name>" id programs use for a PortMap's entries. When the
+// two are longer than maxKeyLen bytes together (a name may have 253), the key is cut to
+// leave room for "~" and the first 8 hex digits of the sha256 of "<namespace>/<name>", so
+// every id of the mapping fits and two long names still differ.
+func MappingKey(pm *v1alpha1.PortMap) string { return Key(pm.Namespace, pm.Name) }
+
+// Key is MappingKey of the PortMap namespace/name.
+func Key(namespace, name string) string {
+	k := namespace + "/" + name
+	if len(k) <= maxKeyLen {
+		return k
+	}
+	sum := sha256.Sum256([]byte(k))
+	return k[:maxKeyLen-9] + "~" + hex.EncodeToString(sum[:4])
+}

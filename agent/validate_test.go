@@ -1,0 +1,45 @@
+package agent
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"kuport.wlz.li/kuport/datapath"
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// TestInvalidProgramRefusedWhole: a program with one invalid entry among valid ones never
+// reaches the datapath; its Ack names the entry, and the previous program stays current.
+func TestInvalidProgramRefusedWhole(t *testing.T) {
+	c, target := startController(t)
+	dp := newFakeDatapath()
+	cfg := testConfig(dp, &syncBuffer{}, target)
+	cfg.Validate, cfg.EntryErrors = datapath.Validate, datapath.EntryErrors
+	startAgent(t, cfg)
+
+	s := nextSession(t, c)
+	good := program(1, 1, 27015)
+	s.send(t, good)
+	requireProtoEqual(t, &kuportv1.Ack{Version: 1, Epoch: 1}, s.nextAck(t))
+
+	bad := program(2, 1, 27016)
+	bad.DnatRules = append(bad.DnatRules, &kuportv1.DnatRule{Id: "games/bad/dnat/wt0", Mapping: "games/bad",
+		InInterface: "wt0", Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: &kuportv1.PortRange{First: 1, Last: 1},
+		ToAddress: "::1", ToPort: 1})
+	s.send(t, bad)
+	ack := s.nextAck(t)
+	require.Equal(t, uint64(2), ack.GetVersion())
+	require.Len(t, ack.GetErrors(), 1)
+	require.Equal(t, "games/bad/dnat/wt0", ack.GetErrors()[0].GetId())
+	require.Contains(t, ack.GetErrors()[0].GetMessage(), `to_address "::1" is not an IPv4 address`)
+	applied, applies := dp.snapshot()
+	require.Equal(t, 1, applies, "the invalid program never reached the datapath")
+	requireProtoEqual(t, good, applied)
+	// The good program is still current: the same content again is acknowledged unapplied.
+	again := program(3, 1, 27015)
+	s.send(t, again)
+	requireProtoEqual(t, &kuportv1.Ack{Version: 3, Epoch: 1}, s.nextAck(t))
+	_, applies = dp.snapshot()
+	require.Equal(t, 1, applies)
+}

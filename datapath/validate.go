@@ -1,0 +1,45 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// Validate checks a whole program without touching the kernel: every entry Apply would
+// refuse before writing anything (an invalid DNAT, SNAT or mark entry, an id used twice, a
+// key another entry holds with other data, an invalid or repeated link, a return path that
+// is invalid, repeats an id or table, or names a link the program lacks). It returns nil for
+// a program Apply can write whole, else the join of one *EntryError per refused entry, each
+// naming the entry by id (a link by name), in program order (see EntryErrors).
+//
+// It is the one place a program is validated: Apply skips exactly these entries and writes
+// the rest, and the agent refuses a program Validate rejects whole, before calling Apply, so
+// a peer cannot get part of an invalid program into the kernel.
+func Validate(p *kuportv1.NodeProgram) error {
+	_, errs := compileTable(p)
+	_, _, linkErrs := compileLinks(p)
+	return errors.Join(append(errs, linkErrs...)...)
+}
+
+// compileLinks validates the program's links and (compileReturns) return paths: the valid
+// links by name, the valid return paths in program order, and one *EntryError per invalid
+// one.
+func compileLinks(p *kuportv1.NodeProgram) (links []*wantLink, returns []*wantReturn, errs []error) {
+	names := map[string]bool{}
+	for _, l := range p.GetLinks() {
+		w, err := compileLink(l)
+		if err == nil && names[w.name] {
+			err = fmt.Errorf("name used by another link")
+		}
+		names[l.GetName()] = true
+		if err != nil {
+			errs = append(errs, &EntryError{Kind: "link", ID: l.GetName(), Err: err})
+			continue
+		}
+		links = append(links, w)
+	}
+	returns, rerrs := compileReturns(p)
+	return links, returns, append(errs, rerrs...)
+}
