@@ -7,6 +7,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -27,8 +28,10 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/proto"
 
+	"kuport.wlz.li/kuport/controller/servingcert"
 	"kuport.wlz.li/kuport/datapath"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
@@ -374,8 +377,22 @@ func agentRSS(agent, node string, program *kuportv1.NodeProgram) (float64, error
 	if err != nil {
 		return 0, err
 	}
+	// The agent speaks TLS only: serve a certificate of a fresh CA, which the agent trusts.
+	const serverName = "kuport-controller.bench"
+	b, err := servingcert.Generate([]string{serverName}, time.Now())
+	if err != nil {
+		return 0, err
+	}
+	cert, err := b.Certificate()
+	if err != nil {
+		return 0, err
+	}
+	caFile := filepath.Join(dir, "ca.crt")
+	if err := os.WriteFile(caFile, b.CACert, 0o600); err != nil {
+		return 0, err
+	}
 	ctrl := &controller{program: program, acked: make(chan *kuportv1.Ack, 1)}
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{*cert}, MinVersion: tls.VersionTLS13})))
 	kuportv1.RegisterAgentServiceServer(srv, ctrl)
 	go func() { _ = srv.Serve(lis) }()
 	defer srv.Stop()
@@ -383,6 +400,7 @@ func agentRSS(agent, node string, program *kuportv1.NodeProgram) (float64, error
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", node, agent, "--node-name", "edge-a", "--controller", "unix://"+sock,
+		"--controller-ca-file", caFile, "--controller-server-name", serverName,
 		"--token-file", "", "--inspect-listen", "", "--epoch-file", "", "--resync-interval", "1s", "--log-level", "warn")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
