@@ -161,21 +161,31 @@ func dnatPuts(fam family, e *kuportv1.DnatRule) ([]put, error) {
 	return puts, nil
 }
 
+// podPortMatch checks what an SNAT and a mark entry share, the entry's id and the pod
+// address, protocol and ports it matches, and returns them parsed.
+func podPortMatch(fam family, id, address string, p kuportv1.Protocol, r *kuportv1.PortRange) (netip.Addr, byte, portRange, error) {
+	if err := checkID(id); err != nil {
+		return netip.Addr{}, 0, portRange{}, err
+	}
+	addr, err := parseAddr(fam, "address", address)
+	if err != nil {
+		return netip.Addr{}, 0, portRange{}, err
+	}
+	proto, err := protocol(p)
+	if err != nil {
+		return netip.Addr{}, 0, portRange{}, err
+	}
+	pr, err := ports(r)
+	if err != nil {
+		return netip.Addr{}, 0, portRange{}, err
+	}
+	return addr, proto, pr, nil
+}
+
 // snatPuts is the identity SNAT of program.proto's SnatKind (founding document and
 // DESIGN.md, kup-post), one element per port.
 func snatPuts(fam family, e *kuportv1.SnatRule) ([]put, error) {
-	if err := checkID(e.GetId()); err != nil {
-		return nil, err
-	}
-	addr, err := parseAddr(fam, "address", e.GetAddress())
-	if err != nil {
-		return nil, err
-	}
-	proto, err := protocol(e.GetProtocol())
-	if err != nil {
-		return nil, err
-	}
-	pr, err := ports(e.GetPorts())
+	addr, proto, pr, err := podPortMatch(fam, e.GetId(), e.GetAddress(), e.GetProtocol(), e.GetPorts())
 	if err != nil {
 		return nil, err
 	}
@@ -215,18 +225,7 @@ func snatPuts(fam family, e *kuportv1.SnatRule) ([]put, error) {
 // saved on the flow and the reply takes it back from there (founding document, Multi). The
 // save writes only the ct mark, so the request itself is not diverted on its way in.
 func markPuts(fam family, e *kuportv1.MarkRule) ([]put, error) {
-	if err := checkID(e.GetId()); err != nil {
-		return nil, err
-	}
-	addr, err := parseAddr(fam, "address", e.GetAddress())
-	if err != nil {
-		return nil, err
-	}
-	proto, err := protocol(e.GetProtocol())
-	if err != nil {
-		return nil, err
-	}
-	pr, err := ports(e.GetPorts())
+	addr, proto, pr, err := podPortMatch(fam, e.GetId(), e.GetAddress(), e.GetProtocol(), e.GetPorts())
 	if err != nil {
 		return nil, err
 	}
