@@ -174,9 +174,6 @@ func (c *Cluster) Kubectl() string { return filepath.Join(c.cfg.K8sBin, "kubectl
 // logDir outlives Close, so a failed run's logs can be read.
 func (c *Cluster) logDir() string { return filepath.Join(cluster.DefaultDir, "logs", "kube") }
 
-// LogDir is where every component's log is written (<component>-<node>.log).
-func (c *Cluster) LogDir() string { return c.logDir() }
-
 // Close deletes the workloads (so their network and volumes are torn down by the kubelets),
 // stops every component, kills what the runtimes left, unmounts, removes the cgroups and
 // state directories and restores the sysctls the kubelets changed. It is idempotent.

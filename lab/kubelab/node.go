@@ -120,7 +120,7 @@ func (n *node) ctr(ctx context.Context, args ...string) (string, error) {
 	return string(out), nil
 }
 
-// ImportImage loads an image tarball into the node's containerd, as an operator's
+// importImage loads an image tarball into the node's containerd, as an operator's
 // registry pull would make it present.
 func (n *node) importImage(ctx context.Context, tarball string) error {
 	if _, err := n.ctr(ctx, "images", "import", "--no-unpack=false", tarball); err != nil {

@@ -30,7 +30,8 @@ type Options struct {
 	// K8sBin is lab/build-binaries.sh's output; Bin holds `make build`'s binaries (kuport-lab).
 	K8sBin, Bin string
 	// Images are the image tarballs to import on every node besides the lab's own
-	// (`make images` and `make lab-images`: bin/images/*.tar); PauseTarball is among them.
+	// (`make images` and `make lab-images`: bin/images/*.tar); the sandbox image
+	// (PauseImage, `make lab-images`) must be among them.
 	Images []string
 	Log    hclog.Logger
 }
