@@ -9,6 +9,7 @@ PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 CONTROLLER_GEN_VERSION     := v0.20.1
 GRPCURL_VERSION            := v1.9.3
+CRD_REF_DOCS_VERSION       := v0.3.0
 
 TOOLS := $(CURDIR)/.tools
 BUF            := $(TOOLS)/buf-$(BUF_VERSION)/buf
@@ -16,6 +17,7 @@ PROTOC_GEN_GO  := $(TOOLS)/protoc-gen-go-$(PROTOC_GEN_GO_VERSION)/protoc-gen-go
 PROTOC_GEN_GO_GRPC := $(TOOLS)/protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSION)/protoc-gen-go-grpc
 CONTROLLER_GEN := $(TOOLS)/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
 GRPCURL        := $(TOOLS)/grpcurl-$(GRPCURL_VERSION)/grpcurl
+CRD_REF_DOCS   := $(TOOLS)/crd-ref-docs-$(CRD_REF_DOCS_VERSION)/crd-ref-docs
 
 # go-install(binary path, package@version)
 define go-install
@@ -33,9 +35,11 @@ $(CONTROLLER_GEN):
 	$(call go-install,$@,sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION))
 $(GRPCURL):
 	$(call go-install,$@,github.com/fullstorydev/grpcurl/cmd/grpcurl@$(GRPCURL_VERSION))
+$(CRD_REF_DOCS):
+	$(call go-install,$@,github.com/elastic/crd-ref-docs@$(CRD_REF_DOCS_VERSION))
 
 .PHONY: tools
-tools: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(CONTROLLER_GEN) $(GRPCURL)
+tools: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(CONTROLLER_GEN) $(GRPCURL) $(CRD_REF_DOCS)
 
 .PHONY: proto
 proto: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC)
@@ -54,14 +58,22 @@ crds: $(CONTROLLER_GEN)
 	cp deploy/crds/*.yaml $(HELM_CRDS)/
 
 .PHONY: generate
-generate: proto crds
+generate: proto crds docs
+
+# docs generates the API reference, docs/reference/api.md, from the Go types in api/.
+API_REF := docs/reference/api.md
+
+.PHONY: docs
+docs: $(CRD_REF_DOCS)
+	$(CRD_REF_DOCS) --log-level=WARN --config docs/reference/crd-ref-docs.yaml --source-path ./api \
+		--renderer markdown --output-path $(API_REF)
 
 # check-generated fails when committed generated code differs from what the pinned
 # generators produce.
 .PHONY: check-generated
 check-generated: generate
-	@if [ -n "$$(git status --porcelain -- proto api deploy/crds $(HELM_CRDS))" ]; then \
-		git status --short -- proto api deploy/crds $(HELM_CRDS); git diff -- proto api deploy/crds $(HELM_CRDS); \
+	@if [ -n "$$(git status --porcelain -- proto api deploy/crds $(HELM_CRDS) $(API_REF))" ]; then \
+		git status --short -- proto api deploy/crds $(HELM_CRDS) $(API_REF); git diff -- proto api deploy/crds $(HELM_CRDS) $(API_REF); \
 		echo "generated code is stale: run make generate and commit the result" >&2; exit 1; \
 	fi
 
