@@ -111,7 +111,7 @@ func TestPrivilegedInstall(t *testing.T) {
 	}
 
 	applied := time.Now()
-	e.runReadme("install", overlay(t, curTag), "")
+	e.runReadme("install", readmeArgs{deploy: overlay(t, curTag)})
 	e.assertAgentUnprivileged()
 	e.kubectlIn(mappings, "apply", "-f", "-")
 	e.waitProgrammed("demo", "local", "remote", "remote-udp")

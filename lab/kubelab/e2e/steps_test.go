@@ -160,7 +160,7 @@ func (e *env) upgrade(tag string) {
 	before := e.allKernelObjects()
 	streams := e.streams(60 * time.Second)
 	time.Sleep(2 * time.Second)
-	e.runReadme("upgrade", overlay(e.t, tag), "")
+	e.runReadme("upgrade", readmeArgs{deploy: overlay(e.t, tag)})
 	e.assertLossless(streams)
 	assert.Equal(e.t, before, e.allKernelObjects(), "kernel objects recreated by the upgrade")
 	e.waitAgentVersions(tag)
@@ -264,7 +264,7 @@ func podReady(p *corev1.Pod) bool {
 // uninstall runs the README's uninstall and checks that nothing of kuport is left on any
 // node and everything else is as it was before the install.
 func (e *env) uninstall(tag string, before map[string]string) {
-	e.runReadme("uninstall", overlay(e.t, tag), pinnedKustomization(e.t, filepath.Join(repoRoot, "deploy/cleanup"), tag))
+	e.runReadme("uninstall", readmeArgs{deploy: overlay(e.t, tag), cleanup: e.cleanup(tag)})
 
 	crds := e.kubectl("get", "crd", "-o", "name")
 	assert.NotContains(e.t, crds, "kuport.wlz.li")
