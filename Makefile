@@ -10,6 +10,8 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 CONTROLLER_GEN_VERSION     := v0.20.1
 GRPCURL_VERSION            := v1.9.3
 CRD_REF_DOCS_VERSION       := v0.3.0
+# HELM_VERSION is the helm.sh/helm/v3 of go.mod (the chart tests' library): keep them equal.
+HELM_VERSION               := v3.21.4
 
 TOOLS := $(CURDIR)/.tools
 BUF            := $(TOOLS)/buf-$(BUF_VERSION)/buf
@@ -18,6 +20,7 @@ PROTOC_GEN_GO_GRPC := $(TOOLS)/protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSION)/
 CONTROLLER_GEN := $(TOOLS)/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
 GRPCURL        := $(TOOLS)/grpcurl-$(GRPCURL_VERSION)/grpcurl
 CRD_REF_DOCS   := $(TOOLS)/crd-ref-docs-$(CRD_REF_DOCS_VERSION)/crd-ref-docs
+HELM           := $(TOOLS)/helm-$(HELM_VERSION)/helm
 
 # go-install(binary path, package@version)
 define go-install
@@ -37,9 +40,11 @@ $(GRPCURL):
 	$(call go-install,$@,github.com/fullstorydev/grpcurl/cmd/grpcurl@$(GRPCURL_VERSION))
 $(CRD_REF_DOCS):
 	$(call go-install,$@,github.com/elastic/crd-ref-docs@$(CRD_REF_DOCS_VERSION))
+$(HELM):
+	$(call go-install,$@,helm.sh/helm/v3/cmd/helm@$(HELM_VERSION))
 
 .PHONY: tools
-tools: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(CONTROLLER_GEN) $(GRPCURL) $(CRD_REF_DOCS)
+tools: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(CONTROLLER_GEN) $(GRPCURL) $(CRD_REF_DOCS) $(HELM)
 
 .PHONY: proto
 proto: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC)
@@ -170,7 +175,7 @@ lint: $(BUF)
 .PHONY: test
 test: deps tools lab-binaries check-generated lint build images lab-images images-next
 	KUPORT_PRIVILEGED=1 KUPORT_LAB_BIN=$$(lab/build-binaries.sh) KUPORT_BIN=$(BIN) \
-		KUPORT_IMAGES=$(IMAGES) KUPORT_IMAGES_NEXT=$(BIN)/images-next \
+		KUPORT_IMAGES=$(IMAGES) KUPORT_IMAGES_NEXT=$(BIN)/images-next KUPORT_HELM=$(HELM) \
 		$(GO) test -count=1 -p 1 -timeout 30m ./...
 	# bench/datapath.sh once at small N: a smoke test that it completes, not of its timings.
 	sh bench/datapath.sh --mappings 1,10 --traffic 200ms

@@ -79,3 +79,16 @@ func helmBin(t *testing.T) string {
 	}
 	return h
 }
+
+// TestReadmeBlocks checks, without a lab, that every README block the suite runs parses
+// into kubectl and helm commands with every path and placeholder filled.
+func TestReadmeBlocks(t *testing.T) {
+	a := readmeArgs{deploy: "/overlay", cleanup: "/cleanup", tag: "v1"}
+	for _, name := range []string{"install", "upgrade", "uninstall", "helm-install", "helm-uninstall"} {
+		require.NotEmpty(t, readmeCommands(t, name, a), name)
+	}
+	helm := readmeCommands(t, "helm-install", a)[1]
+	require.Equal(t, []string{"helm", "install", "kuport", filepath.Join(repoRoot, "deploy/helm/kuport"), "-f",
+		filepath.Join(repoRoot, "lab/kubelab/helm-values.yaml"), "-n", "kuport-system", "--take-ownership",
+		"--set", "controller.image.tag=v1", "--set", "agent.image.tag=v1"}, helm)
+}
