@@ -77,7 +77,7 @@ func k8sBin(t *testing.T) string {
 
 // TestPrivilegedInstall is the operator's life with kuport on a kubelet-backed cluster:
 // install, traffic, upgrade, failover, drain and eviction, uninstall; then the same install
-// with the Helm chart, traffic and its uninstall. Each step needs the
+// with the Helm chart, traffic, a Helm upgrade and the Helm uninstall. Each step needs the
 // previous one, so a failed step ends the test.
 func TestPrivilegedInstall(t *testing.T) {
 	bin := k8sBin(t)
@@ -137,7 +137,7 @@ func TestPrivilegedInstall(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	t.Run("install with Helm", func(t *testing.T) { e.t = t; e.helmInstall(curTag, before) })
+	t.Run("install with Helm", func(t *testing.T) { e.t = t; e.helmInstall(curTag, nextTag, before) })
 }
 
 // env carries the lab through the steps.

@@ -16,9 +16,9 @@ import (
 // readmeArgs says what the lab runs in place of the README's paths and placeholders: the
 // kustomizations the lab pins (the lab overlay of deploy/ and a pinned deploy/cleanup), the
 // chart with the lab's values (lab/kubelab/helm-values.yaml, the chart's form of the lab
-// overlay), and the image tag under test.
+// overlay), the image tag installed and the one upgraded to.
 type readmeArgs struct {
-	deploy, cleanup, tag string
+	deploy, cleanup, tag, newTag string
 }
 
 // readmeCommands returns the commands of the README block marked `<!-- e2e: name -->`
@@ -32,6 +32,7 @@ func readmeCommands(t *testing.T, name string, a readmeArgs) [][]string {
 	var out [][]string
 	for _, line := range b.Commands {
 		var args []string
+		line = strings.NewReplacer("<tag>", a.tag, "<new tag>", a.newTag).Replace(line)
 		for _, w := range strings.Fields(line) {
 			switch w {
 			case "deploy/cleanup/":
@@ -44,7 +45,7 @@ func readmeCommands(t *testing.T, name string, a readmeArgs) [][]string {
 			case "deploy/helm/kuport/crds/":
 				w = filepath.Join(repoRoot, w)
 			}
-			args = append(args, strings.ReplaceAll(w, "<tag>", a.tag))
+			args = append(args, w)
 		}
 		require.Contains(t, []string{"kubectl", "helm"}, args[0], "README %s: %q", name, line)
 		require.NotContains(t, strings.Join(args, " "), "<", "README %s: a placeholder the lab does not fill: %q", name, line)
@@ -83,12 +84,14 @@ func helmBin(t *testing.T) string {
 // TestReadmeBlocks checks, without a lab, that every README block the suite runs parses
 // into kubectl and helm commands with every path and placeholder filled.
 func TestReadmeBlocks(t *testing.T) {
-	a := readmeArgs{deploy: "/overlay", cleanup: "/cleanup", tag: "v1"}
-	for _, name := range []string{"install", "upgrade", "uninstall", "helm-install", "helm-uninstall"} {
+	a := readmeArgs{deploy: "/overlay", cleanup: "/cleanup", tag: "v1", newTag: "v2"}
+	for _, name := range []string{"install", "upgrade", "uninstall", "helm-install", "helm-upgrade", "helm-uninstall"} {
 		require.NotEmpty(t, readmeCommands(t, name, a), name)
 	}
 	helm := readmeCommands(t, "helm-install", a)[1]
 	require.Equal(t, []string{"helm", "install", "kuport", filepath.Join(repoRoot, "deploy/helm/kuport"), "-f",
 		filepath.Join(repoRoot, "lab/kubelab/helm-values.yaml"), "-n", "kuport-system", "--take-ownership",
 		"--set", "controller.image.tag=v1", "--set", "agent.image.tag=v1"}, helm)
+	upgrade := readmeCommands(t, "helm-upgrade", a)[1]
+	require.Equal(t, []string{"--set", "controller.image.tag=v2", "--set", "agent.image.tag=v2"}, upgrade[len(upgrade)-4:])
 }

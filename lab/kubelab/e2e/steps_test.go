@@ -274,9 +274,10 @@ func (e *env) cleanup(tag string) string {
 }
 
 // helmInstall installs kuport again, with the README's Helm commands and the chart given the
-// lab's values (lab/kubelab/helm-values.yaml), proves traffic on every mapping shape, and
-// uninstalls it with the README's Helm uninstall.
-func (e *env) helmInstall(tag string, before map[string]string) {
+// lab's values (lab/kubelab/helm-values.yaml), proves traffic on every mapping shape,
+// upgrades it to newTag with the README's helm upgrade under live streams, and uninstalls it
+// with the README's Helm uninstall.
+func (e *env) helmInstall(tag, newTag string, before map[string]string) {
 	applied := time.Now()
 	e.runReadme("helm-install", readmeArgs{tag: tag})
 	e.assertAgentUnprivileged()
@@ -286,7 +287,15 @@ func (e *env) helmInstall(tag string, before map[string]string) {
 	e.t.Logf("BENCH helm_install apply_to_first_answer_s=%.1f", time.Since(applied).Seconds())
 	e.assertAnswers("tcp", 3001, "web-b")
 	e.assertAnswers("udp", 27015, "web-b")
-	e.runReadme("helm-uninstall", readmeArgs{cleanup: e.cleanup(tag)})
+
+	streams := e.streams(60 * time.Second)
+	time.Sleep(2 * time.Second)
+	e.runReadme("helm-upgrade", readmeArgs{newTag: newTag})
+	e.waitAgentVersions(newTag)
+	e.assertLossless(streams)
+	e.assertAnswers("tcp", 3000, "web-a")
+
+	e.runReadme("helm-uninstall", readmeArgs{cleanup: e.cleanup(newTag)})
 	e.assertUninstalled(before)
 }
 
