@@ -46,7 +46,7 @@ var docsWant = map[string][]string{
 	"numbers-conntrack":  {`src=198\.51\.100\.7 dst=203\.0\.113\.9 sport=\d+ dport=3000 src=169\.254\.77\.\d+ dst=198\.51\.100\.7 sport=3000`},
 	"numbers-link":       {`kup-dcc4266d`, `vxlan id \d+ remote 100\.64\.93\.143`},
 	"numbers-pod-node":   {`"kup-dcc4266d" \. 169\.254\.77\.\d+ \. tcp \. 3000 counter packets [1-9]\d* bytes \d+ comment "demo/remote/dnat/kup-dcc4266d" : 10\.244\.18\.107 \. 3000`, `10\.244\.18\.107 \. tcp \. 3000 counter packets [1-9]\d* bytes \d+ comment "demo/remote/mark" : 0x6b70`},
-	"numbers-routing":    {`(?m)^101:\s+from all fwmark 0x6b700001 to 100\.64\.93\.143 lookup main`, `(?m)^102:\s+from all fwmark 0x6b700001 lookup 201`, `default via 169\.254\.77\.\d+ dev kup-dcc4266d`},
+	"numbers-routing":    {`(?m)^101:\s+from all to 100\.64\.93\.143 fwmark 0x6b700001 lookup main`, `(?m)^102:\s+from all fwmark 0x6b700001 lookup 201`, `default via 169\.254\.77\.\d+ dev kup-dcc4266d`},
 	"numbers-getmapping": {`"acked": true`, `"forwardedIn"`, `"demo/remote/dnat/enp1s0"`},
 	"numbers-applied":    {`"demo/remote/dnat/enp1s0"`, `"applyTime"`},
 	"numbers-metrics":    {`kuport_mapping_packets_total\{direction="in",interface="enp1s0",name="remote",namespace="demo",node="edge-a"\} [1-9]`, `kuport_link_tx_errors_total\{link="kup-dcc4266d",node="worker-b",peer="edge-a"\} 0`},
@@ -55,7 +55,7 @@ var docsWant = map[string][]string{
 	"rp-filter":          {`net\.ipv4\.conf\.kup-dcc4266d\.rp_filter = 2`, `TcpExtIPReversePathFilter\s+0`},
 	"host-firewall":      {`hook forward priority filter; policy drop;`},
 	"cni-bypass":         {`"cilium_host" \. 10\.244\.18\.107 \. tcp \. 3000 counter packets [1-9]`},
-	"mtu-class":          {`worker-b underlayMTU=1420 linkMTU=1370`},
+	"mtu-class":          {`edge-a underlayMTU=1420 linkMTU=1370`},
 	"mtu-node":           {`kup-5e30a797: .* mtu 1370 `, `1 received`},
 }
 
