@@ -41,6 +41,7 @@ var docsWant = map[string][]string{
 	"link-name":          {`(?m)^dcc4266d$`},
 	"prerequisites":      {`net\.ipv4\.ip_forward = 1`},
 	"read-status":        {`(?m)^demo\s+remote\s+public\s+TCP\s+3000\s+\S+\s+True\s+worker-b\s`, `Programmed=True AllNodesReady`, `Ready=True Valid`, `edge-a ready=true underlayMTU=1420 linkMTU=1370`},
+	"first-checks":       {`(?m)^public\s`, `(?m)^demo\s+Active\s`, `10\.244\.18\.107`, `kuport-agent-edge-a`},
 	"list-nodes":         {`"node": "edge-a"`, `"ackedVersion": "`},
 	"numbers-accepting":  {`"enp1s0" \. tcp \. 3000 counter packets [1-9]\d* bytes \d+ comment "demo/remote/dnat/enp1s0" : 169\.254\.77\.\d+ \. 3000`, `"kup-5e30a797" \. 169\.254\.77\.\d+ \. tcp \. 3000 counter packets [1-9]`},
 	"numbers-conntrack":  {`src=198\.51\.100\.7 dst=203\.0\.113\.9 sport=\d+ dport=3000 src=169\.254\.77\.\d+ dst=198\.51\.100\.7 sport=3000`},
