@@ -81,12 +81,23 @@ func helmBin(t *testing.T) string {
 	return h
 }
 
+// readmeRun are the README blocks TestPrivilegedInstall runs.
+var readmeRun = []string{"install", "upgrade", "uninstall", "helm-install", "helm-upgrade", "helm-uninstall"}
+
 // TestReadmeBlocks checks, without a lab, that every README block the suite runs parses
-// into kubectl and helm commands with every path and placeholder filled.
+// into kubectl and helm commands with every path and placeholder filled, and that every
+// docs/ block standing for a README block (readme=, lab/docblocks) stands for one of them.
 func TestReadmeBlocks(t *testing.T) {
 	a := readmeArgs{deploy: "/overlay", cleanup: "/cleanup", tag: "v1", newTag: "v2"}
-	for _, name := range []string{"install", "upgrade", "uninstall", "helm-install", "helm-upgrade", "helm-uninstall"} {
+	for _, name := range readmeRun {
 		require.NotEmpty(t, readmeCommands(t, name, a), name)
+	}
+	docs, err := docblocks.Docs(repoRoot)
+	require.NoError(t, err)
+	for _, b := range docs {
+		if r, ok := b.Options["readme"]; ok {
+			require.Contains(t, readmeRun, r, "%s block %s: README block %s is not run by this suite", b.File, b.Name, r)
+		}
 	}
 	helm := readmeCommands(t, "helm-install", a)[1]
 	require.Equal(t, []string{"helm", "install", "kuport", filepath.Join(repoRoot, "deploy/helm/kuport"), "-f",
