@@ -9,6 +9,9 @@ PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 CONTROLLER_GEN_VERSION     := v0.20.1
 GRPCURL_VERSION            := v1.9.3
+CRD_REF_DOCS_VERSION       := v0.3.0
+# HELM_VERSION is the helm.sh/helm/v3 of go.mod (the chart tests' library): keep them equal.
+HELM_VERSION               := v3.21.4
 
 TOOLS := $(CURDIR)/.tools
 BUF            := $(TOOLS)/buf-$(BUF_VERSION)/buf
@@ -16,6 +19,8 @@ PROTOC_GEN_GO  := $(TOOLS)/protoc-gen-go-$(PROTOC_GEN_GO_VERSION)/protoc-gen-go
 PROTOC_GEN_GO_GRPC := $(TOOLS)/protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSION)/protoc-gen-go-grpc
 CONTROLLER_GEN := $(TOOLS)/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
 GRPCURL        := $(TOOLS)/grpcurl-$(GRPCURL_VERSION)/grpcurl
+CRD_REF_DOCS   := $(TOOLS)/crd-ref-docs-$(CRD_REF_DOCS_VERSION)/crd-ref-docs
+HELM           := $(TOOLS)/helm-$(HELM_VERSION)/helm
 
 # go-install(binary path, package@version)
 define go-install
@@ -33,9 +38,13 @@ $(CONTROLLER_GEN):
 	$(call go-install,$@,sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION))
 $(GRPCURL):
 	$(call go-install,$@,github.com/fullstorydev/grpcurl/cmd/grpcurl@$(GRPCURL_VERSION))
+$(CRD_REF_DOCS):
+	$(call go-install,$@,github.com/elastic/crd-ref-docs@$(CRD_REF_DOCS_VERSION))
+$(HELM):
+	$(call go-install,$@,helm.sh/helm/v3/cmd/helm@$(HELM_VERSION))
 
 .PHONY: tools
-tools: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(CONTROLLER_GEN) $(GRPCURL)
+tools: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(CONTROLLER_GEN) $(GRPCURL) $(CRD_REF_DOCS) $(HELM)
 
 .PHONY: proto
 proto: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC)
@@ -54,14 +63,22 @@ crds: $(CONTROLLER_GEN)
 	cp deploy/crds/*.yaml $(HELM_CRDS)/
 
 .PHONY: generate
-generate: proto crds
+generate: proto crds docs
+
+# docs generates the API reference, docs/reference/api.md, from the Go types in api/.
+API_REF := docs/reference/api.md
+
+.PHONY: docs
+docs: $(CRD_REF_DOCS)
+	$(CRD_REF_DOCS) --log-level=WARN --config docs/reference/crd-ref-docs.yaml --source-path ./api \
+		--renderer markdown --output-path $(API_REF)
 
 # check-generated fails when committed generated code differs from what the pinned
 # generators produce.
 .PHONY: check-generated
 check-generated: generate
-	@if [ -n "$$(git status --porcelain -- proto api deploy/crds $(HELM_CRDS))" ]; then \
-		git status --short -- proto api deploy/crds $(HELM_CRDS); git diff -- proto api deploy/crds $(HELM_CRDS); \
+	@if [ -n "$$(git status --porcelain -- proto api deploy/crds $(HELM_CRDS) $(API_REF))" ]; then \
+		git status --short -- proto api deploy/crds $(HELM_CRDS) $(API_REF); git diff -- proto api deploy/crds $(HELM_CRDS) $(API_REF); \
 		echo "generated code is stale: run make generate and commit the result" >&2; exit 1; \
 	fi
 
@@ -128,13 +145,14 @@ lab-images:
 		--label org.opencontainers.image.source=$(IMAGE_SOURCE) --label org.opencontainers.image.title=pause
 
 # deps installs the Debian packages the datapath, the lab and the tests use (sysctl is procps;
+# ping, iputils-ping, is docs/troubleshooting.md's MTU check;
 # chromium loads the controller's dashboard headless in its tests; containerd, runc, the CNI
 # plugins and socat run the kubelet-backed lab's nodes; installing containerd starts nothing).
 .PHONY: deps
 deps:
 	@if ! command -v nft >/dev/null || ! command -v conntrack >/dev/null || ! command -v ip >/dev/null || ! command -v sysctl >/dev/null || ! command -v chromium >/dev/null \
-		|| ! command -v containerd >/dev/null || ! command -v runc >/dev/null || ! command -v socat >/dev/null || ! [ -x /usr/lib/cni/bridge ]; then \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables conntrack iproute2 procps chromium \
+		|| ! command -v ping >/dev/null || ! command -v containerd >/dev/null || ! command -v runc >/dev/null || ! command -v socat >/dev/null || ! [ -x /usr/lib/cni/bridge ]; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables conntrack iproute2 procps iputils-ping chromium \
 			containerd runc containernetworking-plugins socat) >&2; \
 	fi
 
@@ -158,7 +176,7 @@ lint: $(BUF)
 .PHONY: test
 test: deps tools lab-binaries check-generated lint build images lab-images images-next
 	KUPORT_PRIVILEGED=1 KUPORT_LAB_BIN=$$(lab/build-binaries.sh) KUPORT_BIN=$(BIN) \
-		KUPORT_IMAGES=$(IMAGES) KUPORT_IMAGES_NEXT=$(BIN)/images-next \
+		KUPORT_IMAGES=$(IMAGES) KUPORT_IMAGES_NEXT=$(BIN)/images-next KUPORT_HELM=$(HELM) \
 		$(GO) test -count=1 -p 1 -timeout 30m ./...
 	# bench/datapath.sh once at small N: a smoke test that it completes, not of its timings.
 	sh bench/datapath.sh --mappings 1,10 --traffic 200ms

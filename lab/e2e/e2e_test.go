@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -267,13 +266,7 @@ func TestPrivilegedE2E(t *testing.T) {
 	})
 
 	t.Run("README commands against the lab", func(t *testing.T) {
-		sh := func(cmd string) string {
-			c := exec.Command("bash", "-c", "source lab/env && "+cmd)
-			c.Dir = repoRoot
-			out, err := c.CombinedOutput()
-			require.NoError(t, err, "%s: %s", cmd, out)
-			return string(out)
-		}
+		sh := func(cmd string) string { return labShell(t, "", repoRoot, cmd) }
 		out := sh("kubectl get portmaps -A")
 		assert.Regexp(t, `(?m)^NAMESPACE\s+NAME\s+CLASS\s+PROTOCOL\s+PORT\s+ENDPOINT\s+PROGRAMMED\s+`, out)
 		assert.Regexp(t, `(?m)^demo\s+remote\s+public\s+TCP\s+3000\s+10\.244\.18\.107\s+True\s*$`, out)
@@ -306,10 +299,7 @@ func TestPrivilegedE2E(t *testing.T) {
 		// Server-side dry run validates every object against the real API; the namespace must
 		// exist for its namespaced objects to be checked.
 		require.NoError(t, l.Cluster.EnsureNamespace(ctx, "kuport-system", nil))
-		c := exec.Command("bash", "-c", "source lab/env && kubectl apply --dry-run=server -k deploy/")
-		c.Dir = repoRoot
-		out, err := c.CombinedOutput()
-		require.NoError(t, err, "%s", out)
+		out := labShell(t, "", repoRoot, "kubectl apply --dry-run=server -k deploy/")
 		for _, obj := range []string{"clusterrole.rbac.authorization.k8s.io/kuport-controller", "role.rbac.authorization.k8s.io/kuport-controller-leader-election", "role.rbac.authorization.k8s.io/kuport-controller-agent-pods",
 			"role.rbac.authorization.k8s.io/kuport-controller-serving-cert",
 			"deployment.apps/kuport-controller", "daemonset.apps/kuport-agent"} {
@@ -466,10 +456,7 @@ func TestPrivilegedE2E(t *testing.T) {
 		assert.Equal(t, "none", replyFrom)
 	})
 	t.Run("the founding document's classes apply unchanged and get their defaults", func(t *testing.T) {
-		c := exec.Command("bash", "-c", "source lab/env && kubectl apply -f lab/e2e/testdata/founding-classes.yaml")
-		c.Dir = repoRoot
-		out, err := c.CombinedOutput()
-		require.NoError(t, err, "%s", out)
+		labShell(t, "", repoRoot, "kubectl apply -f lab/e2e/testdata/founding-classes.yaml")
 		t.Cleanup(func() { _ = l.DeleteClass(ctx, "public"); _ = l.DeleteClass(ctx, "intranet") })
 		public, err := l.GetClass(ctx, "public")
 		require.NoError(t, err)

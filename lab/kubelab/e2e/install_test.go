@@ -76,7 +76,8 @@ func k8sBin(t *testing.T) string {
 }
 
 // TestPrivilegedInstall is the operator's life with kuport on a kubelet-backed cluster:
-// install, traffic, upgrade, failover, drain and eviction, uninstall. Each step needs the
+// install, traffic, upgrade, failover, drain and eviction, uninstall; then the same install
+// with the Helm chart, traffic, a Helm upgrade and the Helm uninstall. Each step needs the
 // previous one, so a failed step ends the test.
 func TestPrivilegedInstall(t *testing.T) {
 	bin := k8sBin(t)
@@ -111,7 +112,7 @@ func TestPrivilegedInstall(t *testing.T) {
 	}
 
 	applied := time.Now()
-	e.runReadme("install", overlay(t, curTag), "")
+	e.runReadme("install", readmeArgs{deploy: overlay(t, curTag)})
 	e.assertAgentUnprivileged()
 	e.kubectlIn(mappings, "apply", "-f", "-")
 	e.waitProgrammed("demo", "local", "remote", "remote-udp")
@@ -133,6 +134,10 @@ func TestPrivilegedInstall(t *testing.T) {
 		return
 	}
 	t.Run("uninstall", func(t *testing.T) { e.t = t; e.uninstall(nextTag, before) })
+	if t.Failed() {
+		return
+	}
+	t.Run("install with Helm", func(t *testing.T) { e.t = t; e.helmInstall(curTag, nextTag, before) })
 }
 
 // env carries the lab through the steps.

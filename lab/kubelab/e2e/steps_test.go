@@ -160,7 +160,7 @@ func (e *env) upgrade(tag string) {
 	before := e.allKernelObjects()
 	streams := e.streams(60 * time.Second)
 	time.Sleep(2 * time.Second)
-	e.runReadme("upgrade", overlay(e.t, tag), "")
+	e.runReadme("upgrade", readmeArgs{deploy: overlay(e.t, tag)})
 	e.assertLossless(streams)
 	assert.Equal(e.t, before, e.allKernelObjects(), "kernel objects recreated by the upgrade")
 	e.waitAgentVersions(tag)
@@ -264,8 +264,45 @@ func podReady(p *corev1.Pod) bool {
 // uninstall runs the README's uninstall and checks that nothing of kuport is left on any
 // node and everything else is as it was before the install.
 func (e *env) uninstall(tag string, before map[string]string) {
-	e.runReadme("uninstall", overlay(e.t, tag), pinnedKustomization(e.t, filepath.Join(repoRoot, "deploy/cleanup"), tag))
+	e.runReadme("uninstall", readmeArgs{deploy: overlay(e.t, tag), cleanup: e.cleanup(tag)})
+	e.assertUninstalled(before)
+}
 
+// cleanup is deploy/cleanup with the agent image pinned to tag.
+func (e *env) cleanup(tag string) string {
+	return pinnedKustomization(e.t, filepath.Join(repoRoot, "deploy/cleanup"), tag)
+}
+
+// helmInstall installs kuport again, with the README's Helm commands and the chart given the
+// lab's values (lab/kubelab/helm-values.yaml), proves traffic on every mapping shape,
+// upgrades it to newTag with the README's helm upgrade under live streams, and uninstalls it
+// with the README's Helm uninstall.
+func (e *env) helmInstall(tag, newTag string, before map[string]string) {
+	applied := time.Now()
+	e.runReadme("helm-install", readmeArgs{tag: tag})
+	e.assertAgentUnprivileged()
+	e.kubectlIn(mappings, "apply", "-f", "-")
+	e.waitProgrammed("demo", "local", "remote", "remote-udp")
+	e.assertAnswers("tcp", 3000, "web-a")
+	e.t.Logf("BENCH helm_install apply_to_first_answer_s=%.1f", time.Since(applied).Seconds())
+	e.assertAnswers("tcp", 3001, "web-b")
+	e.assertAnswers("udp", 27015, "web-b")
+
+	streams := e.streams(60 * time.Second)
+	time.Sleep(2 * time.Second)
+	e.runReadme("helm-upgrade", readmeArgs{newTag: newTag})
+	e.waitAgentVersions(newTag)
+	e.assertLossless(streams)
+	e.assertAnswers("tcp", 3000, "web-a")
+
+	e.runReadme("helm-uninstall", readmeArgs{cleanup: e.cleanup(newTag)})
+	e.assertUninstalled(before)
+}
+
+// assertUninstalled checks that nothing of kuport is left in the cluster's CRDs or on any
+// node and everything else on the nodes is as it was before the install.
+func (e *env) assertUninstalled(before map[string]string) {
+	e.t.Helper()
 	crds := e.kubectl("get", "crd", "-o", "name")
 	assert.NotContains(e.t, crds, "kuport.wlz.li")
 	for _, n := range e.l.Net.Nodes() {
