@@ -51,10 +51,10 @@ type Datapath struct {
 	// lastChanges is the number of kernel writes the last Apply made (0 when the kernel
 	// already held the program).
 	lastChanges int
-	// known is the table the kernel holds as of a ruleset generation (gen.go), and last the
-	// program it was compiled from (sync.go).
+	// known is the table the kernel holds as of a ruleset generation (gen.go, sync.go), and
+	// comp the last compile (incremental.go).
 	known *known
-	last  *compiled
+	comp  compiler
 	// routeTables are the routing tables the last Apply synced (the program's and those
 	// its band's rules pointed at), read by Watch without the lock (watch.go).
 	routeTables atomic.Pointer[map[int]bool]
@@ -134,13 +134,13 @@ func (d *Datapath) Apply(p *kuportv1.NodeProgram) error {
 
 func (d *Datapath) apply(p *kuportv1.NodeProgram, changes *int) error {
 	want, errs := d.compile(p)
-	have, err := d.syncTable(want, changes)
+	dnat, err := d.syncTable(want, changes)
 	var stale *staleFlows
 	if err != nil {
 		errs = append(errs, err)
 	} else {
-		// kup-pre's maps changed from have to want: the flows that still go the old way.
-		stale = newStaleFlows(have, want)
+		// kup-pre's maps changed: the flows that still go the old way.
+		stale = staleFlowsOf(dnat, want)
 	}
 
 	// Links and return paths that fail validation are reported and left out (Validate).

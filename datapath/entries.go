@@ -43,6 +43,14 @@ type put struct {
 // shared: it stays that entry's, whose id it carries and under which it is counted (the
 // founding document's rules counted it under the first rule that matched, too).
 func compileTable(p *kuportv1.NodeProgram) (*table, []error) {
+	t, errs, _ := compileEntries(p)
+	return t, errs
+}
+
+// compileEntries is compileTable, and the elements that more than one entry needs (one
+// identity SNAT for two mappings to one pod port), which incremental compiles leave to a
+// compile of the whole program (incremental.go).
+func compileEntries(p *kuportv1.NodeProgram) (*table, []error, map[setKey]bool) {
 	fam := familyIPv4
 	var errs []error
 	seen := map[string]bool{}
@@ -69,20 +77,12 @@ func compileTable(p *kuportv1.NodeProgram) (*table, []error) {
 		}
 		entries = append(entries, entry{kind, id, puts})
 	}
-	for _, e := range p.GetDnatRules() {
-		puts, err := dnatPuts(fam, e)
-		add("dnat", e.GetId(), puts, err)
-	}
-	for _, e := range p.GetSnatRules() {
-		puts, err := snatPuts(fam, e)
-		add("snat", e.GetId(), puts, err)
-	}
-	for _, e := range p.GetMarkRules() {
-		puts, err := markPuts(fam, e)
-		add("mark", e.GetId(), puts, err)
-	}
+	dnatKind.each(fam, p, add)
+	snatKind.each(fam, p, add)
+	markKind.each(fam, p, add)
 
 	t := newTable(newLayout(fam, slices.Sorted(maps.Keys(prefixes))))
+	shared := map[setKey]bool{}
 	for _, en := range entries {
 		var conflict error
 		for _, pt := range en.puts {
@@ -97,12 +97,14 @@ func compileTable(p *kuportv1.NodeProgram) (*table, []error) {
 			continue
 		}
 		for _, pt := range en.puts {
-			if _, ok := t.elems[pt.set][pt.key]; !ok {
+			if _, ok := t.elems[pt.set][pt.key]; ok {
+				shared[setKey{pt.set, pt.key}] = true
+			} else {
 				t.elems[pt.set][pt.key] = pt.elem
 			}
 		}
 	}
-	return t, errs
+	return t, errs, shared
 }
 
 // dnatPuts is the DnatRule form of program.proto (founding document, kup-pre): per port, the

@@ -344,6 +344,51 @@ func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes in
 	return changes, added, d.flush()
 }
 
+// writeDirty writes, in one transaction, the elements of want that dirty says changed since
+// the kernel last held want (each as it was then), when the kernel holds want's layout
+// intact: each changed element is deleted as it was and added as it is, so the others keep
+// their counters. It returns what writeTable returns.
+func (d *Datapath) writeDirty(want *table, dirty map[setKey]prior) (changes int, added map[string]string, err error) {
+	t := &nftables.Table{Name: tableName, Family: want.layout.fam.table}
+	trace := d.log.IsTrace()
+	dels, adds := map[string][]nftables.SetElement{}, map[string][]nftables.SetElement{}
+	added = map[string]string{}
+	for k, was := range dirty {
+		s := want.layout.byName[k.set]
+		is, ok := want.elems[k.set][k.key]
+		if ok == was.present && is == was.e {
+			continue
+		}
+		if was.present {
+			dels[k.set] = append(dels[k.set], nftElem(was.e, false))
+			if trace {
+				d.log.Trace("nft delete element", "set", k.set, "element", was.e.text(s, false))
+			}
+		}
+		if ok {
+			adds[k.set] = append(adds[k.set], nftElem(is, true))
+			added[is.id] = s.kind()
+			if trace {
+				d.log.Trace("nft add element", "set", k.set, "element", is.text(s, false))
+			}
+		}
+	}
+	for _, s := range want.layout.sets {
+		ks := &nftables.Set{Table: t, Name: s.name}
+		if err := d.queueElems(ks, dels[s.name], true); err != nil {
+			return 0, nil, err
+		}
+		if err := d.queueElems(ks, adds[s.name], false); err != nil {
+			return 0, nil, err
+		}
+		changes += len(dels[s.name]) + len(adds[s.name])
+	}
+	if changes == 0 {
+		return 0, nil, nil
+	}
+	return changes, added, d.flush()
+}
+
 func sameLayout(a, b *layout) bool {
 	if len(a.sets) != len(b.sets) {
 		return false

@@ -189,7 +189,7 @@ func runErr(args []string, stdout, stderr io.Writer) error {
 		ServerName:     *serverName,
 		Datapath:       dp,
 		EntryErrors:    datapath.EntryErrors,
-		Validate:       datapath.Validate,
+		Validate:       dp.Validate,
 		Log:            log,
 		ReportInterval: *reportInterval,
 		ResyncInterval: *resyncInterval,
