@@ -25,18 +25,9 @@ type kernelTable struct {
 // ruleset generation moved since its last write (gen.go), Counters and Dump always.
 func (d *Datapath) readKernel() (*kernelTable, error) {
 	fam := familyIPv4
-	tables, err := d.nft.ListTablesOfFamily(fam.table)
-	if err != nil {
-		return nil, fmt.Errorf("list nftables tables: %w", err)
-	}
-	var t *nftables.Table
-	for _, kt := range tables {
-		if kt.Name == tableName {
-			t = kt
-		}
-	}
-	if t == nil {
-		return nil, nil
+	t, err := d.kernelTableOf(fam)
+	if t == nil || err != nil {
+		return nil, err
 	}
 	kt := &kernelTable{fam: fam, rules: map[string][]*nftables.Rule{}, elems: map[string][]nftables.SetElement{}}
 	chains, err := d.nft.ListChainsOfTableFamily(fam.table)
@@ -63,17 +54,34 @@ func (d *Datapath) readKernel() (*kernelTable, error) {
 	return kt, nil
 }
 
-// layout is the layout the kernel's sets name (their reply exemption prefixes).
-func (kt *kernelTable) layout() *layout {
+// kernelTableOf is the family's table kuport, nil when there is none.
+func (d *Datapath) kernelTableOf(fam family) (*nftables.Table, error) {
+	tables, err := d.nft.ListTablesOfFamily(fam.table)
+	if err != nil {
+		return nil, fmt.Errorf("list nftables tables: %w", err)
+	}
+	for _, kt := range tables {
+		if kt.Name == tableName {
+			return kt, nil
+		}
+	}
+	return nil, nil
+}
+
+// layoutOf is the layout sets name (their reply exemption prefixes).
+func layoutOf(fam family, sets []*nftables.Set) *layout {
 	var prefixes []string
-	for _, s := range kt.sets {
+	for _, s := range sets {
 		if p, ok := strings.CutPrefix(s.Name, replySetPrefix); ok {
 			prefixes = append(prefixes, p)
 		}
 	}
 	slices.Sort(prefixes)
-	return newLayout(kt.fam, prefixes)
+	return newLayout(fam, prefixes)
 }
+
+// layout is the layout the kernel's sets name (their reply exemption prefixes).
+func (kt *kernelTable) layout() *layout { return layoutOf(kt.fam, kt.sets) }
 
 // setMatches reports whether the kernel set is spec's. The library (v0.3.0) reads neither a
 // set's counter nor a verdict map's types back faithfully, so only name, key and data types
