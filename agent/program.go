@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"runtime/debug"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -53,7 +54,14 @@ func (a *Agent) handleProgram(p *kuportv1.NodeProgram) *kuportv1.Ack {
 		}
 		return &kuportv1.Ack{Version: p.GetVersion(), Epoch: p.GetEpoch()}
 	}
-	return a.apply(p)
+	ack := a.apply(p)
+	// A new program's compile and write leave garbage about ten times the program's
+	// compiled size (100 MB at 10,000 mappings), and an agent then allocates little until
+	// its next report, so the heap would stay at its peak for minutes. Return it to the
+	// system now, off the stream's path (one collection; at 10,000 mappings about 20 ms of
+	// CPU per program received).
+	go debug.FreeOSMemory()
+	return ack
 }
 
 // resync applies the current program again, retrying a failed Apply and repairing kernel

@@ -116,6 +116,9 @@ func EntryErrors(err error) []*kuportv1.EntryError {
 // a rule added now) are deleted last, so the flows' next packets take the new rules. An
 // invalid or failing entry does not stop the others: the returned error joins one
 // *EntryError per failed entry (see EntryErrors).
+//
+// The Datapath keeps p's entries to compare the next program with (incremental.go): p must
+// not be modified after the call (apply a changed copy, proto.Clone).
 func (d *Datapath) Apply(p *kuportv1.NodeProgram) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -9,7 +9,8 @@ import (
 )
 
 // Incremental compilation. A Datapath keeps the table it compiled last, the program entries
-// it compiled it from (its own copies) and, since its last write, every element it changed
+// it compiled it from (the caller's: Apply and Validate say the program must not change
+// after the call, which saves a copy of every entry) and, since its last write, every element it changed
 // with what the element was before (dirty). A program that differs from the last in a few
 // entries renders only those: their old elements go, their new ones come, and the write
 // that follows sends only the dirty elements. The result is the table compileTable makes of
@@ -92,7 +93,7 @@ type entryList[T entryMsg] struct {
 func newEntryList[T entryMsg](list []T) entryList[T] {
 	es := entryList[T]{msgs: make([]T, len(list)), pos: make(map[string]int, len(list))}
 	for i, e := range list {
-		es.msgs[i] = proto.CloneOf(e)
+		es.msgs[i] = e
 		es.pos[e.GetId()] = i
 	}
 	return es
@@ -184,7 +185,7 @@ func diff[T entryMsg](k entryKind[T], fam family, es entryList[T], list []T) (ch
 		}
 		c.new = puts
 		changes = append(changes, c)
-		next.msgs[i] = proto.CloneOf(e)
+		next.msgs[i] = e
 	}
 	return changes, added, next, true
 }

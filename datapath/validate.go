@@ -25,7 +25,8 @@ func Validate(p *kuportv1.NodeProgram) error {
 
 // Validate is the package's Validate through d's compiler (incremental.go): a program that
 // differs from the last one d compiled in a few entries renders only those, and the Apply
-// of it that follows renders nothing again. The agent validates with it.
+// of it that follows renders nothing again. The agent validates with it. As with Apply, p
+// must not be modified after the call.
 func (d *Datapath) Validate(p *kuportv1.NodeProgram) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
