@@ -15,7 +15,8 @@ import (
 // SetElement with its key, data, comment and expressions, about 2 KB of garbage an element
 // (90 MB for 40,000, measured), which set the agent's resident memory. So Counters dumps
 // each set itself (NFT_MSG_GETSETELEM, as nft and the library send it) and walks the
-// answer's attributes in place: per element only its comment (the entry id) and its counter.
+// answer's attributes in place, in a buffer it keeps: per element only its comment (the
+// entry id) and its counter.
 
 // nftaSetElemExpressions is NFTA_SET_ELEM_EXPRESSIONS, the list of an element's expressions
 // (the kernel sends NFTA_SET_ELEM_EXPR when there is one).
@@ -35,31 +36,84 @@ func (d *sockets) setCounters(fam nftables.TableFamily, table, set string, fn fu
 	if err != nil {
 		return err
 	}
-	msgs, err := c.Execute(netlink.Message{
+	req, err := c.Send(netlink.Message{
 		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETSETELEM), Flags: netlink.Request | netlink.Dump},
 		Data:   append([]byte{byte(fam), unix.NFNETLINK_V0, 0, 0}, attrs...),
 	})
 	if err != nil {
 		return fmt.Errorf("list elements of set %s: %w", set, err)
 	}
-	for _, m := range msgs {
-		if m.Header.Type != netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_NEWSETELEM) || len(m.Data) < 4 {
+	// The answer is read into one buffer kept for the next read (a dump's messages are at
+	// most 32 KiB each, the kernel's cap), where the library would allocate every message.
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	if d.dumpBuf == nil {
+		d.dumpBuf = make([]byte, 64<<10)
+	}
+	for {
+		var n int
+		var rerr error
+		if err := rc.Read(func(fd uintptr) bool {
+			n, _, rerr = unix.Recvfrom(int(fd), d.dumpBuf, 0)
+			return rerr != unix.EAGAIN
+		}); err != nil {
+			return fmt.Errorf("list elements of set %s: %w", set, err)
+		}
+		if rerr != nil {
+			return fmt.Errorf("list elements of set %s: %w", set, rerr)
+		}
+		done, err := dumpMessages(d.dumpBuf[:n], req.Header.Sequence, fn)
+		if err != nil {
+			return fmt.Errorf("list elements of set %s: %w", set, err)
+		}
+		if done {
+			return nil
+		}
+	}
+}
+
+// dumpMessages reads the netlink messages of one read of an element dump (sequence seq):
+// whether the dump ended, and its error.
+func dumpMessages(b []byte, seq uint32, fn func(comment []byte, packets, bytes uint64)) (bool, error) {
+	for len(b) >= unix.NLMSG_HDRLEN {
+		n := int(binary.NativeEndian.Uint32(b))
+		if n < unix.NLMSG_HDRLEN || n > len(b) {
+			return false, fmt.Errorf("a netlink message of %d bytes in %d", n, len(b))
+		}
+		typ, mseq, data := binary.NativeEndian.Uint16(b[4:]), binary.NativeEndian.Uint32(b[8:]), b[unix.NLMSG_HDRLEN:n]
+		b = b[min((n+3)&^3, len(b)):]
+		if mseq != seq {
 			continue
 		}
-		eachAttr(m.Data[4:], func(typ uint16, b []byte) {
-			if typ != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
-				return
-			}
-			eachAttr(b, func(typ uint16, b []byte) {
-				if typ == unix.NFTA_LIST_ELEM {
-					if comment, packets, bytes, ok := elemCounter(b); ok {
-						fn(comment, packets, bytes)
-					}
+		switch typ {
+		case unix.NLMSG_DONE, unix.NLMSG_ERROR:
+			if len(data) >= 4 {
+				if errno := int32(binary.NativeEndian.Uint32(data)); errno != 0 {
+					return true, unix.Errno(-errno)
 				}
+			}
+			return true, nil
+		case unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWSETELEM:
+			if len(data) < 4 {
+				continue
+			}
+			eachAttr(data[4:], func(typ uint16, b []byte) {
+				if typ != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
+					return
+				}
+				eachAttr(b, func(typ uint16, b []byte) {
+					if typ == unix.NFTA_LIST_ELEM {
+						if comment, packets, bytes, ok := elemCounter(b); ok {
+							fn(comment, packets, bytes)
+						}
+					}
+				})
 			})
-		})
+		}
 	}
-	return nil
+	return false, nil
 }
 
 // elemCounter reads an element's comment and counter; false when it lacks either.

@@ -71,4 +71,6 @@ type sockets struct {
 	// (elemcounters.go), opened on first use and kept: closing a nftables socket after a
 	// transaction that deleted elements waits for the kernel (Config.NFT).
 	nfConn *mdnetlink.Conn
+	// dumpBuf receives element dumps (elemcounters.go).
+	dumpBuf []byte
 }
