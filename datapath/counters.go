@@ -30,7 +30,7 @@ func (d *Datapath) Counters() ([]*kuportv1.Counter, error) {
 		return nil, fmt.Errorf("list sets: %w", err)
 	}
 	l := layoutOf(fam, sets)
-	byID := map[string]*kuportv1.Counter{}
+	byID := make(map[string]*kuportv1.Counter, len(d.comp.dnat.msgs)+len(d.comp.snat.msgs)+len(d.comp.mark.msgs))
 	for _, ks := range sets {
 		s := l.byName[ks.Name]
 		if s == nil || !setMatches(ks, s) {

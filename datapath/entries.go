@@ -53,12 +53,13 @@ func compileTable(p *kuportv1.NodeProgram) (*table, []error) {
 func compileEntries(p *kuportv1.NodeProgram) (*table, []error, map[setKey]bool) {
 	fam := familyIPv4
 	var errs []error
-	seen := map[string]bool{}
+	n := len(p.GetDnatRules()) + len(p.GetSnatRules()) + len(p.GetMarkRules())
+	seen := make(map[string]bool, n)
 	type entry struct {
 		kind, id string
 		puts     []put
 	}
-	var entries []entry
+	entries := make([]entry, 0, n)
 	prefixes := map[string]bool{}
 	add := func(kind, id string, puts []put, err error) {
 		if err == nil && seen[id] {
@@ -82,6 +83,16 @@ func compileEntries(p *kuportv1.NodeProgram) (*table, []error, map[setKey]bool) 
 	markKind.each(fam, p, add)
 
 	t := newTable(newLayout(fam, slices.Sorted(maps.Keys(prefixes))))
+	// Each set's map made for its elements, which spares growing it element by element.
+	sizes := map[string]int{}
+	for _, en := range entries {
+		for _, pt := range en.puts {
+			sizes[pt.set]++
+		}
+	}
+	for name, n := range sizes {
+		t.elems[name] = make(map[string]elem, n)
+	}
 	shared := map[setKey]bool{}
 	for _, en := range entries {
 		var conflict error
