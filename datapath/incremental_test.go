@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -273,4 +274,29 @@ func TestSameCoversEveryField(t *testing.T) {
 	check("MarkRule", &kuportv1.MarkRule{Ports: ports}, func(a, b proto.Message) bool {
 		return sameMark(a.(*kuportv1.MarkRule), b.(*kuportv1.MarkRule))
 	})
+}
+
+// TestIncrementalFailedWrite fails the transaction of one mapping's change: the error names
+// that mapping's entries only, the kernel keeps the old program, and the next Apply writes
+// the change.
+func TestIncrementalFailedWrite(t *testing.T) {
+	k := newFakeKernel("100.64.93.150")
+	dp := k.datapath(t)
+	p := benchProgram(3)
+	require.NoError(t, dp.Apply(p))
+	before := k.dump(t)
+	q := retarget(p, 1, "10.244.200.1")
+	k.enqueue(func(map[string]*fakeTable) error { return errors.New("refused") })
+	err := dp.Apply(q)
+	var ids []string
+	for _, e := range EntryErrors(err) {
+		ids = append(ids, e.GetId())
+	}
+	assert.Equal(t, []string{"bench/m00001/dnat/enp1s0", "bench/m00001/snat"}, ids)
+	assert.Equal(t, before, k.dump(t), "the failed transaction changed nothing")
+	require.NoError(t, dp.Apply(q))
+	assert.Equal(t, 4, dp.lastChanges, "the change written")
+	dump, err := dp.Dump()
+	require.NoError(t, err)
+	assert.Equal(t, Render(q), dump)
 }

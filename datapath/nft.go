@@ -270,9 +270,9 @@ func nftElem(e elem, withData bool) nftables.SetElement {
 // table; intact: exactly in have's layout), hold want, and commits it when there is
 // anything to write. A table that is not intact, or in another layout, is deleted and
 // written anew; otherwise only the elements that differ are deleted and added, so the
-// others keep their counters. It returns the number of kernel writes and the entries whose
-// elements it added, as kind by id (all failed when err is the transaction's).
-func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes int, added map[string]string, err error) {
+// others keep their counters. It returns the number of kernel writes and the elements it
+// added, by set (all failed when err is the transaction's).
+func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes int, added map[string][]nftables.SetElement, err error) {
 	fam := want.layout.fam
 	t := &nftables.Table{Name: tableName, Family: fam.table}
 	trace := d.log.IsTrace()
@@ -287,7 +287,7 @@ func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes in
 		d.log.Trace("nft delete table")
 		return 1, nil, d.flush()
 	}
-	added = map[string]string{}
+	added = map[string][]nftables.SetElement{}
 	sets := map[string]*nftables.Set{}
 	rebuild := have == nil || !intact || !sameLayout(have.layout, want.layout)
 	if rebuild {
@@ -320,7 +320,8 @@ func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes in
 		if ks == nil {
 			ks = &nftables.Set{Table: t, Name: s.name}
 		}
-		var dels, adds []nftables.SetElement
+		var dels []nftables.SetElement
+		adds := make([]nftables.SetElement, 0, len(want.elems[s.name]))
 		for k, e := range have.elems[s.name] {
 			if w, ok := want.elems[s.name][k]; !ok || w != e {
 				dels = append(dels, nftElem(e, false))
@@ -332,7 +333,6 @@ func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes in
 		for k, w := range want.elems[s.name] {
 			if e, ok := have.elems[s.name][k]; !ok || w != e {
 				adds = append(adds, nftElem(w, true))
-				added[w.id] = s.kind()
 				if trace {
 					d.log.Trace("nft add element", "set", s.name, "element", w.text(s, false))
 				}
@@ -344,6 +344,7 @@ func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes in
 		if err := d.queueElems(ks, adds, false); err != nil {
 			return 0, nil, err
 		}
+		added[s.name] = adds
 		changes += len(dels) + len(adds)
 	}
 	if changes == 0 {
@@ -356,11 +357,10 @@ func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes in
 // the kernel last held want (each as it was then), when the kernel holds want's layout
 // intact: each changed element is deleted as it was and added as it is, so the others keep
 // their counters. It returns what writeTable returns.
-func (d *Datapath) writeDirty(want *table, dirty map[setKey]prior) (changes int, added map[string]string, err error) {
+func (d *Datapath) writeDirty(want *table, dirty map[setKey]prior) (changes int, added map[string][]nftables.SetElement, err error) {
 	t := &nftables.Table{Name: tableName, Family: want.layout.fam.table}
 	trace := d.log.IsTrace()
 	dels, adds := map[string][]nftables.SetElement{}, map[string][]nftables.SetElement{}
-	added = map[string]string{}
 	for k, was := range dirty {
 		s := want.layout.byName[k.set]
 		is, ok := want.elems[k.set][k.key]
@@ -375,7 +375,6 @@ func (d *Datapath) writeDirty(want *table, dirty map[setKey]prior) (changes int,
 		}
 		if ok {
 			adds[k.set] = append(adds[k.set], nftElem(is, true))
-			added[is.id] = s.kind()
 			if trace {
 				d.log.Trace("nft add element", "set", k.set, "element", is.text(s, false))
 			}
@@ -394,7 +393,7 @@ func (d *Datapath) writeDirty(want *table, dirty map[setKey]prior) (changes int,
 	if changes == 0 {
 		return 0, nil, nil
 	}
-	return changes, added, d.flush()
+	return changes, adds, d.flush()
 }
 
 func sameLayout(a, b *layout) bool {

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"maps"
 	"slices"
+
+	"github.com/google/nftables"
 )
 
 // known is what table ip kuport holds as of ruleset generation gen, without reading it: the
@@ -29,7 +31,7 @@ func (d *Datapath) syncTable(want *table, changes *int) ([]dnatChange, error) {
 	}
 	var (
 		n     int
-		added map[string]string
+		added map[string][]nftables.SetElement
 		err   error
 		dnat  []dnatChange
 	)
@@ -56,12 +58,19 @@ func (d *Datapath) syncTable(want *table, changes *int) ([]dnatChange, error) {
 	*changes += n
 	if err != nil {
 		d.known = nil
-		if len(added) == 0 {
+		// The transaction failed whole: every entry whose elements it added failed.
+		kinds := map[string]string{}
+		for set, elems := range added {
+			for _, e := range elems {
+				kinds[e.Comment] = want.layout.byName[set].kind()
+			}
+		}
+		if len(kinds) == 0 {
 			return nil, err
 		}
 		var errs []error
-		for _, id := range slices.Sorted(maps.Keys(added)) {
-			errs = append(errs, &EntryError{Kind: added[id], ID: id, Err: err})
+		for _, id := range slices.Sorted(maps.Keys(kinds)) {
+			errs = append(errs, &EntryError{Kind: kinds[id], ID: id, Err: err})
 		}
 		return nil, errors.Join(errs...)
 	}
