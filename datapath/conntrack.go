@@ -111,8 +111,15 @@ func dnatChanges(old, want *table) []dnatChange {
 	if old == want {
 		return nil
 	}
-	var out []dnatChange
 	before, after := dnatSets(old), dnatSets(want)
+	var out []dnatChange
+	if old == nil { // every element is added
+		n := 0
+		for _, elems := range after {
+			n += len(elems)
+		}
+		out = make([]dnatChange, 0, n)
+	}
 	for set, elems := range before {
 		for k, e := range elems {
 			w, ok := after[set][k]
