@@ -113,7 +113,11 @@ func diff[T entryMsg](k entryKind[T], fam family, es entryList[T], list []T) (ch
 	var changed []int
 	prev, matched := -1, 0
 	for i, e := range list {
-		j, found := es.pos[e.GetId()]
+		// Mostly the entry after the last one found is the one (ids are unique there).
+		j, found := prev+1, prev+1 < len(es.msgs) && es.msgs[prev+1].GetId() == e.GetId()
+		if !found {
+			j, found = es.pos[e.GetId()]
+		}
 		if !found {
 			changed = append(changed, i)
 			continue
