@@ -154,10 +154,6 @@ func dirtyDNAT(want *table, dirty map[setKey]prior) []dnatChange {
 	return out
 }
 
-// newStaleFlows returns the filter for a change of kup-pre's maps from old (nil: no table)
-// to want, or nil when they translate the same.
-func newStaleFlows(old, want *table) *staleFlows { return staleFlowsOf(dnatChanges(old, want), want) }
-
 // staleFlowsOf returns the filter for the DNAT elements changed into want, or nil when
 // they translate as before. Its cost is the changed elements' but for one pass over want's
 // DNAT elements when some went.
