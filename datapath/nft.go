@@ -320,8 +320,10 @@ func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes in
 		if ks == nil {
 			ks = &nftables.Set{Table: t, Name: s.name}
 		}
-		var dels []nftables.SetElement
-		adds := make([]nftables.SetElement, 0, len(want.elems[s.name]))
+		var dels, adds []nftables.SetElement
+		if rebuild { // every element is added
+			adds = make([]nftables.SetElement, 0, len(want.elems[s.name]))
+		}
 		for k, e := range have.elems[s.name] {
 			if w, ok := want.elems[s.name][k]; !ok || w != e {
 				dels = append(dels, nftElem(e, false))
