@@ -1,10 +1,11 @@
 package agent
 
 import (
+	"bytes"
 	"fmt"
+	"runtime/debug"
 
 	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
@@ -53,7 +54,14 @@ func (a *Agent) handleProgram(p *kuportv1.NodeProgram) *kuportv1.Ack {
 		}
 		return &kuportv1.Ack{Version: p.GetVersion(), Epoch: p.GetEpoch()}
 	}
-	return a.apply(p)
+	ack := a.apply(p)
+	// A new program's compile and write leave garbage about ten times the program's
+	// compiled size (100 MB at 10,000 mappings), and an agent then allocates little until
+	// its next report, so the heap would stay at its peak for minutes. Return it to the
+	// system now, off the stream's path (one collection; at 10,000 mappings about 20 ms of
+	// CPU per program received).
+	go debug.FreeOSMemory()
+	return ack
 }
 
 // resync applies the current program again, retrying a failed Apply and repairing kernel
@@ -103,12 +111,22 @@ func (a *Agent) entryErrors(err error) []*kuportv1.EntryError {
 	return []*kuportv1.EntryError{{Message: err.Error()}}
 }
 
-// sameContent reports whether two programs are equal but for version and epoch.
+// sameContent reports whether two programs are equal but for version and epoch. It compares
+// field by field in place, stopping at the first difference: a copy of each to clear
+// version and epoch cost as much as the Apply of a changed mapping at 10,000 mappings.
 func sameContent(x, y *kuportv1.NodeProgram) bool {
-	x, y = proto.CloneOf(x), proto.CloneOf(y)
-	x.Version, x.Epoch = 0, 0
-	y.Version, y.Epoch = 0, 0
-	return proto.Equal(x, y)
+	xr, yr := x.ProtoReflect(), y.ProtoReflect()
+	fields := xr.Descriptor().Fields()
+	for i := range fields.Len() {
+		f := fields.Get(i)
+		if f.Name() == "version" || f.Name() == "epoch" {
+			continue
+		}
+		if xr.Has(f) != yr.Has(f) || !xr.Get(f).Equal(yr.Get(f)) {
+			return false
+		}
+	}
+	return bytes.Equal(xr.GetUnknown(), yr.GetUnknown())
 }
 
 // setCurrent records p as the program the kernel holds, with errs (nil when whole), raises

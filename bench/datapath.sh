@@ -7,6 +7,7 @@ set -eu
 cd "$(dirname "$0")/.."
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-go build -o "$out/kuport-agent" ./cmd/kuport-agent
+# The agent as the Makefile builds it for the images (static, no cgo).
+CGO_ENABLED=0 go build -trimpath -buildvcs=false -o "$out/kuport-agent" ./cmd/kuport-agent
 go build -o "$out/bench" ./bench/datapath
 "$out/bench" --agent "$out/kuport-agent" "$@"

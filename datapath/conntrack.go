@@ -100,38 +100,73 @@ func dnatSets(t *table) map[string]map[string]elem {
 	return out
 }
 
-// newStaleFlows returns the filter for a change of kup-pre's maps from old (nil: no table)
-// to want, or nil when they translate the same. Its cost is the changed elements' but for
-// one pass over want's DNAT elements when some went.
-func newStaleFlows(old, want *table) *staleFlows {
+// dnatChange is one DNAT element of set s changed by a write: as it was and as it is.
+type dnatChange struct {
+	s       *setSpec
+	was, is prior
+}
+
+// dnatChanges are the DNAT elements that differ from old (nil: no table) to want.
+func dnatChanges(old, want *table) []dnatChange {
 	if old == want {
 		return nil
 	}
-	s := &staleFlows{want: map[protoPort][]translation{}, gone: map[protoPort][]translation{}, added: map[protoPort][]translation{}}
 	before, after := dnatSets(old), dnatSets(want)
-	read := func(set, key string, e elem) (translation, bool) {
-		spec := want.layout.byName[set]
-		if spec == nil && old != nil {
-			spec = old.layout.byName[set]
+	var out []dnatChange
+	if old == nil { // every element is added
+		n := 0
+		for _, elems := range after {
+			n += len(elems)
 		}
-		return translationOf(spec, e)
+		out = make([]dnatChange, 0, n)
 	}
 	for set, elems := range before {
 		for k, e := range elems {
-			if w, ok := after[set][k]; ok && w.key == e.key && w.val == e.val {
-				continue
-			}
-			if tr, ok := read(set, k, e); ok {
-				s.gone[tr.protoPort] = append(s.gone[tr.protoPort], tr)
+			w, ok := after[set][k]
+			if !ok || w != e {
+				out = append(out, dnatChange{s: old.layout.byName[set], was: prior{e: e, present: true}, is: prior{e: w, present: ok}})
 			}
 		}
 	}
 	for set, elems := range after {
 		for k, e := range elems {
-			if o, ok := before[set][k]; ok && o.val == e.val {
-				continue
+			if _, ok := before[set][k]; !ok {
+				out = append(out, dnatChange{s: want.layout.byName[set], is: prior{e: e, present: true}})
 			}
-			if tr, ok := read(set, k, e); ok {
+		}
+	}
+	return out
+}
+
+// dirtyDNAT are the DNAT elements of the compiler's dirty ones that differ in want.
+func dirtyDNAT(want *table, dirty map[setKey]prior) []dnatChange {
+	var out []dnatChange
+	for k, was := range dirty {
+		s := want.layout.byName[k.set]
+		if s == nil || s.role != roleDNAT {
+			continue
+		}
+		is, ok := want.elems[k.set][k.key]
+		if ok != was.present || is != was.e {
+			out = append(out, dnatChange{s: s, was: was, is: prior{e: is, present: ok}})
+		}
+	}
+	return out
+}
+
+// staleFlowsOf returns the filter for the DNAT elements changed into want, or nil when
+// they translate as before. Its cost is the changed elements' but for one pass over want's
+// DNAT elements when some went.
+func staleFlowsOf(changes []dnatChange, want *table) *staleFlows {
+	s := &staleFlows{want: map[protoPort][]translation{}, gone: map[protoPort][]translation{}, added: map[protoPort][]translation{}}
+	for _, c := range changes {
+		if c.was.present && !(c.is.present && c.is.e.val == c.was.e.val) {
+			if tr, ok := translationOf(c.s, c.was.e); ok {
+				s.gone[tr.protoPort] = append(s.gone[tr.protoPort], tr)
+			}
+		}
+		if c.is.present && !(c.was.present && c.was.e.val == c.is.e.val) {
+			if tr, ok := translationOf(c.s, c.is.e); ok {
 				s.added[tr.protoPort] = append(s.added[tr.protoPort], tr)
 			}
 		}
@@ -140,9 +175,10 @@ func newStaleFlows(old, want *table) *staleFlows {
 		return nil
 	}
 	if len(s.gone) > 0 {
-		for set, elems := range after {
-			for k, e := range elems {
-				if tr, ok := read(set, k, e); ok && s.gone[tr.protoPort] != nil {
+		for set, elems := range dnatSets(want) {
+			spec := want.layout.byName[set]
+			for _, e := range elems {
+				if tr, ok := translationOf(spec, e); ok && s.gone[tr.protoPort] != nil {
 					s.want[tr.protoPort] = append(s.want[tr.protoPort], tr)
 				}
 			}

@@ -227,3 +227,7 @@ func TestPrivilegedConntrack(t *testing.T) {
 	require.NoError(t, tn.dp.Cleanup())
 	assert.Equal(t, map[uint16]string{foreign: "203.0.113.9:4000 -> 203.0.113.9:4000"}, tn.flowsBySport(t, 17))
 }
+
+// newStaleFlows is Apply's filter for a change of kup-pre's maps from old (nil: no table)
+// to want.
+func newStaleFlows(old, want *table) *staleFlows { return staleFlowsOf(dnatChanges(old, want), want) }

@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 
@@ -13,44 +14,56 @@ import (
 // kup-pre elements count its new flows, its kup-count-in and kup-count-out elements fill
 // forwarded_in and forwarded_out. An element two entries share counts under the entry it
 // carries the id of (compileTable), and the other reports none.
+//
+// It reads the sets one at a time, each element's comment and counter only, and keeps only
+// the sums (elemcounters.go): little garbage however many elements there are.
 func (d *Datapath) Counters() ([]*kuportv1.Counter, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	kt, err := d.readKernel()
-	if err != nil || kt == nil {
+	fam := familyIPv4
+	t, err := d.kernelTableOf(fam)
+	if t == nil || err != nil {
 		return nil, err
 	}
-	l := kt.layout()
-	t, _, counters := kt.view(l)
-	byID := map[string]*kuportv1.Counter{}
-	for _, s := range l.sets {
-		for k, e := range t.elems[s.name] {
-			c := counters[s.name][k]
-			if c == nil || e.id == "" {
-				continue
-			}
-			ctr := byID[e.id]
+	sets, err := d.nft.GetSets(t)
+	if err != nil {
+		return nil, fmt.Errorf("list sets: %w", err)
+	}
+	l := layoutOf(fam, sets)
+	byID := make(map[string]*kuportv1.Counter, len(d.comp.dnat.msgs)+len(d.comp.snat.msgs)+len(d.comp.mark.msgs))
+	for _, ks := range sets {
+		s := l.byName[ks.Name]
+		if s == nil || !setMatches(ks, s) {
+			continue
+		}
+		err := d.own.setCounters(fam.table, tableName, ks.Name, func(comment []byte, packets, bytes uint64) {
+			ctr := byID[string(comment)]
 			if ctr == nil {
-				ctr = &kuportv1.Counter{Id: e.id}
-				byID[e.id] = ctr
+				ctr = &kuportv1.Counter{Id: string(comment)}
+				byID[ctr.Id] = ctr
 			}
+			var tr *kuportv1.Traffic
 			switch s.role {
 			case roleCountIn:
 				if ctr.ForwardedIn == nil {
 					ctr.ForwardedIn = &kuportv1.Traffic{}
 				}
-				ctr.ForwardedIn.Packets += c.Packets
-				ctr.ForwardedIn.Bytes += c.Bytes
+				tr = ctr.ForwardedIn
 			case roleCountOut:
 				if ctr.ForwardedOut == nil {
 					ctr.ForwardedOut = &kuportv1.Traffic{}
 				}
-				ctr.ForwardedOut.Packets += c.Packets
-				ctr.ForwardedOut.Bytes += c.Bytes
+				tr = ctr.ForwardedOut
 			default:
-				ctr.Packets += c.Packets
-				ctr.Bytes += c.Bytes
+				ctr.Packets += packets
+				ctr.Bytes += bytes
+				return
 			}
+			tr.Packets += packets
+			tr.Bytes += bytes
+		})
+		if err != nil {
+			return nil, err
 		}
 	}
 	out := make([]*kuportv1.Counter, 0, len(byID))

@@ -19,8 +19,12 @@ import (
 // Config injects the kernel a Datapath works on. Every field points at the same network
 // namespace: the node's own, or a test's.
 type Config struct {
-	// NFT is the nftables connection (nftables.New, with nftables.WithNetNSFd for another
-	// namespace).
+	// NFT is the nftables connection: nftables.New with nftables.AsLasting and
+	// NFTSocketOption (and nftables.WithNetNSFd for another namespace). Lasting matters: a
+	// connection that is not opens a socket per call, and closing a nftables socket after a
+	// transaction that deleted an element waits for the kernel to release it (measured 7-30
+	// ms on kernel 6.18, where the transaction itself takes 15-100 µs), so every change
+	// that removes or retargets a mapping would wait that long.
 	NFT *nftables.Conn
 	// Netlink is the netlink handle (netlink.NewHandle, or netlink.NewHandleAt), with the
 	// NETLINK_ROUTE and NETLINK_NETFILTER (conntrack) families, as it has when created
@@ -47,10 +51,10 @@ type Datapath struct {
 	// lastChanges is the number of kernel writes the last Apply made (0 when the kernel
 	// already held the program).
 	lastChanges int
-	// known is the table the kernel holds as of a ruleset generation (gen.go), and last the
-	// program it was compiled from (sync.go).
+	// known is the table the kernel holds as of a ruleset generation (gen.go, sync.go), and
+	// comp the last compile (incremental.go).
 	known *known
-	last  *compiled
+	comp  compiler
 	// routeTables are the routing tables the last Apply synced (the program's and those
 	// its band's rules pointed at), read by Watch without the lock (watch.go).
 	routeTables atomic.Pointer[map[int]bool]
@@ -112,6 +116,9 @@ func EntryErrors(err error) []*kuportv1.EntryError {
 // a rule added now) are deleted last, so the flows' next packets take the new rules. An
 // invalid or failing entry does not stop the others: the returned error joins one
 // *EntryError per failed entry (see EntryErrors).
+//
+// The Datapath keeps p's entries to compare the next program with (incremental.go): p must
+// not be modified after the call (apply a changed copy, proto.Clone).
 func (d *Datapath) Apply(p *kuportv1.NodeProgram) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -130,13 +137,13 @@ func (d *Datapath) Apply(p *kuportv1.NodeProgram) error {
 
 func (d *Datapath) apply(p *kuportv1.NodeProgram, changes *int) error {
 	want, errs := d.compile(p)
-	have, err := d.syncTable(want, changes)
+	dnat, err := d.syncTable(want, changes)
 	var stale *staleFlows
 	if err != nil {
 		errs = append(errs, err)
 	} else {
-		// kup-pre's maps changed from have to want: the flows that still go the old way.
-		stale = newStaleFlows(have, want)
+		// kup-pre's maps changed: the flows that still go the old way.
+		stale = staleFlowsOf(dnat, want)
 	}
 
 	// Links and return paths that fail validation are reported and left out (Validate).

@@ -46,7 +46,12 @@ func (t *table) empty() bool {
 // pack concatenates key or data parts as a concatenation holds them in registers: each
 // padded with zeros to a multiple of 4 bytes.
 func pack(parts ...[]byte) string {
+	n := 0
+	for _, p := range parts {
+		n += (len(p) + 3) &^ 3
+	}
 	var b strings.Builder
+	b.Grow(n)
 	for _, p := range parts {
 		b.Write(p)
 		for n := len(p); n%4 != 0; n++ {

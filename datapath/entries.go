@@ -43,14 +43,23 @@ type put struct {
 // shared: it stays that entry's, whose id it carries and under which it is counted (the
 // founding document's rules counted it under the first rule that matched, too).
 func compileTable(p *kuportv1.NodeProgram) (*table, []error) {
+	t, errs, _ := compileEntries(p)
+	return t, errs
+}
+
+// compileEntries is compileTable, and the elements that more than one entry needs (one
+// identity SNAT for two mappings to one pod port), which incremental compiles leave to a
+// compile of the whole program (incremental.go).
+func compileEntries(p *kuportv1.NodeProgram) (*table, []error, map[setKey]bool) {
 	fam := familyIPv4
 	var errs []error
-	seen := map[string]bool{}
+	n := len(p.GetDnatRules()) + len(p.GetSnatRules()) + len(p.GetMarkRules())
+	seen := make(map[string]bool, n)
 	type entry struct {
 		kind, id string
 		puts     []put
 	}
-	var entries []entry
+	entries := make([]entry, 0, n)
 	prefixes := map[string]bool{}
 	add := func(kind, id string, puts []put, err error) {
 		if err == nil && seen[id] {
@@ -69,20 +78,22 @@ func compileTable(p *kuportv1.NodeProgram) (*table, []error) {
 		}
 		entries = append(entries, entry{kind, id, puts})
 	}
-	for _, e := range p.GetDnatRules() {
-		puts, err := dnatPuts(fam, e)
-		add("dnat", e.GetId(), puts, err)
-	}
-	for _, e := range p.GetSnatRules() {
-		puts, err := snatPuts(fam, e)
-		add("snat", e.GetId(), puts, err)
-	}
-	for _, e := range p.GetMarkRules() {
-		puts, err := markPuts(fam, e)
-		add("mark", e.GetId(), puts, err)
-	}
+	dnatKind.each(fam, p, add)
+	snatKind.each(fam, p, add)
+	markKind.each(fam, p, add)
 
 	t := newTable(newLayout(fam, slices.Sorted(maps.Keys(prefixes))))
+	// Each set's map made for its elements, which spares growing it element by element.
+	sizes := map[string]int{}
+	for _, en := range entries {
+		for _, pt := range en.puts {
+			sizes[pt.set]++
+		}
+	}
+	for name, n := range sizes {
+		t.elems[name] = make(map[string]elem, n)
+	}
+	shared := map[setKey]bool{}
 	for _, en := range entries {
 		var conflict error
 		for _, pt := range en.puts {
@@ -97,12 +108,14 @@ func compileTable(p *kuportv1.NodeProgram) (*table, []error) {
 			continue
 		}
 		for _, pt := range en.puts {
-			if _, ok := t.elems[pt.set][pt.key]; !ok {
+			if _, ok := t.elems[pt.set][pt.key]; ok {
+				shared[setKey{pt.set, pt.key}] = true
+			} else {
 				t.elems[pt.set][pt.key] = pt.elem
 			}
 		}
 	}
-	return t, errs
+	return t, errs, shared
 }
 
 // dnatPuts is the DnatRule form of program.proto (founding document, kup-pre): per port, the

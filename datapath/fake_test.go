@@ -325,6 +325,19 @@ func (k *fakeKernel) GetSetElements(s *nftables.Set) ([]nftables.SetElement, err
 
 // Own sockets.
 
+func (k *fakeKernel) setCounters(fam nftables.TableFamily, table, set string, fn func(comment []byte, packets, bytes uint64)) error {
+	elems, err := k.GetSetElements(&nftables.Set{Table: &nftables.Table{Name: table, Family: fam}, Name: set})
+	if err != nil {
+		return err
+	}
+	for _, e := range elems {
+		if e.Counter != nil && e.Comment != "" {
+			fn([]byte(e.Comment), e.Counter.Packets, e.Counter.Bytes)
+		}
+	}
+	return nil
+}
+
 func (k *fakeKernel) rpFilter(ifindex int) (uint32, error) { return k.rp[ifindex], nil }
 
 func (k *fakeKernel) setRPFilter(ifindex int, value uint32) error {

@@ -16,17 +16,26 @@ import (
 // update alike, makes the next Apply read the table in full. google/nftables v0.3.0 has no
 // call for it, so a netlink socket of the datapath's own asks.
 
-// generation returns the namespace's nftables ruleset generation. The socket is opened on
-// first use, in the datapath's namespace, and kept.
-func (d *sockets) generation() (uint32, error) {
-	if d.genConn == nil {
+// nftSocket is the datapath's own nftables socket, opened on first use in its namespace and
+// kept.
+func (d *sockets) nftSocket() (*netlink.Conn, error) {
+	if d.nfConn == nil {
 		c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: max(int(d.netns), 0)})
 		if err != nil {
-			return 0, fmt.Errorf("nftables generation socket: %w", err)
+			return nil, fmt.Errorf("nftables socket: %w", err)
 		}
-		d.genConn = c
+		d.nfConn = c
 	}
-	msgs, err := d.genConn.Execute(netlink.Message{
+	return d.nfConn, nil
+}
+
+// generation returns the namespace's nftables ruleset generation.
+func (d *sockets) generation() (uint32, error) {
+	c, err := d.nftSocket()
+	if err != nil {
+		return 0, fmt.Errorf("nftables generation: %w", err)
+	}
+	msgs, err := c.Execute(netlink.Message{
 		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETGEN), Flags: netlink.Request},
 		Data:   []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, 0},
 	})

@@ -54,6 +54,7 @@ type ownSockets interface {
 	setRPFilter(ifindex int, value uint32) error
 	ipForward() (bool, error)
 	generation() (uint32, error)
+	setCounters(fam nftables.TableFamily, table, set string, fn func(comment []byte, packets, bytes uint64)) error
 }
 
 var (
@@ -66,6 +67,10 @@ var (
 type sockets struct {
 	netns netns.NsHandle
 	log   hclog.Logger
-	// genConn asks for the ruleset generation (gen.go), opened on first use and kept.
-	genConn *mdnetlink.Conn
+	// nfConn asks for the ruleset generation (gen.go) and reads element counters
+	// (elemcounters.go), opened on first use and kept: closing a nftables socket after a
+	// transaction that deleted elements waits for the kernel (Config.NFT).
+	nfConn *mdnetlink.Conn
+	// dumpBuf receives element dumps (elemcounters.go).
+	dumpBuf []byte
 }

@@ -25,18 +25,9 @@ type kernelTable struct {
 // ruleset generation moved since its last write (gen.go), Counters and Dump always.
 func (d *Datapath) readKernel() (*kernelTable, error) {
 	fam := familyIPv4
-	tables, err := d.nft.ListTablesOfFamily(fam.table)
-	if err != nil {
-		return nil, fmt.Errorf("list nftables tables: %w", err)
-	}
-	var t *nftables.Table
-	for _, kt := range tables {
-		if kt.Name == tableName {
-			t = kt
-		}
-	}
-	if t == nil {
-		return nil, nil
+	t, err := d.kernelTableOf(fam)
+	if t == nil || err != nil {
+		return nil, err
 	}
 	kt := &kernelTable{fam: fam, rules: map[string][]*nftables.Rule{}, elems: map[string][]nftables.SetElement{}}
 	chains, err := d.nft.ListChainsOfTableFamily(fam.table)
@@ -63,17 +54,34 @@ func (d *Datapath) readKernel() (*kernelTable, error) {
 	return kt, nil
 }
 
-// layout is the layout the kernel's sets name (their reply exemption prefixes).
-func (kt *kernelTable) layout() *layout {
+// kernelTableOf is the family's table kuport, nil when there is none.
+func (d *Datapath) kernelTableOf(fam family) (*nftables.Table, error) {
+	tables, err := d.nft.ListTablesOfFamily(fam.table)
+	if err != nil {
+		return nil, fmt.Errorf("list nftables tables: %w", err)
+	}
+	for _, kt := range tables {
+		if kt.Name == tableName {
+			return kt, nil
+		}
+	}
+	return nil, nil
+}
+
+// layoutOf is the layout sets name (their reply exemption prefixes).
+func layoutOf(fam family, sets []*nftables.Set) *layout {
 	var prefixes []string
-	for _, s := range kt.sets {
+	for _, s := range sets {
 		if p, ok := strings.CutPrefix(s.Name, replySetPrefix); ok {
 			prefixes = append(prefixes, p)
 		}
 	}
 	slices.Sort(prefixes)
-	return newLayout(kt.fam, prefixes)
+	return newLayout(fam, prefixes)
 }
+
+// layout is the layout the kernel's sets name (their reply exemption prefixes).
+func (kt *kernelTable) layout() *layout { return layoutOf(kt.fam, kt.sets) }
 
 // setMatches reports whether the kernel set is spec's. The library (v0.3.0) reads neither a
 // set's counter nor a verdict map's types back faithfully, so only name, key and data types
@@ -262,9 +270,9 @@ func nftElem(e elem, withData bool) nftables.SetElement {
 // table; intact: exactly in have's layout), hold want, and commits it when there is
 // anything to write. A table that is not intact, or in another layout, is deleted and
 // written anew; otherwise only the elements that differ are deleted and added, so the
-// others keep their counters. It returns the number of kernel writes and the entries whose
-// elements it added, as kind by id (all failed when err is the transaction's).
-func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes int, added map[string]string, err error) {
+// others keep their counters. It returns the number of kernel writes and the elements it
+// added, by set (all failed when err is the transaction's).
+func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes int, added map[string][]nftables.SetElement, err error) {
 	fam := want.layout.fam
 	t := &nftables.Table{Name: tableName, Family: fam.table}
 	trace := d.log.IsTrace()
@@ -279,7 +287,7 @@ func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes in
 		d.log.Trace("nft delete table")
 		return 1, nil, d.flush()
 	}
-	added = map[string]string{}
+	added = map[string][]nftables.SetElement{}
 	sets := map[string]*nftables.Set{}
 	rebuild := have == nil || !intact || !sameLayout(have.layout, want.layout)
 	if rebuild {
@@ -313,6 +321,9 @@ func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes in
 			ks = &nftables.Set{Table: t, Name: s.name}
 		}
 		var dels, adds []nftables.SetElement
+		if rebuild { // every element is added
+			adds = make([]nftables.SetElement, 0, len(want.elems[s.name]))
+		}
 		for k, e := range have.elems[s.name] {
 			if w, ok := want.elems[s.name][k]; !ok || w != e {
 				dels = append(dels, nftElem(e, false))
@@ -324,7 +335,6 @@ func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes in
 		for k, w := range want.elems[s.name] {
 			if e, ok := have.elems[s.name][k]; !ok || w != e {
 				adds = append(adds, nftElem(w, true))
-				added[w.id] = s.kind()
 				if trace {
 					d.log.Trace("nft add element", "set", s.name, "element", w.text(s, false))
 				}
@@ -336,12 +346,56 @@ func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes in
 		if err := d.queueElems(ks, adds, false); err != nil {
 			return 0, nil, err
 		}
+		added[s.name] = adds
 		changes += len(dels) + len(adds)
 	}
 	if changes == 0 {
 		return 0, nil, nil
 	}
 	return changes, added, d.flush()
+}
+
+// writeDirty writes, in one transaction, the elements of want that dirty says changed since
+// the kernel last held want (each as it was then), when the kernel holds want's layout
+// intact: each changed element is deleted as it was and added as it is, so the others keep
+// their counters. It returns what writeTable returns.
+func (d *Datapath) writeDirty(want *table, dirty map[setKey]prior) (changes int, added map[string][]nftables.SetElement, err error) {
+	t := &nftables.Table{Name: tableName, Family: want.layout.fam.table}
+	trace := d.log.IsTrace()
+	dels, adds := map[string][]nftables.SetElement{}, map[string][]nftables.SetElement{}
+	for k, was := range dirty {
+		s := want.layout.byName[k.set]
+		is, ok := want.elems[k.set][k.key]
+		if ok == was.present && is == was.e {
+			continue
+		}
+		if was.present {
+			dels[k.set] = append(dels[k.set], nftElem(was.e, false))
+			if trace {
+				d.log.Trace("nft delete element", "set", k.set, "element", was.e.text(s, false))
+			}
+		}
+		if ok {
+			adds[k.set] = append(adds[k.set], nftElem(is, true))
+			if trace {
+				d.log.Trace("nft add element", "set", k.set, "element", is.text(s, false))
+			}
+		}
+	}
+	for _, s := range want.layout.sets {
+		ks := &nftables.Set{Table: t, Name: s.name}
+		if err := d.queueElems(ks, dels[s.name], true); err != nil {
+			return 0, nil, err
+		}
+		if err := d.queueElems(ks, adds[s.name], false); err != nil {
+			return 0, nil, err
+		}
+		changes += len(dels[s.name]) + len(adds[s.name])
+	}
+	if changes == 0 {
+		return 0, nil, nil
+	}
+	return changes, adds, d.flush()
 }
 
 func sameLayout(a, b *layout) bool {

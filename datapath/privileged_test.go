@@ -55,8 +55,9 @@ func newTestNS(t testing.TB, underlay string) *testNS {
 	} {
 		tn.exec(t, args...)
 	}
-	conn, err := nftables.New(nftables.WithNetNSFd(int(tn.ns)), NFTSocketOption())
+	conn, err := nftables.New(nftables.AsLasting(), nftables.WithNetNSFd(int(tn.ns)), NFTSocketOption())
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.CloseLasting() })
 	tn.nl, err = netlink.NewHandleAt(tn.ns)
 	require.NoError(t, err)
 	t.Cleanup(tn.nl.Close)

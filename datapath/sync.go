@@ -5,73 +5,77 @@ import (
 	"maps"
 	"slices"
 
-	"google.golang.org/protobuf/proto"
-
-	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+	"github.com/google/nftables"
 )
 
-// compiled is a program and the table it compiles to, kept so that re-applying the same
-// program (every resync) compiles nothing.
-type compiled struct {
-	program *kuportv1.NodeProgram
-	table   *table
-	errs    []error
-}
-
-func (d *Datapath) compile(p *kuportv1.NodeProgram) (*table, []error) {
-	if d.last != nil && proto.Equal(d.last.program, p) {
-		return d.last.table, d.last.errs
-	}
-	t, errs := compileTable(p)
-	d.last = &compiled{program: proto.Clone(p).(*kuportv1.NodeProgram), table: t, errs: errs}
-	return t, errs
-}
-
 // known is what table ip kuport holds as of ruleset generation gen, without reading it: the
-// table Apply last wrote or read (nil: no table).
+// table Apply last wrote or read (nil: no table). While t is the compiler's table, the kernel
+// holds it with the elements changed since (the compiler's dirty ones) as they were.
 type known struct {
 	t   *table
 	gen uint32
 }
 
-// syncTable makes table ip kuport hold want, in one transaction and only where it differs,
-// and returns what it held before (nil: no table). While the ruleset generation is the one
-// its last write made, nobody changed the table, so it compares want with what it wrote and
-// reads nothing; otherwise it reads the whole table first (gen.go), which finds and repairs
-// whatever someone changed.
-func (d *Datapath) syncTable(want *table, changes *int) (*table, error) {
+// syncTable makes table ip kuport hold want (the compiler's table), in one transaction and
+// only where it differs, and returns the DNAT elements it changed. While the ruleset
+// generation is the one its last write made, nobody changed the table, so it reads nothing:
+// it writes the elements compiled anew since (incremental.go), or, after a whole compile,
+// compares want with what it wrote. Otherwise it reads the whole table first (gen.go), which
+// finds and repairs whatever someone changed.
+func (d *Datapath) syncTable(want *table, changes *int) ([]dnatChange, error) {
+	dirty := d.comp.dirty
+	d.comp.dirty = nil
 	gen, gerr := d.own.generation()
 	if gerr != nil {
 		d.log.Debug("reading the whole table", "error", gerr)
 	}
-	have, intact := (*table)(nil), true
-	if gerr == nil && d.known != nil && d.known.gen == gen {
-		have = d.known.t
+	var (
+		n     int
+		added map[string][]nftables.SetElement
+		err   error
+		dnat  []dnatChange
+	)
+	if gerr == nil && d.known != nil && d.known.gen == gen && d.known.t == want {
+		n, added, err = d.writeDirty(want, dirty)
+		dnat = dirtyDNAT(want, dirty)
 	} else {
-		d.known = nil
-		kt, err := d.readKernel()
-		if err != nil {
-			return nil, err
+		have, intact := (*table)(nil), true
+		if gerr == nil && d.known != nil && d.known.gen == gen {
+			have = d.known.t
+		} else {
+			d.known = nil
+			kt, err := d.readKernel()
+			if err != nil {
+				return nil, err
+			}
+			if kt != nil {
+				have, intact, _ = kt.view(kt.layout())
+			}
 		}
-		if kt != nil {
-			have, intact, _ = kt.view(kt.layout())
-		}
+		n, added, err = d.writeTable(have, intact, want)
+		dnat = dnatChanges(have, want)
 	}
-	n, added, err := d.writeTable(have, intact, want)
 	*changes += n
 	if err != nil {
 		d.known = nil
-		if len(added) == 0 {
-			return have, err
+		// The transaction failed whole: every entry whose elements it added failed.
+		kinds := map[string]string{}
+		for set, elems := range added {
+			for _, e := range elems {
+				kinds[e.Comment] = want.layout.byName[set].kind()
+			}
+		}
+		if len(kinds) == 0 {
+			return nil, err
 		}
 		var errs []error
-		for _, id := range slices.Sorted(maps.Keys(added)) {
-			errs = append(errs, &EntryError{Kind: added[id], ID: id, Err: err})
+		for _, id := range slices.Sorted(maps.Keys(kinds)) {
+			errs = append(errs, &EntryError{Kind: kinds[id], ID: id, Err: err})
 		}
-		return have, errors.Join(errs...)
+		return nil, errors.Join(errs...)
 	}
 	if gerr != nil {
-		return have, nil
+		return dnat, nil
 	}
 	kept := want
 	if want.empty() {
@@ -79,7 +83,7 @@ func (d *Datapath) syncTable(want *table, changes *int) (*table, error) {
 	}
 	if n == 0 {
 		d.known = &known{t: kept, gen: gen}
-		return have, nil
+		return dnat, nil
 	}
 	// The generation after this transaction is the next one unless someone else committed
 	// in between; then what the kernel holds is unknown until read.
@@ -87,8 +91,9 @@ func (d *Datapath) syncTable(want *table, changes *int) (*table, error) {
 	if next == 0 {
 		next = 1
 	}
+	d.known = nil
 	if g, err := d.own.generation(); err == nil && g == next {
 		d.known = &known{t: kept, gen: g}
 	}
-	return have, nil
+	return dnat, nil
 }

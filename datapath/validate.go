@@ -3,6 +3,7 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
@@ -19,8 +20,24 @@ import (
 // a peer cannot get part of an invalid program into the kernel.
 func Validate(p *kuportv1.NodeProgram) error {
 	_, errs := compileTable(p)
+	return validation(p, errs)
+}
+
+// Validate is the package's Validate through d's compiler (incremental.go): a program that
+// differs from the last one d compiled in a few entries renders only those, and the Apply
+// of it that follows renders nothing again. The agent validates with it. As with Apply, p
+// must not be modified after the call.
+func (d *Datapath) Validate(p *kuportv1.NodeProgram) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	_, errs := d.compile(p)
+	return validation(p, errs)
+}
+
+// validation joins the entries' errors with those of the links and return paths.
+func validation(p *kuportv1.NodeProgram, entryErrs []error) error {
 	_, _, linkErrs := compileLinks(p)
-	return errors.Join(append(errs, linkErrs...)...)
+	return errors.Join(append(slices.Clone(entryErrs), linkErrs...)...)
 }
 
 // compileLinks validates the program's links and (compileReturns) return paths: the valid

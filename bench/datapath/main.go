@@ -256,10 +256,13 @@ func measure(n int, agent string, d time.Duration) error {
 		return err
 	}
 	defer func() { _ = ns.Close() }()
-	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)), datapath.NFTSocketOption())
+	// Lasting, as the agent's: a socket per transaction costs an RCU grace period (8-30 ms)
+	// when it closes after one that deleted an element (datapath.Config.NFT).
+	conn, err := nftables.New(nftables.AsLasting(), nftables.WithNetNSFd(int(ns)), datapath.NFTSocketOption())
 	if err != nil {
 		return err
 	}
+	defer func() { _ = conn.CloseLasting() }()
 	nl, err := netlink.NewHandleAt(ns)
 	if err != nil {
 		return err
@@ -364,8 +367,8 @@ func (c *controller) Connect(stream kuportv1.AgentService_ConnectServer) error {
 }
 
 // agentRSS runs the real agent in the node namespace holding program (which the kernel
-// already holds), waits for its Ack and a resync past it, and returns its resident memory
-// in MB.
+// already holds), waits for its Ack and 5 s of resyncs and reports past it (one each a
+// second), and returns its resident memory in MB.
 func agentRSS(agent, node string, program *kuportv1.NodeProgram) (float64, error) {
 	dir, err := os.MkdirTemp("", "kupbench-")
 	if err != nil {
@@ -401,7 +404,7 @@ func agentRSS(agent, node string, program *kuportv1.NodeProgram) (float64, error
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", node, agent, "--node-name", "edge-a", "--controller", "unix://"+sock,
 		"--controller-ca-file", caFile, "--controller-server-name", serverName,
-		"--token-file", "", "--inspect-listen", "", "--epoch-file", "", "--resync-interval", "1s", "--log-level", "warn")
+		"--token-file", "", "--inspect-listen", "", "--epoch-file", "", "--resync-interval", "1s", "--report-interval", "1s", "--log-level", "warn")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -416,7 +419,7 @@ func agentRSS(agent, node string, program *kuportv1.NodeProgram) (float64, error
 	case <-time.After(60 * time.Second):
 		return 0, fmt.Errorf("no ack: %s", out.String())
 	}
-	time.Sleep(3 * time.Second) // resyncs and a report or two
+	time.Sleep(5 * time.Second) // resyncs and reports (each reads every element's counter)
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cmd.Process.Pid))
 	if err != nil {
 		return 0, err

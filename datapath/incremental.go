@@ -1,0 +1,339 @@
+package datapath
+
+import (
+	"strings"
+
+	"google.golang.org/protobuf/proto"
+
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// Incremental compilation. A Datapath keeps the table it compiled last, the program entries
+// it compiled it from (the caller's: Apply and Validate say the program must not change
+// after the call, which saves a copy of every entry) and, since its last write, every element it changed
+// with what the element was before (dirty). A program that differs from the last in a few
+// entries renders only those: their old elements go, their new ones come, and the write
+// that follows sends only the dirty elements. The result is the table compileTable makes of
+// the whole program (TestIncrementalEqualsFull): every case where an entry's elements could
+// depend on other entries is compiled whole instead. Those are a previous compile that
+// refused an entry, most entries of a kind changed, entries reordered or an id repeated, a changed entry holding an element
+// another entry shares or needing a key another entry holds, an id moving between kinds, and
+// a change of the reply exemptions' device prefixes (the layout).
+
+// wholeCompileAt is the number of changed entries of one kind above which a change of most
+// of them is compiled whole.
+const wholeCompileAt = 64
+
+// setKey names one element: its set and key.
+type setKey struct{ set, key string }
+
+// prior is what an element was before the first change since the last write: absent, or e.
+type prior struct {
+	e       elem
+	present bool
+}
+
+// entryMsg is a program entry: DnatRule, SnatRule or MarkRule.
+type entryMsg interface {
+	proto.Message
+	GetId() string
+}
+
+// each renders every entry of the kind in p for compileEntries.
+func (k entryKind[T]) each(fam family, p *kuportv1.NodeProgram, add func(kind, id string, puts []put, err error)) {
+	for _, e := range k.list(p) {
+		puts, err := k.puts(fam, e)
+		add(k.name, e.GetId(), puts, err)
+	}
+}
+
+// entryKind is what compiling one kind of entry takes: the program's list of it, its
+// rendering, and equality of two entries (every field: TestSameCoversEveryField).
+type entryKind[T entryMsg] struct {
+	name string
+	list func(*kuportv1.NodeProgram) []T
+	puts func(family, T) ([]put, error)
+	same func(a, b T) bool
+}
+
+var (
+	dnatKind = entryKind[*kuportv1.DnatRule]{name: "dnat", list: (*kuportv1.NodeProgram).GetDnatRules, puts: dnatPuts, same: sameDnat}
+	snatKind = entryKind[*kuportv1.SnatRule]{name: "snat", list: (*kuportv1.NodeProgram).GetSnatRules, puts: snatPuts, same: sameSnat}
+	markKind = entryKind[*kuportv1.MarkRule]{name: "mark", list: (*kuportv1.NodeProgram).GetMarkRules, puts: markPuts, same: sameMark}
+)
+
+func samePorts(a, b *kuportv1.PortRange) bool {
+	return (a == nil) == (b == nil) && a.GetFirst() == b.GetFirst() && a.GetLast() == b.GetLast()
+}
+
+func sameDnat(a, b *kuportv1.DnatRule) bool {
+	return a.GetId() == b.GetId() && a.GetMapping() == b.GetMapping() && a.GetInInterface() == b.GetInInterface() &&
+		a.GetMatchDestination() == b.GetMatchDestination() && a.GetProtocol() == b.GetProtocol() &&
+		samePorts(a.GetPorts(), b.GetPorts()) && a.GetToAddress() == b.GetToAddress() && a.GetToPort() == b.GetToPort()
+}
+
+func sameSnat(a, b *kuportv1.SnatRule) bool {
+	return a.GetId() == b.GetId() && a.GetMapping() == b.GetMapping() && a.GetKind() == b.GetKind() &&
+		a.GetOutInterface() == b.GetOutInterface() && a.GetAddress() == b.GetAddress() && a.GetProtocol() == b.GetProtocol() &&
+		samePorts(a.GetPorts(), b.GetPorts())
+}
+
+func sameMark(a, b *kuportv1.MarkRule) bool {
+	return a.GetId() == b.GetId() && a.GetMapping() == b.GetMapping() && a.GetAddress() == b.GetAddress() &&
+		a.GetProtocol() == b.GetProtocol() && samePorts(a.GetPorts(), b.GetPorts()) && a.GetMark() == b.GetMark() &&
+		a.GetKind() == b.GetKind() && a.GetInInterface() == b.GetInInterface()
+}
+
+// entryList is the compiled entries of one kind, in program order, and their positions by id.
+type entryList[T entryMsg] struct {
+	msgs []T
+	pos  map[string]int
+}
+
+func newEntryList[T entryMsg](list []T) entryList[T] {
+	es := entryList[T]{msgs: make([]T, len(list)), pos: make(map[string]int, len(list))}
+	for i, e := range list {
+		es.msgs[i] = e
+		es.pos[e.GetId()] = i
+	}
+	return es
+}
+
+// change is one entry whose elements change: the ones it had (none for an added entry) and
+// the ones it needs (none for a removed one).
+type change struct {
+	kind, id string
+	old, new []put
+}
+
+// diff compares list with the compiled entries: the entries to render anew and the entries
+// that replace es (es itself when nothing changed), or false when list cannot be compiled
+// entry by entry (reordered, an id repeated, an entry that does not render).
+func diff[T entryMsg](k entryKind[T], fam family, es entryList[T], list []T) (changes []change, added []string, next entryList[T], ok bool) {
+	var changed []int
+	prev, matched := -1, 0
+	for i, e := range list {
+		// Mostly the entry after the last one found is the one (ids are unique there).
+		j, found := prev+1, prev+1 < len(es.msgs) && es.msgs[prev+1].GetId() == e.GetId()
+		if !found {
+			j, found = es.pos[e.GetId()]
+		}
+		if !found {
+			changed = append(changed, i)
+			continue
+		}
+		if j <= prev {
+			return nil, nil, es, false
+		}
+		prev, matched = j, matched+1
+		if !k.same(es.msgs[j], e) {
+			changed = append(changed, i)
+		}
+	}
+	if len(changed) == 0 && matched == len(es.msgs) {
+		return nil, nil, es, true
+	}
+	// Rendering most entries twice (as they were and as they are) costs more than a whole
+	// compile.
+	if n := len(changed) + len(es.msgs) - matched; n > wholeCompileAt && n > max(len(list), len(es.msgs))/2 {
+		return nil, nil, es, false
+	}
+	kept := make([]bool, len(es.msgs))
+	for _, e := range list {
+		if j, found := es.pos[e.GetId()]; found {
+			kept[j] = true
+		}
+	}
+	for j, e := range es.msgs {
+		if !kept[j] {
+			old, err := k.puts(fam, e)
+			if err != nil {
+				return nil, nil, es, false
+			}
+			changes = append(changes, change{kind: k.name, id: e.GetId(), old: old})
+		}
+	}
+	next = es
+	resized := matched != len(es.msgs) || matched != len(list)
+	if resized {
+		next = entryList[T]{msgs: make([]T, len(list)), pos: make(map[string]int, len(list))}
+		for i, e := range list {
+			if j, found := es.pos[e.GetId()]; found {
+				next.msgs[i] = es.msgs[j]
+			}
+			next.pos[e.GetId()] = i
+		}
+	} else {
+		next.msgs = make([]T, len(es.msgs))
+		copy(next.msgs, es.msgs)
+	}
+	for _, i := range changed {
+		e := list[i]
+		c := change{kind: k.name, id: e.GetId()}
+		j, found := es.pos[e.GetId()]
+		if found {
+			old, err := k.puts(fam, es.msgs[j])
+			if err != nil {
+				return nil, nil, es, false
+			}
+			c.old = old
+		} else {
+			added = append(added, c.id)
+		}
+		puts, err := k.puts(fam, e)
+		if err != nil {
+			return nil, nil, es, false
+		}
+		for n := range puts {
+			puts[n].id = c.id
+		}
+		c.new = puts
+		changes = append(changes, c)
+		next.msgs[i] = e
+	}
+	return changes, added, next, true
+}
+
+// compiler is the incremental state: the table, the errors of its compile, the entries it
+// was compiled from, the elements two or more entries need (shared), and the elements
+// changed since the last write (sync.go).
+type compiler struct {
+	tab    *table
+	errs   []error
+	dnat   entryList[*kuportv1.DnatRule]
+	snat   entryList[*kuportv1.SnatRule]
+	mark   entryList[*kuportv1.MarkRule]
+	shared map[setKey]bool
+	dirty  map[setKey]prior
+}
+
+// compile returns the table p compiles to and its refused entries, entry by entry where it
+// can (see above), else whole. Either way the compiler then holds p.
+func (d *Datapath) compile(p *kuportv1.NodeProgram) (*table, []error) {
+	c := &d.comp
+	if c.tab != nil && len(c.errs) == 0 && c.step(p) {
+		return c.tab, nil
+	}
+	// The table the kernel is known to hold is the compiler's with its dirty elements as
+	// they were: put them back, so that the write compares it with the new table whole.
+	if d.known != nil && d.known.t == c.tab {
+		c.revert()
+	}
+	t, errs, shared := compileEntries(p)
+	*c = compiler{tab: t, errs: errs, shared: shared,
+		dnat: newEntryList(p.GetDnatRules()), snat: newEntryList(p.GetSnatRules()), mark: newEntryList(p.GetMarkRules())}
+	return t, errs
+}
+
+// step compiles p from the compiler's state entry by entry; false (and nothing changed)
+// when p must be compiled whole.
+func (c *compiler) step(p *kuportv1.NodeProgram) bool {
+	fam := c.tab.layout.fam
+	dc, da, dn, ok1 := diff(dnatKind, fam, c.dnat, p.GetDnatRules())
+	sc, sa, sn, ok2 := diff(snatKind, fam, c.snat, p.GetSnatRules())
+	mc, ma, mn, ok3 := diff(markKind, fam, c.mark, p.GetMarkRules())
+	if !ok1 || !ok2 || !ok3 {
+		return false
+	}
+	changes := append(append(dc, sc...), mc...)
+	if len(changes) == 0 {
+		return true
+	}
+	// An added id must be new to every kind (compileTable refuses a repeated id).
+	seen := map[string]bool{}
+	for _, id := range append(append(da, sa...), ma...) {
+		_, d := c.dnat.pos[id]
+		_, s := c.snat.pos[id]
+		_, m := c.mark.pos[id]
+		if d || s || m || seen[id] {
+			return false
+		}
+		seen[id] = true
+	}
+	// Check everything before changing anything.
+	gone := map[setKey]bool{}
+	replies := map[string]int{} // the change in a reply exemption set's number of elements
+	for _, ch := range changes {
+		for _, pt := range ch.old {
+			k := setKey{pt.set, pt.key}
+			e, ok := c.tab.elems[pt.set][pt.key]
+			if !ok || e.id != ch.id || e.val != pt.val || c.shared[k] || gone[k] {
+				return false
+			}
+			gone[k] = true
+			if prefix, ok := strings.CutPrefix(pt.set, replySetPrefix); ok {
+				replies[prefix]--
+			}
+		}
+	}
+	comes := map[setKey]bool{}
+	for _, ch := range changes {
+		for _, pt := range ch.new {
+			k := setKey{pt.set, pt.key}
+			m, ok := c.tab.elems[pt.set]
+			if !ok || comes[k] {
+				return false // a set the layout lacks, or a key two changed entries need
+			}
+			if _, held := m[pt.key]; held && !gone[k] {
+				return false
+			}
+			comes[k] = true
+			if prefix, ok := strings.CutPrefix(pt.set, replySetPrefix); ok {
+				replies[prefix]++
+			}
+		}
+	}
+	// A program without elements has no table at all, which a whole compile and write make.
+	total := len(comes) - len(gone)
+	for _, m := range c.tab.elems {
+		total += len(m)
+	}
+	if total == 0 {
+		return false
+	}
+	// The layout has a reply exemption set while an entry of its prefix is there, which
+	// (no changed element being shared) is while the set has elements.
+	for prefix, n := range replies {
+		if len(c.tab.elems[replySetPrefix+prefix])+n == 0 {
+			return false
+		}
+	}
+	for _, ch := range changes {
+		for _, pt := range ch.old {
+			c.touch(setKey{pt.set, pt.key})
+			delete(c.tab.elems[pt.set], pt.key)
+		}
+	}
+	for _, ch := range changes {
+		for _, pt := range ch.new {
+			c.touch(setKey{pt.set, pt.key})
+			c.tab.elems[pt.set][pt.key] = pt.elem
+		}
+	}
+	c.dnat, c.snat, c.mark = dn, sn, mn
+	return true
+}
+
+// touch records what the element is before its first change since the last write.
+func (c *compiler) touch(k setKey) {
+	if _, ok := c.dirty[k]; ok {
+		return
+	}
+	if c.dirty == nil {
+		c.dirty = map[setKey]prior{}
+	}
+	e, ok := c.tab.elems[k.set][k.key]
+	c.dirty[k] = prior{e: e, present: ok}
+}
+
+// revert puts the dirty elements back as they were at the last write.
+func (c *compiler) revert() {
+	for k, b := range c.dirty {
+		if b.present {
+			c.tab.elems[k.set][k.key] = b.e
+		} else {
+			delete(c.tab.elems[k.set], k.key)
+		}
+	}
+	c.dirty = nil
+}

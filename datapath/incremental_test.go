@@ -1,0 +1,302 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// errTexts are errors as the Ack carries them.
+func errTexts(errs []error) []string {
+	var out []string
+	for _, e := range errs {
+		out = append(out, e.Error())
+	}
+	return out
+}
+
+// checkCompile compiles p through dp's compiler and checks the result against compileTable
+// of the whole program: the same elements (ids included), layout and errors. It reports
+// whether the compile was incremental (the compiler kept its table).
+func checkCompile(t *testing.T, dp *Datapath, p *kuportv1.NodeProgram, step string) bool {
+	t.Helper()
+	before := dp.comp.tab
+	got, gotErrs := dp.compile(p)
+	want, wantErrs := compileTable(p)
+	require.Equal(t, want.elems, got.elems, step)
+	require.Equal(t, want.text(), got.text(), step)
+	require.Equal(t, errTexts(wantErrs), errTexts(gotErrs), step)
+	return before == got
+}
+
+func dnatEntry(id, port, to string, toPort uint32) *kuportv1.DnatRule {
+	var p uint32
+	_, _ = fmt.Sscan(port, &p)
+	return &kuportv1.DnatRule{Id: id, Mapping: "ns/" + id, InInterface: "enp1s0", Protocol: kuportv1.Protocol_PROTOCOL_TCP,
+		Ports: &kuportv1.PortRange{First: p, Last: p}, ToAddress: to, ToPort: toPort}
+}
+
+func snatEntry(id, out, addr string, port uint32, kind kuportv1.SnatKind) *kuportv1.SnatRule {
+	return &kuportv1.SnatRule{Id: id, Mapping: "ns/" + id, Kind: kind, OutInterface: out, Address: addr,
+		Protocol: kuportv1.Protocol_PROTOCOL_TCP, Ports: &kuportv1.PortRange{First: port, Last: port}}
+}
+
+// TestIncrementalSteps runs a sequence of programs through the compiler and the fake
+// kernel: each compile equals the whole program's, one mapping changed is compiled
+// incrementally and writes only its elements, and the cases that depend on other entries
+// are compiled whole.
+func TestIncrementalSteps(t *testing.T) {
+	req, rep := kuportv1.SnatKind_SNAT_KIND_REQUEST, kuportv1.SnatKind_SNAT_KIND_REPLY
+	base := func() *kuportv1.NodeProgram {
+		p := &kuportv1.NodeProgram{Node: "edge-a"}
+		for i := range 4 {
+			pod := fmt.Sprintf("10.244.1.%d", 10+i)
+			p.DnatRules = append(p.DnatRules, dnatEntry(fmt.Sprintf("m%d/dnat", i), fmt.Sprint(4000+i), pod, 3000))
+			p.SnatRules = append(p.SnatRules, snatEntry(fmt.Sprintf("m%d/snat", i), "cilium_host", pod, 3000, req))
+		}
+		// m4 reaches m3's pod port through another dialed port: one identity SNAT element
+		// for both.
+		p.DnatRules = append(p.DnatRules, dnatEntry("m4/dnat", "4004", "10.244.1.13", 3000))
+		p.SnatRules = append(p.SnatRules, snatEntry("m4/snat", "cilium_host", "10.244.1.13", 3000, req),
+			snatEntry("m0/reply", "lxc", "10.244.1.10", 3000, rep))
+		p.MarkRules = append(p.MarkRules, &kuportv1.MarkRule{Id: "m1/mark", Mapping: "ns/m1", Address: "10.244.1.11",
+			Protocol: kuportv1.Protocol_PROTOCOL_TCP, Ports: &kuportv1.PortRange{First: 3000, Last: 3000}, Mark: 0x1001,
+			Kind: kuportv1.MarkKind_MARK_KIND_STATIC})
+		return p
+	}
+	type step struct {
+		name        string
+		edit        func(p *kuportv1.NodeProgram)
+		incremental bool
+		writes      int // -1: not checked
+	}
+	steps := []step{
+		{"retarget m1", func(p *kuportv1.NodeProgram) {
+			p.DnatRules[1].ToAddress, p.SnatRules[1].Address = "10.244.2.1", "10.244.2.1"
+		}, true, 4},
+		{"add m5", func(p *kuportv1.NodeProgram) {
+			p.DnatRules = append(p.DnatRules, dnatEntry("m5/dnat", "4005", "10.244.1.15", 3000))
+			p.SnatRules = append(p.SnatRules, snatEntry("m5/snat", "cilium_host", "10.244.1.15", 3000, req))
+		}, true, 4},
+		{"remove m5", func(p *kuportv1.NodeProgram) {}, true, 4},
+		{"mapping name only", func(p *kuportv1.NodeProgram) { p.DnatRules[0].Mapping = "ns/renamed" }, true, 0},
+		{"retarget m4, whose SNAT element m3 shares", func(p *kuportv1.NodeProgram) {
+			p.DnatRules[4].ToAddress, p.SnatRules[4].Address = "10.244.2.4", "10.244.2.4"
+		}, false, 2 + 1},
+		{"reorder", func(p *kuportv1.NodeProgram) {
+			p.DnatRules[0], p.DnatRules[1] = p.DnatRules[1], p.DnatRules[0]
+		}, false, 0},
+		{"invalid entry", func(p *kuportv1.NodeProgram) {
+			p.DnatRules = append(p.DnatRules, dnatEntry("bad/dnat", "0", "10.244.1.99", 3000))
+		}, false, 0},
+		{"conflict: a dialed port taken", func(p *kuportv1.NodeProgram) {
+			p.DnatRules = append(p.DnatRules, dnatEntry("dup/dnat", "4002", "10.244.1.98", 3000))
+		}, false, 0},
+		{"repeated id", func(p *kuportv1.NodeProgram) {
+			p.SnatRules = append(p.SnatRules, snatEntry("m2/dnat", "cilium_host", "10.244.1.97", 3000, req))
+		}, false, 0},
+		{"back to valid", func(p *kuportv1.NodeProgram) {}, false, 0},
+		{"new reply prefix", func(p *kuportv1.NodeProgram) {
+			p.SnatRules = append(p.SnatRules, snatEntry("m2/reply", "cali", "10.244.1.12", 3000, rep))
+		}, false, -1},
+		{"last lxc reply gone", func(p *kuportv1.NodeProgram) {
+			p.SnatRules = slices.DeleteFunc(p.SnatRules, func(e *kuportv1.SnatRule) bool { return e.Id == "m0/reply" })
+		}, false, -1},
+		{"retarget m2's reply", func(p *kuportv1.NodeProgram) {
+			for _, e := range p.SnatRules {
+				if e.Id == "m2/reply" {
+					e.Ports = &kuportv1.PortRange{First: 3001, Last: 3002}
+				}
+			}
+		}, true, 3},
+		{"nothing", func(p *kuportv1.NodeProgram) { p.DnatRules, p.SnatRules, p.MarkRules = nil, nil, nil }, false, 1},
+		{"all again", func(p *kuportv1.NodeProgram) { proto.Merge(p, base()) }, false, -1},
+	}
+	k := newFakeKernel("100.64.93.150")
+	dp := k.datapath(t)
+	p := base()
+	require.NoError(t, dp.Apply(p))
+	var m5 *kuportv1.NodeProgram
+	for _, s := range steps {
+		p = proto.CloneOf(p)
+		if s.name == "remove m5" {
+			p = m5
+		}
+		if s.name == "back to valid" {
+			p.DnatRules = slices.DeleteFunc(p.DnatRules, func(e *kuportv1.DnatRule) bool { return e.Id == "bad/dnat" || e.Id == "dup/dnat" })
+			p.SnatRules = slices.DeleteFunc(p.SnatRules, func(e *kuportv1.SnatRule) bool { return e.Id == "m2/dnat" })
+		}
+		if s.name == "add m5" {
+			m5 = proto.CloneOf(p)
+		}
+		s.edit(p)
+		assert.Equal(t, s.incremental, checkCompile(t, dp, p, s.name), "%s: compiled entry by entry", s.name)
+		_ = dp.Apply(p)
+		if s.writes >= 0 {
+			assert.Equal(t, s.writes, dp.lastChanges, "%s: kernel writes", s.name)
+		}
+		dump, err := dp.Dump()
+		require.NoError(t, err)
+		assert.Equal(t, Render(p), dump, s.name)
+		_ = dp.Apply(p)
+		assert.Zero(t, dp.lastChanges, "%s: re-applying writes nothing", s.name)
+	}
+}
+
+// TestIncrementalEqualsFull draws random programs, each a few random edits from the last,
+// and checks that every compile equals the whole program's and that the fake kernel holds
+// what Render prints, with Validate compiling before Apply as the agent does.
+func TestIncrementalEqualsFull(t *testing.T) {
+	r := rand.New(rand.NewPCG(11, 12))
+	pods := []string{"10.244.1.1", "10.244.1.2", "10.244.1.3", "10.244.2.1", "10.244.2.2", "10.244.2.3"}
+	pick := func(n int) int { return r.IntN(n) }
+	port := func() uint32 { return 3000 + uint32(pick(40)) }
+	ports := func() *kuportv1.PortRange {
+		f := port()
+		return &kuportv1.PortRange{First: f, Last: f + uint32(pick(2))}
+	}
+	newDnat := func(id string) *kuportv1.DnatRule {
+		return &kuportv1.DnatRule{Id: id, InInterface: []string{"enp1s0", "kup-l1"}[pick(2)], Protocol: kuportv1.Protocol(1 + pick(2)),
+			Ports: ports(), ToAddress: pods[pick(len(pods))], ToPort: port()}
+	}
+	newSnat := func(id string) *kuportv1.SnatRule {
+		e := &kuportv1.SnatRule{Id: id, Kind: kuportv1.SnatKind(1 + pick(2)), OutInterface: "cilium_host", Address: pods[pick(len(pods))],
+			Protocol: kuportv1.Protocol(1 + pick(2)), Ports: ports()}
+		if e.Kind == kuportv1.SnatKind_SNAT_KIND_REPLY {
+			e.OutInterface = []string{"lxc", "cali"}[pick(2)]
+		}
+		return e
+	}
+	newMark := func(id string) *kuportv1.MarkRule {
+		return &kuportv1.MarkRule{Id: id, Address: pods[pick(len(pods))], Protocol: kuportv1.Protocol(1 + pick(2)), Ports: ports(),
+			Mark: 0x1000 + uint32(pick(2)), Kind: kuportv1.MarkKind_MARK_KIND_STATIC}
+	}
+	k := newFakeKernel("100.64.93.150")
+	dp := k.datapath(t)
+	p := &kuportv1.NodeProgram{Node: "edge-a"}
+	next := 0
+	id := func() string { next++; return fmt.Sprintf("e%d", next) }
+	incremental := 0
+	for i := range 400 {
+		p = proto.CloneOf(p)
+		for range 1 + pick(3) {
+			op := pick(12)
+			if len(p.DnatRules)+len(p.SnatRules)+len(p.MarkRules) > 12 {
+				op = 8 + pick(3)
+			}
+			switch {
+			case op < 3:
+				p.DnatRules = append(p.DnatRules, newDnat(id()))
+			case op < 5:
+				p.SnatRules = append(p.SnatRules, newSnat(id()))
+			case op < 6:
+				p.MarkRules = append(p.MarkRules, newMark(id()))
+			case op < 7 && len(p.MarkRules) > 0:
+				p.MarkRules[pick(len(p.MarkRules))].Mark = 0x1000 + uint32(pick(3))
+			case op < 8 && len(p.DnatRules) > 0:
+				// Retargeted.
+				e := p.DnatRules[pick(len(p.DnatRules))]
+				e.ToAddress, e.ToPort = pods[pick(len(pods))], port()
+			case op < 9 && len(p.SnatRules) > 0:
+				j := pick(len(p.SnatRules))
+				p.SnatRules = slices.Delete(p.SnatRules, j, j+1)
+			case op < 10 && len(p.DnatRules) > 0:
+				j := pick(len(p.DnatRules))
+				p.DnatRules = slices.Delete(p.DnatRules, j, j+1)
+			case op < 11 && len(p.MarkRules) > 0:
+				j := pick(len(p.MarkRules))
+				p.MarkRules = slices.Delete(p.MarkRules, j, j+1)
+			case len(p.DnatRules) > 1 && pick(4) == 0:
+				a, b := pick(len(p.DnatRules)), pick(len(p.DnatRules))
+				p.DnatRules[a], p.DnatRules[b] = p.DnatRules[b], p.DnatRules[a]
+			}
+		}
+		step := fmt.Sprintf("step %d", i)
+		if checkCompile(t, dp, p, step) {
+			incremental++
+		}
+		verr := dp.Validate(p)
+		assert.Equal(t, fmt.Sprint(Validate(p)), fmt.Sprint(verr), step)
+		_ = dp.Apply(p)
+		dump, err := dp.Dump()
+		require.NoError(t, err)
+		require.Equal(t, Render(p), dump, step)
+	}
+	t.Logf("%d of 400 steps compiled entry by entry", incremental)
+	assert.Greater(t, incremental, 100, "most steps compile entry by entry")
+}
+
+// TestSameCoversEveryField changes each field of each entry kind in turn: its same must see
+// it, or an entry edited in that field would keep its old elements.
+func TestSameCoversEveryField(t *testing.T) {
+	check := func(name string, msg proto.Message, same func(a, b proto.Message) bool) {
+		fields := msg.ProtoReflect().Descriptor().Fields()
+		for i := range fields.Len() {
+			f := fields.Get(i)
+			other := proto.Clone(msg)
+			m := other.ProtoReflect()
+			switch f.Kind() {
+			case protoreflect.StringKind:
+				m.Set(f, protoreflect.ValueOfString(m.Get(f).String()+"x"))
+			case protoreflect.Uint32Kind:
+				m.Set(f, protoreflect.ValueOfUint32(uint32(m.Get(f).Uint())+1))
+			case protoreflect.EnumKind:
+				m.Set(f, protoreflect.ValueOfEnum(m.Get(f).Enum()+1))
+			case protoreflect.MessageKind:
+				pr := m.Mutable(f).Message()
+				lf := pr.Descriptor().Fields().ByName("last")
+				pr.Set(lf, protoreflect.ValueOfUint32(uint32(pr.Get(lf).Uint())+1))
+				assert.False(t, same(msg, other), "%s.%s.last", name, f.Name())
+				m.Clear(f)
+			default:
+				t.Fatalf("%s.%s: a field kind the test cannot change: %v", name, f.Name(), f.Kind())
+			}
+			assert.False(t, same(msg, other), "%s.%s", name, f.Name())
+			assert.True(t, same(msg, proto.Clone(msg)), name)
+		}
+	}
+	ports := &kuportv1.PortRange{First: 1, Last: 2}
+	check("DnatRule", &kuportv1.DnatRule{Ports: ports}, func(a, b proto.Message) bool {
+		return sameDnat(a.(*kuportv1.DnatRule), b.(*kuportv1.DnatRule))
+	})
+	check("SnatRule", &kuportv1.SnatRule{Ports: ports}, func(a, b proto.Message) bool {
+		return sameSnat(a.(*kuportv1.SnatRule), b.(*kuportv1.SnatRule))
+	})
+	check("MarkRule", &kuportv1.MarkRule{Ports: ports}, func(a, b proto.Message) bool {
+		return sameMark(a.(*kuportv1.MarkRule), b.(*kuportv1.MarkRule))
+	})
+}
+
+// TestIncrementalFailedWrite fails the transaction of one mapping's change: the error names
+// that mapping's entries only, the kernel keeps the old program, and the next Apply writes
+// the change.
+func TestIncrementalFailedWrite(t *testing.T) {
+	k := newFakeKernel("100.64.93.150")
+	dp := k.datapath(t)
+	p := benchProgram(3)
+	require.NoError(t, dp.Apply(p))
+	before := k.dump(t)
+	q := retarget(p, 1, "10.244.200.1")
+	k.enqueue(func(map[string]*fakeTable) error { return errors.New("refused") })
+	err := dp.Apply(q)
+	var ids []string
+	for _, e := range EntryErrors(err) {
+		ids = append(ids, e.GetId())
+	}
+	assert.Equal(t, []string{"bench/m00001/dnat/enp1s0", "bench/m00001/snat"}, ids)
+	assert.Equal(t, before, k.dump(t), "the failed transaction changed nothing")
+	require.NoError(t, dp.Apply(q))
+	assert.Equal(t, 4, dp.lastChanges, "the change written")
+	dump, err := dp.Dump()
+	require.NoError(t, err)
+	assert.Equal(t, Render(q), dump)
+}
