@@ -100,6 +100,24 @@ func dnatSets(t *table) map[string]map[string]elem {
 	return out
 }
 
+// dialed maps the key of each DNAT element of t that matches a stand-in (kup-steer wrote it
+// over the destination) to the destination the client dialed, which is what conntrack
+// records: the key of the steering element that writes that stand-in.
+func dialed(t *table) map[string]netip.Addr {
+	out := map[string]netip.Addr{}
+	if t == nil {
+		return out
+	}
+	for _, e := range t.elems["steer-addr-ports"] {
+		// iifname (16 bytes) . ip daddr (4) . l4proto . dport : stand-in (4)
+		if len(e.key) < 20 || len(e.val) < 4 {
+			continue
+		}
+		out[e.key[:16]+e.val[:4]+e.key[20:]] = netip.AddrFrom4([4]byte([]byte(e.key[16:20])))
+	}
+	return out
+}
+
 // newStaleFlows returns the filter for a change of kup-pre's maps from old (nil: no table)
 // to want, or nil when they translate the same. Its cost is the changed elements' but for
 // one pass over want's DNAT elements when some went.
@@ -109,19 +127,24 @@ func newStaleFlows(old, want *table) *staleFlows {
 	}
 	s := &staleFlows{want: map[protoPort][]translation{}, gone: map[protoPort][]translation{}, added: map[protoPort][]translation{}}
 	before, after := dnatSets(old), dnatSets(want)
-	read := func(set, key string, e elem) (translation, bool) {
+	dialedBefore, dialedAfter := dialed(old), dialed(want)
+	read := func(dialed map[string]netip.Addr, set, key string, e elem) (translation, bool) {
 		spec := want.layout.byName[set]
 		if spec == nil && old != nil {
 			spec = old.layout.byName[set]
 		}
-		return translationOf(spec, e)
+		tr, ok := translationOf(spec, e)
+		if d, steered := dialed[key]; steered && tr.daddr.IsValid() {
+			tr.daddr = d
+		}
+		return tr, ok
 	}
 	for set, elems := range before {
 		for k, e := range elems {
 			if w, ok := after[set][k]; ok && w.key == e.key && w.val == e.val {
 				continue
 			}
-			if tr, ok := read(set, k, e); ok {
+			if tr, ok := read(dialedBefore, set, k, e); ok {
 				s.gone[tr.protoPort] = append(s.gone[tr.protoPort], tr)
 			}
 		}
@@ -131,7 +154,7 @@ func newStaleFlows(old, want *table) *staleFlows {
 			if o, ok := before[set][k]; ok && o.val == e.val {
 				continue
 			}
-			if tr, ok := read(set, k, e); ok {
+			if tr, ok := read(dialedAfter, set, k, e); ok {
 				s.added[tr.protoPort] = append(s.added[tr.protoPort], tr)
 			}
 		}
@@ -142,7 +165,7 @@ func newStaleFlows(old, want *table) *staleFlows {
 	if len(s.gone) > 0 {
 		for set, elems := range after {
 			for k, e := range elems {
-				if tr, ok := read(set, k, e); ok && s.gone[tr.protoPort] != nil {
+				if tr, ok := read(dialedAfter, set, k, e); ok && s.gone[tr.protoPort] != nil {
 					s.want[tr.protoPort] = append(s.want[tr.protoPort], tr)
 				}
 			}

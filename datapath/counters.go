@@ -26,7 +26,8 @@ func (d *Datapath) Counters() ([]*kuportv1.Counter, error) {
 	for _, s := range l.sets {
 		for k, e := range t.elems[s.name] {
 			c := counters[s.name][k]
-			if c == nil || e.id == "" {
+			// A steering element counts the new flows its DNAT element counts again.
+			if c == nil || e.id == "" || s.role == roleSteer {
 				continue
 			}
 			ctr := byID[e.id]

@@ -644,7 +644,7 @@ func TestFakeRepair(t *testing.T) {
 			k.DelTable(kuport)
 			require.NoError(t, k.Flush())
 		},
-		writes: 7, // the table, then its six elements
+		writes: 8, // the table, then its seven elements
 	}}
 	for _, d := range damage {
 		d.do()

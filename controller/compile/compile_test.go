@@ -713,10 +713,10 @@ func TestCompile(t *testing.T) {
 					t.Errorf("status ports %q, want 27015-27115", got)
 				}
 				wantEA := []*kuportv1.DnatRule{
-					{Id: "demo/game/dnat/enp1s0", Mapping: "demo/game", InInterface: "enp1s0", Protocol: udp, Ports: ports(27015, 27115), ToAddress: "169.254.77.1", ToPort: 27015},
-					{Id: "demo/game/dnat/wt0", Mapping: "demo/game", InInterface: "wt0", Protocol: udp, Ports: ports(27015, 27115), ToAddress: "169.254.77.1", ToPort: 27015},
-					{Id: "demo/shifted/dnat/enp1s0", Mapping: "demo/shifted", InInterface: "enp1s0", Protocol: tcp, Ports: ports(40000, 40009), ToAddress: "10.244.17.8", ToPort: 7000},
-					{Id: "demo/shifted/dnat/wt0", Mapping: "demo/shifted", InInterface: "wt0", Protocol: tcp, Ports: ports(40000, 40009), ToAddress: "10.244.17.8", ToPort: 7000},
+					{Id: "demo/game/dnat/enp1s0", Mapping: "demo/game", InInterface: "enp1s0", Protocol: udp, Ports: ports(27015, 27115), ToAddress: "169.254.77.1", ToPort: 27015, StandIn: "169.254.77.1"},
+					{Id: "demo/game/dnat/wt0", Mapping: "demo/game", InInterface: "wt0", Protocol: udp, Ports: ports(27015, 27115), ToAddress: "169.254.77.1", ToPort: 27015, StandIn: "169.254.77.1"},
+					{Id: "demo/shifted/dnat/enp1s0", Mapping: "demo/shifted", InInterface: "enp1s0", Protocol: tcp, Ports: ports(40000, 40009), ToAddress: "10.244.17.8", ToPort: 7000, StandIn: "10.244.17.8"},
+					{Id: "demo/shifted/dnat/wt0", Mapping: "demo/shifted", InInterface: "wt0", Protocol: tcp, Ports: ports(40000, 40009), ToAddress: "10.244.17.8", ToPort: 7000, StandIn: "10.244.17.8"},
 				}
 				if d := cmp.Diff(wantEA, r.Programs["edge-a"].DnatRules, cmpOpts...); d != "" {
 					t.Errorf("edge-a DNAT (-want +got):\n%s", d)
@@ -727,7 +727,7 @@ func TestCompile(t *testing.T) {
 					t.Errorf("edge-a shifted SNAT (-want +got):\n%s", d)
 				}
 				wantWB := []*kuportv1.DnatRule{{Id: "demo/game/dnat/" + linkToEdgeA, Mapping: "demo/game", InInterface: linkToEdgeA,
-					MatchDestination: "169.254.77.1", Protocol: udp, Ports: ports(27015, 27115), ToAddress: "10.244.18.107", ToPort: 27015}}
+					MatchDestination: "169.254.77.1", Protocol: udp, Ports: ports(27015, 27115), ToAddress: "10.244.18.107", ToPort: 27015, StandIn: "10.244.18.107"}}
 				if d := cmp.Diff(wantWB, r.Programs["worker-b"].DnatRules, cmpOpts...); d != "" {
 					t.Errorf("worker-b DNAT (-want +got):\n%s", d)
 				}
