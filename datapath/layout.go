@@ -69,8 +69,8 @@ var (
 
 var familyIPv4 = family{
 	table: nftables.TableFamilyIPv4, name: "ip", addrName: "IPv4", nat: unix.NFPROTO_IPV4, addr: nftables.TypeIPAddr,
-	saddr: field{nftables.TypeIPAddr, "ip saddr", payload(expr.PayloadBaseNetworkHeader, 12, 4)},
-	daddr: field{nftables.TypeIPAddr, "ip daddr", payload(expr.PayloadBaseNetworkHeader, 16, 4)},
+	saddr:       field{nftables.TypeIPAddr, "ip saddr", payload(expr.PayloadBaseNetworkHeader, 12, 4)},
+	daddr:       field{nftables.TypeIPAddr, "ip daddr", payload(expr.PayloadBaseNetworkHeader, 16, 4)},
 	daddrOffset: 16, csumOffset: 10,
 }
 
