@@ -644,7 +644,7 @@ func TestFakeRepair(t *testing.T) {
 			k.DelTable(kuport)
 			require.NoError(t, k.Flush())
 		},
-		writes: 8, // the table, then its seven elements
+		writes: 9, // the table, then its eight elements
 	}}
 	for _, d := range damage {
 		d.do()

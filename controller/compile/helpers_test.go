@@ -23,7 +23,6 @@ var now = time.Date(2026, 9, 8, 12, 0, 0, 0, time.UTC)
 const (
 	tcp       = kuportv1.Protocol_PROTOCOL_TCP
 	udp       = kuportv1.Protocol_PROTOCOL_UDP
-	static    = kuportv1.MarkKind_MARK_KIND_STATIC
 	ctSave    = kuportv1.MarkKind_MARK_KIND_CT_SAVE
 	ctRestore = kuportv1.MarkKind_MARK_KIND_CT_RESTORE
 	// Device names, computed independently: printf public/worker-b | sha256sum.
@@ -227,8 +226,10 @@ func remoteWorkerB() *kuportv1.NodeProgram {
 				OutInterface: "cilium_", Address: "10.244.18.107", Protocol: tcp, Ports: ports(3000, 3000)},
 		},
 		MarkRules: []*kuportv1.MarkRule{
-			{Id: "demo/remote/mark", Mapping: "demo/remote", Kind: static, Address: "10.244.18.107", Protocol: tcp,
-				Ports: ports(3000, 3000), Mark: 0x6b700001},
+			{Id: "demo/remote/ct-restore", Mapping: "demo/remote", Kind: ctRestore, Address: "10.244.18.107", Protocol: tcp,
+				Ports: ports(3000, 3000)},
+			{Id: "demo/remote/ct-save/" + linkToEdgeA, Mapping: "demo/remote", Kind: ctSave, InInterface: linkToEdgeA,
+				Address: "169.254.77.1", Protocol: tcp, Ports: ports(3000, 3000), Mark: 0x6b700001},
 		},
 		Links: []*kuportv1.Link{
 			{Name: linkToEdgeA, ClassName: "public", PeerNode: "edge-a", Vni: 4242, Port: 4790,
