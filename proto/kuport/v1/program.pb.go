@@ -139,16 +139,19 @@ type MarkKind int32
 
 const (
 	MarkKind_MARK_KIND_UNSPECIFIED MarkKind = 0
-	// Single: ip saddr <address> <protocol> sport <ports> counter meta mark set <mark>
+	// ip saddr <address> <protocol> sport <ports> counter meta mark set <mark>
+	// Every reply from the pod ports goes into one link. Earlier controllers emitted it for
+	// Single; this one emits CT_SAVE and CT_RESTORE for every mode, so one pod port can be
+	// reached several ways at once. Agents still apply it.
 	MarkKind_MARK_KIND_STATIC MarkKind = 1
-	// Multi, per link: iifname "<in_interface>" ip daddr <address> <protocol> dport <ports>
+	// Per link (Multi's form, used for Single too): iifname "<in_interface>" ip daddr <address> <protocol> dport <ports>
 	//
 	//	counter ct mark set <mark>
 	//
 	// records on the flow which link (so which forwarder) the request came in on; the meta
 	// mark stays untouched so the request is not diverted on its way in.
 	MarkKind_MARK_KIND_CT_SAVE MarkKind = 2
-	// Multi: ip saddr <address> <protocol> sport <ports> counter meta mark set ct mark
+	// ip saddr <address> <protocol> sport <ports> counter meta mark set ct mark
 	// gives the pod's reply the mark its flow's request recorded (0 for a flow that came in
 	// by no link, which then matches no return path). mark is unused.
 	MarkKind_MARK_KIND_CT_RESTORE MarkKind = 3
