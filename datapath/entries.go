@@ -161,7 +161,8 @@ func dnatPuts(fam family, e *kuportv1.DnatRule) ([]put, error) {
 	var puts []put
 	dport.each(func(port, offset uint16) {
 		// Steered, kup-pre sees the stand-in where the dialed destination was.
-		dialed, nat := key(daddr, port), key(daddr, port)
+		dialed := key(daddr, port)
+		nat := dialed
 		if standIn.IsValid() {
 			if daddr.IsValid() {
 				nat = key(standIn, port)

@@ -307,9 +307,10 @@ func newLayout(fam family, replyPrefixes []string) *layout {
 	)
 	// "ip daddr set": the looked-up stand-in written over the destination, with the IPv4
 	// header checksum (csum_type inet at offset 10) and the transport checksum's pseudo-header
-	// part fixed, as nft writes it. A new flow only: conntrack holds the dialed address of a
-	// flow from its first packet on, so a later packet is translated by the nat of its entry
-	// and a stateful firewall passes it as established.
+	// part fixed, as nft writes it. New flows only (a UDP flow's packets until the first
+	// reply): conntrack holds the dialed address of a flow from its first packet on, so a later
+	// packet is translated by the nat of its entry and a stateful firewall passes it as
+	// established.
 	stateNew := []expr.Any{&expr.Ct{Key: expr.CtKeySTATE, Register: register(0)},
 		&expr.Bitwise{SourceRegister: register(0), DestRegister: register(0), Len: 4, Mask: ctStateNew, Xor: make([]byte, 4)},
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: register(0), Data: make([]byte, 4)}}
