@@ -141,7 +141,7 @@ func labSource(agents Agents) *Source {
 	}
 }
 
-func ptr[T any](v T) *T { return &v }
+
 
 func TestState(t *testing.T) {
 	s := New()
@@ -157,8 +157,8 @@ func TestState(t *testing.T) {
 		{Name: "worker-b", Connected: true, AgentVersion: "v1", UnderlayInterface: "wt0", UnderlayMTU: 1400, ProgramVersion: 5, AckedVersion: 4},
 	}, st.Nodes)
 	assert.Equal(t, []Link{{Class: "public", Ends: []LinkEnd{
-		{Node: "edge-a", Device: "kup-5e30a797", Address: "169.254.77.0", MTU: 1350, Reported: true, TxPackets: 40, RxPackets: 38},
-		{Node: "worker-b", Device: "kup-dcc4266d", Address: "169.254.77.1", MTU: 1350},
+		{Node: "edge-a", Device: "kup-5e30a797", PeerNode: "worker-b", Address: "169.254.77.0", MTU: 1350, Reported: true, TxPackets: 40, RxPackets: 38},
+		{Node: "worker-b", Device: "kup-dcc4266d", PeerNode: "edge-a", Address: "169.254.77.1", MTU: 1350},
 	}}}, st.Links)
 
 	require.Len(t, st.Mappings, 2)
@@ -215,8 +215,8 @@ func TestStateUnanswered(t *testing.T) {
 	assert.Equal(t, []Unanswered{{Node: "edge-a", Interface: "enp1s0", Since: unansweredSince, Requests: 7}}, st.Mappings[1].Unanswered)
 }
 
-// TestSampling: State reports the rates of Run's samples, which are taken only while the
-// state is being read.
+// TestSampling: State reports the rates of Run's samples, taken every second while the
+// state is being read, every historyStep otherwise.
 func TestSampling(t *testing.T) {
 	agents := &fakeAgents{}
 	s := New()
@@ -243,10 +243,20 @@ func TestSampling(t *testing.T) {
 	require.NotNil(t, rate)
 	assert.Equal(t, 50.0, *rate)
 
-	// Nobody reads for longer than idleAfter: sampling stops and the rates start over.
-	s.sample(t0.Add(3*time.Second + idleAfter + time.Second))
-	assert.Nil(t, markRate(t0.Add(3*time.Second+idleAfter+time.Second)))
-	assert.Empty(t, s.series.series)
+	// Nobody reads for longer than idleAfter: sampling slows to one every historyStep.
+	idle := t0.Add(3*time.Second + idleAfter + time.Second)
+	s.sample(idle)
+	s.mu.Lock()
+	last := s.lastSample
+	s.mu.Unlock()
+	s.sample(idle.Add(time.Second))
+	s.mu.Lock()
+	assert.Equal(t, last, s.lastSample, "no sample a second after the last while nobody reads")
+	s.mu.Unlock()
+	s.sample(idle.Add(historyStep))
+	s.mu.Lock()
+	assert.Equal(t, idle.Add(historyStep), s.lastSample, "one a history step later")
+	s.mu.Unlock()
 }
 
 func TestRates(t *testing.T) {
