@@ -435,11 +435,15 @@ func counterKey(mapping types.NamespacedName, c Counter) string {
 }
 
 // linkRateKey names one statistic of a link end across samples.
-func linkRateKey(e LinkEnd, stat string) string { return "link " + e.Node + " " + e.Device + " " + stat }
+func linkRateKey(e LinkEnd, stat string) string {
+	return "link " + e.Node + " " + e.Device + " " + stat
+}
 
 // mappingHistoryKey and linkHistoryKey name the history's series: dir is "in" or "out".
-func mappingHistoryKey(m types.NamespacedName, dir string) string { return "m " + m.String() + " " + dir }
-func linkHistoryKey(e LinkEnd, dir string) string                  { return "l " + e.Node + " " + e.Device + " " + dir }
+func mappingHistoryKey(m types.NamespacedName, dir string) string {
+	return "m " + m.String() + " " + dir
+}
+func linkHistoryKey(e LinkEnd, dir string) string { return "l " + e.Node + " " + e.Device + " " + dir }
 
 // historyValues sums each mapping's rates of the packets its accepting interfaces forward
 // in (from clients) and out (to them), and takes each link end's rx and tx packet rates;

@@ -141,8 +141,6 @@ func labSource(agents Agents) *Source {
 	}
 }
 
-
-
 func TestState(t *testing.T) {
 	s := New()
 	s.SetSource(labSource(&fakeAgents{mark: 100}))
