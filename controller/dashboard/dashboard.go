@@ -63,6 +63,10 @@ type Source struct {
 // interval, whenever and however often the page is read.
 const sampleInterval = time.Second
 
+// sampleMaxShare bounds the time Run spends sampling: at 10,000 mappings a sample takes a
+// few hundred milliseconds (BENCHMARKS.md), so the interval grows to keep within a tenth.
+const sampleMaxShare = 10
+
 // idleAfter is how long after the last read of the state Run keeps sampling: an unwatched
 // dashboard reads nothing.
 const idleAfter = time.Minute
@@ -71,9 +75,12 @@ const idleAfter = time.Minute
 type Server struct {
 	mu         sync.Mutex
 	src        *Source
-	lastRead   time.Time       // of the state
-	lastSample time.Time       // Run's latest
-	rates      map[string]Rate // of Run's latest sample, by counterKey and linkRateKey
+	lastRead   time.Time // of the state
+	lastSample time.Time // Run's latest
+	// gap is how long after lastSample the next sample is due while the page is read:
+	// sampleMaxShare of the time goes to sampling, at most one every sampleInterval.
+	gap   time.Duration
+	rates map[string]Rate // of Run's latest sample, by counterKey and linkRateKey
 
 	series rates
 	hist   history
@@ -90,8 +97,9 @@ func (s *Server) SetSource(src *Source) {
 	s.src = src
 }
 
-// Run samples the counters until ctx ends: every sampleInterval while the state has been
-// read within idleAfter, else every historyStep for the history. The rates State reports
+// Run samples the counters until ctx ends: every sampleInterval (longer at scale, see
+// sampleMaxShare) while the state has been read within idleAfter, else every historyStep
+// for the history. The rates State reports
 // come from these samples.
 func (s *Server) Run(ctx context.Context) {
 	t := time.NewTicker(sampleInterval)
@@ -106,20 +114,23 @@ func (s *Server) Run(ctx context.Context) {
 	}
 }
 
-// sample feeds one reading of every counter to the rates and the history, unless nobody
-// reads the page and the history's step has not passed. With no source it reads nothing
+// sample feeds one reading of every counter to the rates and the history when one is due:
+// every historyStep, and while the page is read every gap. With no source it reads nothing
 // and the rates and history start over.
 func (s *Server) sample(now time.Time) {
 	s.mu.Lock()
-	src, watched, due := s.src, now.Sub(s.lastRead) < idleAfter, now.Sub(s.lastSample) >= historyStep
+	since := now.Sub(s.lastSample)
+	src, due := s.src, since >= historyStep || (now.Sub(s.lastRead) < idleAfter && since >= s.gap-sampleInterval/2)
 	s.mu.Unlock()
-	if !watched && !due {
+	if !due {
 		return
 	}
+	start := time.Now()
 	readings := map[string]reading{}
 	var snap *snapshot
 	if src != nil {
 		snap = readSnapshot(src.Agents)
+		snap.count(nil)
 		for m, cs := range snap.counters {
 			for _, c := range cs {
 				readings[counterKey(m, c)] = reading{packets: c.Packets, bytes: c.Bytes}
@@ -139,6 +150,7 @@ func (s *Server) sample(now time.Time) {
 	s.hist.record(historyValues(snap, rates), now)
 	s.mu.Lock()
 	s.rates, s.lastSample = rates, now
+	s.gap = min(max(sampleMaxShare*time.Since(start), sampleInterval), historyStep)
 	s.mu.Unlock()
 }
 
@@ -346,7 +358,13 @@ func (s *Server) Query(now time.Time, q Query) *State {
 	st.Overview = overview(all, st.Nodes, st.Links)
 	matched := slices.DeleteFunc(all, func(m Mapping) bool { return !q.matches(m) })
 	st.Total = len(matched)
-	for _, m := range matched[min(q.Offset, len(matched)):min(q.Offset+q.Limit, len(matched))] {
+	page := matched[min(q.Offset, len(matched)):min(q.Offset+q.Limit, len(matched))]
+	wanted := make(map[types.NamespacedName]bool, len(page))
+	for _, m := range page {
+		wanted[types.NamespacedName{Namespace: m.Namespace, Name: m.Name}] = true
+	}
+	snap.count(wanted)
+	for _, m := range page {
 		st.Mappings = append(st.Mappings, s.withCounters(m, snap, rates))
 	}
 	return st

@@ -96,6 +96,7 @@ func (s *Server) Mapping(now time.Time, key types.NamespacedName) *MappingDetail
 	}
 	d.Leader = true
 	snap := readSnapshot(src.Agents)
+	snap.count(map[types.NamespacedName]bool{key: true})
 	for _, m := range allMappings(src, snap) {
 		if m.Namespace == key.Namespace && m.Name == key.Name {
 			m = s.withCounters(m, snap, rates)

@@ -21,22 +21,26 @@ type snapshot struct {
 	index map[types.NamespacedName]map[string]*compile.MappingIndex
 	// programLinks by node, then device.
 	programLinks map[string]map[string]*kuportv1.Link
-	counters     map[types.NamespacedName][]Counter
-	serving      map[types.NamespacedName]string
+	// nodeIndex and stats by node: the index of its program and its latest report's counters.
+	nodeIndex map[string]compile.NodeIndex
+	stats     map[string][]*kuportv1.Counter
+	// counters by mapping, of the mappings count was asked for.
+	counters map[types.NamespacedName][]Counter
+	serving  map[types.NamespacedName]string
 	// unanswered by mapping key.
 	unanswered map[string][]Unanswered
 	// links sorted by class and nodes, each end with its latest statistics.
 	links []Link
 }
 
-// readSnapshot reads a: for every node, its program's index and links and its latest
-// report's counters that measure a rule of the current program (metrics.Counted), and the
-// unanswered verdicts when a judges (Judge).
+// readSnapshot reads a: for every node, its program's index and links, its latest report,
+// and the unanswered verdicts when a judges (Judge). Its counters are read by count.
 func readSnapshot(a Agents) *snapshot {
 	s := &snapshot{nodes: a.Nodes(), agents: a.Agents(),
 		index:        map[types.NamespacedName]map[string]*compile.MappingIndex{},
 		programLinks: map[string]map[string]*kuportv1.Link{},
-		counters:     map[types.NamespacedName][]Counter{}, serving: map[types.NamespacedName]string{},
+		nodeIndex:    map[string]compile.NodeIndex{}, stats: map[string][]*kuportv1.Counter{},
+		counters: map[types.NamespacedName][]Counter{}, serving: map[types.NamespacedName]string{},
 		unanswered: map[string][]Unanswered{}}
 	judge, _ := a.(Judge)
 	links := map[string]*Link{}
@@ -50,12 +54,7 @@ func readSnapshot(a Agents) *snapshot {
 			s.index[mi.Mapping][n.Node] = mi
 		}
 		ctrs, stats := a.Stats(n.Node)
-		for r, c := range metrics.Counted(index, ctrs) {
-			s.counters[r.Mapping] = append(s.counters[r.Mapping], Counter{Node: n.Node, Rule: r.Name,
-				Unit: r.Unit, Direction: r.Direction, Packets: c.Packets, Bytes: c.Bytes,
-				interfaceName: r.Interface, forwarded: r.Forwarded,
-				overLink: slices.Contains(s.index[r.Mapping][n.Node].Links, r.Interface)})
-		}
+		s.nodeIndex[n.Node], s.stats[n.Node] = index, ctrs
 		program, _, _ := a.Program(n.Node)
 		s.programLinks[n.Node] = map[string]*kuportv1.Link{}
 		for _, l := range program.GetLinks() {
@@ -79,6 +78,29 @@ func readSnapshot(a Agents) *snapshot {
 	}
 	slices.SortFunc(s.links, func(a, b Link) int { return strings.Compare(linkKey(a), linkKey(b)) })
 	return s
+}
+
+// count reads the counters of the wanted mappings (all for nil) that measure a rule of
+// their node's current program (metrics.Counted).
+func (s *snapshot) count(wanted map[types.NamespacedName]bool) {
+	for _, n := range s.nodes {
+		index := s.nodeIndex[n.Node]
+		if wanted != nil {
+			sub := compile.NodeIndex{}
+			for k, mi := range index {
+				if wanted[mi.Mapping] {
+					sub[k] = mi
+				}
+			}
+			index = sub
+		}
+		for r, c := range metrics.Counted(index, s.stats[n.Node]) {
+			s.counters[r.Mapping] = append(s.counters[r.Mapping], Counter{Node: n.Node, Rule: r.Name,
+				Unit: r.Unit, Direction: r.Direction, Packets: c.Packets, Bytes: c.Bytes,
+				interfaceName: r.Interface, forwarded: r.Forwarded,
+				overLink: slices.Contains(s.index[r.Mapping][n.Node].Links, r.Interface)})
+		}
+	}
 }
 
 // carriers returns the nodes whose programs carry m, sorted.
