@@ -74,6 +74,9 @@ type Options struct {
 	// (lab/kubelab) and install kuport on it from the image tarballs in Images.
 	Kubelet bool
 	Images  string
+	// APIServerArgs are added to kube-apiserver's flags (bench/control's wider
+	// --service-node-port-range, say).
+	APIServerArgs []string
 }
 
 // Lab is a running lab.
@@ -150,7 +153,7 @@ func (l *Lab) up(ctx context.Context) error {
 	}
 	l.log.Info("starting etcd and kube-apiserver")
 	l.Cluster, err = cluster.Start(ctx, cluster.Config{
-		Dir: l.opt.Dir, BinDir: l.opt.K8sBin, CRDDir: l.opt.CRDDir, Log: l.log.Named("cluster"),
+		Dir: l.opt.Dir, BinDir: l.opt.K8sBin, CRDDir: l.opt.CRDDir, ExtraArgs: l.opt.APIServerArgs, Log: l.log.Named("cluster"),
 	})
 	if err != nil {
 		return err
@@ -257,6 +260,26 @@ func (l *Lab) StartReplica(i int) error {
 	}
 	l.controllers[i] = p
 	return nil
+}
+
+// ReplicaPid is the pid of controller replica i, 0 while it is stopped.
+func (l *Lab) ReplicaPid(i int) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if i < 0 || i >= len(l.controllers) || l.controllers[i] == nil {
+		return 0
+	}
+	return l.controllers[i].Pid()
+}
+
+// AgentPid is the pid of node's agent, 0 while it is stopped.
+func (l *Lab) AgentPid(node string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if p := l.agents[node]; p != nil {
+		return p.Pid()
+	}
+	return 0
 }
 
 // StopReplica stops controller replica i (SIGTERM: a leader stops serving and releases the
