@@ -165,7 +165,7 @@ func (l *Lab) up(ctx context.Context) error {
 		return fmt.Errorf("lab: %w", err)
 	}
 	for _, n := range l.Net.Nodes() {
-		if err := l.createNode(ctx, n); err != nil {
+		if err := l.CreateNode(ctx, n.Name, n.UnderlayAddr.Addr().String()); err != nil {
 			return err
 		}
 	}
@@ -202,23 +202,23 @@ func (l *Lab) ReplicaLog(i int) string {
 // etcdDir is where lab/cluster keeps etcd's data.
 func (l *Lab) etcdDir() string { return filepath.Join(l.opt.Dir, "etcd") }
 
-// createNode writes the Node object for a lab node, Ready, with its mesh address as
-// InternalIP, as a kubelet would.
-func (l *Lab) createNode(ctx context.Context, n netlab.NodeSpec) error {
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: map[string]string{"kubernetes.io/hostname": n.Name}}}
+// CreateNode writes the Node object name, Ready, with internalIP (a lab node's mesh
+// address) as InternalIP, as a kubelet would. An existing Node is left as it is.
+func (l *Lab) CreateNode(ctx context.Context, name, internalIP string) error {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name}}}
 	created, err := l.Kube.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("lab: node %s: %w", n.Name, err)
+		return fmt.Errorf("lab: node %s: %w", name, err)
 	}
 	created.Status = corev1.NodeStatus{
 		Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: metav1.Now()}},
-		Addresses:  []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: n.UnderlayAddr.Addr().String()}},
+		Addresses:  []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: internalIP}},
 	}
 	if _, err := l.Kube.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("lab: node %s status: %w", n.Name, err)
+		return fmt.Errorf("lab: node %s status: %w", name, err)
 	}
 	return nil
 }
@@ -315,7 +315,7 @@ func (l *Lab) StartAgentBinary(node, binary string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := l.mintAgentToken(ctx, node); err != nil {
+	if err := l.MintAgentToken(ctx, node); err != nil {
 		return err
 	}
 	if err := l.writeControllerCA(ctx); err != nil {
