@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"strings"
 
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
@@ -99,16 +98,6 @@ func (k *kernel) countElements(table, set string) (int, error) {
 		return 0, fmt.Errorf("elements of %s: %w", set, err)
 	}
 	return len(elems), nil
-}
-
-// hasChain reports whether table (family ip) holds chain.
-func (k *kernel) hasChain(table, chain string) (bool, error) {
-	_, err := k.nft.ListChain(&nftables.Table{Name: table, Family: nftables.TableFamilyIPv4}, chain)
-	// google/nftables v0.3.0 wraps the errno of this call as text.
-	if errors.Is(err, unix.ENOENT) || (err != nil && strings.HasSuffix(err.Error(), unix.ENOENT.Error())) {
-		return false, nil
-	}
-	return err == nil, err
 }
 
 // deleteTables deletes the named tables of family ip and ip6 that exist.

@@ -1,12 +1,12 @@
 package main
 
 import (
-	"crypto/sha256"
-	"encoding/base32"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -14,6 +14,7 @@ import (
 	"sync"
 
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"kuport.wlz.li/kuport/lab"
 	"kuport.wlz.li/kuport/lab/netlab"
@@ -25,6 +26,8 @@ const (
 	kubeProxyTable = "kube-proxy"
 	// nodePortsMap is kube-proxy's map of every NodePort (proxier.go, serviceNodePortsMap).
 	nodePortsMap = "service-nodeports"
+	// hairpinSet holds every local endpoint (proxier.go, hairpinConnectionsSet).
+	hairpinSet = "hairpin-connections"
 	// apiBridgeAddr is where kube-proxy dials the API server inside the node namespace.
 	apiBridgeAddr = "127.0.0.1:6443"
 )
@@ -157,12 +160,17 @@ func relay(c net.Conn, to string) {
 	<-done
 }
 
-// endpointChain is the name of kube-proxy's chain for one endpoint of a TCP service port
-// (proxier.go, servicePortEndpointChainNameBase and hashAndTruncate, v1.36.3):
-// "endpoint-" + the first 8 base32 characters of the sha256 of the name + "-" + the name,
-// the name being "<namespace>/<service>/tcp/<port name>__<ip>/<port>".
-func endpointChain(namespace, service, portName, ip string, port int) string {
-	name := fmt.Sprintf("%s/%s/tcp/%s__%s/%d", namespace, service, portName, ip, port)
-	hash := sha256.Sum256([]byte(name))
-	return "endpoint-" + base32.StdEncoding.EncodeToString(hash[:])[:8] + "-" + name
+// hairpinKey is the key of kube-proxy's hairpin-connections element for a local TCP
+// endpoint (proxier.go, v1.36.3: ip saddr . ip daddr . meta l4proto . th dport, the
+// endpoint's address twice), each field padded to 4 bytes. kube-proxy v1.36 DNATs to an
+// endpoint from the service chain's anonymous map, with no chain of the endpoint's own; this
+// element is written in the same transaction, so it being in the kernel is the change being
+// in the kernel.
+func hairpinKey(ip netip.Addr, port uint16) []byte {
+	a := ip.As4()
+	key := make([]byte, 0, 16)
+	key = append(key, a[:]...)
+	key = append(key, a[:]...)
+	key = append(key, unix.IPPROTO_TCP, 0, 0, 0)
+	return append(binary.BigEndian.AppendUint16(key, port), 0, 0)
 }

@@ -18,6 +18,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -406,22 +407,22 @@ func (b *bench) kubeProxyFullSync(ctx context.Context, n int) (time.Duration, er
 }
 
 // kubeProxyChanges moves one Service's endpoint at a time to a fresh address and times it
-// until kube-proxy's chain for the new endpoint is in the kernel (written in the same
-// transaction as the service chain that jumps to it).
+// until kube-proxy's hairpin element of the new endpoint is in the kernel (written in the
+// same transaction as the service chain's DNAT to it).
 func (b *bench) kubeProxyChanges(ctx context.Context, n int) ([]time.Duration, error) {
 	var out []time.Duration
 	for k := range b.changes {
 		i := (k*n/b.changes + n/(2*b.changes)) % n
 		name := fmt.Sprintf("svc-%05d", i)
 		b.moved++
-		ip := fmt.Sprintf("10.244.%d.%d", 100+b.moved/250, 1+b.moved%250)
-		chain := endpointChain(kpNS, name, "p", ip, podPort)
+		ip := netip.AddrFrom4([4]byte{10, 244, byte(100 + b.moved/250), byte(1 + b.moved%250)})
+		key := hairpinKey(ip, podPort)
 		start := time.Now()
-		if err := b.l.SetEndpoints(ctx, kpNS, name, "p", corev1.ProtocolTCP, podPort, backend(kpNS, ip)); err != nil {
+		if err := b.l.SetEndpoints(ctx, kpNS, name, "p", corev1.ProtocolTCP, podPort, backend(kpNS, ip.String())); err != nil {
 			return nil, err
 		}
-		err := labbench.WaitFor(ctx, "kube-proxy chain "+chain, probeEvery, b.settle, func() (bool, error) {
-			return b.k.hasChain(kubeProxyTable, chain)
+		err := labbench.WaitFor(ctx, "kube-proxy's endpoint "+ip.String()+" of "+name, probeEvery, b.settle, func() (bool, error) {
+			return b.k.hasElement(kubeProxyTable, hairpinSet, key)
 		})
 		if err != nil {
 			return nil, err
