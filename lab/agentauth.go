@@ -27,7 +27,7 @@ func AgentPod(node string) string { return "kuport-agent-" + node }
 
 // createAgentIdentities writes what a kubelet would give the agent DaemonSet: the agents'
 // ServiceAccount (agents.DefaultAgentServiceAccount, no RBAC) and, per node, a running Pod of
-// it bound to the node, to which each agent's token is bound (mintAgentToken).
+// it bound to the node, to which each agent's token is bound (MintAgentToken).
 func (l *Lab) createAgentIdentities(ctx context.Context) error {
 	ns, name, err := agents.ParseServiceAccount(agents.DefaultAgentServiceAccount)
 	if err != nil {
@@ -41,24 +41,39 @@ func (l *Lab) createAgentIdentities(ctx context.Context) error {
 		return fmt.Errorf("lab: agent service account: %w", err)
 	}
 	for _, n := range l.Net.Nodes() {
-		pod := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: AgentPod(n.Name), Labels: map[string]string{"app.kubernetes.io/name": "kuport-agent"}},
-			Spec: corev1.PodSpec{
-				NodeName:                     n.Name,
-				ServiceAccountName:           name,
-				AutomountServiceAccountToken: ptr.To(false),
-				HostNetwork:                  true,
-				Containers:                   []corev1.Container{{Name: "agent", Image: "kuport-lab"}},
-			},
+		if err := l.AddAgentIdentity(ctx, n.Name); err != nil {
+			return err
 		}
-		created, err := l.Kube.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
-		if err != nil {
-			return fmt.Errorf("lab: agent pod on %s: %w", n.Name, err)
-		}
-		created.Status = corev1.PodStatus{Phase: corev1.PodRunning}
-		if _, err := l.Kube.CoreV1().Pods(ns).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-			return fmt.Errorf("lab: agent pod on %s status: %w", n.Name, err)
-		}
+	}
+	return nil
+}
+
+// AddAgentIdentity writes the running Pod AgentPod(node) of the agents' ServiceAccount,
+// bound to node, as the kubelet of node would run the agent DaemonSet's pod there; tokens
+// for node's agent are bound to it (MintAgentToken). The ServiceAccount exists once Up has
+// run; bench/fanout adds identities for nodes the lab has no namespace for.
+func (l *Lab) AddAgentIdentity(ctx context.Context, node string) error {
+	ns, name, err := agents.ParseServiceAccount(agents.DefaultAgentServiceAccount)
+	if err != nil {
+		return fmt.Errorf("lab: %w", err)
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: AgentPod(node), Labels: map[string]string{"app.kubernetes.io/name": "kuport-agent"}},
+		Spec: corev1.PodSpec{
+			NodeName:                     node,
+			ServiceAccountName:           name,
+			AutomountServiceAccountToken: ptr.To(false),
+			HostNetwork:                  true,
+			Containers:                   []corev1.Container{{Name: "agent", Image: "kuport-lab"}},
+		},
+	}
+	created, err := l.Kube.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("lab: agent pod on %s: %w", node, err)
+	}
+	created.Status = corev1.PodStatus{Phase: corev1.PodRunning}
+	if _, err := l.Kube.CoreV1().Pods(ns).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("lab: agent pod on %s status: %w", node, err)
 	}
 	return nil
 }
@@ -68,10 +83,10 @@ func (l *Lab) AgentTokenFile(node string) string {
 	return filepath.Join(l.opt.Dir, "tokens", node)
 }
 
-// mintAgentToken writes a fresh token for node's agent to AgentTokenFile(node): a
+// MintAgentToken writes a fresh token for node's agent to AgentTokenFile(node): a
 // TokenRequest for the agents' ServiceAccount, audience agents.TokenAudience, bound to
 // AgentPod(node), as the projected volume of deploy/agent.yaml would hold.
-func (l *Lab) mintAgentToken(ctx context.Context, node string) error {
+func (l *Lab) MintAgentToken(ctx context.Context, node string) error {
 	ns, name, err := agents.ParseServiceAccount(agents.DefaultAgentServiceAccount)
 	if err != nil {
 		return fmt.Errorf("lab: %w", err)

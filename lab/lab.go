@@ -77,6 +77,9 @@ type Options struct {
 	// HostFirewall makes `kuport-lab up` (and demo) load a Talos-like block-mode firewall and
 	// a netbird-like mark-and-drop pair into every node (netlab.AddHostFirewall).
 	HostFirewall bool
+	// APIServerArgs are added to kube-apiserver's flags (bench/control's wider
+	// --service-node-port-range, say).
+	APIServerArgs []string
 }
 
 // Lab is a running lab.
@@ -153,7 +156,7 @@ func (l *Lab) up(ctx context.Context) error {
 	}
 	l.log.Info("starting etcd and kube-apiserver")
 	l.Cluster, err = cluster.Start(ctx, cluster.Config{
-		Dir: l.opt.Dir, BinDir: l.opt.K8sBin, CRDDir: l.opt.CRDDir, Log: l.log.Named("cluster"),
+		Dir: l.opt.Dir, BinDir: l.opt.K8sBin, CRDDir: l.opt.CRDDir, ExtraArgs: l.opt.APIServerArgs, Log: l.log.Named("cluster"),
 	})
 	if err != nil {
 		return err
@@ -165,7 +168,7 @@ func (l *Lab) up(ctx context.Context) error {
 		return fmt.Errorf("lab: %w", err)
 	}
 	for _, n := range l.Net.Nodes() {
-		if err := l.createNode(ctx, n); err != nil {
+		if err := l.CreateNode(ctx, n.Name, n.UnderlayAddr.Addr().String()); err != nil {
 			return err
 		}
 	}
@@ -202,23 +205,23 @@ func (l *Lab) ReplicaLog(i int) string {
 // etcdDir is where lab/cluster keeps etcd's data.
 func (l *Lab) etcdDir() string { return filepath.Join(l.opt.Dir, "etcd") }
 
-// createNode writes the Node object for a lab node, Ready, with its mesh address as
-// InternalIP, as a kubelet would.
-func (l *Lab) createNode(ctx context.Context, n netlab.NodeSpec) error {
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: map[string]string{"kubernetes.io/hostname": n.Name}}}
+// CreateNode writes the Node object name, Ready, with internalIP (a lab node's mesh
+// address) as InternalIP, as a kubelet would. An existing Node is left as it is.
+func (l *Lab) CreateNode(ctx context.Context, name, internalIP string) error {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name}}}
 	created, err := l.Kube.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("lab: node %s: %w", n.Name, err)
+		return fmt.Errorf("lab: node %s: %w", name, err)
 	}
 	created.Status = corev1.NodeStatus{
 		Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: metav1.Now()}},
-		Addresses:  []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: n.UnderlayAddr.Addr().String()}},
+		Addresses:  []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: internalIP}},
 	}
 	if _, err := l.Kube.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("lab: node %s status: %w", n.Name, err)
+		return fmt.Errorf("lab: node %s status: %w", name, err)
 	}
 	return nil
 }
@@ -262,6 +265,26 @@ func (l *Lab) StartReplica(i int) error {
 	return nil
 }
 
+// ReplicaPid is the pid of controller replica i, 0 while it is stopped.
+func (l *Lab) ReplicaPid(i int) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if i < 0 || i >= len(l.controllers) || l.controllers[i] == nil {
+		return 0
+	}
+	return l.controllers[i].Pid()
+}
+
+// AgentPid is the pid of node's agent, 0 while it is stopped.
+func (l *Lab) AgentPid(node string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if p := l.agents[node]; p != nil {
+		return p.Pid()
+	}
+	return 0
+}
+
 // StopReplica stops controller replica i (SIGTERM: a leader stops serving and releases the
 // Lease); kill sends SIGKILL instead. A stopped or unknown replica is a no-op.
 func (l *Lab) StopReplica(i int, kill bool) error {
@@ -295,7 +318,7 @@ func (l *Lab) StartAgentBinary(node, binary string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := l.mintAgentToken(ctx, node); err != nil {
+	if err := l.MintAgentToken(ctx, node); err != nil {
 		return err
 	}
 	if err := l.writeControllerCA(ctx); err != nil {

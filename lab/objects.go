@@ -155,6 +155,18 @@ func (l *Lab) ApplyClass(ctx context.Context, c *v1alpha1.PortMapClass) error {
 	return nil
 }
 
+// UpdateClass updates a PortMapClass's spec (with its resourceVersion).
+func (l *Lab) UpdateClass(ctx context.Context, c *v1alpha1.PortMapClass) error {
+	u, err := toUnstructured(c, "PortMapClass")
+	if err != nil {
+		return err
+	}
+	if _, err := l.Dyn.Resource(v1alpha1.PortMapClassesResource).Update(ctx, u, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("lab: update portmapclass %s: %w", c.Name, err)
+	}
+	return nil
+}
+
 // DeleteClass deletes a PortMapClass; absent is fine.
 func (l *Lab) DeleteClass(ctx context.Context, name string) error {
 	err := l.Dyn.Resource(v1alpha1.PortMapClassesResource).Delete(ctx, name, metav1.DeleteOptions{})

@@ -1,0 +1,436 @@
+// Command control measures kuport's control plane against kube-proxy's in one run (issue 13,
+// item 5): in the embedded lab (a real API server, the real kuport-controller and
+// kuport-agent binaries), kube-proxy v1.36.3 runs in nftables mode on the same node as
+// kuport's agent, with N NodePort Services of one endpoint each against kuport's N PortMaps.
+// For each size it prints
+//
+//	BENCH control system=<kuport|kube-proxy> n=<N> change_to_kernel_ms_p50=<x> change_to_kernel_ms_p99=<x> full_sync_ms=<x> rss_mb=<x>
+//
+// and, once, for PortMaps applied at once into an empty lab,
+//
+//	BENCH bulk n=<n> to_kernel_s=<x> to_programmed_s=<x> delete_to_kernel_s=<x>
+//
+// "In the kernel" is what this process reads from the node's nftables over netlink. See
+// BENCHMARKS.md for what each figure measures. Run by bench/control.sh (root).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/watch"
+
+	"kuport.wlz.li/kuport/api/v1alpha1"
+	"kuport.wlz.li/kuport/bench/labbench"
+	"kuport.wlz.li/kuport/lab"
+)
+
+const (
+	node  = "edge-a" // the accepting node; kube-proxy runs here too
+	iface = "enp1s0" // the class's interface on it
+	class = "bench"
+
+	kuportNS = "bench-kuport"
+	kpNS     = "bench-kube-proxy"
+
+	kuportTable = "kuport"
+	dnatSet     = "dnat-ports"
+
+	// Dialed ports: the sizes' PortMaps from sizeBase, the bulk's from bulkBase, kube-proxy's
+	// NodePorts in nodePortRange, all disjoint.
+	sizeBase      = 35000
+	bulkBase      = 55000
+	nodePortRange = "20000-34999"
+
+	podIP   = "10.244.17.10" // the endpoint of every Service, on edge-a's pod CIDR
+	podPort = 8080
+
+	probeEvery = time.Millisecond
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "bench/control:", err)
+		os.Exit(1)
+	}
+}
+
+type bench struct {
+	l      *lab.Lab
+	k      *kernel
+	kp     *kubeProxy
+	log    hclog.Logger
+	flags  labbench.Flags
+	settle time.Duration
+	// portMaps and services are how many of each exist (names pm-<i>, svc-<i>).
+	portMaps, services int
+	changes            int
+	// moved counts endpoint moves, so each gets a fresh address.
+	moved int
+}
+
+func run(args []string) error {
+	fs := flag.NewFlagSet("control", flag.ContinueOnError)
+	var f labbench.Flags
+	f.Register(fs)
+	sizes := fs.String("n", "1000,10000", "comma-separated sizes N: mappings and NodePort Services, grown in this order")
+	changes := fs.Int("changes", 10, "changes measured per system and size (p50 and p99 over them)")
+	bulk := fs.Int("bulk", 1000, "PortMaps applied at once for the bulk line; 0 skips it")
+	settle := fs.Duration("settle", 45*time.Minute, "the longest wait for all PortMaps to be Programmed, or for a change or sync to reach the kernel")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var ns []int
+	for s := range strings.SplitSeq(*sizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 || (len(ns) > 0 && n < ns[len(ns)-1]) {
+			return fmt.Errorf("-n: want increasing sizes, got %q", *sizes)
+		}
+		ns = append(ns, n)
+	}
+	if ns[len(ns)-1]+*changes*len(ns) > bulkBase-sizeBase || *bulk > 65535-bulkBase || *changes < 1 {
+		return fmt.Errorf("sizes, changes or bulk out of range")
+	}
+	log := hclog.New(&hclog.LoggerOptions{Name: "bench", Output: os.Stderr, Level: hclog.Info})
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	log.Info("starting the lab")
+	l, err := labbench.Up(ctx, f, log, "--service-node-port-range="+nodePortRange)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = l.Close() }()
+	b := &bench{l: l, log: log, flags: f, settle: *settle, changes: *changes}
+	if b.k, err = openKernel(node); err != nil {
+		return err
+	}
+	defer func() { _ = b.k.close() }()
+	if b.kp, err = newKubeProxy(l, node, f.Dir); err != nil {
+		return err
+	}
+	defer func() { _ = b.kp.close() }()
+	if err := b.setup(ctx); err != nil {
+		return err
+	}
+	if *bulk > 0 {
+		if err := b.bulk(ctx, *bulk); err != nil {
+			return err
+		}
+	}
+	for _, n := range ns {
+		if err := b.size(ctx, n); err != nil {
+			return fmt.Errorf("n=%d: %w", n, err)
+		}
+	}
+	return nil
+}
+
+// setup writes the class (edge-a accepting on enp1s0, no return path: every endpoint is on
+// edge-a) and the one Service every PortMap maps to.
+func (b *bench) setup(ctx context.Context) error {
+	for _, ns := range []string{kuportNS, kpNS} {
+		if err := b.l.Cluster.EnsureNamespace(ctx, ns, nil); err != nil {
+			return err
+		}
+	}
+	err := b.l.ApplyClass(ctx, &v1alpha1.PortMapClass{
+		ObjectMeta: metav1.ObjectMeta{Name: class},
+		Spec: v1alpha1.PortMapClassSpec{
+			Nodes:      map[string]v1alpha1.ClassNode{node: {Interfaces: []string{iface}}},
+			ReturnPath: v1alpha1.ReturnPath{Mode: v1alpha1.ReturnPathNone},
+		},
+	})
+	if err != nil {
+		return err
+	}
+	return b.l.Expose(ctx, kuportNS, "pod", "p", corev1.ProtocolTCP, podPort, backend(kuportNS, podIP))
+}
+
+func backend(ns, ip string) lab.Backend {
+	return lab.Backend{Pod: lab.Pod{Namespace: ns, Name: "pod", Node: node, IP: ip}, Ready: true}
+}
+
+func (b *bench) portMap(name string, port int) error {
+	return b.l.ApplyPortMap(context.Background(), &v1alpha1.PortMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: kuportNS, Name: name},
+		Spec: v1alpha1.PortMapSpec{
+			ClassName: class, Protocol: v1alpha1.ProtocolTCP, Port: int32(port),
+			ServiceRef: v1alpha1.ServiceRef{Name: "pod", Port: "p"},
+		},
+	})
+}
+
+// nodePortService creates svc-<i>, a NodePort Service with one endpoint on edge-a.
+func (b *bench) nodePortService(ctx context.Context, i int) error {
+	name := fmt.Sprintf("svc-%05d", i)
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: kpNS, Name: name},
+		Spec: corev1.ServiceSpec{
+			Type:  corev1.ServiceTypeNodePort,
+			Ports: []corev1.ServicePort{{Name: "p", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(podPort)}},
+		},
+	}
+	if _, err := b.l.Kube.CoreV1().Services(kpNS).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("service %s: %w", name, err)
+	}
+	return b.l.SetEndpoints(ctx, kpNS, name, "p", corev1.ProtocolTCP, podPort, backend(kpNS, podIP))
+}
+
+// kuportCount is how many DNAT elements edge-a's kernel holds.
+func (b *bench) kuportCount() (int, error) { return b.k.countElements(kuportTable, dnatSet) }
+
+func (b *bench) waitCount(ctx context.Context, what string, count func() (int, error), want int, every time.Duration) error {
+	last := -1
+	err := labbench.WaitFor(ctx, what, every, b.settle, func() (bool, error) {
+		n, err := count()
+		last = n
+		return n == want, err
+	})
+	if err != nil {
+		return fmt.Errorf("%w (have %d of %d)", err, last, want)
+	}
+	return nil
+}
+
+// waitProgrammed waits until all want PortMaps of kuportNS are Programmed=True.
+func (b *bench) waitProgrammed(ctx context.Context, want int) error {
+	last := -1
+	err := labbench.WaitFor(ctx, "PortMaps Programmed", time.Second, b.settle, func() (bool, error) {
+		p, total, err := labbench.CountProgrammed(ctx, b.l.Dyn, kuportNS)
+		last = p
+		return p == want && total == want, err
+	})
+	if err != nil {
+		return fmt.Errorf("%w (%d of %d)", err, last, want)
+	}
+	return nil
+}
+
+// bulk applies n PortMaps at once into the empty lab, then deletes them at once.
+func (b *bench) bulk(ctx context.Context, n int) error {
+	b.log.Info("bulk: applying PortMaps at once", "n", n)
+	start := time.Now()
+	if err := labbench.Parallel(0, n, func(i int) error { return b.portMap(fmt.Sprintf("bulk-%05d", i), bulkBase+i) }); err != nil {
+		return err
+	}
+	applied := time.Since(start)
+	if err := b.waitCount(ctx, "bulk in the kernel", b.kuportCount, n, 5*time.Millisecond); err != nil {
+		return err
+	}
+	toKernel := time.Since(start)
+	b.log.Info("bulk: in the kernel", "s", toKernel.Seconds(), "created_s", applied.Seconds())
+	if err := b.waitProgrammed(ctx, n); err != nil {
+		return err
+	}
+	toProgrammed := time.Since(start)
+	b.log.Info("bulk: Programmed", "s", toProgrammed.Seconds())
+	start = time.Now()
+	err := labbench.Parallel(0, n, func(i int) error { return b.l.DeletePortMap(ctx, kuportNS, fmt.Sprintf("bulk-%05d", i)) })
+	if err != nil {
+		return err
+	}
+	if err := b.waitCount(ctx, "bulk gone from the kernel", b.kuportCount, 0, 5*time.Millisecond); err != nil {
+		return err
+	}
+	fmt.Printf("BENCH bulk n=%d to_kernel_s=%.2f to_programmed_s=%.2f delete_to_kernel_s=%.2f\n",
+		n, toKernel.Seconds(), toProgrammed.Seconds(), time.Since(start).Seconds())
+	return nil
+}
+
+// size grows both systems to n and measures them.
+func (b *bench) size(ctx context.Context, n int) error {
+	b.log.Info("creating objects", "n", n, "portmaps_from", b.portMaps, "services_from", b.services)
+	start := time.Now()
+	if err := labbench.Parallel(b.services, n, func(i int) error { return b.nodePortService(ctx, i) }); err != nil {
+		return err
+	}
+	b.services = n
+	if err := labbench.Parallel(b.portMaps, n, func(i int) error { return b.portMap(fmt.Sprintf("pm-%05d", i), sizeBase+i) }); err != nil {
+		return err
+	}
+	b.portMaps = max(b.portMaps, n)
+	b.log.Info("objects created", "s", time.Since(start).Seconds())
+
+	// kuport first: kube-proxy neither runs nor watches PortMaps yet, so it takes no CPU.
+	if err := b.waitCount(ctx, "kuport's elements", b.kuportCount, b.portMaps, time.Second); err != nil {
+		return err
+	}
+	if err := b.waitProgrammed(ctx, b.portMaps); err != nil {
+		return err
+	}
+	b.log.Info("kuport settled", "n", b.portMaps, "s", time.Since(start).Seconds())
+	kuportSync, err := b.kuportFullSync(ctx)
+	if err != nil {
+		return err
+	}
+	kuport, programmed, err := b.kuportChanges(ctx)
+	if err != nil {
+		return err
+	}
+	b.log.Info("kuport change to Programmed=True", "n", n, "ms_p50", labbench.Percentile(programmed, 50), "ms_p99", labbench.Percentile(programmed, 99))
+
+	kpSync, err := b.kubeProxyFullSync(ctx, n)
+	if err != nil {
+		return err
+	}
+	kp, err := b.kubeProxyChanges(ctx, n)
+	if err != nil {
+		return err
+	}
+
+	agentRSS, err := labbench.RSSMB(b.l.AgentPid(node))
+	if err != nil {
+		return err
+	}
+	ctlRSS, err := labbench.RSSMB(b.l.ReplicaPid(0))
+	if err != nil {
+		return err
+	}
+	kpRSS, err := labbench.RSSMB(b.kp.proc.Pid())
+	if err != nil {
+		return err
+	}
+	b.log.Info("kuport-controller", "n", n, "rss_mb", ctlRSS)
+	line := "BENCH control system=%s n=%d change_to_kernel_ms_p50=%.1f change_to_kernel_ms_p99=%.1f full_sync_ms=%.0f rss_mb=%.1f\n"
+	fmt.Printf(line, "kuport", n, labbench.Percentile(kuport, 50), labbench.Percentile(kuport, 99), labbench.Ms(kuportSync), agentRSS)
+	fmt.Printf(line, "kube-proxy", n, labbench.Percentile(kp, 50), labbench.Percentile(kp, 99), labbench.Ms(kpSync), kpRSS)
+	return nil
+}
+
+// kuportFullSync restarts edge-a's agent into a kernel without its table (a rebooted node)
+// and times it until every DNAT element is back.
+func (b *bench) kuportFullSync(ctx context.Context) (time.Duration, error) {
+	if err := b.l.StopAgent(node, false); err != nil {
+		return 0, err
+	}
+	if err := b.k.deleteTables(kuportTable); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	if err := b.l.StartAgent(node); err != nil {
+		return 0, err
+	}
+	if err := b.waitCount(ctx, "kuport's full sync", b.kuportCount, b.portMaps, 10*time.Millisecond); err != nil {
+		return 0, err
+	}
+	d := time.Since(start)
+	b.log.Info("kuport full sync", "ms", labbench.Ms(d))
+	// Its reconnect rewrites nothing in the API, but let the controller see the ack.
+	return d, b.waitProgrammed(ctx, b.portMaps)
+}
+
+// kuportChanges creates one PortMap at a time and times it until its element is in the
+// kernel and until it is Programmed=True.
+func (b *bench) kuportChanges(ctx context.Context) (toKernel, toProgrammed []time.Duration, err error) {
+	for range b.changes {
+		i := b.portMaps
+		name := fmt.Sprintf("pm-%05d", i)
+		port := sizeBase + i
+		w, err := b.l.Dyn.Resource(v1alpha1.PortMapsResource).Namespace(kuportNS).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name})
+		if err != nil {
+			return nil, nil, fmt.Errorf("watch %s: %w", name, err)
+		}
+		programmed := make(chan time.Time, 1)
+		go func() {
+			for ev := range w.ResultChan() {
+				if u, ok := ev.Object.(*unstructured.Unstructured); ok && ev.Type != watch.Error && labbench.Programmed(u) {
+					programmed <- time.Now()
+					return
+				}
+			}
+		}()
+		start := time.Now()
+		if err := b.portMap(name, port); err != nil {
+			w.Stop()
+			return nil, nil, err
+		}
+		b.portMaps++
+		key := dnatKey(iface, uint16(port))
+		err = labbench.WaitFor(ctx, "PortMap "+name+" in the kernel", probeEvery, b.settle, func() (bool, error) {
+			return b.k.hasElement(kuportTable, dnatSet, key)
+		})
+		if err != nil {
+			w.Stop()
+			return nil, nil, err
+		}
+		toKernel = append(toKernel, time.Since(start))
+		select {
+		case t := <-programmed:
+			toProgrammed = append(toProgrammed, t.Sub(start))
+		case <-time.After(b.settle):
+			w.Stop()
+			return nil, nil, fmt.Errorf("PortMap %s not Programmed within %s", name, b.settle)
+		}
+		w.Stop()
+		b.log.Info("kuport change", "portmap", name, "to_kernel_ms", labbench.Ms(toKernel[len(toKernel)-1]),
+			"to_programmed_ms", labbench.Ms(toProgrammed[len(toProgrammed)-1]))
+		time.Sleep(time.Second)
+	}
+	return toKernel, toProgrammed, nil
+}
+
+// kubeProxyFullSync (re)starts kube-proxy with no table of its own and times it until its
+// NodePort map holds every Service.
+func (b *bench) kubeProxyFullSync(ctx context.Context, n int) (time.Duration, error) {
+	if err := b.kp.stop(); err != nil {
+		return 0, err
+	}
+	if err := b.k.deleteTables(kubeProxyTable); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	if err := b.kp.start(b.flags.K8sBin); err != nil {
+		return 0, err
+	}
+	count := func() (int, error) { return b.k.countElements(kubeProxyTable, nodePortsMap) }
+	if err := b.waitCount(ctx, "kube-proxy's full sync", count, n, 50*time.Millisecond); err != nil {
+		return 0, fmt.Errorf("%w (log: %s)", err, filepath.Join(b.flags.Dir, "kube-proxy.log"))
+	}
+	d := time.Since(start)
+	b.log.Info("kube-proxy full sync", "ms", labbench.Ms(d))
+	return d, nil
+}
+
+// kubeProxyChanges moves one Service's endpoint at a time to a fresh address and times it
+// until kube-proxy's hairpin element of the new endpoint is in the kernel (written in the
+// same transaction as the service chain's DNAT to it).
+func (b *bench) kubeProxyChanges(ctx context.Context, n int) ([]time.Duration, error) {
+	var out []time.Duration
+	for k := range b.changes {
+		i := (k*n/b.changes + n/(2*b.changes)) % n
+		name := fmt.Sprintf("svc-%05d", i)
+		b.moved++
+		ip := netip.AddrFrom4([4]byte{10, 244, byte(100 + b.moved/250), byte(1 + b.moved%250)})
+		key := hairpinKey(ip, podPort)
+		start := time.Now()
+		if err := b.l.SetEndpoints(ctx, kpNS, name, "p", corev1.ProtocolTCP, podPort, backend(kpNS, ip.String())); err != nil {
+			return nil, err
+		}
+		err := labbench.WaitFor(ctx, "kube-proxy's endpoint "+ip.String()+" of "+name, probeEvery, b.settle, func() (bool, error) {
+			return b.k.hasElement(kubeProxyTable, hairpinSet, key)
+		})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, time.Since(start))
+		b.log.Info("kube-proxy change", "service", name, "to_kernel_ms", labbench.Ms(out[len(out)-1]))
+		// kube-proxy's minSyncPeriod (1 s): a change sooner would wait for it.
+		time.Sleep(1100 * time.Millisecond)
+	}
+	return out, nil
+}

@@ -1,0 +1,241 @@
+// Command fanout opens many real agent streams against the real kuport-controller in the
+// embedded lab (issue 13, item 4) and measures how fast a change that touches every node is
+// acknowledged by all of them:
+//
+//	BENCH fanout agents=<N> ack_ms_p50=<x> ack_ms_p99=<x> controller_rss_mb=<x>
+//
+// Each agent is package agent's own Agent (the client of cmd/kuport-agent: TLS verifying
+// the controller's generated CA, a ServiceAccount token bound to the node's agent Pod,
+// reviewed by the controller with a TokenReview, Hello, programs and Acks, Reports), in this
+// one process, for a Node object of its own, with a Datapath that applies nothing: the
+// figure is the controller's and the wire's, not a kernel's. Every node accepts a class and
+// serves one PortMap whose endpoint it holds; the change adds a second interface to every
+// node of the class, so every node's program changes. Run by bench/fanout.sh (root).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"kuport.wlz.li/kuport/agent"
+	"kuport.wlz.li/kuport/api/v1alpha1"
+	"kuport.wlz.li/kuport/bench/labbench"
+	"kuport.wlz.li/kuport/lab"
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+const (
+	namespace = "bench-fanout"
+	class     = "fanout"
+	// Every node's interfaces: the class names eth0 at first, eth0 and eth1 after the change.
+	first, second = "eth0", "eth1"
+	podPort       = 8080
+	portBase      = 10000
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "bench/fanout:", err)
+		os.Exit(1)
+	}
+}
+
+func nodeName(i int) string { return fmt.Sprintf("fan-%04d", i) }
+
+// addr is node i's address number j (0: eth0, the Node's InternalIP; 1: eth1; 2: its pod).
+func addr(i, j int) string { return fmt.Sprintf("10.%d.%d.%d", 200+j, i/250, 1+i%250) }
+
+func run(args []string) error {
+	fs := flag.NewFlagSet("fanout", flag.ContinueOnError)
+	var f labbench.Flags
+	f.Register(fs)
+	n := fs.Int("agents", 1000, "agents (and nodes, and PortMaps)")
+	settle := fs.Duration("settle", 30*time.Minute, "the longest wait for every agent to connect and every PortMap to be Programmed, and for the change's acks")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *n < 1 || *n > 50000 {
+		return fmt.Errorf("--agents: 1 to 50000")
+	}
+	log := hclog.New(&hclog.LoggerOptions{Name: "bench", Output: os.Stderr, Level: hclog.Info})
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	log.Info("starting the lab")
+	l, err := labbench.Up(ctx, f, log)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = l.Close() }()
+
+	log.Info("creating nodes, agent identities, services and the class", "n", *n)
+	start := time.Now()
+	if err := l.Cluster.EnsureNamespace(ctx, namespace, nil); err != nil {
+		return err
+	}
+	err = labbench.Parallel(0, *n, func(i int) error {
+		node := nodeName(i)
+		if err := l.CreateNode(ctx, node, addr(i, 0)); err != nil {
+			return err
+		}
+		if err := l.AddAgentIdentity(ctx, node); err != nil {
+			return err
+		}
+		if err := l.MintAgentToken(ctx, node); err != nil {
+			return err
+		}
+		pod := lab.Pod{Namespace: namespace, Name: node, Node: node, IP: addr(i, 2)}
+		return l.Expose(ctx, namespace, node, "p", corev1.ProtocolTCP, podPort, lab.Backend{Pod: pod, Ready: true})
+	})
+	if err != nil {
+		return err
+	}
+	nodes := map[string]v1alpha1.ClassNode{}
+	for i := range *n {
+		nodes[nodeName(i)] = v1alpha1.ClassNode{Interfaces: []string{first}}
+	}
+	err = l.ApplyClass(ctx, &v1alpha1.PortMapClass{
+		ObjectMeta: metav1.ObjectMeta{Name: class},
+		Spec:       v1alpha1.PortMapClassSpec{Nodes: nodes, ReturnPath: v1alpha1.ReturnPath{Mode: v1alpha1.ReturnPathNone}},
+	})
+	if err != nil {
+		return err
+	}
+	err = labbench.Parallel(0, *n, func(i int) error {
+		return l.ApplyPortMap(ctx, &v1alpha1.PortMap{
+			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: nodeName(i)},
+			Spec: v1alpha1.PortMapSpec{ClassName: class, Protocol: v1alpha1.ProtocolTCP, Port: int32(portBase + i),
+				ServiceRef: v1alpha1.ServiceRef{Name: nodeName(i), Port: "p"}},
+		})
+	})
+	if err != nil {
+		return err
+	}
+	log.Info("objects created", "s", time.Since(start).Seconds())
+
+	runCtx, stopAgents := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer stopAgents()
+	dps := make([]*datapath, *n)
+	for i := range *n {
+		dps[i] = &datapath{index: i}
+		a, err := agent.New(agent.Config{
+			NodeName: nodeName(i), AgentVersion: "bench-fanout",
+			Targets:    []string{"unix://" + filepath.Join(f.Dir, lab.ReplicaSocket(0))},
+			CAFile:     filepath.Join(f.Dir, lab.ControllerCAFile),
+			ServerName: lab.ControllerServerName,
+			TokenFile:  l.AgentTokenFile(nodeName(i)),
+			Datapath:   dps[i],
+		})
+		if err != nil {
+			return err
+		}
+		wg.Go(func() { _ = a.Run(runCtx) })
+	}
+	err = labbench.WaitFor(ctx, "every PortMap Programmed", time.Second, *settle, func() (bool, error) {
+		p, total, err := labbench.CountProgrammed(ctx, l.Dyn, namespace)
+		log.Debug("programmed", "n", p, "of", total)
+		return p == *n && total == *n, err
+	})
+	if err != nil {
+		return err
+	}
+	log.Info("every agent connected and every PortMap Programmed", "s", time.Since(start).Seconds())
+
+	pid := l.ReplicaPid(0)
+	cpu0, err := labbench.CPUSeconds(pid)
+	if err != nil {
+		return err
+	}
+	cls, err := l.GetClass(ctx, class)
+	if err != nil {
+		return err
+	}
+	for name := range cls.Spec.Nodes {
+		cls.Spec.Nodes[name] = v1alpha1.ClassNode{Interfaces: []string{first, second}}
+	}
+	change := time.Now()
+	if err := l.UpdateClass(ctx, cls); err != nil {
+		return err
+	}
+	var acks []time.Duration
+	err = labbench.WaitFor(ctx, "every agent applying the change", 10*time.Millisecond, *settle, func() (bool, error) {
+		acks = acks[:0]
+		for _, dp := range dps {
+			if t := dp.changedAt(); !t.IsZero() {
+				acks = append(acks, t.Sub(change))
+			}
+		}
+		return len(acks) == *n, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%w (%d of %d)", err, len(acks), *n)
+	}
+	cpu1, err := labbench.CPUSeconds(pid)
+	if err != nil {
+		return err
+	}
+	rss, err := labbench.RSSMB(pid)
+	if err != nil {
+		return err
+	}
+	log.Info("change acknowledged by all", "controller_cpu_s", cpu1-cpu0)
+	fmt.Printf("BENCH fanout agents=%d ack_ms_p50=%.1f ack_ms_p99=%.1f controller_rss_mb=%.1f\n",
+		*n, labbench.Percentile(acks, 50), labbench.Percentile(acks, 99), rss)
+	return nil
+}
+
+// datapath is a node that applies nothing: it reports eth0 and eth1 with addresses and
+// notes when it was first given a program that DNATs on eth1 (the change). The agent sends
+// the Ack as soon as Apply returns.
+type datapath struct {
+	index   int
+	mu      sync.Mutex
+	changed time.Time
+}
+
+func (d *datapath) Apply(p *kuportv1.NodeProgram) error {
+	for _, r := range p.GetDnatRules() {
+		if r.GetInInterface() == second {
+			d.mu.Lock()
+			if d.changed.IsZero() {
+				d.changed = time.Now()
+			}
+			d.mu.Unlock()
+			break
+		}
+	}
+	return nil
+}
+
+func (d *datapath) changedAt() time.Time {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.changed
+}
+
+func (d *datapath) Counters() ([]*kuportv1.Counter, error)    { return nil, nil }
+func (d *datapath) LinkStats() ([]*kuportv1.LinkStats, error) { return nil, nil }
+
+func (d *datapath) NodeState(string) (*kuportv1.NodeState, error) {
+	return &kuportv1.NodeState{
+		Interfaces: []*kuportv1.Interface{
+			{Name: first, Addresses: []string{addr(d.index, 0)}, Mtu: 1500},
+			{Name: second, Addresses: []string{addr(d.index, 1)}, Mtu: 1500},
+		},
+		UnderlayInterface: first,
+		IpForward:         true,
+	}, nil
+}

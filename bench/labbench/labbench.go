@@ -1,0 +1,224 @@
+// Package labbench is what the control-plane benchmarks (bench/control, bench/fanout) share:
+// the embedded lab (package lab: a real API server, the real controller and agents in
+// network namespaces) with API clients whose rate limit is raised for creating thousands of
+// objects, concurrent creation, and the figures they print (percentiles, a process's
+// resident memory and CPU time).
+package labbench
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"kuport.wlz.li/kuport/api/v1alpha1"
+	"kuport.wlz.li/kuport/lab"
+)
+
+// Client rate limits of the benchmarks' own API clients: creating 10,000 objects behind
+// client-go's default 5 QPS would take half an hour.
+const (
+	clientQPS   = 2000
+	clientBurst = 4000
+	// Workers is how many objects are created at once.
+	Workers = 32
+)
+
+// Flags are the lab's locations, shared by the benchmarks' command lines.
+type Flags struct {
+	K8sBin, Bin, Dir, Repo string
+	Verbose                bool
+}
+
+// Register adds the flags to fs.
+func (f *Flags) Register(fs *flag.FlagSet) {
+	fs.StringVar(&f.K8sBin, "k8s-bin", "", "directory of etcd, kube-apiserver, kubectl and kube-proxy (lab/build-binaries.sh)")
+	fs.StringVar(&f.Bin, "bin", "bin", "directory of kuport-controller, kuport-agent and kuport-lab (make build)")
+	fs.StringVar(&f.Dir, "dir", "/var/tmp/kuport-bench", "the lab's state directory (etcd data, logs, sockets); emptied first")
+	fs.StringVar(&f.Repo, "repo", ".", "the repository root (deploy/crds, deploy/rbac.yaml)")
+	fs.BoolVar(&f.Verbose, "v", false, "log the lab's progress to stderr")
+}
+
+// Up starts the lab (waiting for the machine-wide lab lock) with extra kube-apiserver flags
+// and replaces its clients with ones whose rate limit is raised, so the lab's object helpers
+// (ApplyPortMap, SetEndpoints, ...) run at the API server's pace. log receives progress.
+func Up(ctx context.Context, f Flags, log hclog.Logger, apiserverArgs ...string) (*lab.Lab, error) {
+	if f.K8sBin == "" {
+		return nil, fmt.Errorf("--k8s-bin is required (the output of lab/build-binaries.sh)")
+	}
+	if err := os.RemoveAll(f.Dir); err != nil {
+		return nil, fmt.Errorf("lab dir: %w", err)
+	}
+	labLog := hclog.NewNullLogger()
+	if f.Verbose {
+		labLog = log.Named("lab")
+	}
+	l, err := lab.Up(ctx, lab.Options{
+		Dir: f.Dir, K8sBin: f.K8sBin, Bin: f.Bin,
+		CRDDir: filepath.Join(f.Repo, "deploy", "crds"), RBACFile: filepath.Join(f.Repo, "deploy", "rbac.yaml"),
+		APIServerArgs: apiserverArgs, Log: labLog,
+	})
+	if err != nil {
+		return nil, err
+	}
+	rc := l.Cluster.RESTConfig()
+	rc.QPS, rc.Burst = clientQPS, clientBurst
+	kube, err := kubernetes.NewForConfig(rc)
+	if err == nil {
+		l.Kube = kube
+		l.Dyn, err = dynamic.NewForConfig(rc)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bench clients: %w (and closing the lab: %v)", err, l.Close())
+	}
+	return l, nil
+}
+
+// Parallel calls fn(i) for every i in [from, to) on Workers goroutines and returns the first
+// error; the others still run to the end.
+func Parallel(from, to int, fn func(i int) error) error {
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+		next  = make(chan int)
+	)
+	for range Workers {
+		wg.Go(func() {
+			for i := range next {
+				if err := fn(i); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = err
+					}
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	for i := from; i < to; i++ {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return first
+}
+
+// Percentile is the p-th percentile (0 < p <= 100, nearest rank) of ds in milliseconds;
+// NaN for none.
+func Percentile(ds []time.Duration, p float64) float64 {
+	if len(ds) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	rank := int(math.Ceil(p / 100 * float64(len(s))))
+	return Ms(s[min(max(rank, 1), len(s))-1])
+}
+
+// Ms is d in milliseconds.
+func Ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// RSSMB is the resident memory of process pid (VmRSS) in MB (10^6 bytes).
+func RSSMB(pid int) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, fmt.Errorf("rss of %d: %w", pid, err)
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
+			if err != nil {
+				return 0, fmt.Errorf("rss of %d: %q: %w", pid, line, err)
+			}
+			return kb * 1024 / 1e6, nil
+		}
+	}
+	return 0, fmt.Errorf("rss of %d: no VmRSS", pid)
+}
+
+// CPUSeconds is the user and system CPU time process pid has used (utime + stime of
+// /proc/<pid>/stat; clock ticks of 100 Hz, the kernel's USER_HZ).
+func CPUSeconds(pid int) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("cpu of %d: %w", pid, err)
+	}
+	s := string(b)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(fields) < 13 {
+		return 0, fmt.Errorf("cpu of %d: %d fields", pid, len(fields))
+	}
+	// fields[0] is field 3 (state): utime is field 14, stime field 15.
+	ut, err1 := strconv.ParseUint(fields[11], 10, 64)
+	st, err2 := strconv.ParseUint(fields[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("cpu of %d: bad utime/stime", pid)
+	}
+	return float64(ut+st) / 100, nil
+}
+
+// Programmed reports whether a PortMap (as the dynamic client returns it) has condition
+// Programmed=True for its current generation.
+func Programmed(u *unstructured.Unstructured) bool {
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	for _, c := range conds {
+		m, ok := c.(map[string]any)
+		if !ok || m["type"] != v1alpha1.ConditionProgrammed {
+			continue
+		}
+		gen, _ := m["observedGeneration"].(int64)
+		return m["status"] == "True" && (gen == 0 || gen == u.GetGeneration())
+	}
+	return false
+}
+
+// CountProgrammed lists the PortMaps of namespace (in pages) and counts those Programmed.
+func CountProgrammed(ctx context.Context, dyn dynamic.Interface, namespace string) (programmed, total int, err error) {
+	list, err := dyn.Resource(v1alpha1.PortMapsResource).Namespace(namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return 0, 0, fmt.Errorf("list portmaps: %w", err)
+	}
+	for i := range list.Items {
+		if Programmed(&list.Items[i]) {
+			programmed++
+		}
+	}
+	return programmed, len(list.Items), nil
+}
+
+// WaitFor polls cond every interval until it is true, errors, or timeout passes (an error
+// naming what).
+func WaitFor(ctx context.Context, what string, interval, timeout time.Duration, cond func() (bool, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		ok, err := cond()
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: not within %s", what, timeout)
+		case <-t.C:
+		}
+	}
+}
