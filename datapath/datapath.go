@@ -170,12 +170,8 @@ func (d *Datapath) apply(p *kuportv1.NodeProgram, changes *int, start time.Time)
 	// a resync of the same program (which reads and repairs everything).
 	entriesChanged := len(d.comp.dirty) > 0 || d.known == nil || d.known.t != want
 	dnat, err := d.syncTable(want, changes)
-	var stale *staleFlows
 	if err != nil {
 		errs = append(errs, err)
-	} else {
-		// kup-pre's maps changed: the flows that still go the old way.
-		stale = staleFlowsOf(dnat, want)
 	}
 	if entriesChanged && d.netUnchanged(p) {
 		d.log.Trace("links and return paths as last read, no notification since: not read")
@@ -183,8 +179,11 @@ func (d *Datapath) apply(p *kuportv1.NodeProgram, changes *int, start time.Time)
 		errs = append(errs, d.syncNet(p, changes)...)
 	}
 	d.lastInKernel = time.Since(start)
-	// Last, so a flow's next packet finds the links and routes its new target needs.
-	d.deleteStaleFlows(stale)
+	// Last, so a flow's next packet finds the links and routes its new target needs: the
+	// flows that still go the old way, when kup-pre's maps changed.
+	if err == nil {
+		d.deleteStaleFlows(staleFlowsOf(dnat, want))
+	}
 	return errors.Join(errs...)
 }
 
