@@ -138,19 +138,23 @@ func diff[T entryMsg](k entryKind[T], fam family, es entryList[T], list []T) (ch
 	if n := len(changed) + len(es.msgs) - matched; n > wholeCompileAt && n > max(len(list), len(es.msgs))/2 {
 		return nil, nil, es, false
 	}
-	kept := make([]bool, len(es.msgs))
-	for _, e := range list {
-		if j, found := es.pos[e.GetId()]; found {
-			kept[j] = true
-		}
-	}
-	for j, e := range es.msgs {
-		if !kept[j] {
-			old, err := k.puts(fam, e)
-			if err != nil {
-				return nil, nil, es, false
+	// Entries went only when fewer than all were matched (an id repeated in list was refused
+	// above): finding which costs a look-up per entry.
+	if matched < len(es.msgs) {
+		kept := make([]bool, len(es.msgs))
+		for _, e := range list {
+			if j, found := es.pos[e.GetId()]; found {
+				kept[j] = true
 			}
-			changes = append(changes, change{kind: k.name, id: e.GetId(), old: old})
+		}
+		for j, e := range es.msgs {
+			if !kept[j] {
+				old, err := k.puts(fam, e)
+				if err != nil {
+					return nil, nil, es, false
+				}
+				changes = append(changes, change{kind: k.name, id: e.GetId(), old: old})
+			}
 		}
 	}
 	next = es
