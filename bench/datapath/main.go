@@ -303,7 +303,7 @@ func measure(n int, agent string, d time.Duration) error {
 	if _, err := dp.Watch(ctx); err != nil {
 		return err
 	}
-	time.Sleep(500 * time.Millisecond) // the first apply's notifications read
+	time.Sleep(500 * time.Millisecond)  // the first apply's notifications read
 	if err := dp.Apply(p); err != nil { // a resync: reads what the watch now covers
 		return err
 	}
