@@ -126,7 +126,9 @@ func diff[T entryMsg](k entryKind[T], fam family, es entryList[T], list []T) (ch
 			return nil, nil, es, false
 		}
 		prev, matched = j, matched+1
-		if !k.same(es.msgs[j], e) {
+		// The same message is the same entry (neither may change after the call): Validate
+		// before Apply, as the agent does, and a resync compare pointers only.
+		if any(es.msgs[j]) != any(e) && !k.same(es.msgs[j], e) {
 			changed = append(changed, i)
 		}
 	}
