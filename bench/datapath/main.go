@@ -308,9 +308,11 @@ func measure(n int, agent string, d time.Duration) error {
 		return err
 	}
 
-	// One mapping (the middle one) retargeted to another pod and back: change_ms until the
-	// kernel holds it (Apply's in_kernel_us: the transaction committed, links and return
-	// paths synced), the whole Apply with the conntrack sweep after it on stderr.
+	// One mapping (the middle one) retargeted to another pod and back, taken as the agent
+	// takes a program it received (agent.handleProgram: Validate, SameProgram against the
+	// current one, Apply): change_ms until the kernel holds it (Apply's in_kernel_us: the
+	// transaction committed, links and return paths synced), the whole with the conntrack
+	// sweep after it on stderr.
 	moved := proto.Clone(p).(*kuportv1.NodeProgram)
 	mid := n / 2
 	moved.Version++
@@ -320,17 +322,26 @@ func measure(n int, agent string, d time.Duration) error {
 	const changes = 4
 	var change, whole time.Duration
 	writes := 0
+	cur := p
 	for i := range changes {
 		next := moved
 		if i%2 == 1 {
 			next = back
 		}
 		start = time.Now()
+		if err := dp.Validate(next); err != nil {
+			return err
+		}
+		if datapath.SameProgram(next, cur) {
+			return errors.New("the changed program is the same")
+		}
+		before := time.Since(start)
 		if err := dp.Apply(next); err != nil {
 			return err
 		}
+		cur = next
 		whole += time.Since(start)
-		change += time.Duration(lastField(&log, "in_kernel_us")) * time.Microsecond
+		change += before + time.Duration(lastField(&log, "in_kernel_us"))*time.Microsecond
 		writes = lastWrites(&log)
 	}
 	change /= changes
