@@ -576,4 +576,7 @@ func TestPrivilegedNetReadSkipped(t *testing.T) {
 	_, err = tn.nl.LinkByName(name)
 	require.NoError(t, err, "the deleted link is put back by the next change")
 	tn.checkKernel(t, base)
+	// The watch logs its last signal (to this test's log) a debounce after the last write.
+	settled()
+	time.Sleep(2 * watchDebounce)
 }
