@@ -157,7 +157,7 @@ func TestPrivilegedDriftRepaired(t *testing.T) {
 		{"ip", "link", "del", "kup-dcc4266d"},
 		// What a firewall reload or a networkd restart does, and smaller damage.
 		{"nft", "flush", "ruleset"},
-		{"nft", "delete", "element", "ip", "kuport", "dnat-addr-ports", "{ kup-dcc4266d . 169.254.77.1 . tcp . 3000 }"},
+		{"nft", "delete", "element", "ip", "kuport", "dnat-addr-ports", "{ kup-dcc4266d . 10.244.18.107 . tcp . 3000 }"},
 		{"ip", "route", "del", "default", "table", "201"},
 		{"ip", "addr", "flush", "dev", "kup-dcc4266d"},
 		{"ip", "link", "set", "kup-dcc4266d", "down"},

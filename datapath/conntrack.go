@@ -103,10 +103,45 @@ func dnatSets(t *table) map[string]map[string]elem {
 	return out
 }
 
-// dnatChange is one DNAT element of set s changed by a write: as it was and as it is.
+// dnatChange is one DNAT element of set s changed by a write: as it was and as it is, each
+// with the destination the client dialed when the element matches a stand-in (dialed).
 type dnatChange struct {
-	s       *setSpec
-	was, is prior
+	s                   *setSpec
+	was, is             prior
+	wasDialed, isDialed netip.Addr
+}
+
+// dialed maps the key of each DNAT element of t that matches a stand-in (kup-steer wrote it
+// over the destination) to the destination the client dialed, which is what conntrack
+// records: the key of the steering element that writes that stand-in.
+func dialed(t *table) map[string]netip.Addr {
+	out := map[string]netip.Addr{}
+	if t == nil {
+		return out
+	}
+	for _, e := range t.elems["steer-addr-ports"] {
+		addDialed(out, e)
+	}
+	return out
+}
+
+// addDialed records steering element e in a dialed map.
+func addDialed(out map[string]netip.Addr, e elem) {
+	// iifname (16 bytes) . ip daddr (4) . l4proto . dport : stand-in (4)
+	if len(e.key) < 20 || len(e.val) < 4 {
+		return
+	}
+	out[e.key[:16]+e.val[:4]+e.key[20:]] = netip.AddrFrom4([4]byte([]byte(e.key[16:20])))
+}
+
+// translationAt reads DNAT element e of set s, with dialed (if valid) in place of the
+// stand-in it matches.
+func translationAt(s *setSpec, e elem, dialed netip.Addr) (translation, bool) {
+	tr, ok := translationOf(s, e)
+	if ok && dialed.IsValid() && tr.daddr.IsValid() {
+		tr.daddr = dialed
+	}
+	return tr, ok
 }
 
 // dnatChanges are the DNAT elements that differ from old (nil: no table) to want.
@@ -115,6 +150,7 @@ func dnatChanges(old, want *table) []dnatChange {
 		return nil
 	}
 	before, after := dnatSets(old), dnatSets(want)
+	dialedBefore, dialedAfter := dialed(old), dialed(want)
 	var out []dnatChange
 	if old == nil { // every element is added
 		n := 0
@@ -127,14 +163,15 @@ func dnatChanges(old, want *table) []dnatChange {
 		for k, e := range elems {
 			w, ok := after[set][k]
 			if !ok || w != e {
-				out = append(out, dnatChange{s: old.layout.byName[set], was: prior{e: e, present: true}, is: prior{e: w, present: ok}})
+				out = append(out, dnatChange{s: old.layout.byName[set], was: prior{e: e, present: true}, is: prior{e: w, present: ok},
+					wasDialed: dialedBefore[k], isDialed: dialedAfter[k]})
 			}
 		}
 	}
 	for set, elems := range after {
 		for k, e := range elems {
 			if _, ok := before[set][k]; !ok {
-				out = append(out, dnatChange{s: want.layout.byName[set], is: prior{e: e, present: true}})
+				out = append(out, dnatChange{s: want.layout.byName[set], is: prior{e: e, present: true}, isDialed: dialedAfter[k]})
 			}
 		}
 	}
@@ -142,8 +179,11 @@ func dnatChanges(old, want *table) []dnatChange {
 }
 
 // dirtyDNAT are the DNAT elements of the compiler's dirty ones that differ in want.
+// A steering element it lacks in want is read from its prior, for the dialed destination
+// the element before the change matched.
 func dirtyDNAT(want *table, dirty map[setKey]prior) []dnatChange {
 	var out []dnatChange
+	var dialedBefore, dialedAfter map[string]netip.Addr
 	for k, was := range dirty {
 		s := want.layout.byName[k.set]
 		if s == nil || s.role != roleDNAT {
@@ -151,7 +191,16 @@ func dirtyDNAT(want *table, dirty map[setKey]prior) []dnatChange {
 		}
 		is, ok := want.elems[k.set][k.key]
 		if ok != was.present || is != was.e {
-			out = append(out, dnatChange{s: s, was: was, is: prior{e: is, present: ok}})
+			if dialedAfter == nil {
+				dialedAfter, dialedBefore = dialed(want), dialed(want)
+				for sk, p := range dirty {
+					if sk.set == "steer-addr-ports" && p.present {
+						addDialed(dialedBefore, p.e)
+					}
+				}
+			}
+			out = append(out, dnatChange{s: s, was: was, is: prior{e: is, present: ok},
+				wasDialed: dialedBefore[k.key], isDialed: dialedAfter[k.key]})
 		}
 	}
 	return out
@@ -164,12 +213,12 @@ func staleFlowsOf(changes []dnatChange, want *table) *staleFlows {
 	s := &staleFlows{want: map[protoPort][]translation{}, gone: map[protoPort][]translation{}, added: map[protoPort][]translation{}}
 	for _, c := range changes {
 		if c.was.present && !(c.is.present && c.is.e.val == c.was.e.val) {
-			if tr, ok := translationOf(c.s, c.was.e); ok {
+			if tr, ok := translationAt(c.s, c.was.e, c.wasDialed); ok {
 				s.gone[tr.protoPort] = append(s.gone[tr.protoPort], tr)
 			}
 		}
 		if c.is.present && !(c.was.present && c.was.e.val == c.is.e.val) {
-			if tr, ok := translationOf(c.s, c.is.e); ok && tr.proto != unix.IPPROTO_TCP {
+			if tr, ok := translationAt(c.s, c.is.e, c.isDialed); ok && tr.proto != unix.IPPROTO_TCP {
 				s.added[tr.protoPort] = append(s.added[tr.protoPort], tr)
 			}
 		}
@@ -178,10 +227,11 @@ func staleFlowsOf(changes []dnatChange, want *table) *staleFlows {
 		return nil
 	}
 	if len(s.gone) > 0 {
+		dialedAfter := dialed(want)
 		for set, elems := range dnatSets(want) {
 			spec := want.layout.byName[set]
-			for _, e := range elems {
-				if tr, ok := translationOf(spec, e); ok && s.gone[tr.protoPort] != nil {
+			for k, e := range elems {
+				if tr, ok := translationAt(spec, e, dialedAfter[k]); ok && s.gone[tr.protoPort] != nil {
 					s.want[tr.protoPort] = append(s.want[tr.protoPort], tr)
 				}
 			}

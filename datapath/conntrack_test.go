@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
+	"google.golang.org/protobuf/proto"
 
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
@@ -23,6 +24,17 @@ func dnat(id string, proto kuportv1.Protocol, first, last uint32, daddr, addr st
 		e.InInterface = "kup-dcc4266d"
 	}
 	return e
+}
+
+// steered are the entries with the stand-in compile gives them: their target.
+func steered(entries []*kuportv1.DnatRule) []*kuportv1.DnatRule {
+	out := make([]*kuportv1.DnatRule, len(entries))
+	for i, e := range entries {
+		c := proto.Clone(e).(*kuportv1.DnatRule)
+		c.StandIn = c.ToAddress
+		out[i] = c
+	}
+	return out
 }
 
 // tableOf compiles DNAT entries, all valid.
@@ -42,7 +54,15 @@ func ctFlow(proto uint8, src string, sport uint16, dst string, dport uint16, rep
 	}
 }
 
+// TestStaleFlows runs each case with the entries as they are and steered (kup-steer writes
+// their target over the dialed destination, and a link's DNAT element matches the target):
+// conntrack records the dialed destination either way, so the same entries go.
 func TestStaleFlows(t *testing.T) {
+	t.Run("dialed", func(t *testing.T) { testStaleFlows(t, false) })
+	t.Run("steered", func(t *testing.T) { testStaleFlows(t, true) })
+}
+
+func testStaleFlows(t *testing.T, steer bool) {
 	const (
 		udp    = kuportv1.Protocol_PROTOCOL_UDP
 		tcp    = kuportv1.Protocol_PROTOCOL_TCP
@@ -68,6 +88,10 @@ func TestStaleFlows(t *testing.T) {
 		dnat("a/link/dnat/kup-dcc4266d", tcp, 5000, 5000, link, "10.244.18.120", 5000),
 		dnat("b/renamed/dnat/enp1s0", udp, 6000, 6000, "", "10.244.17.5", 6000),
 		dnat("a/new/dnat/enp1s0", udp, 3002, 3002, "", "10.244.17.5", 3002),
+	}
+	if steer {
+		old, want = steered(old), steered(want)
+		unchanged = old[1]
 	}
 	s := newStaleFlows(tableOf(t, old...), tableOf(t, want...))
 	require.NotNil(t, s)

@@ -33,7 +33,8 @@ func (d *Datapath) Counters() ([]*kuportv1.Counter, error) {
 	byID := make(map[string]*kuportv1.Counter, len(d.comp.dnat.msgs)+len(d.comp.snat.msgs)+len(d.comp.mark.msgs))
 	for _, ks := range sets {
 		s := l.byName[ks.Name]
-		if s == nil || !setMatches(ks, s) {
+		// A steering element counts the new flows its DNAT element counts again.
+		if s == nil || !setMatches(ks, s) || s.role == roleSteer {
 			continue
 		}
 		err := d.own.setCounters(fam.table, tableName, ks.Name, func(comment []byte, packets, bytes uint64) {

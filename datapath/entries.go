@@ -119,7 +119,8 @@ func compileEntries(p *kuportv1.NodeProgram) (*table, []error, map[setKey]bool) 
 }
 
 // dnatPuts is the DnatRule form of program.proto (founding document, kup-pre): per port, the
-// translation, and the keys that count the mapping's packets in both directions. The count
+// translation, the stand-in kup-steer writes over the dialed destination first (when the
+// entry has one), and the keys that count the mapping's packets in both directions. The count
 // sets are keyed by the dialed port, the only thing that tells two mappings to one pod port
 // apart: kup-count-in sees requests before DNAT, kup-count-out replies after their
 // translation back, both on the entry's interface.
@@ -154,22 +155,37 @@ func dnatPuts(fam family, e *kuportv1.DnatRule) ([]put, error) {
 	if toPort == 0 || toPort+width > 65535 {
 		return nil, fmt.Errorf("to_port %d with range width %d is outside 1-65535", toPort, width)
 	}
-	dnat, in, out := "dnat-ports", "count-in-ports", "count-out-ports"
+	var standIn netip.Addr
+	if e.GetStandIn() != "" {
+		if standIn, err = parseAddr(fam, "stand_in", e.GetStandIn()); err != nil {
+			return nil, err
+		}
+	}
+	dnat, in, out, steer := "dnat-ports", "count-in-ports", "count-out-ports", "steer-ports"
 	if daddr.IsValid() {
-		dnat, in, out = "dnat-addr-ports", "count-in-addr-ports", "count-out-addr-ports"
+		dnat, in, out, steer = "dnat-addr-ports", "count-in-addr-ports", "count-out-addr-ports", "steer-addr-ports"
+	}
+	key := func(daddr netip.Addr, port uint16) string {
+		if daddr.IsValid() {
+			return pack(ifnameBytes(e.GetInInterface()), daddr.AsSlice(), []byte{proto}, portBytes(port))
+		}
+		return pack(ifnameBytes(e.GetInInterface()), []byte{proto}, portBytes(port))
 	}
 	var puts []put
 	dport.each(func(port, offset uint16) {
-		var key string
-		if daddr.IsValid() {
-			key = pack(ifnameBytes(e.GetInInterface()), daddr.AsSlice(), []byte{proto}, portBytes(port))
-		} else {
-			key = pack(ifnameBytes(e.GetInInterface()), []byte{proto}, portBytes(port))
+		// Steered, kup-pre sees the stand-in where the dialed destination was.
+		dialed := key(daddr, port)
+		nat := dialed
+		if standIn.IsValid() {
+			if daddr.IsValid() {
+				nat = key(standIn, port)
+			}
+			puts = append(puts, put{set: steer, elem: elem{key: dialed, val: pack(standIn.AsSlice())}})
 		}
 		puts = append(puts,
-			put{set: dnat, elem: elem{key: key, val: pack(to.AsSlice(), portBytes(uint16(toPort)+offset))}},
-			put{set: in, elem: elem{key: key}},
-			put{set: out, elem: elem{key: key}})
+			put{set: dnat, elem: elem{key: nat, val: pack(to.AsSlice(), portBytes(uint16(toPort)+offset))}},
+			put{set: in, elem: elem{key: dialed}},
+			put{set: out, elem: elem{key: dialed}})
 	})
 	return puts, nil
 }

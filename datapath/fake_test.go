@@ -657,7 +657,7 @@ func TestFakeRepair(t *testing.T) {
 			k.DelTable(kuport)
 			require.NoError(t, k.Flush())
 		},
-		writes: 7, // the table, then its six elements
+		writes: 9, // the table, then its eight elements
 	}}
 	for _, d := range damage {
 		d.do()

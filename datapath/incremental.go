@@ -69,7 +69,8 @@ func samePorts(a, b *kuportv1.PortRange) bool {
 func sameDnat(a, b *kuportv1.DnatRule) bool {
 	return a.GetId() == b.GetId() && a.GetMapping() == b.GetMapping() && a.GetInInterface() == b.GetInInterface() &&
 		a.GetMatchDestination() == b.GetMatchDestination() && a.GetProtocol() == b.GetProtocol() &&
-		samePorts(a.GetPorts(), b.GetPorts()) && a.GetToAddress() == b.GetToAddress() && a.GetToPort() == b.GetToPort()
+		samePorts(a.GetPorts(), b.GetPorts()) && a.GetToAddress() == b.GetToAddress() && a.GetToPort() == b.GetToPort() &&
+		a.GetStandIn() == b.GetStandIn()
 }
 
 func sameSnat(a, b *kuportv1.SnatRule) bool {

@@ -33,6 +33,9 @@ type family struct {
 	nat          uint32
 	addr         nftables.SetDatatype
 	saddr, daddr field
+	// daddrOffset is the destination's offset in the network header, csumOffset the header
+	// checksum's (0 for a header without one).
+	daddrOffset, csumOffset uint32
 }
 
 // field is one part of a set's key or data: its type and, for a key, the expression that
@@ -66,8 +69,9 @@ var (
 
 var familyIPv4 = family{
 	table: nftables.TableFamilyIPv4, name: "ip", addrName: "IPv4", nat: unix.NFPROTO_IPV4, addr: nftables.TypeIPAddr,
-	saddr: field{nftables.TypeIPAddr, "ip saddr", payload(expr.PayloadBaseNetworkHeader, 12, 4)},
-	daddr: field{nftables.TypeIPAddr, "ip daddr", payload(expr.PayloadBaseNetworkHeader, 16, 4)},
+	saddr:       field{nftables.TypeIPAddr, "ip saddr", payload(expr.PayloadBaseNetworkHeader, 12, 4)},
+	daddr:       field{nftables.TypeIPAddr, "ip daddr", payload(expr.PayloadBaseNetworkHeader, 16, 4)},
+	daddrOffset: 16, csumOffset: 10,
 }
 
 // words is the field's length in 32-bit registers: concatenations pad each part to 4 bytes.
@@ -93,6 +97,7 @@ const (
 	roleCountOut
 	roleSNAT
 	roleMark
+	roleSteer
 )
 
 // kind names the program entries the role's elements render, in errors.
@@ -172,7 +177,13 @@ func typeText(fields []field) string {
 // claim a flow first; kup-mangle marks after the standard mangle chains, so their mark
 // writes cannot undo it (founding document). The counting chains see the dialed port, which
 // tells mappings apart: kup-count-in before destination NAT (-100) rewrites it in a request,
-// kup-count-out after source NAT (100) has written it back into a reply.
+// kup-count-out after source NAT (100) has written it back into a reply. kup-steer rewrites a
+// new flow's destination to its stand-in at dstnat - 20 (-120): after conntrack (-200) has
+// recorded the dialed address and after a mesh's mark on local destinations (mangle, -150),
+// before a host firewall at dstnat - 10 (-110) drops new connections to the node's own
+// addresses, which no nat chain can run ahead of (the kernel runs every nat chain from its one
+// hook at -100). Everything that reads the dialed destination runs before it: kup-mangle
+// (-140) and kup-count-in (-130).
 type chainSpec struct {
 	name         string
 	typ          nftables.ChainType
@@ -186,7 +197,8 @@ var chainSpecs = []chainSpec{
 	{name: "kup-pre", typ: nftables.ChainTypeNAT, hook: *nftables.ChainHookPrerouting, hookName: "prerouting", priority: -110, priorityName: "dstnat - 10"},
 	{name: "kup-post", typ: nftables.ChainTypeNAT, hook: *nftables.ChainHookPostrouting, hookName: "postrouting", priority: 90, priorityName: "srcnat - 10"},
 	{name: "kup-mangle", typ: nftables.ChainTypeFilter, hook: *nftables.ChainHookPrerouting, hookName: "prerouting", priority: -140, priorityName: "mangle + 10"},
-	{name: "kup-count-in", typ: nftables.ChainTypeFilter, hook: *nftables.ChainHookPrerouting, hookName: "prerouting", priority: -120, priorityName: "-120"},
+	{name: "kup-count-in", typ: nftables.ChainTypeFilter, hook: *nftables.ChainHookPrerouting, hookName: "prerouting", priority: -130, priorityName: "-130"},
+	{name: "kup-steer", typ: nftables.ChainTypeFilter, hook: *nftables.ChainHookPrerouting, hookName: "prerouting", priority: -120, priorityName: "-120"},
 	{name: "kup-count-out", typ: nftables.ChainTypeFilter, hook: *nftables.ChainHookPostrouting, hookName: "postrouting", priority: 110, priorityName: "srcnat + 10"},
 }
 
@@ -247,6 +259,8 @@ func newLayout(fam family, replyPrefixes []string) *layout {
 	static := set("mark-static", roleMark, []field{fam.saddr, fieldProto, fieldSport}, []field{fieldMark})
 	save := set("mark-ct-save", roleMark, []field{fieldIIF, fam.daddr, fieldProto, fieldDport}, []field{fieldMark})
 	restore := set("mark-ct-restore", roleMark, []field{fam.saddr, fieldProto, fieldSport}, nil)
+	steerAddr := set("steer-addr-ports", roleSteer, []field{fieldIIF, fam.daddr, fieldProto, fieldDport}, []field{{typ: fam.addr}})
+	steer := set("steer-ports", roleSteer, []field{fieldIIF, fieldProto, fieldDport}, []field{{typ: fam.addr}})
 
 	dnatTo := func(s *setSpec) ruleSpec {
 		return l.rule("kup-pre", fmt.Sprintf("dnat %s to %s map @%s", fam.name, keyText(s), s.name), nil, s, true,
@@ -291,6 +305,22 @@ func newLayout(fam family, replyPrefixes []string) *layout {
 		l.rule("kup-count-out", fmt.Sprintf("ct direction reply ct status dnat %s @%s", keyText(outAddr), outAddr.name), replyDNAT, outAddr, false),
 		l.rule("kup-count-out", fmt.Sprintf("ct direction reply ct status dnat %s @%s", keyText(out), out.name), replyDNAT, out, false),
 	)
+	// "ip daddr set": the looked-up stand-in written over the destination, with the IPv4
+	// header checksum (csum_type inet at offset 10) and the transport checksum's pseudo-header
+	// part fixed, as nft writes it. New flows only (a UDP flow's packets until the first
+	// reply): conntrack holds the dialed address of a flow from its first packet on, so a later
+	// packet is translated by the nat of its entry and a stateful firewall passes it as
+	// established.
+	stateNew := []expr.Any{&expr.Ct{Key: expr.CtKeySTATE, Register: register(0)},
+		&expr.Bitwise{SourceRegister: register(0), DestRegister: register(0), Len: 4, Mask: ctStateNew, Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: register(0), Data: make([]byte, 4)}}
+	steerTo := func(s *setSpec) ruleSpec {
+		return l.rule("kup-steer", fmt.Sprintf("ct state new %s daddr set %s map @%s", fam.name, keyText(s), s.name), stateNew, s, true,
+			&expr.Payload{OperationType: expr.PayloadWrite, SourceRegister: register(0), Base: expr.PayloadBaseNetworkHeader,
+				Offset: fam.daddrOffset, Len: fam.addr.Bytes, CsumType: expr.CsumTypeInet, CsumOffset: fam.csumOffset,
+				CsumFlags: unix.NFT_PAYLOAD_L4CSUM_PSEUDOHDR})
+	}
+	l.rules = append(l.rules, steerTo(steerAddr), steerTo(steer))
 	return l
 }
 
@@ -299,6 +329,10 @@ const (
 	ctDirOriginal byte = 0
 	ctDirReply    byte = 1
 )
+
+// ctStateNew is the "ct state new" bit (NF_CT_STATE_BIT(IP_CT_NEW), 1 << 3) in host byte
+// order.
+var ctStateNew = binaryutil.NativeEndian.PutUint32(1 << 3)
 
 // ipsDstNAT is the conntrack status bit of a flow whose destination was translated
 // (IPS_DST_NAT, 1 << 5) as "ct status dnat" masks it, in host byte order.

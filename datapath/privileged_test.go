@@ -326,7 +326,11 @@ func TestPrivilegedLifecycle(t *testing.T) {
 	extra.Id, extra.Ports = "demo/other/dnat/kup-dcc4266d", &kuportv1.PortRange{First: 4000, Last: 4000}
 	extra.ToPort = 4000
 	changed.DnatRules = append([]*kuportv1.DnatRule{extra}, changed.DnatRules...)
-	changed.MarkRules[0].Mark = 0x6b700002
+	for _, m := range changed.MarkRules {
+		if m.GetKind() != kuportv1.MarkKind_MARK_KIND_CT_RESTORE { // a restore takes the flow's mark
+			m.Mark = 0x6b700002
+		}
+	}
 	changed.SnatRules[1].Ports = &kuportv1.PortRange{First: 3001, Last: 3001}
 	changed.Links[0].Mtu = 1360
 	changed.ReturnPaths[0].Table = 202

@@ -92,6 +92,9 @@ type Packet struct {
 
 // Verdict is what kuport's table, ip rules and routes do to a flow.
 type Verdict struct {
+	// StandIn is what kup-steer wrote over the request's dialed destination ahead of a host
+	// firewall; invalid when it left it.
+	StandIn netip.Addr
 	// DNAT is the request's destination after kup-pre; invalid when kup-pre leaves it.
 	DNAT netip.AddrPort
 	// Out is the device the request leaves by ("" when unknown: see Packet.Out).
@@ -238,6 +241,14 @@ func (tr *tracer) rule(chain string, exprs []expr.Any, p *packet, f *flow, dir b
 			} else if e.Base != expr.PayloadBaseNetworkHeader {
 				return false, fmt.Errorf("payload base %v is not traced", e.Base)
 			}
+			if e.OperationType == expr.PayloadWrite {
+				// Checksums are not traced: the kernel fixes them as the expression says.
+				copy(h[e.Offset:e.Offset+e.Len], reg(e.SourceRegister, e.Len))
+				if e.Base == expr.PayloadBaseNetworkHeader && e.Offset == familyIPv4.daddrOffset {
+					v.StandIn = netip.AddrFrom4([4]byte(p.nh[16:20]))
+				}
+				continue
+			}
 			load(e.DestRegister, h[e.Offset:e.Offset+e.Len])
 		case *expr.Ct:
 			switch {
@@ -247,6 +258,13 @@ func (tr *tracer) rule(chain string, exprs []expr.Any, p *packet, f *flow, dir b
 				return false, fmt.Errorf("ct %v set is not traced", e.Key)
 			case e.Key == expr.CtKeyDIRECTION:
 				load(e.Register, []byte{dir})
+			case e.Key == expr.CtKeySTATE:
+				// The traced request is its flow's first packet; the reply makes it established.
+				state := uint32(1 << 3) // new
+				if dir == ctDirReply {
+					state = 1 << 1 // established
+				}
+				load(e.Register, binaryutil.NativeEndian.PutUint32(state))
 			case e.Key == expr.CtKeySTATUS:
 				var status uint32
 				if f.dnat {

@@ -18,7 +18,7 @@ func TestTraceGolden(t *testing.T) {
 	programs := goldenPrograms(t)
 	client := netip.MustParseAddrPort("198.51.100.7:40000")
 	tcp, udp := kuportv1.Protocol_PROTOCOL_TCP, kuportv1.Protocol_PROTOCOL_UDP
-	ap := netip.MustParseAddrPort
+	ap, addr := netip.MustParseAddrPort, netip.MustParseAddr
 	cases := []struct {
 		name, program string
 		pkt           Packet
@@ -26,8 +26,9 @@ func TestTraceGolden(t *testing.T) {
 	}{{
 		name: "same node", program: "local-edge-a",
 		pkt: Packet{In: "wt0", Proto: tcp, Src: client, Dst: ap("100.64.93.143:3000"), Out: "cilium_host"},
-		want: Verdict{DNAT: ap("10.244.17.7:3000"), Out: "cilium_host", SNAT: "cilium_host", Elements: []string{
+		want: Verdict{StandIn: addr("10.244.17.7"), DNAT: ap("10.244.17.7:3000"), Out: "cilium_host", SNAT: "cilium_host", Elements: []string{
 			"kup-count-in count-in-ports demo/local/dnat/wt0",
+			"kup-steer steer-ports demo/local/dnat/wt0",
 			"kup-pre dnat-ports demo/local/dnat/wt0",
 			"kup-post snat-request demo/local/snat",
 			"kup-count-out count-out-ports demo/local/dnat/wt0"}},
@@ -38,33 +39,50 @@ func TestTraceGolden(t *testing.T) {
 	}, {
 		name: "range keeps the port", program: "ranges-edge-a",
 		pkt: Packet{In: "enp1s0", Proto: udp, Src: client, Dst: ap("203.0.113.9:27100"), Out: "cilium_host"},
-		want: Verdict{DNAT: ap("10.244.17.9:27100"), Out: "cilium_host", SNAT: "cilium_host", Elements: []string{
+		want: Verdict{StandIn: addr("10.244.17.9"), DNAT: ap("10.244.17.9:27100"), Out: "cilium_host", SNAT: "cilium_host", Elements: []string{
 			"kup-count-in count-in-ports games/server/dnat/enp1s0",
+			"kup-steer steer-ports games/server/dnat/enp1s0",
 			"kup-pre dnat-ports games/server/dnat/enp1s0",
 			"kup-post snat-request games/server/snat",
 			"kup-count-out count-out-ports games/server/dnat/enp1s0"}},
 	}, {
 		name: "shifted range maps port by port", program: "ranges-edge-a",
 		pkt: Packet{In: "enp1s0", Proto: tcp, Src: client, Dst: ap("203.0.113.9:40009"), Out: "cilium_host"},
-		want: Verdict{DNAT: ap("10.244.17.9:7009"), Out: "cilium_host", SNAT: "cilium_host", Elements: []string{
+		want: Verdict{StandIn: addr("10.244.17.9"), DNAT: ap("10.244.17.9:7009"), Out: "cilium_host", SNAT: "cilium_host", Elements: []string{
 			"kup-count-in count-in-ports games/shifted/dnat/enp1s0",
+			"kup-steer steer-ports games/shifted/dnat/enp1s0",
 			"kup-pre dnat-ports games/shifted/dnat/enp1s0",
 			"kup-post snat-request games/shifted/snat",
 			"kup-count-out count-out-ports games/shifted/dnat/enp1s0"}},
 	}, {
 		name: "cross node, accepting node", program: "remote-edge-a",
 		pkt: Packet{In: "enp1s0", Proto: tcp, Src: client, Dst: ap("203.0.113.9:3000")},
-		want: Verdict{DNAT: ap("169.254.77.1:3000"), Out: "kup-5e30a797", SNAT: "kup-5e30a797", Elements: []string{
+		want: Verdict{StandIn: addr("169.254.77.1"), DNAT: ap("169.254.77.1:3000"), Out: "kup-5e30a797", SNAT: "kup-5e30a797", Elements: []string{
 			"kup-count-in count-in-ports demo/remote/dnat/enp1s0",
+			"kup-steer steer-ports demo/remote/dnat/enp1s0",
 			"kup-pre dnat-ports demo/remote/dnat/enp1s0",
 			"kup-post snat-request demo/remote/snat",
 			"kup-count-out count-out-ports demo/remote/dnat/enp1s0"}},
 	}, {
 		name: "cross node Single, pod's node", program: "remote-worker-b",
 		pkt: Packet{In: "kup-dcc4266d", Proto: tcp, Src: client, Dst: ap("169.254.77.1:3000"), Out: "cilium_host"},
-		want: Verdict{DNAT: ap("10.244.18.107:3000"), Out: "cilium_host", SNAT: "cilium_host", Mark: 0x6b700001,
+		want: Verdict{StandIn: addr("10.244.18.107"), DNAT: ap("10.244.18.107:3000"), Out: "cilium_host", SNAT: "cilium_host",
+			CtMark: 0x6b700001, Mark: 0x6b700001,
+			Route: &Route{Table: 201, Link: "kup-dcc4266d", Via: netip.MustParseAddr("169.254.77.0")}, Elements: []string{
+				"kup-mangle mark-ct-save demo/remote/ct-save/kup-dcc4266d",
+				"kup-count-in count-in-addr-ports demo/remote/dnat/kup-dcc4266d",
+				"kup-steer steer-addr-ports demo/remote/dnat/kup-dcc4266d",
+				"kup-pre dnat-addr-ports demo/remote/dnat/kup-dcc4266d",
+				"kup-post snat-request demo/remote/snat",
+				"kup-mangle mark-ct-restore demo/remote/ct-restore",
+				"kup-count-out count-out-addr-ports demo/remote/dnat/kup-dcc4266d"}},
+	}, {
+		name: "cross node Single, pod's node, as older controllers marked it", program: "static-worker-b",
+		pkt: Packet{In: "kup-dcc4266d", Proto: tcp, Src: client, Dst: ap("169.254.77.1:3000"), Out: "cilium_host"},
+		want: Verdict{StandIn: addr("10.244.18.107"), DNAT: ap("10.244.18.107:3000"), Out: "cilium_host", SNAT: "cilium_host", Mark: 0x6b700001,
 			Route: &Route{Table: 201, Link: "kup-dcc4266d", Via: netip.MustParseAddr("169.254.77.0")}, Elements: []string{
 				"kup-count-in count-in-addr-ports demo/remote/dnat/kup-dcc4266d",
+				"kup-steer steer-addr-ports demo/remote/dnat/kup-dcc4266d",
 				"kup-pre dnat-addr-ports demo/remote/dnat/kup-dcc4266d",
 				"kup-post snat-request demo/remote/snat",
 				"kup-mangle mark-static demo/remote/mark",
@@ -72,10 +90,11 @@ func TestTraceGolden(t *testing.T) {
 	}, {
 		name: "Multi, through worker-c", program: "multi-worker-b",
 		pkt: Packet{In: "kup-d86d73d7", Proto: tcp, Src: client, Dst: ap("169.254.79.2:3000"), Out: "cilium_host"},
-		want: Verdict{DNAT: ap("10.244.18.107:3000"), Out: "cilium_host", SNAT: "cilium_host", CtMark: 0x6b700002, Mark: 0x6b700002,
+		want: Verdict{StandIn: addr("10.244.18.107"), DNAT: ap("10.244.18.107:3000"), Out: "cilium_host", SNAT: "cilium_host", CtMark: 0x6b700002, Mark: 0x6b700002,
 			Route: &Route{Table: 202, Link: "kup-d86d73d7", Via: netip.MustParseAddr("169.254.79.3")}, Elements: []string{
 				"kup-mangle mark-ct-save demo/remote/ct-save/kup-d86d73d7",
 				"kup-count-in count-in-addr-ports demo/remote/dnat/kup-d86d73d7",
+				"kup-steer steer-addr-ports demo/remote/dnat/kup-d86d73d7",
 				"kup-pre dnat-addr-ports demo/remote/dnat/kup-d86d73d7",
 				"kup-post snat-request demo/remote/snat",
 				"kup-mangle mark-ct-restore demo/remote/ct-restore",
@@ -94,7 +113,7 @@ func TestTraceGolden(t *testing.T) {
 
 // TestPrivilegedTraceAgrees is the differential test of Trace: UDP exchanges from a client
 // through the kernel holding a program (two mappings dialed on 4000 and 4001 to one pod
-// port, a shifted range 5000-5009 to 2995-3004), each of whose element counters moved
+// port, a shifted range 5000-5009 to 2995-3004, each steered to the pod's address), each of whose element counters moved
 // compared with the elements Trace says the flow matches; the pod answers on 3000 only,
 // so an answer shows the translation Trace gives.
 func TestPrivilegedTraceAgrees(t *testing.T) {
@@ -105,7 +124,7 @@ func TestPrivilegedTraceAgrees(t *testing.T) {
 	udp := kuportv1.Protocol_PROTOCOL_UDP
 	mapping := func(key string, first, last, to uint32) (*kuportv1.DnatRule, *kuportv1.SnatRule) {
 		return &kuportv1.DnatRule{Id: key + "/dnat/enp1s0", Mapping: key, InInterface: "enp1s0", Protocol: udp,
-				Ports: &kuportv1.PortRange{First: first, Last: last}, ToAddress: "10.244.17.5", ToPort: to},
+				Ports: &kuportv1.PortRange{First: first, Last: last}, ToAddress: "10.244.17.5", ToPort: to, StandIn: "10.244.17.5"},
 			&kuportv1.SnatRule{Id: key + "/snat", Mapping: key, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST, OutInterface: "cilium_host",
 				Address: "10.244.17.5", Protocol: udp, Ports: &kuportv1.PortRange{First: to, Last: to + last - first}}
 	}
@@ -151,10 +170,13 @@ func TestPrivilegedTraceAgrees(t *testing.T) {
 		assert.Equal(t, netip.MustParseAddrPort("10.244.17.5:3000"), v.DNAT, "dport %d", dport)
 		assert.Equal(t, "cilium_host", v.SNAT, "dport %d", dport)
 		assert.Equal(t, netip.AddrPortFrom(netip.MustParseAddr("203.0.113.9"), dport), src, "the answer comes from the dialed port")
+		assert.Equal(t, netip.MustParseAddr("10.244.17.5"), v.StandIn, "dport %d", dport)
 		var traced []string
 		for _, e := range v.Elements {
-			f := strings.SplitN(e, " ", 3)
-			traced = append(traced, f[2]+" "+field[f[0]])
+			// A steering element counts what its DNAT element counts and is not reported.
+			if f := strings.SplitN(e, " ", 3); f[0] != "kup-steer" {
+				traced = append(traced, f[2]+" "+field[f[0]])
+			}
 		}
 		slices.Sort(moved)
 		slices.Sort(traced)

@@ -16,7 +16,7 @@ func TestValidate(t *testing.T) {
 	for name, p := range goldenPrograms(t) {
 		assert.NoError(t, Validate(p), name)
 	}
-	p := proto.CloneOf(goldenPrograms(t)["remote-worker-b"])
+	p := proto.CloneOf(goldenPrograms(t)["static-worker-b"])
 	p.Links = append(p.Links, proto.CloneOf(p.Links[0]))
 	p.ReturnPaths = append(p.ReturnPaths, &kuportv1.ReturnPath{Id: "lost/return", Link: "kup-00000000", Mark: 9, Table: 209,
 		PeerUnderlay: "100.64.93.143", PeerLinkAddress: "169.254.77.0"},

@@ -37,6 +37,7 @@ func parseOptions(name string, args []string, stderr io.Writer) (Options, error)
 	fs.IntVar(&opt.ControllerReplicas, "controller-replicas", 1, "controller replicas to run under leader election; every agent gets them all")
 	fs.BoolVar(&opt.Kubelet, "kubelet", false, "up: run the kubelet-backed cluster and install kuport with kubectl apply -k instead")
 	fs.StringVar(&opt.Images, "images", "bin/images", "with --kubelet: dir of `make images` and `make lab-images` tarballs")
+	fs.BoolVar(&opt.HostFirewall, "host-firewall", false, "put a Talos-like block-mode firewall and a netbird-like mark-and-drop pair on every node")
 	level := fs.String("log-level", "info", "log level of stderr")
 	if err := fs.Parse(args); err != nil {
 		return opt, err
@@ -58,6 +59,13 @@ func upDemo(ctx context.Context, name string, args []string, stderr io.Writer) (
 	}
 	if err := l.SetupDemo(ctx); err != nil {
 		return nil, opt, errors.Join(err, l.Close())
+	}
+	if opt.HostFirewall {
+		for _, n := range l.Net.Nodes() {
+			if err := l.Net.AddHostFirewall(ctx, n.Name); err != nil {
+				return nil, opt, errors.Join(err, l.Close())
+			}
+		}
 	}
 	return l, opt, nil
 }

@@ -74,6 +74,9 @@ type Options struct {
 	// (lab/kubelab) and install kuport on it from the image tarballs in Images.
 	Kubelet bool
 	Images  string
+	// HostFirewall makes `kuport-lab up` (and demo) load a Talos-like block-mode firewall and
+	// a netbird-like mark-and-drop pair into every node (netlab.AddHostFirewall).
+	HostFirewall bool
 }
 
 // Lab is a running lab.

@@ -59,15 +59,15 @@ func main() {
 }
 
 // program is edge-a's program for n same-node TCP mappings on enp1s0 (datapath's
-// benchProgram): ports 10000 up, each to its own pod address, a DNAT entry and the request's
-// identity SNAT per mapping.
+// benchProgram): ports 10000 up, each to its own pod address, a DNAT entry (steered to its pod
+// address by kup-steer, as the compiler emits it) and the request's identity SNAT per mapping.
 func program(n int) *kuportv1.NodeProgram {
 	p := &kuportv1.NodeProgram{Node: "edge-a", Version: 1, Epoch: 1}
 	for i := range n {
 		key, port := fmt.Sprintf("bench/m%05d", i), uint32(10000+i)
 		ports := &kuportv1.PortRange{First: port, Last: port}
 		p.DnatRules = append(p.DnatRules, &kuportv1.DnatRule{Id: key + "/dnat/enp1s0", Mapping: key, InInterface: "enp1s0",
-			Protocol: kuportv1.Protocol_PROTOCOL_TCP, Ports: ports, ToAddress: podAddr(i), ToPort: port})
+			Protocol: kuportv1.Protocol_PROTOCOL_TCP, Ports: ports, ToAddress: podAddr(i), ToPort: port, StandIn: podAddr(i)})
 		p.SnatRules = append(p.SnatRules, &kuportv1.SnatRule{Id: key + "/snat", Mapping: key, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
 			OutInterface: "cilium_host", Address: podAddr(i), Protocol: kuportv1.Protocol_PROTOCOL_TCP, Ports: ports})
 	}
@@ -316,7 +316,7 @@ func measure(n int, agent string, d time.Duration) error {
 	moved := proto.Clone(p).(*kuportv1.NodeProgram)
 	mid := n / 2
 	moved.Version++
-	moved.DnatRules[mid].ToAddress, moved.SnatRules[mid].Address = "10.244.250.1", "10.244.250.1"
+	moved.DnatRules[mid].ToAddress, moved.DnatRules[mid].StandIn, moved.SnatRules[mid].Address = "10.244.250.1", "10.244.250.1", "10.244.250.1"
 	back := proto.Clone(p).(*kuportv1.NodeProgram)
 	back.Version += 2
 	const changes = 4

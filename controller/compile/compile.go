@@ -67,9 +67,7 @@ type compiler struct {
 	held map[hold][]holding
 	// crossings: the dialed port ranges that accepted mappings send over each link.
 	crossings map[crossing][]holding
-	// replies: how accepted mappings return each pod's replies.
-	replies  map[replies][]replyHolding
-	programs map[string]*programBuilder
+	programs  map[string]*programBuilder
 }
 
 func newCompiler(s *Snapshot) *compiler {
@@ -81,7 +79,6 @@ func newCompiler(s *Snapshot) *compiler {
 		tables:    map[string]map[int32]bool{},
 		held:      map[hold][]holding{},
 		crossings: map[crossing][]holding{},
-		replies:   map[replies][]replyHolding{},
 		programs:  map[string]*programBuilder{},
 	}
 	for name, n := range s.Nodes {

@@ -81,7 +81,7 @@ func TestCompile(t *testing.T) {
 			classes:  map[string]classOutcome{"public": {Ready: v1alpha1.ReasonValid}},
 		},
 		{
-			name: "remote pod: a link, DNAT to the far /31 on edge-a, DNAT, SNATs, mark and return path on worker-b",
+			name: "remote pod: a link, DNAT to the far /31 on edge-a, DNAT, SNATs, ct-mark save and restore and return path on worker-b",
 			snap: func() *Snapshot { return world(mkPortMap("remote", 0, 3000)) },
 			want: map[string]outcome{"demo/remote": served(epRemote, "edge-a", "worker-b")},
 			programs: map[string]*kuportv1.NodeProgram{
@@ -657,7 +657,9 @@ func TestCompile(t *testing.T) {
 				}
 				var marks []uint32
 				for _, m := range r.Programs["worker-b"].MarkRules {
-					marks = append(marks, m.Mark)
+					if m.Kind == ctSave {
+						marks = append(marks, m.Mark)
+					}
 				}
 				if d := cmp.Diff([]uint32{0x6b700002, 0x6b700001}, marks); d != "" {
 					t.Errorf("worker-b marks (-want +got):\n%s", d)
@@ -687,8 +689,10 @@ func TestCompile(t *testing.T) {
 						len(r.Programs["edge-a"].Links), len(wb.Links), len(wb.ReturnPaths))
 				}
 				want := []*kuportv1.MarkRule{
-					{Id: "demo/remote-udp/mark", Mapping: "demo/remote-udp", Kind: static, Address: "10.244.18.107", Protocol: udp, Ports: ports(3000, 3000), Mark: 0x6b700001},
-					{Id: "demo/remote/mark", Mapping: "demo/remote", Kind: static, Address: "10.244.18.107", Protocol: tcp, Ports: ports(3000, 3000), Mark: 0x6b700001},
+					{Id: "demo/remote-udp/ct-restore", Mapping: "demo/remote-udp", Kind: ctRestore, Address: "10.244.18.107", Protocol: udp, Ports: ports(3000, 3000)},
+					{Id: "demo/remote-udp/ct-save/" + linkToEdgeA, Mapping: "demo/remote-udp", Kind: ctSave, InInterface: linkToEdgeA, Address: "169.254.77.1", Protocol: udp, Ports: ports(3000, 3000), Mark: 0x6b700001},
+					{Id: "demo/remote/ct-restore", Mapping: "demo/remote", Kind: ctRestore, Address: "10.244.18.107", Protocol: tcp, Ports: ports(3000, 3000)},
+					{Id: "demo/remote/ct-save/" + linkToEdgeA, Mapping: "demo/remote", Kind: ctSave, InInterface: linkToEdgeA, Address: "169.254.77.1", Protocol: tcp, Ports: ports(3000, 3000), Mark: 0x6b700001},
 				}
 				if d := cmp.Diff(want, wb.MarkRules, cmpOpts...); d != "" {
 					t.Errorf("worker-b marks (-want +got):\n%s", d)
@@ -713,10 +717,10 @@ func TestCompile(t *testing.T) {
 					t.Errorf("status ports %q, want 27015-27115", got)
 				}
 				wantEA := []*kuportv1.DnatRule{
-					{Id: "demo/game/dnat/enp1s0", Mapping: "demo/game", InInterface: "enp1s0", Protocol: udp, Ports: ports(27015, 27115), ToAddress: "169.254.77.1", ToPort: 27015},
-					{Id: "demo/game/dnat/wt0", Mapping: "demo/game", InInterface: "wt0", Protocol: udp, Ports: ports(27015, 27115), ToAddress: "169.254.77.1", ToPort: 27015},
-					{Id: "demo/shifted/dnat/enp1s0", Mapping: "demo/shifted", InInterface: "enp1s0", Protocol: tcp, Ports: ports(40000, 40009), ToAddress: "10.244.17.8", ToPort: 7000},
-					{Id: "demo/shifted/dnat/wt0", Mapping: "demo/shifted", InInterface: "wt0", Protocol: tcp, Ports: ports(40000, 40009), ToAddress: "10.244.17.8", ToPort: 7000},
+					{Id: "demo/game/dnat/enp1s0", Mapping: "demo/game", InInterface: "enp1s0", Protocol: udp, Ports: ports(27015, 27115), ToAddress: "169.254.77.1", ToPort: 27015, StandIn: "169.254.77.1"},
+					{Id: "demo/game/dnat/wt0", Mapping: "demo/game", InInterface: "wt0", Protocol: udp, Ports: ports(27015, 27115), ToAddress: "169.254.77.1", ToPort: 27015, StandIn: "169.254.77.1"},
+					{Id: "demo/shifted/dnat/enp1s0", Mapping: "demo/shifted", InInterface: "enp1s0", Protocol: tcp, Ports: ports(40000, 40009), ToAddress: "10.244.17.8", ToPort: 7000, StandIn: "10.244.17.8"},
+					{Id: "demo/shifted/dnat/wt0", Mapping: "demo/shifted", InInterface: "wt0", Protocol: tcp, Ports: ports(40000, 40009), ToAddress: "10.244.17.8", ToPort: 7000, StandIn: "10.244.17.8"},
 				}
 				if d := cmp.Diff(wantEA, r.Programs["edge-a"].DnatRules, cmpOpts...); d != "" {
 					t.Errorf("edge-a DNAT (-want +got):\n%s", d)
@@ -727,7 +731,7 @@ func TestCompile(t *testing.T) {
 					t.Errorf("edge-a shifted SNAT (-want +got):\n%s", d)
 				}
 				wantWB := []*kuportv1.DnatRule{{Id: "demo/game/dnat/" + linkToEdgeA, Mapping: "demo/game", InInterface: linkToEdgeA,
-					MatchDestination: "169.254.77.1", Protocol: udp, Ports: ports(27015, 27115), ToAddress: "10.244.18.107", ToPort: 27015}}
+					MatchDestination: "169.254.77.1", Protocol: udp, Ports: ports(27015, 27115), ToAddress: "10.244.18.107", ToPort: 27015, StandIn: "10.244.18.107"}}
 				if d := cmp.Diff(wantWB, r.Programs["worker-b"].DnatRules, cmpOpts...); d != "" {
 					t.Errorf("worker-b DNAT (-want +got):\n%s", d)
 				}

@@ -23,7 +23,6 @@ var now = time.Date(2026, 9, 8, 12, 0, 0, 0, time.UTC)
 const (
 	tcp       = kuportv1.Protocol_PROTOCOL_TCP
 	udp       = kuportv1.Protocol_PROTOCOL_UDP
-	static    = kuportv1.MarkKind_MARK_KIND_STATIC
 	ctSave    = kuportv1.MarkKind_MARK_KIND_CT_SAVE
 	ctRestore = kuportv1.MarkKind_MARK_KIND_CT_RESTORE
 	// Device names, computed independently: printf public/worker-b | sha256sum.
@@ -180,9 +179,9 @@ func localEdgeA() *kuportv1.NodeProgram {
 		Node: "edge-a",
 		DnatRules: []*kuportv1.DnatRule{
 			{Id: "demo/local/dnat/enp1s0", Mapping: "demo/local", InInterface: "enp1s0", Protocol: tcp,
-				Ports: ports(3000, 3000), ToAddress: "10.244.17.7", ToPort: 3000},
+				Ports: ports(3000, 3000), ToAddress: "10.244.17.7", ToPort: 3000, StandIn: "10.244.17.7"},
 			{Id: "demo/local/dnat/wt0", Mapping: "demo/local", InInterface: "wt0", Protocol: tcp,
-				Ports: ports(3000, 3000), ToAddress: "10.244.17.7", ToPort: 3000},
+				Ports: ports(3000, 3000), ToAddress: "10.244.17.7", ToPort: 3000, StandIn: "10.244.17.7"},
 		},
 		SnatRules: []*kuportv1.SnatRule{
 			{Id: "demo/local/snat", Mapping: "demo/local", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
@@ -196,9 +195,9 @@ func remoteEdgeA() *kuportv1.NodeProgram {
 		Node: "edge-a",
 		DnatRules: []*kuportv1.DnatRule{
 			{Id: "demo/remote/dnat/enp1s0", Mapping: "demo/remote", InInterface: "enp1s0", Protocol: tcp,
-				Ports: ports(3000, 3000), ToAddress: "169.254.77.1", ToPort: 3000},
+				Ports: ports(3000, 3000), ToAddress: "169.254.77.1", ToPort: 3000, StandIn: "169.254.77.1"},
 			{Id: "demo/remote/dnat/wt0", Mapping: "demo/remote", InInterface: "wt0", Protocol: tcp,
-				Ports: ports(3000, 3000), ToAddress: "169.254.77.1", ToPort: 3000},
+				Ports: ports(3000, 3000), ToAddress: "169.254.77.1", ToPort: 3000, StandIn: "169.254.77.1"},
 		},
 		SnatRules: []*kuportv1.SnatRule{
 			{Id: "demo/remote/snat", Mapping: "demo/remote", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
@@ -218,7 +217,7 @@ func remoteWorkerB() *kuportv1.NodeProgram {
 		DnatRules: []*kuportv1.DnatRule{
 			{Id: "demo/remote/dnat/" + linkToEdgeA, Mapping: "demo/remote", InInterface: linkToEdgeA,
 				MatchDestination: "169.254.77.1", Protocol: tcp, Ports: ports(3000, 3000),
-				ToAddress: "10.244.18.107", ToPort: 3000},
+				ToAddress: "10.244.18.107", ToPort: 3000, StandIn: "10.244.18.107"},
 		},
 		SnatRules: []*kuportv1.SnatRule{
 			{Id: "demo/remote/snat", Mapping: "demo/remote", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
@@ -227,8 +226,10 @@ func remoteWorkerB() *kuportv1.NodeProgram {
 				OutInterface: "cilium_", Address: "10.244.18.107", Protocol: tcp, Ports: ports(3000, 3000)},
 		},
 		MarkRules: []*kuportv1.MarkRule{
-			{Id: "demo/remote/mark", Mapping: "demo/remote", Kind: static, Address: "10.244.18.107", Protocol: tcp,
-				Ports: ports(3000, 3000), Mark: 0x6b700001},
+			{Id: "demo/remote/ct-restore", Mapping: "demo/remote", Kind: ctRestore, Address: "10.244.18.107", Protocol: tcp,
+				Ports: ports(3000, 3000)},
+			{Id: "demo/remote/ct-save/" + linkToEdgeA, Mapping: "demo/remote", Kind: ctSave, InInterface: linkToEdgeA,
+				Address: "169.254.77.1", Protocol: tcp, Ports: ports(3000, 3000), Mark: 0x6b700001},
 		},
 		Links: []*kuportv1.Link{
 			{Name: linkToEdgeA, ClassName: "public", PeerNode: "edge-a", Vni: 4242, Port: 4790,
@@ -283,7 +284,7 @@ func multiEdgeA() *kuportv1.NodeProgram {
 		Node: "edge-a",
 		DnatRules: []*kuportv1.DnatRule{
 			{Id: "demo/remote/dnat/enp1s0", Mapping: "demo/remote", InInterface: "enp1s0", Protocol: tcp,
-				Ports: ports(3000, 3000), ToAddress: "169.254.79.1", ToPort: 3000},
+				Ports: ports(3000, 3000), ToAddress: "169.254.79.1", ToPort: 3000, StandIn: "169.254.79.1"},
 		},
 		SnatRules: []*kuportv1.SnatRule{
 			{Id: "demo/remote/snat", Mapping: "demo/remote", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
@@ -302,7 +303,7 @@ func multiWorkerC() *kuportv1.NodeProgram {
 		Node: "worker-c",
 		DnatRules: []*kuportv1.DnatRule{
 			{Id: "demo/remote/dnat/eth0", Mapping: "demo/remote", InInterface: "eth0", Protocol: tcp,
-				Ports: ports(3000, 3000), ToAddress: "169.254.79.2", ToPort: 3000},
+				Ports: ports(3000, 3000), ToAddress: "169.254.79.2", ToPort: 3000, StandIn: "169.254.79.2"},
 		},
 		SnatRules: []*kuportv1.SnatRule{
 			{Id: "demo/remote/snat", Mapping: "demo/remote", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
@@ -324,10 +325,10 @@ func multiWorkerB() *kuportv1.NodeProgram {
 		DnatRules: []*kuportv1.DnatRule{
 			{Id: "demo/remote/dnat/" + intranetToEA, Mapping: "demo/remote", InInterface: intranetToEA,
 				MatchDestination: "169.254.79.1", Protocol: tcp, Ports: ports(3000, 3000),
-				ToAddress: "10.244.18.107", ToPort: 3000},
+				ToAddress: "10.244.18.107", ToPort: 3000, StandIn: "10.244.18.107"},
 			{Id: "demo/remote/dnat/" + intranetToWC, Mapping: "demo/remote", InInterface: intranetToWC,
 				MatchDestination: "169.254.79.2", Protocol: tcp, Ports: ports(3000, 3000),
-				ToAddress: "10.244.18.107", ToPort: 3000},
+				ToAddress: "10.244.18.107", ToPort: 3000, StandIn: "10.244.18.107"},
 		},
 		SnatRules: []*kuportv1.SnatRule{
 			{Id: "demo/remote/snat", Mapping: "demo/remote", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,

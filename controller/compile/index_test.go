@@ -45,7 +45,8 @@ func TestIndex(t *testing.T) {
 			}},
 			"worker-b": {"demo/remote": {
 				Mapping: remote, ServingNode: "edge-a",
-				Entries: []Entry{dnat("demo/remote", linkToEdgeA), other("demo/remote", "mark", KindMark, DirectionOut),
+				Entries: []Entry{other("demo/remote", "ct-restore", KindMark, DirectionOut),
+					other("demo/remote", "ct-save/"+linkToEdgeA, KindMark, DirectionIn), dnat("demo/remote", linkToEdgeA),
 					snat("demo/remote"), snatReply("demo/remote")},
 				Links:       []string{linkToEdgeA},
 				ReturnPaths: []string{linkToEdgeA + "/return"},

@@ -53,10 +53,10 @@ func TestMulti(t *testing.T) {
 					Node: "worker-c",
 					DnatRules: []*kuportv1.DnatRule{
 						{Id: "demo/remote/dnat/eth0", Mapping: "demo/remote", InInterface: "eth0", Protocol: tcp,
-							Ports: ports(3000, 3000), ToAddress: "10.244.19.7", ToPort: 3000},
+							Ports: ports(3000, 3000), ToAddress: "10.244.19.7", ToPort: 3000, StandIn: "10.244.19.7"},
 						{Id: "demo/remote/dnat/" + intranetToEA, Mapping: "demo/remote", InInterface: intranetToEA,
 							MatchDestination: "169.254.79.1", Protocol: tcp, Ports: ports(3000, 3000),
-							ToAddress: "10.244.19.7", ToPort: 3000},
+							ToAddress: "10.244.19.7", ToPort: 3000, StandIn: "10.244.19.7"},
 					},
 					SnatRules: []*kuportv1.SnatRule{
 						{Id: "demo/remote/snat", Mapping: "demo/remote", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,

@@ -114,9 +114,9 @@ type holding struct {
 
 // plan decides acceptance in one phase, before any link slot is allocated: the checks of
 // accept, then for a mapping that could be programmed its endpoint, serving node and targets
-// (the programming nodes that bind an interface) and the link crossings and reply ways they
-// need (PortConflict too). Only then does an accepted mapping hold its ports, crossings and
-// reply way, so a refused one holds nothing and a newer mapping is judged as if it did not
+// (the programming nodes that bind an interface) and the link crossings they
+// need (PortConflict too). Only then does an accepted mapping hold its ports and crossings,
+// so a refused one holds nothing and a newer mapping is judged as if it did not
 // exist; allocate and emit only number and write what is accepted here. A target lacking the
 // pod in a class that builds no links fails the mapping with ReturnPathUnavailable (founding
 // document, refusal table).
@@ -284,43 +284,12 @@ type crossing struct {
 	proto       kuportv1.Protocol
 }
 
-// replies is a pod's replies of one protocol on its node: kup-mangle marks them by their
-// source address and port, whatever flow they belong to.
-type replies struct {
-	node, address string
-	proto         kuportv1.Protocol
-}
-
-// way is how a mapping returns its pod's replies: the link (class and pair) a static mark
-// sends every one of them into under Single, or the zero way when replies follow their flow
-// (no link, or Multi's conntrack mark). Each link has its own table and so its own mark on
-// the pod's node, so the link names the mark before any is allocated.
-type way struct{ class, pair string }
-
-// replyHolding is the way a mapping returns a pod's replies from some ports.
-type replyHolding struct {
-	ports portRange
-	way   way
-	by    string
-}
-
-// replyWay is the way a viable plan returns its pod's replies.
-func replyWay(p *plan) way {
-	links := p.remoteTargets()
-	if p.class.multi || len(links) == 0 {
-		return way{}
-	}
-	return way{class: p.class.name, pair: pairKey(p.pair(links[0]))}
-}
-
-// wayTaken returns the PortConflict reason and message of a viable plan whose links or reply
-// way an older accepted mapping already takes, "" when none does. Its dialed ports may not
-// cross any of its links alongside an older mapping's (two interfaces of one node may hold
-// the same port, API.md PortConflict, but one link cannot carry both to different pods). Nor
-// may an older mapping already return its pod's replies another way: a static mark sends
-// every reply from those pod ports into one link, so a second mapping reaching the same pod
-// ports over another link, or directly, or under Multi, would have its replies diverted into
-// the wrong link.
+// wayTaken returns the PortConflict reason and message of a viable plan whose links an older
+// accepted mapping already takes, "" when none does: its dialed ports may not cross any of its
+// links alongside an older mapping's (two interfaces of one node may hold the same port,
+// API.md PortConflict, but one link cannot carry both to different pods). Any number of
+// mappings, of any classes, may reach one pod port: each reply returns the way its request
+// came, by the flow's conntrack mark (emitPodEnd).
 func (c *compiler) wayTaken(p *plan) (string, string) {
 	for _, t := range p.remoteTargets() {
 		pair := pairKey(p.pair(t))
@@ -331,21 +300,13 @@ func (c *compiler) wayTaken(p *plan) (string, string) {
 			}
 		}
 	}
-	mine := replyWay(p)
-	podPorts := p.ports.startingAt(p.ep.port)
-	for _, other := range c.replies[replies{node: p.ep.node, address: p.ep.address, proto: p.proto}] {
-		if other.ports.overlaps(podPorts) && other.way != mine {
-			return v1alpha1.ReasonPortConflict, fmt.Sprintf("replies from pod %s %s ports %s already return another way for %s",
-				p.ep.address, p.pm.Spec.Protocol, other.ports, other.by)
-		}
-	}
 	return "", ""
 }
 
 // hold records what an accepted mapping holds: its ports on every (node, interface) it may
 // bind and, when it can be programmed, its dialed ports on every one of its links, built or
 // not (so a link whose forwarder is not ready yet, or that finds no free slot, stays the
-// older mapping's), and the way its pod's replies return.
+// older mapping's).
 func (c *compiler) hold(p *plan) {
 	for _, h := range p.holds() {
 		c.held[h] = append(c.held[h], holding{ports: p.ports, by: p.name})
@@ -357,8 +318,6 @@ func (c *compiler) hold(p *plan) {
 		k := crossing{class: p.class.name, pair: pairKey(p.pair(t)), proto: p.proto}
 		c.crossings[k] = append(c.crossings[k], holding{ports: p.ports, by: p.name})
 	}
-	k := replies{node: p.ep.node, address: p.ep.address, proto: p.proto}
-	c.replies[k] = append(c.replies[k], replyHolding{ports: p.ports.startingAt(p.ep.port), way: replyWay(p), by: p.name})
 }
 
 // namespaceSelected applies the class's namespaceSelector to the namespace's labels; no

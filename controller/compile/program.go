@@ -227,6 +227,7 @@ func (c *compiler) emit(p *plan) {
 		for _, i := range t.ifaces {
 			b.addDnat(p, "dnat/"+i, &kuportv1.DnatRule{
 				InInterface: i, Protocol: p.proto, Ports: p.ports.wire(), ToAddress: to, ToPort: toPorts.first,
+				StandIn: c.node(t.node).standIn(to),
 			})
 			p.published = append(p.published, v1alpha1.PublishedAddress{
 				Node: t.node, Interface: i, Address: c.node(t.node).address(i),
@@ -268,9 +269,16 @@ func (c *compiler) emitLink(cl *claim, a, b string) {
 // emitPodEnd writes the pod node's side of a plan's links (founding document, second nft
 // block, return path and the Multi section; DESIGN.md, return marking forms): per link the
 // device on both ends, the DNAT of what arrives on it and its return path; the reply's
-// identity SNAT once; and the return marking. Single has one link and a static mark rule.
-// Multi records the arrival link in the flow's conntrack mark (a CT_SAVE rule per link) and
-// restores it onto the reply (one CT_RESTORE rule).
+// identity SNAT once; and the return marking, the founding document's Multi form under
+// Single too: the arrival link is recorded in the flow's conntrack mark (a CT_SAVE rule per
+// link) and restored onto the reply (one CT_RESTORE rule, shared by every mapping to the pod
+// port). So any number of mappings, of any classes and modes, reach one pod port at once and
+// each reply returns the way its request came: over its link, or by main for a flow that came
+// in by none (a local accepting node's). A static mark (MARK_KIND_STATIC) would send every
+// reply from the pod port into one link. A packet the pod sends first, with no conntrack entry
+// (or one that idled out), takes mark 0 and leaves by the node's own uplink; under the static
+// mark it went over the link, where the accepting node's conntrack had no entry to translate
+// it back either, so it was lost the same (founding document, Multi).
 func (c *compiler) emitPodEnd(p *plan, links []*target, podPorts portRange) {
 	ep := p.ep
 	b := c.programs[ep.node]
@@ -284,19 +292,12 @@ func (c *compiler) emitPodEnd(p *plan, links []*target, podPorts portRange) {
 		// The link carries the dialed ports (see emit); translate them to the pod's here.
 		b.addDnat(p, "dnat/"+dev, &kuportv1.DnatRule{
 			InInterface: dev, MatchDestination: here, Protocol: p.proto, Ports: p.ports.wire(),
-			ToAddress: ep.address, ToPort: ep.port,
+			ToAddress: ep.address, ToPort: ep.port, StandIn: c.node(ep.node).standIn(ep.address),
 		})
-		if p.class.multi {
-			b.addMark(p, "ct-save/"+dev, DirectionIn, &kuportv1.MarkRule{
-				Kind:        kuportv1.MarkKind_MARK_KIND_CT_SAVE,
-				InInterface: dev, Address: here, Protocol: p.proto, Ports: p.ports.wire(), Mark: mark,
-			})
-		} else {
-			b.addMark(p, "mark", DirectionOut, &kuportv1.MarkRule{
-				Kind:    kuportv1.MarkKind_MARK_KIND_STATIC,
-				Address: ep.address, Protocol: p.proto, Ports: podPorts.wire(), Mark: mark,
-			})
-		}
+		b.addMark(p, "ct-save/"+dev, DirectionIn, &kuportv1.MarkRule{
+			Kind:        kuportv1.MarkKind_MARK_KIND_CT_SAVE,
+			InInterface: dev, Address: here, Protocol: p.proto, Ports: p.ports.wire(), Mark: mark,
+		})
 		rp := &kuportv1.ReturnPath{
 			Id: dev + "/return", Link: dev, Mark: mark, Table: uint32(cl.ends[ep.node]),
 			PeerUnderlay: peerUnderlay, PeerLinkAddress: cl.address(t.node).String(),
@@ -308,10 +309,8 @@ func (c *compiler) emitPodEnd(p *plan, links []*target, podPorts portRange) {
 		Kind:         kuportv1.SnatKind_SNAT_KIND_REPLY,
 		OutInterface: cniDevicePrefix, Address: ep.address, Protocol: p.proto, Ports: podPorts.wire(),
 	})
-	if p.class.multi {
-		b.addMark(p, "ct-restore", DirectionOut, &kuportv1.MarkRule{
-			Kind:    kuportv1.MarkKind_MARK_KIND_CT_RESTORE,
-			Address: ep.address, Protocol: p.proto, Ports: podPorts.wire(),
-		})
-	}
+	b.addMark(p, "ct-restore", DirectionOut, &kuportv1.MarkRule{
+		Kind:    kuportv1.MarkKind_MARK_KIND_CT_RESTORE,
+		Address: ep.address, Protocol: p.proto, Ports: podPorts.wire(),
+	})
 }

@@ -139,18 +139,6 @@ func TestRefusedMappingHoldsNothing(t *testing.T) {
 					mkPortMap("same", 3, 3300, className("intranet"), service("pod-a"), interfaces("wt0"))))
 				return multi(s, "30", map[string][]string{"edge-a": {"enp1s0", "wt0"}, "worker-c": {"eth0"}})
 			}},
-		{name: "PortConflict: its pod port's replies already return another way",
-			reason: v1alpha1.ReasonPortConflict, message: "replies from pod 10.244.18.107 TCP ports 3300 already return another way for demo/older",
-			snap: func() *Snapshot {
-				// older marks pod-b's replies into public's link; bad would reach pod-b under
-				// Multi, hold 3300 on edge-a's wt0 (which same wants) and claim intranet's only
-				// slot (which later's edge-a/worker-c needs).
-				s := podC(issue12World(mkPortMap("older", 0, 3300, service("pod-b"), interfaces("enp1s0")),
-					bad(3300, className("intranet"), service("pod-b")),
-					mkPortMap("later", 2, 3301, className("intranet"), service("pod-c")),
-					mkPortMap("same", 3, 3300, className("intranet"), service("pod-a"), interfaces("wt0"))))
-				return multi(s, "31", map[string][]string{"edge-a": {"wt0"}, "worker-c": {"eth0"}})
-			}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -125,9 +125,6 @@ func TestFailuresLeaveOthersUndisturbed(t *testing.T) {
 			addNodes(s, "worker-d")
 			return s
 		}, programmed: v1alpha1.ReasonNodeNotReady},
-		{name: "PortConflict: a pod port whose replies another mapping marks into its link", snap: func() *Snapshot {
-			return with(bad(3000, className("intranet")), multiClass(map[string][]string{"edge-a": {"wt0"}, "worker-c": {"eth0"}}))
-		}, accepted: v1alpha1.ReasonPortConflict},
 		{name: "NoInterfaceOnNode", snap: func() *Snapshot {
 			narrow := mkClass("narrow", 1, map[string][]string{"edge-a": {"wt0"}, "worker-c": {"eth0"}})
 			narrow.Spec.ReturnPath.Mode = v1alpha1.ReturnPathNone

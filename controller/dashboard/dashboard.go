@@ -1,12 +1,15 @@
 // Package dashboard serves the controller's read-only web page (DESIGN.md, "watch counters
-// on the controller's dashboard"): "/" is a page that polls "/api/state" every second and
-// redraws classes, nodes, links and mappings with their live counters and rates; Run samples
-// the counters for the rates while the state is being read.
+// on the controller's dashboard"): "/" is one self-contained page (no CDN, no build step)
+// that polls "/api/state" (State: counts and problems over every mapping, nodes, links,
+// classes and a searched, filtered page of mappings) or "/api/mapping" (MappingDetail: one
+// mapping with its path) every second and draws them, with its path and charts as inline
+// SVG. Run samples the counters for the rates and keeps a bounded 15-minute history.
 //
 // It reads the agent registry and the controller's informer caches through Source and
-// writes nothing anywhere: no API call, no kernel, no decision. Which entry a counter
-// measures comes from metrics.Counted, shared with the Prometheus metrics, and a mapping's
-// serving node from compile's index, both through the registry.
+// writes nothing anywhere: no API call, no kernel, no decision. Which entry, link or node
+// belongs to a mapping comes from compile's index, which entry a counter measures from
+// metrics.Counted (shared with the Prometheus metrics), and whether requests go unanswered
+// from the registry's verdicts (Judge), all through the Agents interface.
 package dashboard
 
 import (
@@ -16,6 +19,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -30,7 +34,6 @@ import (
 	"kuport.wlz.li/kuport/controller/agents"
 	"kuport.wlz.li/kuport/controller/compile"
 	"kuport.wlz.li/kuport/controller/metrics"
-	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
 //go:embed index.html
@@ -63,18 +66,27 @@ type Source struct {
 // interval, whenever and however often the page is read.
 const sampleInterval = time.Second
 
+// sampleMaxShare bounds the time Run spends sampling: at 10,000 mappings a sample takes a
+// few hundred milliseconds (BENCHMARKS.md), so the interval grows to keep within a tenth.
+const sampleMaxShare = 10
+
 // idleAfter is how long after the last read of the state Run keeps sampling: an unwatched
 // dashboard reads nothing.
 const idleAfter = time.Minute
 
 // Server serves the page and its state. Safe for concurrent use.
 type Server struct {
-	mu       sync.Mutex
-	src      *Source
-	lastRead time.Time       // of the state
-	rates    map[string]Rate // of Run's latest sample, by counterKey
+	mu         sync.Mutex
+	src        *Source
+	lastRead   time.Time // of the state
+	lastSample time.Time // Run's latest
+	// gap is how long after lastSample the next sample is due while the page is read:
+	// sampleMaxShare of the time goes to sampling, at most one every sampleInterval.
+	gap   time.Duration
+	rates map[string]Rate // of Run's latest sample, by counterKey and linkRateKey
 
 	series rates
+	hist   history
 }
 
 // New returns a Server with no Source: it says the replica does not lead until SetSource.
@@ -88,8 +100,10 @@ func (s *Server) SetSource(src *Source) {
 	s.src = src
 }
 
-// Run samples the counters every sampleInterval until ctx ends, while the state has been
-// read within idleAfter; the rates State reports come from these samples.
+// Run samples the counters until ctx ends: every sampleInterval (longer at scale, see
+// sampleMaxShare) while the state has been read within idleAfter, else every historyStep
+// for the history. The rates State reports
+// come from these samples.
 func (s *Server) Run(ctx context.Context) {
 	t := time.NewTicker(sampleInterval)
 	defer t.Stop()
@@ -103,28 +117,49 @@ func (s *Server) Run(ctx context.Context) {
 	}
 }
 
-// sample feeds one reading of every counter to the rates; with no source, or nobody
-// reading, it reads nothing and the rates start over.
+// sample feeds one reading of every counter to the rates and the history when one is due:
+// every historyStep, and while the page is read every gap. With no source it reads nothing
+// and the rates and history start over.
 func (s *Server) sample(now time.Time) {
 	s.mu.Lock()
-	src, watched := s.src, now.Sub(s.lastRead) < idleAfter
+	since := now.Sub(s.lastSample)
+	src, due := s.src, since >= historyStep || (now.Sub(s.lastRead) < idleAfter && since >= s.gap-sampleInterval/2)
 	s.mu.Unlock()
+	if !due {
+		return
+	}
+	start := time.Now()
 	readings := map[string]reading{}
-	if src != nil && watched {
-		counters, _ := readCounters(src.Agents)
-		for m, cs := range counters {
+	var snap *snapshot
+	if src != nil {
+		snap = readSnapshot(src.Agents)
+		snap.count(nil)
+		for m, cs := range snap.counters {
 			for _, c := range cs {
 				readings[counterKey(m, c)] = reading{packets: c.Packets, bytes: c.Bytes}
 			}
 		}
+		for _, l := range snap.links {
+			for _, e := range l.Ends {
+				if e.Reported {
+					readings[linkRateKey(e, "rx")] = reading{packets: e.RxPackets}
+					readings[linkRateKey(e, "tx")] = reading{packets: e.TxPackets}
+					readings[linkRateKey(e, "txErrors")] = reading{packets: e.TxErrors}
+				}
+			}
+		}
 	}
 	rates := s.series.observe(readings, now)
+	s.hist.record(historyValues(snap, rates), now)
 	s.mu.Lock()
-	s.rates = rates
+	s.rates, s.lastSample = rates, now
+	s.gap = min(max(sampleMaxShare*time.Since(start), sampleInterval), historyStep)
 	s.mu.Unlock()
 }
 
-// ServeHTTP serves "/" (the page) and "/api/state" (State as JSON), GET and HEAD only.
+// ServeHTTP serves "/" (the page), "/api/state" (State as JSON, the query's page of
+// mappings: see ParseQuery) and "/api/mapping?namespace=&name=" (one mapping with its path,
+// as MappingDetail), GET and HEAD only.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
@@ -136,229 +171,145 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		_, _ = w.Write(indexHTML)
 	case "/api/state":
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Cache-Control", "no-store")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", " ")
-		_ = enc.Encode(s.State(time.Now()))
+		q, err := ParseQuery(r.URL.Query())
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		writeJSON(w, s.Query(time.Now(), q))
+	case "/api/mapping":
+		key := types.NamespacedName{Namespace: r.URL.Query().Get("namespace"), Name: r.URL.Query().Get("name")}
+		d := s.Mapping(time.Now(), key)
+		if d.Leader && d.Mapping == nil {
+			http.Error(w, "no PortMap "+key.String(), http.StatusNotFound)
+			return
+		}
+		writeJSON(w, d)
 	default:
 		http.NotFound(w, r)
 	}
 }
 
-// State is everything the page shows.
-type State struct {
-	// Leader is false on a replica that does not lead: it has nothing else to show.
-	Leader   bool      `json:"leader"`
-	Time     time.Time `json:"time"`
-	Classes  []Class   `json:"classes"`
-	Nodes    []Node    `json:"nodes"`
-	Links    []Link    `json:"links"`
-	Mappings []Mapping `json:"mappings"`
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", " ")
+	_ = enc.Encode(v)
 }
 
-// Condition is a status condition; Status is "Unknown" when the object has none yet.
-type Condition struct {
-	Status  string `json:"status"`
-	Reason  string `json:"reason,omitempty"`
-	Message string `json:"message,omitempty"`
-}
+// State reads the Source at now for the query's first page of every mapping.
+func (s *Server) State(now time.Time) *State { return s.Query(now, Query{}) }
 
-// Class is one PortMapClass.
-type Class struct {
-	Name        string    `json:"name"`
-	ServingMode string    `json:"servingMode"`
-	ReturnPath  string    `json:"returnPath"`
-	Ready       Condition `json:"ready"`
-	// Nodes are the accepting nodes, sorted.
-	Nodes []string `json:"nodes"`
-}
-
-// Node is one node as the agent registry knows it.
-type Node struct {
-	Name              string `json:"name"`
-	Connected         bool   `json:"connected"`
-	AgentVersion      string `json:"agentVersion"`
-	UnderlayInterface string `json:"underlayInterface"`
-	// UnderlayMTU in bytes; 0 while the agent has not reported its underlay.
-	UnderlayMTU    uint32 `json:"underlayMTU"`
-	ProgramVersion uint64 `json:"programVersion"`
-	AckedVersion   uint64 `json:"ackedVersion"`
-}
-
-// Link is one vxlan link of a class between two nodes.
-type Link struct {
-	Class string `json:"class"`
-	// Ends are the nodes whose programs hold the link, sorted by node: two once both are
-	// programmed.
-	Ends []LinkEnd `json:"ends"`
-}
-
-// LinkEnd is one node's device of a link and its latest reported statistics.
-type LinkEnd struct {
-	Node    string `json:"node"`
-	Device  string `json:"device"`
-	Address string `json:"address"`
-	// MTU in bytes.
-	MTU uint32 `json:"mtu"`
-	// Reported is false while the node's latest report has no statistics for the device.
-	Reported  bool   `json:"reported"`
-	TxPackets uint64 `json:"txPackets"`
-	RxPackets uint64 `json:"rxPackets"`
-	TxErrors  uint64 `json:"txErrors"`
-	RxErrors  uint64 `json:"rxErrors"`
-}
-
-// Mapping is one PortMap with its counters.
-type Mapping struct {
-	Namespace string `json:"namespace"`
-	Name      string `json:"name"`
-	Class     string `json:"class"`
-	Protocol  string `json:"protocol"`
-	// Ports is "27015" or "27015-27115".
-	Ports    string                   `json:"ports"`
-	Endpoint *v1alpha1.EndpointStatus `json:"endpoint,omitempty"`
-	// ServingNode is the node status is about (API.md), as compile's index has it; empty
-	// while no program carries the mapping.
-	ServingNode string `json:"servingNode,omitempty"`
-	// Published are the addresses clients dial, one per interface, as status has them.
-	Published []v1alpha1.PublishedAddress `json:"published"`
-	Accepted  Condition                   `json:"accepted"`
-	// Programmed is the condition as written (True once every carrying node acknowledged).
-	Programmed Condition `json:"programmed"`
-	// Unanswered lists the nodes and interfaces where the mapping's requests arrive and no
-	// reply leaves (agents.Judge), sorted; empty while every one is answered or idle.
-	Unanswered []Unanswered `json:"unanswered"`
-	Counters   []Counter    `json:"counters"`
-}
-
-// Unanswered is one DNAT entry of a mapping whose requests go unanswered on its node.
-type Unanswered struct {
-	Node      string `json:"node"`
-	Interface string `json:"interface"`
-	// Since is when the report that showed the first unanswered request arrived.
-	Since time.Time `json:"since"`
-	// Requests arrived since the last reply (replies since: 0).
-	Requests uint64 `json:"requests"`
-}
-
-// Counter is one rule of a mapping on one node: its cumulative values from the node's
-// latest report and their rates (see metrics.Rules for what each rule counts).
-type Counter struct {
-	Node      string       `json:"node"`
-	Rule      string       `json:"rule"`
-	Unit      metrics.Unit `json:"unit"`
-	Direction string       `json:"direction"`
-	Packets   uint64       `json:"packets"`
-	Bytes     uint64       `json:"bytes"`
-	Rate
-}
-
-// State reads the Source at now, with the rates of Run's latest sample; it also keeps Run
-// sampling for idleAfter.
-func (s *Server) State(now time.Time) *State {
-	st := &State{Time: now.UTC(), Classes: []Class{}, Nodes: []Node{}, Links: []Link{}, Mappings: []Mapping{}}
-	s.mu.Lock()
-	src, rates := s.src, s.rates
-	s.lastRead = now
-	s.mu.Unlock()
+// Query reads the Source at now, with the rates of Run's latest sample, for q's page of
+// mappings; it also keeps Run sampling every sampleInterval for idleAfter.
+func (s *Server) Query(now time.Time, q Query) *State {
+	q = q.withDefaults()
+	st := &State{Time: now.UTC(), Classes: []Class{}, Nodes: []Node{}, Links: []Link{}, Mappings: []Mapping{}, Query: q,
+		Overview: Overview{Refused: map[string]int{}, Problems: []Problem{}}}
+	src, rates := s.read(now)
 	if src == nil {
 		return st
 	}
 	st.Leader = true
-
-	agentStates := src.Agents.Agents()
-	links := map[string]*Link{}
-	for _, n := range src.Agents.Nodes() {
-		node := Node{Name: n.Node, Connected: n.Connected, AgentVersion: n.AgentVersion,
-			ProgramVersion: n.ProgramVersion, AckedVersion: n.AckedVersion}
-		if a := agentStates[n.Node]; a != nil && a.State != nil {
-			node.UnderlayInterface = a.State.UnderlayInterface
-			for _, i := range a.State.Interfaces {
-				if i.Name == a.State.UnderlayInterface {
-					node.UnderlayMTU = i.Mtu
-				}
-			}
-		}
-		st.Nodes = append(st.Nodes, node)
-
-		program, _, _ := src.Agents.Program(n.Node)
-		_, stats := src.Agents.Stats(n.Node)
-		addLinkEnds(links, n.Node, program.GetLinks(), stats)
-	}
-
-	counters, serving := readCounters(src.Agents)
-	unanswered := map[string][]Unanswered{}
-	if j, ok := src.Agents.(Judge); ok {
-		for _, n := range src.Agents.Nodes() {
-			for m, vs := range j.Unanswered(n.Node) {
-				for _, v := range vs {
-					if v.Unanswered {
-						unanswered[m] = append(unanswered[m], Unanswered{Node: n.Node, Interface: v.Interface,
-							Since: v.Since.UTC(), Requests: v.Requests})
-					}
-				}
-			}
-		}
-	}
-	for m, cs := range counters {
-		for i := range cs {
-			cs[i].Rate = rates[counterKey(m, cs[i])]
-		}
-		slices.SortFunc(cs, func(a, b Counter) int {
-			return strings.Compare(a.Node+"\x00"+a.Rule+"\x00"+a.Direction, b.Node+"\x00"+b.Rule+"\x00"+b.Direction)
-		})
-	}
-	for _, l := range links {
-		slices.SortFunc(l.Ends, func(a, b LinkEnd) int { return strings.Compare(a.Node, b.Node) })
-		st.Links = append(st.Links, *l)
-	}
-	slices.SortFunc(st.Links, func(a, b Link) int { return strings.Compare(linkKey(a), linkKey(b)) })
-
+	snap := readSnapshot(src.Agents)
+	st.Nodes = snap.nodeRows()
+	st.Links = s.linkRows(snap, rates)
 	for _, c := range src.Classes() {
 		st.Classes = append(st.Classes, class(c))
 	}
 	slices.SortFunc(st.Classes, func(a, b Class) int { return strings.Compare(a.Name, b.Name) })
-	for _, pm := range src.PortMaps() {
+
+	all := allMappings(src, snap)
+	st.Overview = overview(all, st.Nodes, st.Links)
+	matched := slices.DeleteFunc(all, func(m Mapping) bool { return !q.matches(m) })
+	st.Total = len(matched)
+	page := matched[min(q.Offset, len(matched)):min(q.Offset+q.Limit, len(matched))]
+	wanted := make(map[types.NamespacedName]bool, len(page))
+	for _, m := range page {
+		wanted[types.NamespacedName{Namespace: m.Namespace, Name: m.Name}] = true
+	}
+	snap.count(wanted)
+	for _, m := range page {
+		st.Mappings = append(st.Mappings, s.withCounters(m, snap, rates))
+	}
+	return st
+}
+
+// read returns the source and the latest rates, and marks the state read at now.
+func (s *Server) read(now time.Time) (*Source, map[string]Rate) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lastRead = now
+	return s.src, s.rates
+}
+
+// allMappings lists every cached PortMap with what the snapshot holds of it, but not its
+// counters, sorted by namespace and name.
+func allMappings(src *Source, snap *snapshot) []Mapping {
+	pms := src.PortMaps()
+	out := make([]Mapping, 0, len(pms))
+	for _, pm := range pms {
 		m := mapping(pm)
 		key := types.NamespacedName{Namespace: pm.Namespace, Name: pm.Name}
-		m.ServingNode = serving[key]
-		m.Counters = counters[key]
-		m.Unanswered = unanswered[key.String()]
+		m.ServingNode = snap.serving[key]
+		m.Nodes = snap.carriers(key)
+		m.Unanswered = snap.unanswered[key.String()]
 		slices.SortFunc(m.Unanswered, func(a, b Unanswered) int {
 			return cmp.Or(strings.Compare(a.Node, b.Node), strings.Compare(a.Interface, b.Interface))
 		})
 		if m.Unanswered == nil {
 			m.Unanswered = []Unanswered{}
 		}
-		if m.Counters == nil {
-			m.Counters = []Counter{}
-		}
-		st.Mappings = append(st.Mappings, m)
+		out = append(out, m)
 	}
-	slices.SortFunc(st.Mappings, func(a, b Mapping) int {
-		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+	slices.SortFunc(out, func(a, b Mapping) int {
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
 	})
-	return st
+	return out
 }
 
-// readCounters reads, by mapping, the counters of every node's latest report that measure
-// a rule of the node's current program (metrics.Counted), and the serving node of every
-// mapping some program carries, from compile's index.
-func readCounters(a Agents) (map[types.NamespacedName][]Counter, map[types.NamespacedName]string) {
-	out, serving := map[types.NamespacedName][]Counter{}, map[types.NamespacedName]string{}
-	for _, n := range a.Nodes() {
-		index := a.Index(n.Node)
-		for _, mi := range index {
-			serving[mi.Mapping] = mi.ServingNode
-		}
-		ctrs, _ := a.Stats(n.Node)
-		for r, c := range metrics.Counted(index, ctrs) {
-			out[r.Mapping] = append(out[r.Mapping], Counter{Node: n.Node, Rule: r.Name,
-				Unit: r.Unit, Direction: r.Direction, Packets: c.Packets, Bytes: c.Bytes})
-		}
+// withCounters adds m's counters, with their rates, and its history.
+func (s *Server) withCounters(m Mapping, snap *snapshot, rates map[string]Rate) Mapping {
+	key := types.NamespacedName{Namespace: m.Namespace, Name: m.Name}
+	m.Counters = slices.Clone(snap.counters[key])
+	for i := range m.Counters {
+		m.Counters[i].Rate = rates[counterKey(key, m.Counters[i])]
 	}
-	return out, serving
+	slices.SortFunc(m.Counters, func(a, b Counter) int {
+		return cmp.Or(strings.Compare(a.Node, b.Node), strings.Compare(a.Rule, b.Rule), strings.Compare(a.Direction, b.Direction))
+	})
+	if m.Counters == nil {
+		m.Counters = []Counter{}
+	}
+	m.History = s.history(mappingHistoryKey(key, "in"), mappingHistoryKey(key, "out"))
+	return m
+}
+
+// history returns the History of the in and out series keyed so, nil while there is none.
+func (s *Server) history(in, out string) *History {
+	series, end := s.hist.get(in, out)
+	if series[0] == nil && series[1] == nil {
+		return nil
+	}
+	return &History{StepSeconds: historyStep.Seconds(), End: end.UTC(), In: series[0], Out: series[1]}
+}
+
+// linkRows lists snap's links with their rates and history.
+func (s *Server) linkRows(snap *snapshot, rates map[string]Rate) []Link {
+	out := make([]Link, 0, len(snap.links))
+	for _, l := range snap.links {
+		l.Ends = slices.Clone(l.Ends)
+		for i := range l.Ends {
+			e := &l.Ends[i]
+			e.RxPerSecond = rates[linkRateKey(*e, "rx")].PacketsPerSecond
+			e.TxPerSecond = rates[linkRateKey(*e, "tx")].PacketsPerSecond
+			e.TxErrorsPerSecond = rates[linkRateKey(*e, "txErrors")].PacketsPerSecond
+			e.History = s.history(linkHistoryKey(*e, "in"), linkHistoryKey(*e, "out"))
+		}
+		out = append(out, l)
+	}
+	return out
 }
 
 // counterKey names mapping's counter c across samples: a rule's forwarded rows differ by
@@ -367,34 +318,62 @@ func counterKey(mapping types.NamespacedName, c Counter) string {
 	return c.Node + " " + mapping.String() + "/" + c.Rule + " " + c.Direction
 }
 
-// addLinkEnds adds node's links, with their statistics, to the links by class and node pair.
-func addLinkEnds(links map[string]*Link, node string, program []*kuportv1.Link, stats []*kuportv1.LinkStats) {
-	byName := make(map[string]*kuportv1.LinkStats, len(stats))
-	for _, s := range stats {
-		byName[s.Name] = s
-	}
-	for _, l := range program {
-		pair := []string{node, l.PeerNode}
-		slices.Sort(pair)
-		key := l.ClassName + "/" + strings.Join(pair, "/")
-		if links[key] == nil {
-			links[key] = &Link{Class: l.ClassName}
-		}
-		end := LinkEnd{Node: node, Device: l.Name, Address: l.LocalAddress, MTU: l.Mtu}
-		if s := byName[l.Name]; s != nil {
-			end.Reported = true
-			end.TxPackets, end.RxPackets, end.TxErrors, end.RxErrors = s.TxPackets, s.RxPackets, s.TxErrors, s.RxErrors
-		}
-		links[key].Ends = append(links[key].Ends, end)
-	}
+// linkRateKey names one statistic of a link end across samples.
+func linkRateKey(e LinkEnd, stat string) string {
+	return "link " + e.Node + " " + e.Device + " " + stat
 }
 
-func linkKey(l Link) string {
-	k := l.Class
-	for _, e := range l.Ends {
-		k += "/" + e.Node
+// mappingHistoryKey and linkHistoryKey name the history's series: dir is "in" or "out".
+func mappingHistoryKey(m types.NamespacedName, dir string) string {
+	return "m " + m.String() + " " + dir
+}
+func linkHistoryKey(e LinkEnd, dir string) string { return "l " + e.Node + " " + e.Device + " " + dir }
+
+// historyValues sums each mapping's rates of the packets its accepting interfaces forward
+// in (from clients) and out (to them), and takes each link end's rx and tx packet rates;
+// a sum of no known rate is unknown (NaN).
+func historyValues(snap *snapshot, rates map[string]Rate) map[string]float64 {
+	out := map[string]float64{}
+	if snap == nil {
+		return out
 	}
-	return k
+	for m, cs := range snap.counters {
+		sum := map[string]*float64{}
+		for _, c := range cs {
+			if !c.forwarded || c.overLink {
+				continue
+			}
+			if r := rates[counterKey(m, c)].PacketsPerSecond; r != nil {
+				sum[c.Direction] = ptr(deref(sum[c.Direction]) + *r)
+			}
+		}
+		for _, dir := range []string{metrics.DirectionIn, metrics.DirectionOut} {
+			out[mappingHistoryKey(m, dir)] = orNaN(sum[dir])
+		}
+	}
+	for _, l := range snap.links {
+		for _, e := range l.Ends {
+			out[linkHistoryKey(e, "in")] = orNaN(rates[linkRateKey(e, "rx")].PacketsPerSecond)
+			out[linkHistoryKey(e, "out")] = orNaN(rates[linkRateKey(e, "tx")].PacketsPerSecond)
+		}
+	}
+	return out
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func deref(p *float64) float64 {
+	if p == nil {
+		return 0
+	}
+	return *p
+}
+
+func orNaN(p *float64) float64 {
+	if p == nil {
+		return math.NaN()
+	}
+	return *p
 }
 
 func condition(c *metav1.Condition) Condition {
@@ -420,6 +399,7 @@ func mapping(pm *v1alpha1.PortMap) Mapping {
 		Accepted:   condition(meta.FindStatusCondition(pm.Status.Conditions, v1alpha1.ConditionAccepted)),
 		Programmed: condition(meta.FindStatusCondition(pm.Status.Conditions, v1alpha1.ConditionProgrammed)),
 	}
+	m.State = mappingState(m.Accepted, m.Programmed)
 	if m.Ports == "" {
 		m.Ports = fmt.Sprint(pm.Spec.Port)
 		if pm.Spec.EndPort != nil {

@@ -5,17 +5,24 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/chromedp/chromedp"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/controller/dashboard"
@@ -24,26 +31,39 @@ import (
 	"kuport.wlz.li/kuport/lab"
 )
 
-// TestPrivilegedE2EDashboard loads the controller's dashboard in headless Chromium while a
-// UDP stream crosses from edge-a to web-b on worker-b: the page shows the mapping, its reply
-// counter (every packet edge-a forwards back to the client) moving between two loads and
-// its packet rate, and a refused mapping with its
-// reason; /metrics shows the same counter rising, the leader, the agents, compile and
-// push-to-ack observations and the refusal; a screenshot is kept as an artifact.
+// TestPrivilegedE2EDashboard loads the controller's dashboard in headless Chromium (driven
+// with chromedp) while a UDP stream crosses from edge-a to web-b on worker-b: the overview
+// lists a refused mapping as a problem with its reason; the mapping's reply counter (every
+// packet edge-a forwards back to the client) moves between two reads and has the stream's
+// rate; /metrics shows the same counter rising, the leader, the agents, compile and
+// push-to-ack observations and the refusal; the mapping's path shows edge-a, the link and
+// worker-b with the stream's rates, and the break at the pod once web-b stops answering.
+// Then 1,000 more mappings: a search narrows them to one. Screenshots of the overview and the
+// path at 1 mapping and of the overview and the search at 1,000 are kept as artifacts.
 func TestPrivilegedE2EDashboard(t *testing.T) {
 	l := startLab(t)
 	chromium, err := dashboardtest.Chromium()
 	require.NoError(t, err, "make deps installs chromium")
 	ctx := context.Background()
+	b, err := dashboardtest.Start(ctx, chromium)
+	require.NoError(t, err)
+	t.Cleanup(b.Close)
+	dir := dashboardtest.ArtifactDir(t)
+	shot := func(name string) {
+		path := filepath.Join(dir, name)
+		require.NoError(t, b.Screenshot(path, 30*time.Second))
+		t.Logf("screenshot: %s", path)
+	}
 
 	const name, port = "dash-udp", 27300
-	serve(t, l, lab.PodB, corev1.ProtocolUDP, port)
+	server, err := l.Net.Serve(lab.PodB.Name, "udp", port)
+	require.NoError(t, err)
 	mapTo(t, l, name, "public", corev1.ProtocolUDP, port, 0, port, lab.PodB)
 	// And one the controller refuses: web-b is on worker-b, the class builds no link.
 	const refused = "dash-refused"
 	createMapping(t, l, refused, "public-none", corev1.ProtocolTCP, 3001, 0, 3001, lab.PodB)
 	waitCondition(t, l, lab.DemoNamespace, refused, v1alpha1.ConditionProgrammed, "False:"+v1alpha1.ReasonReturnPathUnavailable, 30*time.Second)
-	s, err := l.Net.StartStream("udp", fmt.Sprintf("%s:%d", lab.PublicAddr, port), 20*time.Millisecond, 30*time.Second)
+	s, err := l.Net.StartStream("udp", fmt.Sprintf("%s:%d", lab.PublicAddr, port), 20*time.Millisecond, 120*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		res, err := s.Wait(ctx)
@@ -53,26 +73,34 @@ func TestPrivilegedE2EDashboard(t *testing.T) {
 
 	base := "http://" + lab.ControllerHTTPAddr
 	metricsURL := base + "/metrics"
+	// The overview: the refused mapping is a problem, with its reason, before the mappings.
+	problem := fmt.Sprintf(`li[data-problem="Refused"][data-mapping="%s/%s"]`, lab.DemoNamespace, refused)
+	dom, err := b.DumpDOM(base+"/", problem, 30*time.Second)
+	require.NoError(t, err, "the overview lists %s as a problem", refused)
+	text, err := dashboardtest.Get(b, 10*time.Second, chromedp.TextContent(chromedp.CSS(problem)))
+	require.NoError(t, err)
+	assert.Contains(t, text, v1alpha1.ReasonReturnPathUnavailable, "the problem gives the reason")
+	assert.Less(t, strings.Index(dom, "data-problem"), strings.Index(dom, "<tr data-mapping="), "problems before the mappings")
+
 	// The reply of every datagram is counted where edge-a forwards it back out of enp1s0
-	// (kup-count-in/-out, every packet); the agents report every 2 s in the lab.
+	// (kup-count-in/-out, every packet); the agents report every 2 s in the lab. The page
+	// redraws every second.
 	row := "edge-a " + lab.DemoNamespace + "/" + name + "/forwarded/enp1s0 out"
-	pageCount := func() (uint64, string, error) {
-		dom, err := dashboardtest.DumpDOM(ctx, chromium, base+"/", 2*time.Second)
-		return dashboardtest.Counters(dom)[row], dom, err
+	pageCount := func() (uint64, string) {
+		dom, err := b.DOM(10 * time.Second)
+		require.NoError(t, err)
+		return dashboardtest.Counters(dom)[row], dom
 	}
 	var first uint64
-	for deadline := time.Now().Add(20 * time.Second); first == 0 && time.Now().Before(deadline); {
-		if first, _, err = pageCount(); first == 0 {
-			time.Sleep(500 * time.Millisecond)
-		}
+	for deadline := time.Now().Add(20 * time.Second); first == 0 && time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+		first, _ = pageCount()
 	}
-	require.Positive(t, first, "the page never showed counter row %q (last error: %v)", row, err)
+	require.Positive(t, first, "the page never showed counter row %q", row)
 	replies := map[string]string{"namespace": lab.DemoNamespace, "name": name, "node": "edge-a", "interface": "enp1s0", "direction": "out"}
 	metric := promSample(t, metricsURL, "kuport_mapping_packets_total", replies)
 
 	time.Sleep(5 * time.Second)
-	second, dom, err := pageCount()
-	require.NoError(t, err)
+	second, dom := pageCount()
 	assert.Greater(t, second, first, "the page's %s counter did not move", row)
 	for _, want := range []string{
 		`data-mapping="demo/dash-udp"`,
@@ -104,16 +132,114 @@ func TestPrivilegedE2EDashboard(t *testing.T) {
 	}
 	t.Logf("the page's packet rate of %s: %.1f/s", row, rate)
 	assert.InDelta(t, 50, rate, 15, "the page's packet rate of %s", row)
+	shot("overview-1.png")
 
-	dir := os.Getenv("KUPORT_ARTIFACTS")
-	if dir == "" {
-		dir = "/tmp/kuport-artifacts"
+	// The mapping's path, from its link on the overview: edge-a's enp1s0 with the public
+	// address, the link, worker-b receiving over it, each with the stream's rates in and out.
+	require.NoError(t, b.Do(30*time.Second,
+		chromedp.Click(chromedp.CSS(`#view tr[data-mapping="demo/dash-udp"] a`)),
+		chromedp.WaitVisible(chromedp.CSS(`svg[data-path="demo/dash-udp"]`))))
+	pathText := func() string {
+		text, err := dashboardtest.Get(b, 10*time.Second, chromedp.TextContent(chromedp.CSS(`svg[data-path]`)))
+		require.NoError(t, err)
+		return text
 	}
-	dir = filepath.Join(dir, t.Name())
-	require.NoError(t, os.MkdirAll(dir, 0o755))
-	shot := filepath.Join(dir, "dashboard.png")
-	require.NoError(t, dashboardtest.Screenshot(ctx, chromium, base+"/", shot, 2*time.Second))
-	t.Logf("dashboard screenshot: %s", shot)
+	hopRates := regexp.MustCompile(`in (\d+\.\d) pkt/s · out (\d+\.\d) pkt/s`)
+	streaming := func(text string) bool {
+		rs := hopRates.FindAllStringSubmatch(text, -1)
+		if len(rs) != 2 {
+			return false
+		}
+		for _, r := range rs {
+			for _, v := range r[1:] {
+				if pps, err := strconv.ParseFloat(v, 64); err != nil || pps < 30 || pps > 70 {
+					return false
+				}
+			}
+		}
+		return true
+	}
+	text = pathText()
+	for deadline := time.Now().Add(30 * time.Second); !streaming(text) && time.Now().Before(deadline); time.Sleep(time.Second) {
+		text = pathText()
+	}
+	assert.True(t, streaming(text), "both hops at the stream's 50 packets a second in and out: %s", text)
+	for _, want := range []string{"accepting node edge-a", "enp1s0 " + lab.PublicAddr, "link " + linkOnEdgeA + " → worker-b",
+		"pod's node worker-b", linkOnWorkerB + "  ✓ ok", "on worker-b"} {
+		assert.Contains(t, text, want)
+	}
+	assert.NotContains(t, text, "breaks here")
+	shot("mapping-1.png")
+
+	// web-b stops answering: the requests still cross, no reply comes back; once the
+	// registry judges them unanswered the path says it breaks at the pod.
+	require.NoError(t, server.Stop())
+	require.NoError(t, b.Do(60*time.Second, chromedp.WaitReady(chromedp.CSS(`svg text[data-break="pod"]`))),
+		"the path never showed the break at the pod: %s", pathText())
+	text = pathText()
+	assert.Contains(t, text, "breaks here: the pod does not answer")
+	assert.Contains(t, text, "✗ no replies")
+	shot("mapping-1-broken.png")
+
+	// 1,000 more mappings, of one Service: the overview pages them, a search finds one.
+	require.NoError(t, l.Expose(ctx, lab.DemoNamespace, "dash-bulk", "app", corev1.ProtocolTCP, 3100, lab.Backend{Pod: lab.PodA, Ready: true}))
+	const bulk = 1000
+	createBulk(t, l, bulk, func(i int) *v1alpha1.PortMap {
+		return &v1alpha1.PortMap{
+			TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "PortMap"},
+			ObjectMeta: metav1.ObjectMeta{Namespace: lab.DemoNamespace, Name: fmt.Sprintf("dash-bulk-%04d", i)},
+			Spec: v1alpha1.PortMapSpec{ClassName: "public", Protocol: v1alpha1.ProtocolTCP, Port: int32(30000 + i),
+				ServiceRef: v1alpha1.ServiceRef{Name: "dash-bulk", Port: "app"}}}
+	})
+	total := func() string {
+		v, err := dashboardtest.Get(b, 10*time.Second, chromedp.Evaluate[string](`document.querySelector(".pager") ? document.querySelector(".pager").dataset.total : ""`))
+		require.NoError(t, err)
+		return v
+	}
+	require.NoError(t, b.Do(30*time.Second, chromedp.Navigate(base+"/"), chromedp.WaitReady(chromedp.CSS(".pager"))))
+	for deadline := time.Now().Add(60 * time.Second); total() != "1002" && time.Now().Before(deadline); time.Sleep(time.Second) {
+	}
+	require.Equal(t, "1002", total(), "the overview counts every mapping")
+	shot("overview-1000.png")
+	require.NoError(t, b.Do(30*time.Second,
+		chromedp.SendKeys(chromedp.CSS(`#filters input[name="q"]`), "dash-bulk-0421"),
+		chromedp.WaitVisible(chromedp.CSS(`.pager[data-total="1"]`))))
+	rows, err := dashboardtest.Get(b, 10*time.Second,
+		chromedp.Evaluate[[]string](`[...document.querySelectorAll("#view tr[data-mapping]")].map(r => r.dataset.mapping)`))
+	require.NoError(t, err)
+	assert.Equal(t, []string{lab.DemoNamespace + "/dash-bulk-0421"}, rows)
+	shot("search-1000.png")
+}
+
+// createBulk creates n PortMaps, 8 at a time, with a client of its own that the default
+// client-side rate limit (5 a second) does not hold back.
+func createBulk(t *testing.T, l *lab.Lab, n int, portMap func(i int) *v1alpha1.PortMap) {
+	t.Helper()
+	cfg := l.Cluster.RESTConfig()
+	cfg.QPS, cfg.Burst = 500, 500
+	dyn, err := dynamic.NewForConfig(cfg)
+	require.NoError(t, err)
+	work := make(chan int)
+	errs := make(chan error, n)
+	for range 8 {
+		go func() {
+			for i := range work {
+				m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(portMap(i))
+				if err == nil {
+					_, err = dyn.Resource(v1alpha1.PortMapsResource).Namespace(lab.DemoNamespace).Create(
+						context.Background(), &unstructured.Unstructured{Object: m}, metav1.CreateOptions{})
+				}
+				errs <- err
+			}
+		}()
+	}
+	for i := range n {
+		work <- i
+	}
+	close(work)
+	for range n {
+		require.NoError(t, <-errs)
+	}
 }
 
 // promSample scrapes url and returns the value of the series of metric name whose labels

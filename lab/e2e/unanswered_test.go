@@ -25,7 +25,8 @@ import (
 // the PortMap gets a Warning Event RequestsUnanswered naming edge-a and enp1s0,
 // kuport_mapping_unanswered{node="edge-a"} is 1, GetMapping's edge-a row and the dashboard's
 // state say unanswered. Then a server starts on the port: once replies flow, a Normal Event
-// RequestsAnswered, the gauge 0 and GetMapping's row answered.
+// RequestsAnswered, the gauge 0 and GetMapping's row answered. Last, another table's forward
+// chain at policy drop on edge-a makes a served TCP mapping unanswered until it is removed.
 func TestPrivilegedE2EUnanswered(t *testing.T) {
 	l := startLab(t)
 	ctx := context.Background()
@@ -33,12 +34,13 @@ func TestPrivilegedE2EUnanswered(t *testing.T) {
 	mapTo(t, l, name, "public", corev1.ProtocolUDP, port, 0, port, lab.PodB)
 	dst := fmt.Sprintf("%s:%d", lab.PublicAddr, port)
 
-	events := func(reason string) []corev1.Event {
+	eventsOf := func(name, reason string) []corev1.Event {
 		list, err := l.Kube.CoreV1().Events(lab.DemoNamespace).List(ctx, metav1.ListOptions{
 			FieldSelector: "involvedObject.kind=PortMap,involvedObject.name=" + name + ",reason=" + reason})
 		require.NoError(t, err)
 		return list.Items
 	}
+	events := func(reason string) []corev1.Event { return eventsOf(name, reason) }
 	onEdgeA := func(evs []corev1.Event) *corev1.Event {
 		for i, e := range evs {
 			if strings.Contains(e.Message, "node edge-a interface enp1s0:") {
@@ -49,14 +51,15 @@ func TestPrivilegedE2EUnanswered(t *testing.T) {
 	}
 	// probeUntil probes dst about every 500 ms until done holds (3 reports of 2 s spanning
 	// 10 s make a mapping unanswered in the lab).
-	probeUntil := func(what string, done func() bool) {
+	probeUntilAt := func(proto, dst, what string, done func() bool) {
 		t.Helper()
 		deadline := time.Now().Add(60 * time.Second)
 		for !done() {
 			require.True(t, time.Now().Before(deadline), "no %s within 60 s", what)
-			_, _ = l.Net.Probe(ctx, "udp", dst, 500*time.Millisecond)
+			_, _ = l.Net.Probe(ctx, proto, dst, 500*time.Millisecond)
 		}
 	}
+	probeUntil := func(what string, done func() bool) { t.Helper(); probeUntilAt("udp", dst, what, done) }
 
 	var warning *corev1.Event
 	probeUntil("RequestsUnanswered Event", func() bool {
@@ -105,6 +108,35 @@ func TestPrivilegedE2EUnanswered(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 1, n, "RequestsUnanswered Events about edge-a")
+
+	// Another table's forward chain at policy drop on edge-a (Docker's default FORWARD policy,
+	// firewalld, ufw): kuport does not override it, and a served TCP mapping whose requests it
+	// drops is made unanswered, then answered again once the table goes.
+	const served, servedPort = "dropped", 27321
+	serve(t, l, lab.PodB, corev1.ProtocolTCP, servedPort)
+	mapTo(t, l, served, "public", corev1.ProtocolTCP, servedPort, 0, servedPort, lab.PodB)
+	servedDst := fmt.Sprintf("%s:%d", lab.PublicAddr, servedPort)
+	assertAnswersAt(t, l, corev1.ProtocolTCP, lab.PublicAddr, servedPort)
+	require.NoError(t, l.Net.NftApply(ctx, "edge-a", `table ip lab-forward-drop {
+	chain forward {
+		type filter hook forward priority filter; policy drop;
+	}
+}
+`))
+	probeUntilAt("tcp", servedDst, "RequestsUnanswered Event behind a forward drop", func() bool {
+		warning = onEdgeA(eventsOf(served, status.ReasonRequestsUnanswered))
+		return warning != nil
+	})
+	t.Logf("event: %s %s: %s", warning.Type, warning.Reason, warning.Message)
+	assert.Contains(t, warning.Message, "0 replies")
+	assert.True(t, mappingRow(t, served, "edge-a").GetUnanswered())
+	_, err := l.Net.Exec(ctx, "edge-a", "nft", "delete", "table", "ip", "lab-forward-drop")
+	require.NoError(t, err)
+	assertAnswersAt(t, l, corev1.ProtocolTCP, lab.PublicAddr, servedPort)
+	probeUntilAt("tcp", servedDst, "RequestsAnswered Event once the forward drop goes", func() bool {
+		return onEdgeA(eventsOf(served, status.ReasonRequestsAnswered)) != nil
+	})
+	assert.False(t, mappingRow(t, served, "edge-a").GetUnanswered())
 }
 
 // mappingRow returns GetMapping's row of node for the demo mapping name (nil if none).

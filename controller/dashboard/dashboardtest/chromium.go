@@ -1,6 +1,7 @@
 // Package dashboardtest drives headless Chromium (Debian package `chromium`, installed by
-// `make deps`) against the dashboard page, for the dashboard's own tests and the lab's
-// end-to-end suite: the page is loaded with its scripts run, as a browser shows it.
+// `make deps`) through the DevTools protocol (github.com/chromedp/chromedp) against the
+// dashboard page, for the dashboard's own tests and the lab's end-to-end suite: the page is
+// loaded with its scripts run, read, typed into and photographed as a person would.
 package dashboardtest
 
 import (
@@ -8,9 +9,13 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
+	"testing"
 	"time"
+
+	"github.com/chromedp/chromedp"
 )
 
 // Chromium returns the path of the chromium binary, or an error saying how to install it.
@@ -22,48 +27,109 @@ func Chromium() (string, error) {
 	return path, nil
 }
 
-// DumpDOM loads url in headless chromium, lets its scripts run for budget of virtual time
-// (timers fire as fast as the page allows; time waiting on the network does not count), and
-// returns the resulting DOM serialized as HTML.
-func DumpDOM(ctx context.Context, chromium, url string, budget time.Duration) (string, error) {
-	return run(ctx, chromium, budget, "--dump-dom", url)
+// Browser is one headless chromium with a throwaway profile and one tab.
+type Browser struct {
+	ctx     context.Context
+	cancel  func()
+	profile string
 }
 
-// Screenshot loads url like DumpDOM and saves a PNG of a 1400x2000 window at path.
-func Screenshot(ctx context.Context, chromium, url, path string, budget time.Duration) error {
-	_, err := run(ctx, chromium, budget, "--window-size=1400,2000", "--screenshot="+path, url)
-	return err
-}
-
-// run runs headless chromium with a throwaway profile (so concurrent runs share no lock).
-// --no-sandbox: tests run as root, where chromium refuses its sandbox.
-func run(ctx context.Context, chromium string, budget time.Duration, args ...string) (string, error) {
+// Start starts chromium at path with a fresh profile (so concurrent runs share no lock) and
+// a 1400x1000 window. --no-sandbox: tests run as root, where chromium refuses its sandbox;
+// the rest keep it from calling out (no QUIC, sync, component updates or background
+// networking: the tests run offline). Close it when done.
+func Start(ctx context.Context, path string) (*Browser, error) {
 	profile, err := os.MkdirTemp("", "kuport-chromium-")
 	if err != nil {
-		return "", fmt.Errorf("chromium profile: %w", err)
+		return nil, fmt.Errorf("chromium profile: %w", err)
 	}
-	defer os.RemoveAll(profile)
-	args = append([]string{"--headless", "--no-sandbox", "--disable-gpu", "--user-data-dir=" + profile,
-		fmt.Sprintf("--virtual-time-budget=%d", budget.Milliseconds())}, args...)
-	cmd := exec.CommandContext(ctx, chromium, args...)
-	var stderr limitedBuffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return "", fmt.Errorf("chromium %v: %w: %s", args, err, stderr.b)
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(path), chromedp.UserDataDir(profile), chromedp.WindowSize(1400, 1000),
+		chromedp.Flag("headless", true), chromedp.Flag("no-sandbox", true), chromedp.Flag("disable-gpu", true),
+		chromedp.Flag("disable-quic", true), chromedp.Flag("no-first-run", true),
+		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true), chromedp.Flag("no-default-browser-check", true),
 	}
-	return string(out), nil
+	actx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
+	bctx, cancelTab := chromedp.NewContext(actx)
+	b := &Browser{ctx: bctx, profile: profile, cancel: func() { cancelTab(); cancelAlloc() }}
+	if err := chromedp.Do(bctx); err != nil { // starts the browser
+		b.Close()
+		return nil, fmt.Errorf("start chromium %s: %w", path, err)
+	}
+	return b, nil
 }
 
-// limitedBuffer keeps the last 4 KiB written: chromium logs a lot to stderr.
-type limitedBuffer struct{ b []byte }
+// Close stops the browser and removes its profile.
+func (b *Browser) Close() {
+	b.cancel()
+	_ = os.RemoveAll(b.profile)
+}
 
-func (l *limitedBuffer) Write(p []byte) (int, error) {
-	l.b = append(l.b, p...)
-	if over := len(l.b) - 4096; over > 0 {
-		l.b = l.b[over:]
+// Do runs actions in the browser's tab, for at most timeout.
+func (b *Browser) Do(timeout time.Duration, actions ...chromedp.Action[chromedp.Void]) error {
+	ctx, cancel := context.WithTimeout(b.ctx, timeout)
+	defer cancel()
+	return chromedp.Do(ctx, actions...)
+}
+
+// Get runs action in b's tab, for at most timeout, and returns its value.
+func Get[T any](b *Browser, timeout time.Duration, action chromedp.Action[T]) (T, error) {
+	ctx, cancel := context.WithTimeout(b.ctx, timeout)
+	defer cancel()
+	return chromedp.Run(ctx, action)
+}
+
+// DumpDOM loads url, waits until the page has drawn (an element matching the CSS selector
+// ready is in the DOM) and returns the DOM serialized as HTML.
+func (b *Browser) DumpDOM(url, ready string, timeout time.Duration) (string, error) {
+	if err := b.Do(timeout, chromedp.Navigate(url), chromedp.WaitReady(chromedp.CSS(ready))); err != nil {
+		return "", err
 	}
-	return len(p), nil
+	return b.DOM(timeout)
+}
+
+// DOM returns the current DOM serialized as HTML, without loading anything.
+func (b *Browser) DOM(timeout time.Duration) (string, error) {
+	return Get(b, timeout, chromedp.OuterHTML(chromedp.CSS("html")))
+}
+
+// Screenshot saves a PNG of the whole current page at path.
+func (b *Browser) Screenshot(path string, timeout time.Duration) error {
+	png, err := Get(b, timeout, chromedp.FullScreenshot(100))
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, png, 0o644)
+}
+
+// ArtifactDir returns the directory for t's artifacts (screenshots), made if missing:
+// $KUPORT_ARTIFACTS/<test name>, by default under the repository's gitignored .artifacts/.
+func ArtifactDir(t testing.TB) string {
+	t.Helper()
+	root := os.Getenv("KUPORT_ARTIFACTS")
+	if root == "" {
+		dir, err := os.Getwd()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for {
+			if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+				break
+			}
+			parent := filepath.Dir(dir)
+			if parent == dir {
+				t.Fatal("no go.mod above the test's directory")
+			}
+			dir = parent
+		}
+		root = filepath.Join(dir, ".artifacts")
+	}
+	dir := filepath.Join(root, t.Name())
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
 
 // counterRow matches a rendered counter row:

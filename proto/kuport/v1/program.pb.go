@@ -139,16 +139,19 @@ type MarkKind int32
 
 const (
 	MarkKind_MARK_KIND_UNSPECIFIED MarkKind = 0
-	// Single: ip saddr <address> <protocol> sport <ports> counter meta mark set <mark>
+	// ip saddr <address> <protocol> sport <ports> counter meta mark set <mark>
+	// Every reply from the pod ports goes into one link. Earlier controllers emitted it for
+	// Single; this one emits CT_SAVE and CT_RESTORE for every mode, so one pod port can be
+	// reached several ways at once. Agents still apply it.
 	MarkKind_MARK_KIND_STATIC MarkKind = 1
-	// Multi, per link: iifname "<in_interface>" ip daddr <address> <protocol> dport <ports>
+	// Per link (Multi's form, used for Single too): iifname "<in_interface>" ip daddr <address> <protocol> dport <ports>
 	//
 	//	counter ct mark set <mark>
 	//
 	// records on the flow which link (so which forwarder) the request came in on; the meta
 	// mark stays untouched so the request is not diverted on its way in.
 	MarkKind_MARK_KIND_CT_SAVE MarkKind = 2
-	// Multi: ip saddr <address> <protocol> sport <ports> counter meta mark set ct mark
+	// ip saddr <address> <protocol> sport <ports> counter meta mark set ct mark
 	// gives the pod's reply the mark its flow's request recorded (0 for a flow that came in
 	// by no link, which then matches no return path). mark is unused.
 	MarkKind_MARK_KIND_CT_RESTORE MarkKind = 3
@@ -383,7 +386,20 @@ type DnatRule struct {
 	// IPv4 address translated to: the local pod, or the far end of this node's link to the pod's node.
 	ToAddress string `protobuf:"bytes,7,opt,name=to_address,json=toAddress,proto3" json:"to_address,omitempty"`
 	// First port translated to; a range keeps its width, so port first+i goes to to_port+i.
-	ToPort        uint32 `protobuf:"varint,8,opt,name=to_port,json=toPort,proto3" json:"to_port,omitempty"`
+	ToPort uint32 `protobuf:"varint,8,opt,name=to_port,json=toPort,proto3" json:"to_port,omitempty"`
+	// Optional IPv4 stand-in for the dialed destination, never an address of this node (the
+	// compiler sets to_address unless that is the node's own). Chain kup-steer (filter,
+	// prerouting, priority dstnat - 20, after conntrack has recorded the dialed address and a
+	// mesh's mangle mark, before a host firewall at dstnat - 10) rewrites a new flow's
+	// destination to it, so a firewall that drops new connections to the node's own
+	// addresses does not see one; kup-pre then matches it in place of match_destination.
+	// Replies still come from the dialed address: conntrack translates them back to it.
+	//
+	//	ct state new iifname "<in_interface>" [ip daddr <match_destination>] <protocol>
+	//	  dport <ports> ip daddr set <stand_in>
+	//
+	// Empty: not steered, kup-pre matches the dialed destination.
+	StandIn       string `protobuf:"bytes,9,opt,name=stand_in,json=standIn,proto3" json:"stand_in,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -472,6 +488,13 @@ func (x *DnatRule) GetToPort() uint32 {
 		return x.ToPort
 	}
 	return 0
+}
+
+func (x *DnatRule) GetStandIn() string {
+	if x != nil {
+		return x.StandIn
+	}
+	return ""
 }
 
 // SnatRule is an identity SNAT in chain kup-post (nat, postrouting, priority srcnat - 10).
@@ -2313,7 +2336,7 @@ const file_kuport_v1_program_proto_rawDesc = "" +
 	"\n" +
 	"mark_rules\x18\x06 \x03(\v2\x13.kuport.v1.MarkRuleR\tmarkRules\x12%\n" +
 	"\x05links\x18\a \x03(\v2\x0f.kuport.v1.LinkR\x05links\x128\n" +
-	"\freturn_paths\x18\b \x03(\v2\x15.kuport.v1.ReturnPathR\vreturnPaths\"\x99\x02\n" +
+	"\freturn_paths\x18\b \x03(\v2\x15.kuport.v1.ReturnPathR\vreturnPaths\"\xb4\x02\n" +
 	"\bDnatRule\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\amapping\x18\x02 \x01(\tR\amapping\x12!\n" +
@@ -2323,7 +2346,8 @@ const file_kuport_v1_program_proto_rawDesc = "" +
 	"\x05ports\x18\x06 \x01(\v2\x14.kuport.v1.PortRangeR\x05ports\x12\x1d\n" +
 	"\n" +
 	"to_address\x18\a \x01(\tR\ttoAddress\x12\x17\n" +
-	"\ato_port\x18\b \x01(\rR\x06toPort\"\xf9\x01\n" +
+	"\ato_port\x18\b \x01(\rR\x06toPort\x12\x19\n" +
+	"\bstand_in\x18\t \x01(\tR\astandIn\"\xf9\x01\n" +
 	"\bSnatRule\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\amapping\x18\x02 \x01(\tR\amapping\x12'\n" +

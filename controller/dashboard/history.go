@@ -1,0 +1,137 @@
+package dashboard
+
+import (
+	"encoding/json"
+	"math"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// historyStep is the history's resolution and historyLen its length: 15 minutes of one
+// value every 5 s, 180 float32 a series. A mapping keeps two series (packets/s in and out
+// at its accepting interfaces), a link end two (rx and tx packets/s): about 1.5 KiB each (BENCHMARKS.md, "dashboard").
+const (
+	historyStep = 5 * time.Second
+	historyLen  = 180
+)
+
+// history is a fixed-length ring of recent values per series, one slot per historyStep,
+// all series sharing the slots' times. Memory is historyLen float32 a series and series
+// come and go with what the registry holds: bounded by the mappings and links. Safe for
+// concurrent use.
+type history struct {
+	mu     sync.Mutex
+	headAt time.Time // time of the newest slot (a multiple of historyStep); zero: none yet
+	head   int       // index of the newest slot
+	series map[string]*[historyLen]float32
+}
+
+// record writes values (NaN: unknown) into the slot of now, opening the slots since the
+// previous record as unknown. Series absent from values are dropped: their mapping or link
+// is gone.
+func (h *history) record(values map[string]float64, now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	slot := now.Truncate(historyStep)
+	switch {
+	case h.headAt.IsZero():
+		h.headAt = slot
+	case slot.After(h.headAt):
+		steps := min(int(slot.Sub(h.headAt)/historyStep), historyLen)
+		for range steps {
+			h.head = (h.head + 1) % historyLen
+			for _, s := range h.series {
+				s[h.head] = float32(math.NaN())
+			}
+		}
+		h.headAt = slot
+	case slot.Before(h.headAt):
+		return // the clock went back: keep what is there
+	}
+	next := make(map[string]*[historyLen]float32, len(values))
+	for k, v := range values {
+		s := h.series[k]
+		if s == nil {
+			s = new([historyLen]float32)
+			for i := range s {
+				s[i] = float32(math.NaN())
+			}
+		}
+		s[h.head] = float32(v)
+		next[k] = s
+	}
+	h.series = next
+}
+
+// get returns the series of each key (nil for a key with none) and the time of their
+// newest slot, oldest value first.
+func (h *history) get(keys ...string) ([]Series, time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]Series, len(keys))
+	for i, k := range keys {
+		s := h.series[k]
+		if s == nil {
+			continue
+		}
+		out[i] = make(Series, historyLen)
+		n := copy(out[i], s[h.head+1:])
+		copy(out[i][n:], s[:h.head+1])
+	}
+	return out, h.headAt
+}
+
+// Series is a history's values, oldest first, one every historyStep up to History.End;
+// NaN (null in JSON) is unknown: not sampled, or no rate yet.
+type Series []float32
+
+// MarshalJSON writes the values with NaN as null.
+func (s Series) MarshalJSON() ([]byte, error) {
+	if s == nil {
+		return []byte("null"), nil
+	}
+	b := make([]byte, 0, 6*len(s)+2)
+	b = append(b, '[')
+	for i, v := range s {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			b = append(b, "null"...)
+			continue
+		}
+		b = strconv.AppendFloat(b, float64(v), 'f', -1, 32)
+	}
+	return append(b, ']'), nil
+}
+
+// UnmarshalJSON reads what MarshalJSON writes.
+func (s *Series) UnmarshalJSON(b []byte) error {
+	var vs []*float32
+	if err := json.Unmarshal(b, &vs); err != nil {
+		return err
+	}
+	if vs == nil {
+		*s = nil
+		return nil
+	}
+	*s = make(Series, len(vs))
+	for i, v := range vs {
+		(*s)[i] = float32(math.NaN())
+		if v != nil {
+			(*s)[i] = *v
+		}
+	}
+	return nil
+}
+
+// History is the recent rates of a mapping (packets/s in and out at its accepting
+// interfaces: requests from clients, replies to them) or of a link end (packets/s received
+// and sent by its device), one value every StepSeconds up to End.
+type History struct {
+	StepSeconds float64   `json:"stepSeconds"`
+	End         time.Time `json:"end"`
+	In          Series    `json:"in,omitempty"`
+	Out         Series    `json:"out,omitempty"`
+}

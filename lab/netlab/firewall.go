@@ -1,0 +1,83 @@
+package netlab
+
+import (
+	"context"
+	"fmt"
+	"strings"
+)
+
+// Host firewalls as real nodes run them (issue 12): a block-mode ingress firewall like
+// Talos's, and a mesh's mark-and-drop pair like netbird's. Neither is part of the lab until
+// a test adds it to a node; both live in tables of their own, which kuport never touches.
+
+// Names of the firewall tables and their named counters, for NftCounter.
+const (
+	FirewallTable   = "lab-firewall" // family inet
+	FirewallDrops   = "fw_drops"     // new connections to the node's own addresses it dropped
+	MeshMarkTable   = "lab-meshmark" // family ip
+	MeshMarked      = "marked"       // packets to a local address the mesh marked at mangle
+	MeshUnmarkedDrp = "unmarked_drops"
+	// LinkPort is the UDP port of kuport's links (the class default), which the firewall
+	// opens to the nodes' underlays as an operator opens the CNI's vxlan port.
+	LinkPort = 4790
+	// meshMark is netbird's mark on packets to the node's own addresses.
+	meshMark = "0x1bd00"
+)
+
+// FirewallRuleset is a block-mode ingress firewall like Talos's: a filter chain at
+// prerouting priority dstnat - 10 (-110) that passes established and related flows, traffic
+// not addressed to this node, loopback and ICMP, opens kuport's link port to the nodes'
+// underlays on the underlay interface, and drops every other new connection to the node's
+// own addresses. No nat chain can run ahead of it: the kernel runs every nat chain from its
+// one hook at dstnat (-100).
+func FirewallRuleset() string {
+	peers := make([]string, 0, len(nodes))
+	for _, s := range nodes {
+		peers = append(peers, s.UnderlayAddr.Addr().String())
+	}
+	return fmt.Sprintf(`table inet %s {
+	counter %s {
+	}
+	chain ingress {
+		type filter hook prerouting priority dstnat - 10; policy accept;
+		iifname "lo" accept
+		ct state established,related accept
+		ct state invalid drop
+		fib daddr type != local accept
+		meta l4proto icmp accept
+		iifname %q ip saddr { %s } udp dport %d accept
+		counter name %q drop
+	}
+}
+`, FirewallTable, FirewallDrops, nodes[0].UnderlayIface, strings.Join(peers, ", "), LinkPort, FirewallDrops)
+}
+
+// MeshMarkRuleset is a mesh's pair like netbird's: at mangle (-150) a packet addressed to
+// one of the node's own addresses is marked, and one delivered locally without the mark is
+// dropped later, at input. A rewrite of the destination ahead of mangle would leave the
+// first rule unmatched.
+func MeshMarkRuleset() string {
+	return fmt.Sprintf(`table ip %s {
+	counter %s {
+	}
+	counter %s {
+	}
+	chain prerouting {
+		type filter hook prerouting priority mangle; policy accept;
+		fib daddr type local counter name %q meta mark set %s
+	}
+	chain input {
+		type filter hook input priority filter; policy accept;
+		meta mark != %s counter name %q drop
+	}
+}
+`, MeshMarkTable, MeshMarked, MeshUnmarkedDrp, MeshMarked, meshMark, meshMark, MeshUnmarkedDrp)
+}
+
+// AddHostFirewall loads FirewallRuleset and MeshMarkRuleset into node's namespace.
+func (n *Net) AddHostFirewall(ctx context.Context, node string) error {
+	if _, ok := n.Node(node); !ok {
+		return fmt.Errorf("netlab: host firewall: unknown node %q", node)
+	}
+	return n.NftApply(ctx, node, FirewallRuleset()+MeshMarkRuleset())
+}
