@@ -46,7 +46,11 @@ func (a *Agent) handleProgram(p *kuportv1.NodeProgram) *kuportv1.Ack {
 			return &kuportv1.Ack{Version: p.GetVersion(), Epoch: p.GetEpoch(), Errors: errs}
 		}
 	}
-	if cur != nil && len(a.currentErr) == 0 && sameContent(p, cur) {
+	same := sameContent
+	if a.cfg.SameContent != nil {
+		same = a.cfg.SameContent
+	}
+	if cur != nil && len(a.currentErr) == 0 && same(p, cur) {
 		a.log.Debug("program content already applied, acknowledging",
 			"version", p.GetVersion(), "epoch", p.GetEpoch(), "applied_version", cur.GetVersion(), "applied_epoch", cur.GetEpoch())
 		if p.GetEpoch() > cur.GetEpoch() || p.GetVersion() > cur.GetVersion() {

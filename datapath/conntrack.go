@@ -27,7 +27,10 @@ import (
 //     address and port) and no desired element would translate it to that same target: the
 //     target moved or the mapping went; or
 //   - it was not destination-NATed at all and an element the kernel did not hold would
-//     translate it now: it arrived before the element existed.
+//     translate it now: it arrived before the element existed. Not for TCP: such a flow is
+//     a connection to the node's own listener (kept, as kube-proxy keeps it) or one the node
+//     refused, which its client does not resend; a UDP client keeps sending on one entry.
+//     So adding a TCP mapping sweeps nothing.
 //
 // Conntrack does not record the arrival interface, so a flow is matched whatever interface
 // it came in by: an entry of the same protocol, port and target from another interface is
@@ -215,7 +218,7 @@ func staleFlowsOf(changes []dnatChange, want *table) *staleFlows {
 			}
 		}
 		if c.is.present && !(c.was.present && c.was.e.val == c.is.e.val) {
-			if tr, ok := translationAt(c.s, c.is.e, c.isDialed); ok {
+			if tr, ok := translationAt(c.s, c.is.e, c.isDialed); ok && tr.proto != unix.IPPROTO_TCP {
 				s.added[tr.protoPort] = append(s.added[tr.protoPort], tr)
 			}
 		}

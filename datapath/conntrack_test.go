@@ -3,6 +3,7 @@ package datapath
 import (
 	"maps"
 	"net"
+	"slices"
 	"testing"
 	"time"
 
@@ -142,6 +143,8 @@ func testStaleFlows(t *testing.T, steer bool) {
 	assert.Nil(t, newStaleFlows(tableOf(t, old...), marked), "only DNAT elements count")
 	assert.NotNil(t, newStaleFlows(tableOf(t, old...), tableOf(t, old[1:]...)), "an entry removed")
 	assert.NotNil(t, newStaleFlows(tableOf(t, old[1:]...), tableOf(t, old...)), "an entry added")
+	tcpAdded := dnat("a/tcp/dnat/enp1s0", tcp, 5001, 5001, "", "10.244.17.5", 5001)
+	assert.Nil(t, newStaleFlows(tableOf(t, old...), tableOf(t, append(slices.Clone(old), tcpAdded)...)), "a TCP entry added sweeps nothing")
 }
 
 // flowsBySport lists the namespace's IPv4 conntrack entries of protocol proto by original

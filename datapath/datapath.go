@@ -4,14 +4,17 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/hashicorp/go-hclog"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
 
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
@@ -51,6 +54,10 @@ type Datapath struct {
 	// lastChanges is the number of kernel writes the last Apply made (0 when the kernel
 	// already held the program).
 	lastChanges int
+	// lastInKernel is how long the last Apply took until the kernel held its program (its
+	// nftables transaction committed, its links and return paths synced), before the
+	// conntrack sweep.
+	lastInKernel time.Duration
 	// known is the table the kernel holds as of a ruleset generation (gen.go, sync.go), and
 	// comp the last compile (incremental.go).
 	known *known
@@ -58,6 +65,22 @@ type Datapath struct {
 	// routeTables are the routing tables the last Apply synced (the program's and those
 	// its band's rules pointed at), read by Watch without the lock (watch.go).
 	routeTables atomic.Pointer[map[int]bool]
+	// netWatches is the number of live rtnetlink watches, and netNotes the number of
+	// notifications of devices, ip rules and routes kuport owns they read (a lost burst or a
+	// watch that stopped counts as one), both written by Watch (watch.go); netKnown is the
+	// links and return paths the last whole read of them found as the program wanted, while
+	// netNotes stays as it was when that read began (nil: unknown).
+	netWatches atomic.Int32
+	netNotes   atomic.Uint64
+	netKnown   *netKnown
+}
+
+// netKnown is what the kernel's kup-* devices, ip rules and routes held after a sync of
+// links and return paths that found or made them as wanted, as of notes notifications.
+type netKnown struct {
+	links   []*kuportv1.Link
+	returns []*kuportv1.ReturnPath
+	notes   uint64
 }
 
 // New returns a Datapath over the injected kernel handles; it opens nothing itself.
@@ -111,9 +134,13 @@ func EntryErrors(err error) []*kuportv1.EntryError {
 // only what differs, so re-applying the program the kernel holds writes nothing (rule
 // handles, counters and device indexes stay). The nftables table is rewritten in one
 // transaction; links are set up before the routes that use them, and stale ip rules and
-// routes are removed before stale links. When the DNAT rules change, the conntrack entries
-// of flows that still go the old way (to a target no rule names any more, or un-NATed past
-// a rule added now) are deleted last, so the flows' next packets take the new rules. An
+// routes are removed before stale links. While a watch runs (Watch), an Apply that changes
+// table entries but names the links and return paths the last read of them found, with no
+// notification of them since, reads none of them again; a resync of the same program always
+// reads and repairs them. The program is then in the kernel (the debug log's in_kernel_us).
+// When the DNAT rules change, the conntrack entries of flows that still go the old way (to a
+// target no rule names any more, or un-NATed past a UDP rule added now; conntrack.go) are
+// deleted last, so the flows' next packets take the new rules; Apply returns after that. An
 // invalid or failing entry does not stop the others: the returned error joins one
 // *EntryError per failed entry (see EntryErrors).
 //
@@ -123,7 +150,8 @@ func (d *Datapath) Apply(p *kuportv1.NodeProgram) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	changes := 0
-	err := d.apply(p, &changes)
+	start := time.Now()
+	err := d.apply(p, &changes, start)
 	d.lastChanges = changes
 	// Writes are news: a new program's, or a repair of what someone else changed in the
 	// kernel (the agent re-applies the same program on every resync).
@@ -131,24 +159,51 @@ func (d *Datapath) Apply(p *kuportv1.NodeProgram) error {
 	if changes > 0 {
 		log = d.log.Info
 	}
-	log("applied program", "node", p.GetNode(), "version", p.GetVersion(), "kernel_writes", changes)
+	log("applied program", "node", p.GetNode(), "version", p.GetVersion(), "kernel_writes", changes,
+		"in_kernel_us", d.lastInKernel.Microseconds(), "took_us", time.Since(start).Microseconds())
 	return err
 }
 
-func (d *Datapath) apply(p *kuportv1.NodeProgram, changes *int) error {
+func (d *Datapath) apply(p *kuportv1.NodeProgram, changes *int, start time.Time) error {
 	want, errs := d.compile(p)
+	// The program's table entries differ from what the kernel was last known to hold: not
+	// a resync of the same program (which reads and repairs everything).
+	entriesChanged := len(d.comp.dirty) > 0 || d.known == nil || d.known.t != want
 	dnat, err := d.syncTable(want, changes)
-	var stale *staleFlows
 	if err != nil {
 		errs = append(errs, err)
-	} else {
-		// kup-pre's maps changed: the flows that still go the old way.
-		stale = staleFlowsOf(dnat, want)
 	}
+	if entriesChanged && d.netUnchanged(p) {
+		d.log.Trace("links and return paths as last read, no notification since: not read")
+	} else {
+		errs = append(errs, d.syncNet(p, changes)...)
+	}
+	d.lastInKernel = time.Since(start)
+	// Last, so a flow's next packet finds the links and routes its new target needs: the
+	// flows that still go the old way, when kup-pre's maps changed.
+	if err == nil {
+		d.deleteStaleFlows(staleFlowsOf(dnat, want))
+	}
+	return errors.Join(errs...)
+}
 
+// netUnchanged reports whether the kernel's links and return paths are known to be p's: p
+// names the same ones as the last whole read of them found or made, and a watch has seen
+// no notification of kuport's devices, ip rules or routes since that read began.
+func (d *Datapath) netUnchanged(p *kuportv1.NodeProgram) bool {
+	k := d.netKnown
+	return k != nil && d.netWatches.Load() > 0 && d.netNotes.Load() == k.notes &&
+		slices.EqualFunc(k.links, p.GetLinks(), func(a, b *kuportv1.Link) bool { return proto.Equal(a, b) }) &&
+		slices.EqualFunc(k.returns, p.GetReturnPaths(), func(a, b *kuportv1.ReturnPath) bool { return proto.Equal(a, b) })
+}
+
+// syncNet reads and reconciles the kup-* devices, ip rules and routes to p's links and
+// return paths, and records them as known when all succeeded under a live watch.
+func (d *Datapath) syncNet(p *kuportv1.NodeProgram, changes *int) []error {
+	d.netKnown = nil
+	notes, watched := d.netNotes.Load(), d.netWatches.Load() > 0
 	// Links and return paths that fail validation are reported and left out (Validate).
-	links, returns, invalid := compileLinks(p)
-	errs = append(errs, invalid...)
+	links, returns, errs := compileLinks(p)
 	keep := map[string]bool{}
 	for _, l := range p.GetLinks() {
 		keep[l.GetName()] = true
@@ -160,9 +215,10 @@ func (d *Datapath) apply(p *kuportv1.NodeProgram, changes *int) error {
 	}
 	errs = append(errs, d.syncReturnPaths(returns, changes)...)
 	errs = append(errs, d.pruneLinks(keep, changes)...)
-	// Last, so a flow's next packet finds the links and routes its new target needs.
-	d.deleteStaleFlows(stale)
-	return errors.Join(errs...)
+	if len(errs) == 0 && watched {
+		d.netKnown = &netKnown{links: p.GetLinks(), returns: p.GetReturnPaths(), notes: notes}
+	}
+	return errs
 }
 
 // Cleanup removes everything kuport made in the namespace: table ip kuport, every kup-*

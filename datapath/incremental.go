@@ -127,7 +127,9 @@ func diff[T entryMsg](k entryKind[T], fam family, es entryList[T], list []T) (ch
 			return nil, nil, es, false
 		}
 		prev, matched = j, matched+1
-		if !k.same(es.msgs[j], e) {
+		// The same message is the same entry (neither may change after the call): Validate
+		// before Apply, as the agent does, and a resync compare pointers only.
+		if any(es.msgs[j]) != any(e) && !k.same(es.msgs[j], e) {
 			changed = append(changed, i)
 		}
 	}
@@ -139,19 +141,23 @@ func diff[T entryMsg](k entryKind[T], fam family, es entryList[T], list []T) (ch
 	if n := len(changed) + len(es.msgs) - matched; n > wholeCompileAt && n > max(len(list), len(es.msgs))/2 {
 		return nil, nil, es, false
 	}
-	kept := make([]bool, len(es.msgs))
-	for _, e := range list {
-		if j, found := es.pos[e.GetId()]; found {
-			kept[j] = true
-		}
-	}
-	for j, e := range es.msgs {
-		if !kept[j] {
-			old, err := k.puts(fam, e)
-			if err != nil {
-				return nil, nil, es, false
+	// Entries went only when fewer than all were matched (an id repeated in list was refused
+	// above): finding which costs a look-up per entry.
+	if matched < len(es.msgs) {
+		kept := make([]bool, len(es.msgs))
+		for _, e := range list {
+			if j, found := es.pos[e.GetId()]; found {
+				kept[j] = true
 			}
-			changes = append(changes, change{kind: k.name, id: e.GetId(), old: old})
+		}
+		for j, e := range es.msgs {
+			if !kept[j] {
+				old, err := k.puts(fam, e)
+				if err != nil {
+					return nil, nil, es, false
+				}
+				changes = append(changes, change{kind: k.name, id: e.GetId(), old: old})
+			}
 		}
 	}
 	next = es

@@ -300,3 +300,41 @@ func TestIncrementalFailedWrite(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, Render(q), dump)
 }
+
+// TestSameProgramCoversEveryField: SameProgram sees a change of each NodeProgram field but
+// version and epoch, and ignores those two.
+func TestSameProgramCoversEveryField(t *testing.T) {
+	base := goldenPrograms(t)["remote-worker-b"]
+	fields := base.ProtoReflect().Descriptor().Fields()
+	for i := range fields.Len() {
+		f := fields.Get(i)
+		other := proto.Clone(base).(*kuportv1.NodeProgram)
+		m := other.ProtoReflect()
+		switch {
+		case f.Name() == "version" || f.Name() == "epoch":
+			m.Set(f, protoreflect.ValueOfUint64(m.Get(f).Uint()+1))
+			assert.True(t, SameProgram(base, other), "%s is not content", f.Name())
+			continue
+		case f.Kind() == protoreflect.StringKind:
+			m.Set(f, protoreflect.ValueOfString(m.Get(f).String()+"x"))
+		case f.IsList():
+			l := m.Mutable(f).List()
+			l.Append(l.NewElement())
+		default:
+			t.Fatalf("%s: a field the test cannot change: %v", f.Name(), f.Kind())
+		}
+		assert.False(t, SameProgram(base, other), "%s", f.Name())
+		assert.False(t, SameProgram(other, base), "%s", f.Name())
+	}
+	assert.True(t, SameProgram(base, proto.Clone(base).(*kuportv1.NodeProgram)))
+	// An element edited in place counts too (the entries' own fields: TestSameCoversEveryField).
+	for _, edit := range []func(p *kuportv1.NodeProgram){
+		func(p *kuportv1.NodeProgram) { p.Links[0].Mtu++ },
+		func(p *kuportv1.NodeProgram) { p.ReturnPaths[0].Table++ },
+		func(p *kuportv1.NodeProgram) { p.DnatRules[0].ToPort++ },
+	} {
+		other := proto.Clone(base).(*kuportv1.NodeProgram)
+		edit(other)
+		assert.False(t, SameProgram(base, other))
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/hashicorp/go-hclog"
@@ -533,4 +534,53 @@ func TestPrivilegedTenThousandMappings(t *testing.T) {
 	assert.Len(t, counters, 2*n, "a Counter per DNAT and SNAT entry")
 	require.NoError(t, tn.dp.Apply(p))
 	assert.Zero(t, tn.dp.lastChanges, "re-applying the same program writes nothing")
+}
+
+// TestPrivilegedNetReadSkipped: under a watch, an Apply that changes table entries but not
+// the links and return paths reads none of them again, and one after someone deleted the
+// link (notified) reads them and puts it back; a resync of the same program always reads.
+func TestPrivilegedNetReadSkipped(t *testing.T) {
+	privileged(t)
+	base := goldenPrograms(t)["remote-worker-b"]
+	tn := newTestNS(t, "100.64.93.150")
+	_, err := tn.dp.Watch(t.Context())
+	require.NoError(t, err)
+	require.NoError(t, tn.dp.Apply(base))
+	// The Apply's own writes are notified: wait until they all are, then resync.
+	settled := func() {
+		t.Helper()
+		for n := tn.dp.netNotes.Load(); ; {
+			time.Sleep(300 * time.Millisecond)
+			m := tn.dp.netNotes.Load()
+			if m == n {
+				return
+			}
+			n = m
+		}
+	}
+	settled()
+	require.NoError(t, tn.dp.Apply(base))
+	known := tn.dp.netKnown
+	require.NotNil(t, known, "a whole read under a watch is recorded")
+	require.NoError(t, tn.dp.Apply(base))
+	assert.NotSame(t, known, tn.dp.netKnown, "a resync reads the links and return paths")
+	known = tn.dp.netKnown
+
+	moved := proto.Clone(base).(*kuportv1.NodeProgram)
+	moved.Version++
+	moved.DnatRules[0].ToAddress = "10.244.18.108"
+	require.NoError(t, tn.dp.Apply(moved))
+	assert.Same(t, known, tn.dp.netKnown, "an entry change under an unchanged watch reads no link")
+	assert.Equal(t, Render(moved), tn.nftList(t))
+
+	name := base.Links[0].GetName()
+	tn.exec(t, "ip", "link", "del", name)
+	require.Eventually(t, func() bool { return tn.dp.netNotes.Load() != known.notes }, 5*time.Second, 10*time.Millisecond)
+	require.NoError(t, tn.dp.Apply(base))
+	_, err = tn.nl.LinkByName(name)
+	require.NoError(t, err, "the deleted link is put back by the next change")
+	tn.checkKernel(t, base)
+	// The watch logs its last signal (to this test's log) a debounce after the last write.
+	settled()
+	time.Sleep(2 * watchDebounce)
 }

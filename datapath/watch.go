@@ -38,8 +38,10 @@ const watchReadBuffer = 4 << 20
 // Apply. Notifications of anything else are read and dropped, so another program's tables,
 // devices, rules and routes never cause a signal; Apply's own writes are notified like any
 // other, and the Apply they cause finds the kernel as it wrote it and writes nothing.
-// Notifications lost to a full socket buffer count as a change. Watch only reads: it never
-// writes to the kernel. The sockets close when ctx ends; the channel is never closed. A
+// Notifications lost to a full socket buffer count as a change. While a watch runs, an Apply
+// whose program changes table entries but names the links and return paths the last read of
+// them found, with no notification of them since, does not read them again (Apply). Watch only
+// reads: it never writes to the kernel. The sockets close when ctx ends; the channel is never closed. A
 // failed socket stops the watch (logged at warn level), not the datapath.
 func (d *Datapath) Watch(ctx context.Context) (<-chan struct{}, error) {
 	route, err := d.dialWatch(unix.NETLINK_ROUTE, unix.RTNLGRP_LINK, unix.RTNLGRP_IPV4_IFADDR, unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_IPV4_RULE)
@@ -58,7 +60,19 @@ func (d *Datapath) Watch(ctx context.Context) (<-chan struct{}, error) {
 		_ = route.Close()
 		_ = nft.Close()
 	}()
-	go d.readWatch(ctx, "rtnetlink", route, d.ownedRoute, db.note)
+	// While this watch reads, Apply may skip reading links and return paths when nothing
+	// of theirs was notified (datapath.go, netUnchanged): every owned notification, a lost
+	// burst and the watch's end count.
+	d.netWatches.Add(1)
+	noted := func(what string) {
+		d.netNotes.Add(1)
+		db.note(what)
+	}
+	go func() {
+		d.readWatch(ctx, "rtnetlink", route, d.ownedRoute, noted)
+		d.netNotes.Add(1)
+		d.netWatches.Add(-1)
+	}()
 	go d.readWatch(ctx, "nftables", nft, ownedNFT, db.note)
 	return out, nil
 }

@@ -222,17 +222,18 @@ func trafficFigures(t *topology, port int, d time.Duration) (gbps, connPerS, rrP
 	return gbps, connPerS, rrP50us, err
 }
 
-var writesRE = regexp.MustCompile(`kernel_writes=(\d+)`)
-
-// lastWrites is the kernel writes of the last Apply the log recorded.
-func lastWrites(log *bytes.Buffer) int {
-	m := writesRE.FindAllStringSubmatch(log.String(), -1)
+// lastField is the integer field name of the last Apply summary the log recorded (-1 when
+// there is none): kernel_writes, in_kernel_us, took_us.
+func lastField(log *bytes.Buffer, name string) int {
+	m := regexp.MustCompile(name+`=(\d+)`).FindAllStringSubmatch(log.String(), -1)
 	if len(m) == 0 {
 		return -1
 	}
 	n, _ := strconv.Atoi(m[len(m)-1][1])
 	return n
 }
+
+func lastWrites(log *bytes.Buffer) int { return lastField(log, "kernel_writes") }
 
 func measure(n int, agent string, d time.Duration) error {
 	p := program(n)
@@ -295,7 +296,23 @@ func measure(n int, agent string, d time.Duration) error {
 	}
 	resync := time.Since(start) / resyncs
 
-	// One mapping (the middle one) retargeted to another pod and back.
+	// The agent watches for drift while it applies (cmd/kuport-agent), which lets a change
+	// that keeps the links and return paths skip reading them (datapath.Apply).
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	if _, err := dp.Watch(ctx); err != nil {
+		return err
+	}
+	time.Sleep(500 * time.Millisecond)  // the first apply's notifications read
+	if err := dp.Apply(p); err != nil { // a resync: reads what the watch now covers
+		return err
+	}
+
+	// One mapping (the middle one) retargeted to another pod and back, taken as the agent
+	// takes a program it received (agent.handleProgram: Validate, SameProgram against the
+	// current one, Apply): change_ms until the kernel holds it (Apply's in_kernel_us: the
+	// transaction committed, links and return paths synced), the whole with the conntrack
+	// sweep after it on stderr.
 	moved := proto.Clone(p).(*kuportv1.NodeProgram)
 	mid := n / 2
 	moved.Version++
@@ -303,21 +320,33 @@ func measure(n int, agent string, d time.Duration) error {
 	back := proto.Clone(p).(*kuportv1.NodeProgram)
 	back.Version += 2
 	const changes = 4
-	var change time.Duration
+	var change, whole time.Duration
 	writes := 0
+	cur := p
 	for i := range changes {
 		next := moved
 		if i%2 == 1 {
 			next = back
 		}
 		start = time.Now()
+		if err := dp.Validate(next); err != nil {
+			return err
+		}
+		if datapath.SameProgram(next, cur) {
+			return errors.New("the changed program is the same")
+		}
+		before := time.Since(start)
 		if err := dp.Apply(next); err != nil {
 			return err
 		}
-		change += time.Since(start)
+		cur = next
+		whole += time.Since(start)
+		change += before + time.Duration(lastField(&log, "in_kernel_us"))*time.Microsecond
 		writes = lastWrites(&log)
 	}
 	change /= changes
+	whole /= changes
+	fmt.Fprintf(os.Stderr, "mappings=%d change: in the kernel after %.1f ms, Apply with the conntrack sweep %.1f ms\n", n, ms(change), ms(whole))
 
 	gbps, connPerS, rrP50, err := trafficFigures(t, 10000+n-1, d)
 	if err != nil {

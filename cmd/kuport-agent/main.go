@@ -204,6 +204,7 @@ func runErr(args []string, stdout, stderr io.Writer) error {
 		Datapath:       dp,
 		EntryErrors:    datapath.EntryErrors,
 		Validate:       dp.Validate,
+		SameContent:    datapath.SameProgram,
 		Log:            log,
 		ReportInterval: *reportInterval,
 		ResyncInterval: *resyncInterval,

@@ -1354,7 +1354,12 @@ func (x *EntryError) GetMessage() string {
 	return ""
 }
 
-// Ack reports the outcome of applying one program version.
+// Ack reports the outcome of applying one program version. The agent sends it when Apply
+// has returned: the program's nftables elements are committed, its links and return paths
+// are in place, and the conntrack entries of flows its DNAT change left pinned to an old
+// target (or, for UDP, un-NATed past a mapping added now) are deleted, so a client's next
+// packet takes the new rules. An Ack for a program whose content the agent already holds
+// is sent without applying it again (the kernel holds it).
 type Ack struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Version uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
