@@ -52,7 +52,9 @@ func startLabReplicas(t *testing.T, replicas int) *lab.Lab {
 	t.Helper()
 	k8sBin := labtest.K8sBin(t)
 	bin := labtest.KuportBin(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	// The bound includes waiting for the machine-wide lab lock, which another lab may hold
+	// for minutes; bringing the lab up takes well under one.
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	l, err := lab.Up(ctx, lab.Options{
 		Dir:      cluster.DefaultDir,
