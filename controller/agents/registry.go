@@ -12,7 +12,6 @@ import (
 	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
-	"fmt"
 	"maps"
 	"slices"
 	"sync"
@@ -23,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"kuport.wlz.li/kuport/controller/compile"
+	"kuport.wlz.li/kuport/controller/programmed"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -103,6 +103,8 @@ type Registry struct {
 	mu       sync.Mutex
 	released bool
 	nodes    map[string]*node
+	// touched are the mappings whose readiness may have changed since Touched was last called.
+	touched map[string]bool
 }
 
 type node struct {
@@ -184,6 +186,7 @@ func NewRegistry(cfg Config) *Registry {
 		onEpochBehind: onEpochBehind,
 		done:          make(chan struct{}),
 		nodes:         map[string]*node{},
+		touched:       map[string]bool{},
 	}
 }
 
@@ -258,6 +261,7 @@ func (r *Registry) storeLocked(name string, n *node, p *kuportv1.NodeProgram, in
 	for m := range n.mappings {
 		if _, ok := digests[m]; !ok {
 			delete(n.mappings, m)
+			r.touched[m] = true
 		}
 	}
 	for m, d := range digests {
@@ -267,6 +271,7 @@ func (r *Registry) storeLocked(name string, n *node, p *kuportv1.NodeProgram, in
 		}
 		d.version = next.Version
 		n.mappings[m] = d
+		r.touched[m] = true
 	}
 	if r.released && n.session != nil {
 		wake(n.session)
@@ -332,21 +337,20 @@ func digestMappings(p *kuportv1.NodeProgram, index compile.NodeIndex) map[string
 // Release ends the startup hold (DESIGN.md: after a restart an agent that reconnects first
 // must not be handed a program missing its peer's link, which would make it tear a live link
 // down). unheard are the nodes the caller expects whose agents' state the programs it just
-// stored were compiled without: the hold lasts until a compile has heard every one of them,
-// or until Start+Hold. It returns true when released, else how long until the hold times out.
+// stored were compiled without (programmed.Unheard): the hold lasts while Term(unheard,
+// now).Holding(). It returns true when released, else how long until the hold times out.
 func (r *Registry) Release(unheard []string, now time.Time) (bool, time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.released {
 		return true, 0
 	}
-	missing := unheard
-	if r.holds(unheard, now) {
-		r.log.Info("holding programs until every node said hello", "missing", missing, "until", r.holdUntil)
+	if r.termLocked(unheard, now).Holding() {
+		r.log.Info("holding programs until every node said hello", "missing", unheard, "until", r.holdUntil)
 		return false, r.holdUntil.Sub(now)
 	}
 	r.released = true
-	r.log.Info("releasing programs", "missing", missing)
+	r.log.Info("releasing programs", "missing", unheard)
 	for _, n := range r.nodes {
 		if n.session != nil {
 			wake(n.session)
@@ -362,27 +366,46 @@ func (r *Registry) Close() { r.closeOnce.Do(func() { close(r.done) }) }
 // Done is closed once Close was called.
 func (r *Registry) Done() <-chan struct{} { return r.done }
 
-// Holding reports whether Release(unheard, now) would keep holding programs back.
-func (r *Registry) Holding(unheard []string, now time.Time) bool {
+// Term returns this term's startup hold as of now, with unheard as the nodes the last
+// compile had no state from (programmed.Unheard).
+func (r *Registry) Term(unheard []string, now time.Time) programmed.Term {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.holds(unheard, now)
+	return r.termLocked(unheard, now)
 }
 
-// holds is Holding, called with r.mu held.
-func (r *Registry) holds(unheard []string, now time.Time) bool {
-	return !r.released && len(unheard) > 0 && now.Before(r.holdUntil)
+func (r *Registry) termLocked(unheard []string, now time.Time) programmed.Term {
+	return programmed.Term{Now: now, HoldUntil: r.holdUntil, Released: r.released, Unheard: unheard}
 }
 
-// Settling reports whether node's agent has yet to acknowledge any program of this term
-// while the term is younger than the startup hold (Config.Hold): after a change of leader
-// the agents reconnect and acknowledge the new term's first programs within a few seconds,
-// and until then what they hold is the previous leader's, not known to be missing.
-func (r *Registry) Settling(node string, now time.Time) bool {
+// Acks returns what the registry knows of each of nodes for mapping (a MappingKey), in
+// nodes' order, for programmed.Decide.
+func (r *Registry) Acks(mapping string, nodes []string) []programmed.Node {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	n := r.nodes[node]
-	return (n == nil || n.ackedVersion == 0) && now.Before(r.holdUntil)
+	out := make([]programmed.Node, len(nodes))
+	for i, name := range nodes {
+		out[i] = r.nodes[name].acks(name, mapping)
+	}
+	return out
+}
+
+// Touched returns the mappings whose programmed.Node on some node may have changed since
+// the last call (a version stored, an acknowledgement, an agent connecting or leaving), and
+// forgets them.
+func (r *Registry) Touched() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := slices.Sorted(maps.Keys(r.touched))
+	clear(r.touched)
+	return out
+}
+
+// touchLocked records that every mapping of n's program may have changed readiness.
+func (r *Registry) touchLocked(n *node) {
+	for m := range n.mappings {
+		r.touched[m] = true
+	}
 }
 
 // Agents returns what each node's agent last told, for compile's snapshot.
@@ -398,56 +421,30 @@ func (r *Registry) Agents() map[string]*compile.AgentState {
 	return out
 }
 
-// MappingReady tells whether node's kernel holds mapping's entries: its agent is connected,
-// has acknowledged (in this epoch) a version at least the one where the mapping's entries
-// last changed, and reported no error for any of them. Otherwise it returns false and a
-// message naming the node and what is missing (API.md, NodeNotReady).
-func (r *Registry) MappingReady(nodeName, mapping string) (bool, string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.nodes[nodeName].mappingReady(nodeName, mapping)
-}
-
-// mappingReady is MappingReady for n (nil for a node never named), called with Registry.mu held.
-func (n *node) mappingReady(nodeName, mapping string) (bool, string) {
-	switch {
-	case n == nil || !n.everHello:
-		return false, fmt.Sprintf("node %s: agent not connected", nodeName)
-	case n.session == nil:
-		return false, fmt.Sprintf("node %s: agent disconnected", nodeName)
+// acks is Registry.Acks for one node (n nil for a node never named), called with
+// Registry.mu held.
+func (n *node) acks(nodeName, mapping string) programmed.Node {
+	out := programmed.Node{Name: nodeName}
+	if n == nil {
+		return out
 	}
+	out.Hello, out.Connected, out.Acked = n.everHello, n.session != nil, n.ackedVersion
 	mv := n.mappings[mapping]
 	if mv == nil {
-		return false, fmt.Sprintf("node %s: program carries no entry of the mapping yet", nodeName)
+		return out
 	}
-	if n.ackedVersion < mv.version {
-		return false, fmt.Sprintf("node %s has not acknowledged program version %d", nodeName, mv.version)
-	}
+	out.Version = mv.version
 	for _, e := range n.ackErrors {
 		switch {
 		case mv.ids[e.Id]:
-			return false, fmt.Sprintf("node %s failed to apply %s: %s", nodeName, e.Id, e.Message)
+			out.Failed = e.Id + ": " + e.Message
+			return out
 		case !n.hasEntry(e.Id):
-			// An error no entry owns (a failed kernel read, a refused transaction, fencing)
-			// leaves nothing on the node known to be in place.
-			return false, fmt.Sprintf("node %s failed to apply its program: %s", nodeName, e.Message)
+			out.ProgramFailed = e.Message
+			return out
 		}
 	}
-	return true, ""
-}
-
-// AwaitingAck reports whether mapping is not yet in node's kernel only because the node's
-// connected agent has not acknowledged the version carrying it: the ordinary moment after a
-// change, not a fault.
-func (r *Registry) AwaitingAck(nodeName, mapping string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	n := r.nodes[nodeName]
-	if n == nil || n.session == nil {
-		return false
-	}
-	mv := n.mappings[mapping]
-	return mv == nil || n.ackedVersion < mv.version
+	return out
 }
 
 // hasEntry reports whether id names an entry of some mapping in n's current program.
@@ -534,7 +531,7 @@ func (mv *mappingVersion) counters(n *node) []*kuportv1.Counter {
 
 // Mapping returns mapping's ("<namespace>/<name>") state on every node whose current program
 // carries entries of it, sorted by node: the entry ids, the version where they last changed,
-// whether the agent acknowledged it, MappingReady's verdict, and the entries' counters and
+// whether the agent acknowledged it, its programmed.Node's Ready verdict, and the entries' counters and
 // link statistics from the node's latest Report. Empty when no program carries the mapping.
 func (r *Registry) Mapping(mapping string) []*kuportv1.MappingNode {
 	r.mu.Lock()
@@ -552,7 +549,7 @@ func (r *Registry) Mapping(mapping string) []*kuportv1.MappingNode {
 			Acked:    n.ackedVersion >= mv.version,
 			Counters: mv.counters(n),
 		}
-		mn.Ready, mn.Message = n.mappingReady(name, mapping)
+		mn.Ready, mn.Message = n.acks(name, mapping).Ready()
 		if mi := n.index[mapping]; mi != nil {
 			for _, e := range mi.Entries {
 				v := n.answers[e.ID].Verdict
@@ -666,6 +663,7 @@ func (r *Registry) connect(hello *kuportv1.Hello) *session {
 	n.state = hello.State
 	n.ackErrors = nil
 	n.ackedVersion = 0
+	r.touchLocked(n)
 	if hello.AppliedEpoch == r.epoch && n.program != nil && hello.AppliedVersion <= n.program.Version {
 		n.ackedVersion = hello.AppliedVersion
 		s.sent = hello.AppliedVersion
@@ -694,6 +692,7 @@ func (r *Registry) disconnect(s *session) {
 	current := n != nil && n.session == s
 	if current {
 		n.session = nil
+		r.touchLocked(n)
 	}
 	r.mu.Unlock()
 	if current {
@@ -731,6 +730,7 @@ func (r *Registry) ack(s *session, a *kuportv1.Ack) {
 	case a.Version < n.ackedVersion:
 		reason = "older than the acknowledged version"
 	default:
+		r.touchAckLocked(n, a)
 		n.ackedVersion = a.Version
 		n.ackErrors = a.Errors
 	}
@@ -744,6 +744,20 @@ func (r *Registry) ack(s *session, a *kuportv1.Ack) {
 	}
 	r.log.Debug("program acknowledged", "node", s.node, "version", a.Version, "errors", len(a.Errors))
 	r.onChange(Acked)
+}
+
+// touchAckLocked records the mappings whose readiness a acknowledging n's program may change:
+// those whose version it reaches, or every one when errors came or went.
+func (r *Registry) touchAckLocked(n *node, a *kuportv1.Ack) {
+	if len(a.Errors) > 0 || len(n.ackErrors) > 0 {
+		r.touchLocked(n)
+		return
+	}
+	for m, mv := range n.mappings {
+		if mv.version > n.ackedVersion && mv.version <= a.Version {
+			r.touched[m] = true
+		}
+	}
 }
 
 // report records a Report; a different NodeState makes compile run again.

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"kuport.wlz.li/kuport/controller/compile"
+	"kuport.wlz.li/kuport/controller/programmed"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -72,6 +73,11 @@ func edgeIndex(withLocal bool) map[string]compile.NodeIndex {
 	return map[string]compile.NodeIndex{"edge-a": remoteIndex(withLocal)}
 }
 
+// ready is programmed's verdict on whether node's kernel holds mapping.
+func ready(r *Registry, node, mapping string) (bool, string) {
+	return r.Acks(mapping, []string{node})[0].Ready()
+}
+
 func newTestRegistry(changes *[]Change) *Registry {
 	return NewRegistry(Config{Epoch: 77, Start: t0, OnChange: func(c Change) {
 		if changes != nil {
@@ -126,7 +132,7 @@ func TestMappingVersionsAndAckGating(t *testing.T) {
 	r := newTestRegistry(&changes)
 	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false)}, edgeIndex(false)) // v1
 
-	ok, why := r.MappingReady("edge-a", "games/remote")
+	ok, why := ready(r, "edge-a", "games/remote")
 	assert.False(t, ok)
 	assert.Equal(t, "node edge-a: agent not connected", why)
 
@@ -137,20 +143,20 @@ func TestMappingVersionsAndAckGating(t *testing.T) {
 	require.True(t, released)
 	require.NotNil(t, r.next(s))
 
-	ok, why = r.MappingReady("edge-a", "games/remote")
+	ok, why = ready(r, "edge-a", "games/remote")
 	assert.False(t, ok)
 	assert.Equal(t, "node edge-a has not acknowledged program version 1", why)
 
 	r.ack(s, &kuportv1.Ack{Epoch: 77, Version: 1})
 	assert.Equal(t, []Change{StateChanged, Acked}, changes)
-	ok, _ = r.MappingReady("edge-a", "games/remote")
+	ok, _ = ready(r, "edge-a", "games/remote")
 	assert.True(t, ok)
 
 	// v2 adds games/local only: games/remote stays programmed at ack 1, games/local waits.
 	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", true)}, edgeIndex(true))
-	ok, _ = r.MappingReady("edge-a", "games/remote")
+	ok, _ = ready(r, "edge-a", "games/remote")
 	assert.True(t, ok)
-	ok, why = r.MappingReady("edge-a", "games/local")
+	ok, why = ready(r, "edge-a", "games/local")
 	assert.False(t, ok)
 	assert.Equal(t, "node edge-a has not acknowledged program version 2", why)
 
@@ -159,9 +165,9 @@ func TestMappingVersionsAndAckGating(t *testing.T) {
 	p.Links[0].Mtu = 1350
 	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": p}, edgeIndex(true))
 	r.ack(s, &kuportv1.Ack{Epoch: 77, Version: 2})
-	ok, _ = r.MappingReady("edge-a", "games/local")
+	ok, _ = ready(r, "edge-a", "games/local")
 	assert.True(t, ok)
-	ok, why = r.MappingReady("edge-a", "games/remote")
+	ok, why = ready(r, "edge-a", "games/remote")
 	assert.False(t, ok)
 	assert.Equal(t, "node edge-a has not acknowledged program version 3", why)
 
@@ -174,24 +180,24 @@ func TestMappingVersionsAndAckGating(t *testing.T) {
 
 	// An ack with an error on one of the mapping's entries (here its link) is not programmed.
 	r.ack(s, &kuportv1.Ack{Epoch: 77, Version: 3, Errors: []*kuportv1.EntryError{{Id: "kup-1234abcd", Message: "file exists"}}})
-	ok, why = r.MappingReady("edge-a", "games/remote")
+	ok, why = ready(r, "edge-a", "games/remote")
 	assert.False(t, ok)
 	assert.Equal(t, "node edge-a failed to apply kup-1234abcd: file exists", why)
-	ok, _ = r.MappingReady("edge-a", "games/local")
+	ok, _ = ready(r, "edge-a", "games/local")
 	assert.True(t, ok)
 
 	// An error no entry owns (a refused transaction, fencing) fails every mapping on the node.
 	for _, id := range []string{"", "ip rule 101 stale"} {
 		r.ack(s, &kuportv1.Ack{Epoch: 77, Version: 3, Errors: []*kuportv1.EntryError{{Id: id, Message: "transaction refused"}}})
 		for _, m := range []string{"games/local", "games/remote"} {
-			ok, why = r.MappingReady("edge-a", m)
+			ok, why = ready(r, "edge-a", m)
 			assert.False(t, ok, "%s with error id %q", m, id)
 			assert.Equal(t, "node edge-a failed to apply its program: transaction refused", why)
 		}
 	}
 
 	r.disconnect(s)
-	ok, why = r.MappingReady("edge-a", "games/local")
+	ok, why = ready(r, "edge-a", "games/local")
 	assert.False(t, ok)
 	assert.Equal(t, "node edge-a: agent disconnected", why)
 	assert.False(t, r.Agents()["edge-a"].Connected)
@@ -225,20 +231,46 @@ func TestReleaseWaitsForExpectedNodesOrTimeout(t *testing.T) {
 	assert.True(t, released)
 }
 
-// TestSettling: a node is settling from the term's start until its agent acknowledges a
-// program of this term, and no longer than the startup hold.
-func TestSettling(t *testing.T) {
+// TestAcksTermAndTouched: Acks and Term carry what programmed.Decide reads (settling is
+// decided there from them), and Touched names the mappings a store, a connect, an ack or a
+// disconnect may have changed, once.
+func TestAcksTermAndTouched(t *testing.T) {
 	r := newTestRegistry(nil)
-	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false)}, edgeIndex(false))
-	assert.True(t, r.Settling("edge-a", t0.Add(time.Second)), "not heard from yet")
-	assert.True(t, r.Settling("worker-b", t0.Add(time.Second)), "a node no program names")
-	assert.False(t, r.Settling("edge-a", t0.Add(DefaultHold)), "the hold is over")
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false)}, edgeIndex(false)) // v1
+	assert.Equal(t, []string{"games/remote"}, r.Touched())
+	assert.Empty(t, r.Touched(), "forgotten once told")
+	assert.Equal(t, []programmed.Node{{Name: "edge-a", Version: 1}, {Name: "worker-b"}},
+		r.Acks("games/remote", []string{"edge-a", "worker-b"}), "worker-b: a node no program names")
+	term := r.Term([]string{"worker-b"}, t0.Add(time.Second))
+	assert.Equal(t, programmed.Term{Now: t0.Add(time.Second), HoldUntil: t0.Add(DefaultHold), Unheard: []string{"worker-b"}}, term)
+	assert.True(t, term.Holding())
+
 	s := r.connect(&kuportv1.Hello{Node: "edge-a", AppliedEpoch: 76, AppliedVersion: 9})
-	assert.True(t, r.Settling("edge-a", t0.Add(time.Second)), "what it holds is the previous term's")
+	assert.Equal(t, []string{"games/remote"}, r.Touched())
+	assert.Equal(t, []programmed.Node{{Name: "edge-a", Hello: true, Connected: true, Version: 1}}, r.Acks("games/remote", []string{"edge-a"}),
+		"what it holds is the previous term's: acknowledged nothing of this one")
 	r.Release(nil, t0.Add(time.Second))
+	assert.True(t, r.Term(nil, t0.Add(time.Second)).Released)
 	require.NotNil(t, r.next(s))
+
+	// v2 adds games/local: only it is touched; acking v2 touches it again, not games/remote.
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", true)}, edgeIndex(true))
+	assert.Equal(t, []string{"games/local"}, r.Touched())
 	r.ack(s, &kuportv1.Ack{Epoch: 77, Version: 1})
-	assert.False(t, r.Settling("edge-a", t0.Add(time.Second)), "acknowledged in this term")
+	assert.Equal(t, []string{"games/remote"}, r.Touched())
+	r.ack(s, &kuportv1.Ack{Epoch: 77, Version: 2})
+	assert.Equal(t, []string{"games/local"}, r.Touched())
+	assert.Equal(t, []programmed.Node{{Name: "edge-a", Hello: true, Connected: true, Acked: 2, Version: 2}}, r.Acks("games/local", []string{"edge-a"}))
+
+	// An error touches every mapping of the node, and so does its clearing.
+	r.ack(s, &kuportv1.Ack{Epoch: 77, Version: 2, Errors: []*kuportv1.EntryError{{Id: "games/local/dnat/enp1s0", Message: "boom"}}})
+	assert.Equal(t, []string{"games/local", "games/remote"}, r.Touched())
+	assert.Equal(t, "games/local/dnat/enp1s0: boom", r.Acks("games/local", []string{"edge-a"})[0].Failed)
+	r.ack(s, &kuportv1.Ack{Epoch: 77, Version: 2})
+	assert.Equal(t, []string{"games/local", "games/remote"}, r.Touched())
+
+	r.disconnect(s)
+	assert.Equal(t, []string{"games/local", "games/remote"}, r.Touched())
 }
 
 func TestHelloWithCurrentProgramIsNotResent(t *testing.T) {
@@ -247,7 +279,7 @@ func TestHelloWithCurrentProgramIsNotResent(t *testing.T) {
 	r.Release(nil, t0)
 	s := r.connect(&kuportv1.Hello{Node: "edge-a", AppliedEpoch: 77, AppliedVersion: 1})
 	assert.Nil(t, r.next(s))
-	ok, _ := r.MappingReady("edge-a", "games/remote")
+	ok, _ := ready(r, "edge-a", "games/remote")
 	assert.True(t, ok, "the agent said it holds version 1 of this epoch")
 
 	// A newer stream of the same node replaces the old one; the old one's end changes nothing.
