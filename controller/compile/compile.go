@@ -64,9 +64,9 @@ type compiler struct {
 	// tables in use per node across every class's claims.
 	tables map[string]map[int32]bool
 	// held: the port ranges accepted mappings hold per (node, interface, protocol).
-	held map[hold][]holding
+	held map[hold]*holdings
 	// crossings: the dialed port ranges that accepted mappings send over each link.
-	crossings map[crossing][]holding
+	crossings map[crossing]*holdings
 	// replies: how accepted mappings return each pod's replies.
 	replies  map[replies][]replyHolding
 	programs map[string]*programBuilder
@@ -79,8 +79,8 @@ func newCompiler(s *Snapshot) *compiler {
 		nodes:     map[string]*nodeView{},
 		classes:   map[string]*classInfo{},
 		tables:    map[string]map[int32]bool{},
-		held:      map[hold][]holding{},
-		crossings: map[crossing][]holding{},
+		held:      map[hold]*holdings{},
+		crossings: map[crossing]*holdings{},
 		replies:   map[replies][]replyHolding{},
 		programs:  map[string]*programBuilder{},
 	}

@@ -107,11 +107,6 @@ type hold struct {
 	proto       kuportv1.Protocol
 }
 
-type holding struct {
-	ports portRange
-	by    string
-}
-
 // plan decides acceptance in one phase, before any link slot is allocated: the checks of
 // accept, then for a mapping that could be programmed its endpoint, serving node and targets
 // (the programming nodes that bind an interface) and the link crossings and reply ways they
@@ -246,11 +241,9 @@ func (c *compiler) accept(p *plan) (string, string) {
 		}
 	}
 	for _, h := range p.holds() {
-		for _, other := range c.held[h] {
-			if other.ports.overlaps(p.ports) {
-				return v1alpha1.ReasonPortConflict, fmt.Sprintf("%s ports %s on %s interface %s are held by %s",
-					pm.Spec.Protocol, other.ports, h.node, h.iface, other.by)
-			}
+		if other, ok := c.held[h].first(p.ports); ok {
+			return v1alpha1.ReasonPortConflict, fmt.Sprintf("%s ports %s on %s interface %s are held by %s",
+				pm.Spec.Protocol, other.ports, h.node, h.iface, other.by)
 		}
 	}
 	for _, want := range pm.Spec.Interfaces {
@@ -324,11 +317,9 @@ func replyWay(p *plan) way {
 func (c *compiler) wayTaken(p *plan) (string, string) {
 	for _, t := range p.remoteTargets() {
 		pair := pairKey(p.pair(t))
-		for _, other := range c.crossings[crossing{class: p.class.name, pair: pair, proto: p.proto}] {
-			if other.ports.overlaps(p.ports) {
-				return v1alpha1.ReasonPortConflict, fmt.Sprintf("%s ports %s cross link %s of class %q, which already carries them for %s",
-					p.pm.Spec.Protocol, other.ports, pair, p.class.name, other.by)
-			}
+		if other, ok := c.crossings[crossing{class: p.class.name, pair: pair, proto: p.proto}].first(p.ports); ok {
+			return v1alpha1.ReasonPortConflict, fmt.Sprintf("%s ports %s cross link %s of class %q, which already carries them for %s",
+				p.pm.Spec.Protocol, other.ports, pair, p.class.name, other.by)
 		}
 	}
 	mine := replyWay(p)
@@ -348,17 +339,27 @@ func (c *compiler) wayTaken(p *plan) (string, string) {
 // older mapping's), and the way its pod's replies return.
 func (c *compiler) hold(p *plan) {
 	for _, h := range p.holds() {
-		c.held[h] = append(c.held[h], holding{ports: p.ports, by: p.name})
+		holdingsOf(c.held, h).add(p.ports, p.name)
 	}
 	if !p.ok() {
 		return
 	}
 	for _, t := range p.remoteTargets() {
 		k := crossing{class: p.class.name, pair: pairKey(p.pair(t)), proto: p.proto}
-		c.crossings[k] = append(c.crossings[k], holding{ports: p.ports, by: p.name})
+		holdingsOf(c.crossings, k).add(p.ports, p.name)
 	}
 	k := replies{node: p.ep.node, address: p.ep.address, proto: p.proto}
 	c.replies[k] = append(c.replies[k], replyHolding{ports: p.ports.startingAt(p.ep.port), way: replyWay(p), by: p.name})
+}
+
+// holdingsOf returns m's holdings of k, created on first use.
+func holdingsOf[K comparable](m map[K]*holdings, k K) *holdings {
+	h := m[k]
+	if h == nil {
+		h = &holdings{}
+		m[k] = h
+	}
+	return h
 }
 
 // namespaceSelected applies the class's namespaceSelector to the namespace's labels; no

@@ -1,0 +1,64 @@
+package compile
+
+import (
+	"fmt"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"kuport.wlz.li/kuport/api/v1alpha1"
+)
+
+// clusterWorld is a cluster of nodes nodes: edge-a accepts class public (subnet
+// 169.254.0.0/16, room for every link) on enp1s0 and wt0, the others are workers
+// node-000, node-001, ...; n TCP mappings from port 10000 up, each to its own Service and pod,
+// the pods spread over edge-a and the workers in turn, so edge-a holds a link to every worker.
+func clusterWorld(n, nodes int) *Snapshot {
+	s := world()
+	delete(s.Agents, "worker-b")
+	delete(s.Agents, "worker-c")
+	delete(s.Nodes, "worker-b")
+	delete(s.Nodes, "worker-c")
+	s.Classes["public"].Spec.ReturnPath.Vxlan.Subnet = "169.254.0.0/16"
+	workers := make([]string, nodes-1)
+	for w := range workers {
+		workers[w] = fmt.Sprintf("node-%03d", w)
+		addNodes(s, workers[w])
+		s.Agents[workers[w]] = mkAgent(iface("wt0", fmt.Sprintf("100.65.%d.%d", w/250, 1+w%250), 1420), iface("eth0", "192.0.2.2", 1500))
+	}
+	for i := range n {
+		name, port := fmt.Sprintf("m%05d", i), int32(10000+i)
+		node := "edge-a"
+		if w := i % nodes; w > 0 {
+			node = workers[w-1]
+		}
+		ip := fmt.Sprintf("10.%d.%d.%d", i%nodes, i/nodes/250, 2+i/nodes%250)
+		addService(s, name, port, mkEndpoint(name+"-0", ip, node))
+		s.PortMaps = append(s.PortMaps, mkPortMap(name, i, port))
+	}
+	return s
+}
+
+// BenchmarkCompileCluster measures a full compile of 10,000 mappings over 200 nodes
+// (bench/compile.sh prints it as BENCH compile ... full_ms):
+//
+//	go test -run '^$' -bench CompileCluster ./controller/compile/
+func BenchmarkCompileCluster(b *testing.B) {
+	s := clusterWorld(10000, 200)
+	res := Compile(s)
+	programmed := 0
+	for _, r := range res.PortMaps {
+		if meta.IsStatusConditionPresentAndEqual(r.Status.Conditions, v1alpha1.ConditionProgrammed, metav1.ConditionTrue) {
+			programmed++
+		}
+	}
+	if programmed != 10000 || len(res.Programs) != 200 {
+		b.Fatalf("%d of 10000 mappings programmed, %d programs", programmed, len(res.Programs))
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		Compile(s)
+	}
+}
