@@ -31,6 +31,12 @@ const (
 // path of the founding document's decision flowchart and refusal table, link slots, per-node
 // tables and marks, and link MTU, under servingMode Single and Multi alike.
 func Compile(s *Snapshot) *Result {
+	_, r := compileFull(s)
+	return r
+}
+
+// compileFull is Compile, returning the compiler's final state too (Incremental keeps it).
+func compileFull(s *Snapshot) (*compiler, *Result) {
 	if s == nil {
 		s = &Snapshot{}
 	}
@@ -38,13 +44,13 @@ func Compile(s *Snapshot) *Result {
 	c.validateClasses()
 	c.loadClaims()
 	for _, pm := range c.sortedPortMaps() {
-		c.plan(pm)
+		c.plans = append(c.plans, c.plan(pm))
 	}
 	c.allocate()
 	for _, p := range c.plans {
 		c.emit(p)
 	}
-	return c.result()
+	return c, c.result()
 }
 
 // compiler holds one compilation's working state.

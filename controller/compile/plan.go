@@ -66,6 +66,12 @@ type plan struct {
 	published []v1alpha1.PublishedAddress
 	// serving is the serving node (API.md), set with ep.
 	serving string
+	// needs are the links ("<class>/<pair>") it needed when allocate ran.
+	needs []string
+	// crossed and replied: the crossings and the reply way hold took (the plan may fail
+	// later, in allocate or emit, and keep them).
+	crossed []crossing
+	replied bool
 }
 
 // target is one programming node with the interfaces it binds (at least one), and the link
@@ -115,9 +121,8 @@ type hold struct {
 // exist; allocate and emit only number and write what is accepted here. A target lacking the
 // pod in a class that builds no links fails the mapping with ReturnPathUnavailable (founding
 // document, refusal table).
-func (c *compiler) plan(pm *v1alpha1.PortMap) {
+func (c *compiler) plan(pm *v1alpha1.PortMap) *plan {
 	p := &plan{pm: pm, key: MappingKey(pm), name: pm.Namespace + "/" + pm.Name}
-	c.plans = append(c.plans, p)
 	first := uint32(max(pm.Spec.Port, 0))
 	last := first
 	if pm.Spec.EndPort != nil {
@@ -126,16 +131,17 @@ func (c *compiler) plan(pm *v1alpha1.PortMap) {
 	p.ports = portRange{first: first, last: last}
 	p.acceptReason, p.acceptMsg = c.accept(p)
 	if !p.accepted() {
-		return
+		return p
 	}
 	c.route(p)
 	if p.ok() {
 		if reason, msg := c.wayTaken(p); reason != "" {
 			p.acceptReason, p.acceptMsg = reason, msg
-			return
+			return p
 		}
 	}
 	c.hold(p)
+	return p
 }
 
 // route chooses an accepted mapping's endpoint, serving node and targets, or records the
@@ -347,7 +353,9 @@ func (c *compiler) hold(p *plan) {
 	for _, t := range p.remoteTargets() {
 		k := crossing{class: p.class.name, pair: pairKey(p.pair(t)), proto: p.proto}
 		holdingsOf(c.crossings, k).add(p.ports, p.name)
+		p.crossed = append(p.crossed, k)
 	}
+	p.replied = true
 	k := replies{node: p.ep.node, address: p.ep.address, proto: p.proto}
 	c.replies[k] = append(c.replies[k], replyHolding{ports: p.ports.startingAt(p.ep.port), way: replyWay(p), by: p.name})
 }
