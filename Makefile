@@ -162,6 +162,8 @@ test: deps tools lab-binaries check-generated lint build images lab-images image
 		$(GO) test -count=1 -p 1 -timeout 30m ./...
 	# bench/datapath.sh once at small N: a smoke test that it completes, not of its timings.
 	sh bench/datapath.sh --mappings 1,10 --traffic 200ms
+	# bench/compile.sh once per benchmark: that it completes, not its timings.
+	sh bench/compile.sh --smoke
 	@$(MAKE) --no-print-directory fuzz-smoke
 
 # fuzz-smoke runs each fuzz target briefly beyond its committed corpus (testdata/fuzz/<name>/,

@@ -130,6 +130,8 @@ type Controller struct {
 	// mu guards last, unheard and keys: written by the compile worker, read by the status
 	// workers.
 	mu sync.Mutex
+	// inc compiles each snapshot from the one before (compile worker only).
+	inc compile.Incremental
 	// last is the latest compile result.
 	last *compile.Result
 	// unheard are the nodes the startup hold waits for that last was compiled without.
@@ -395,7 +397,7 @@ func isOnlyConflicts(err error) bool {
 	return apierrors.IsConflict(err)
 }
 
-// compile runs compile.Compile on a fresh snapshot, records the class statuses (the link
+// compile runs compile.Incremental on a fresh snapshot, records the class statuses (the link
 // slot and table claims), hands the programs to the registry, ends the startup hold when it
 // may, and queues the PortMaps whose status may have changed: those whose compiled result
 // differs from the last compile's and those the registry touched (every one when the hold
@@ -406,7 +408,7 @@ func (c *Controller) compile(ctx context.Context) error {
 		return err
 	}
 	start := time.Now()
-	res := compile.Compile(snap)
+	res := c.inc.Compile(snap)
 	metrics.ObserveCompile(time.Since(start))
 	metrics.SetRefusals(res.PortMaps)
 	// Claims are persisted before any kernel may use them, so a restart or a failed write
@@ -449,7 +451,8 @@ func (c *Controller) compile(ctx context.Context) error {
 		return nil
 	}
 	for k, r := range res.PortMaps {
-		if old := prev.PortMaps[k]; old == nil || !equality.Semantic.DeepEqual(old, r) {
+		// Incremental shares the results it did not recompute: identity first.
+		if old := prev.PortMaps[k]; old != r && (old == nil || !equality.Semantic.DeepEqual(old, r)) {
 			c.statuses.Add(k)
 		}
 	}

@@ -112,7 +112,9 @@ type node struct {
 	// the node. Never mutated once stored (sent to streams concurrently).
 	program *kuportv1.NodeProgram
 	// index is compile's index of program, by mapping; never mutated once stored.
-	index    compile.NodeIndex
+	index compile.NodeIndex
+	// input is the program SetPrograms was last given for the node (compile's, not a copy).
+	input    *kuportv1.NodeProgram
 	mappings map[string]*mappingVersion
 
 	session        *session  // nil while no stream is open
@@ -204,7 +206,9 @@ func (r *Registry) nodeLocked(name string) *node {
 
 // SetPrograms stores compile's programs (content only: their version and epoch are
 // ignored) and their index (compile.Result.Index), which says which entries, links and
-// return paths of each program are a mapping's. A node whose content differs from what it holds gets version previous+1 and, when
+// return paths of each program are a mapping's. A program given again by identity (the same
+// pointer as last time) is taken as unchanged with its index: compile's results are never
+// mutated. A node whose content differs from what it holds gets version previous+1 and, when
 // its agent is connected and the startup hold is over, the new program is pushed. A node that
 // had a program and is absent from programs gets an empty one (its agent clears its rules).
 // It returns the names of the nodes whose program changed, sorted.
@@ -218,6 +222,7 @@ func (r *Registry) SetPrograms(programs map[string]*kuportv1.NodeProgram, index 
 		}
 		switch {
 		case n.program != nil && !isEmpty(n.program):
+			n.input = nil
 			if r.storeLocked(name, n, &kuportv1.NodeProgram{}, nil) {
 				changed = append(changed, name)
 			}
@@ -228,10 +233,17 @@ func (r *Registry) SetPrograms(programs map[string]*kuportv1.NodeProgram, index 
 		}
 	}
 	for name, p := range programs {
+		n := r.nodeLocked(name)
+		if p != nil && p == n.input {
+			// The very program stored last time (compile.Incremental shares what it did not
+			// recompile): unchanged, with its index, and not worth a clone and a comparison.
+			continue
+		}
+		n.input = p
 		if p == nil {
 			p = &kuportv1.NodeProgram{}
 		}
-		if r.storeLocked(name, r.nodeLocked(name), p, index[name]) {
+		if r.storeLocked(name, n, p, index[name]) {
 			changed = append(changed, name)
 		}
 	}
