@@ -19,12 +19,10 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -130,8 +128,16 @@ type Controller struct {
 	// mu guards last, unheard and keys: written by the compile worker, read by the status
 	// workers.
 	mu sync.Mutex
-	// inc compiles each snapshot from the one before (compile worker only).
+	// inc compiles each snapshot from the one before, told what changed (compile worker only).
 	inc compile.Incremental
+	// changes are what the events changed since the last compile; snap is the snapshot kept
+	// up to date from them, pmAt the index of each PortMap in snap.PortMaps, and fullAt when
+	// snap was last listed whole (compile worker only, but changes).
+	changes    changes
+	snap       *compile.Snapshot
+	pmAt       map[types.NamespacedName]int
+	fullAt     time.Time
+	sliceIndex cache.Indexer
 	// last is the latest compile result.
 	last *compile.Result
 	// unheard are the nodes the startup hold waits for that last was compiled without.
@@ -200,18 +206,27 @@ func New(cfg Config) (*Controller, error) {
 	})
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cfg.Kube.CoreV1().Events("")})
 
-	handler := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { c.queue.Add(keyCompile) },
-		UpdateFunc: func(any, any) { c.queue.Add(keyCompile) },
-		DeleteFunc: func(any) { c.queue.Add(keyCompile) },
+	// Every event recompiles; each handler also records what it changed (compile.Changes).
+	on := func(record func(any)) cache.ResourceEventHandlerFuncs {
+		return cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(o any) { record(o); c.queue.Add(keyCompile) },
+			UpdateFunc: func(old, o any) { record(old); record(o); c.queue.Add(keyCompile) },
+			DeleteFunc: func(o any) { record(o); c.queue.Add(keyCompile) },
+		}
 	}
-	for _, inf := range []cache.SharedIndexInformer{
-		c.core.Core().V1().Services().Informer(),
-		c.core.Core().V1().Namespaces().Informer(),
-		c.core.Core().V1().Nodes().Informer(),
-		c.core.Discovery().V1().EndpointSlices().Informer(),
+	handler := on(func(any) { c.changes.other() })
+	slicesInf := c.core.Discovery().V1().EndpointSlices().Informer()
+	if err := slicesInf.AddIndexers(cache.Indexers{sliceByService: serviceOfSlice}); err != nil {
+		return nil, fmt.Errorf("endpointslice indexer: %w", err)
+	}
+	c.sliceIndex = slicesInf.GetIndexer()
+	for inf, h := range map[cache.SharedIndexInformer]cache.ResourceEventHandler{
+		c.core.Core().V1().Services().Informer():   on(c.changes.service),
+		c.core.Core().V1().Namespaces().Informer(): handler,
+		c.core.Core().V1().Nodes().Informer():      handler,
+		slicesInf:                                  on(c.changes.slice),
 	} {
-		if _, err := inf.AddEventHandler(handler); err != nil {
+		if _, err := inf.AddEventHandler(h); err != nil {
 			return nil, fmt.Errorf("event handler: %w", err)
 		}
 		c.synced = append(c.synced, inf.HasSynced)
@@ -228,9 +243,9 @@ func New(cfg Config) (*Controller, error) {
 	// A PortMap's own event also decides its status again: its recorded status or its
 	// generation, which Decide reads, may be what changed.
 	pmHandler := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { c.portMapEvent(o) },
-		UpdateFunc: func(_, o any) { c.portMapEvent(o) },
-		DeleteFunc: func(any) { c.queue.Add(keyCompile) },
+		AddFunc:    func(o any) { c.changes.portMap(o); c.portMapEvent(o) },
+		UpdateFunc: func(_, o any) { c.changes.portMap(o); c.portMapEvent(o) },
+		DeleteFunc: func(o any) { c.changes.portMap(o); c.queue.Add(keyCompile) },
 	}
 	if c.pms, err = c.typedInformer(v1alpha1.PortMapsResource, toTyped[v1alpha1.PortMap], pmHandler); err != nil {
 		return nil, err
@@ -403,12 +418,12 @@ func isOnlyConflicts(err error) bool {
 // differs from the last compile's and those the registry touched (every one when the hold
 // ends).
 func (c *Controller) compile(ctx context.Context) error {
-	snap, err := c.snapshot()
+	snap, changed, err := c.nextSnapshot()
 	if err != nil {
 		return err
 	}
 	start := time.Now()
-	res := c.inc.Compile(snap)
+	res := c.inc.CompileChanges(snap, changed)
 	metrics.ObserveCompile(time.Since(start))
 	metrics.SetRefusals(res.PortMaps)
 	// Claims are persisted before any kernel may use them, so a restart or a failed write
@@ -541,57 +556,6 @@ func (c *Controller) writeClassStatuses(ctx context.Context, res *compile.Result
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// snapshot copies the caches and the registry into a compile.Snapshot. Objects are shared
-// with the caches: compile never mutates its snapshot.
-func (c *Controller) snapshot() (*compile.Snapshot, error) {
-	s := &compile.Snapshot{
-		Now:            time.Now(),
-		LinkRetention:  c.linkRetention,
-		Classes:        map[string]*v1alpha1.PortMapClass{},
-		Services:       map[types.NamespacedName]*corev1.Service{},
-		EndpointSlices: map[types.NamespacedName][]*discoveryv1.EndpointSlice{},
-		Namespaces:     map[string]*corev1.Namespace{},
-		Nodes:          map[string]*corev1.Node{},
-		Agents:         c.reg.Agents(),
-	}
-	for _, cls := range c.PortMapClasses() {
-		s.Classes[cls.Name] = cls
-	}
-	s.PortMaps = c.PortMaps()
-	svcs, err := c.services.List(labels.Everything())
-	if err != nil {
-		return nil, fmt.Errorf("list services: %w", err)
-	}
-	for _, svc := range svcs {
-		s.Services[types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}] = svc
-	}
-	eps, err := c.slices.List(labels.Everything())
-	if err != nil {
-		return nil, fmt.Errorf("list endpointslices: %w", err)
-	}
-	for _, es := range eps {
-		if svc := es.Labels[discoveryv1.LabelServiceName]; svc != "" {
-			key := types.NamespacedName{Namespace: es.Namespace, Name: svc}
-			s.EndpointSlices[key] = append(s.EndpointSlices[key], es)
-		}
-	}
-	nss, err := c.namespaces.List(labels.Everything())
-	if err != nil {
-		return nil, fmt.Errorf("list namespaces: %w", err)
-	}
-	for _, ns := range nss {
-		s.Namespaces[ns.Name] = ns
-	}
-	nodes, err := c.nodes.List(labels.Everything())
-	if err != nil {
-		return nil, fmt.Errorf("list nodes: %w", err)
-	}
-	for _, n := range nodes {
-		s.Nodes[n.Name] = n
-	}
-	return s, nil
 }
 
 // PortMaps lists the cached PortMaps.

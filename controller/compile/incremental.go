@@ -58,6 +58,9 @@ type Incremental struct {
 	// status); classStamped: some class's does. A new second recompiles them.
 	stamped      map[types.NamespacedName]bool
 	classStamped bool
+	// identity: pmSet, svcSet and sliceSet hold the previous snapshot's objects (false after
+	// a compile from Changes, whose snapshot maps may be the previous ones updated in place).
+	identity bool
 	// settled: every class's status records the link claims compile left (after a compile
 	// that allocated a slot or a table, the next full compile allocates again, in mapping
 	// order, until the class status records them).
@@ -67,12 +70,30 @@ type Incremental struct {
 // Recompiled is how many mappings the last Compile planned: every one after a full compile.
 func (inc *Incremental) Recompiled() int { return inc.recompiled }
 
-// Compile returns Compile(s), reusing the previous call's work where s's changes allow.
-func (inc *Incremental) Compile(s *Snapshot) *Result {
+// Compile returns Compile(s), reusing the previous call's work where s's changes allow; it
+// finds them by comparing s's objects with the previous snapshot's.
+func (inc *Incremental) Compile(s *Snapshot) *Result { return inc.CompileChanges(s, nil) }
+
+// Changes names what changed from the snapshot given to Incremental before to the next, as
+// the informers' events tell it: then nothing is compared, and the snapshot's maps may be
+// the previous ones updated in place. It must name every change (a missed one stays
+// uncompiled until a compile without Changes).
+type Changes struct {
+	// PortMaps created or updated (the object) or deleted (nil).
+	PortMaps map[types.NamespacedName]*v1alpha1.PortMap
+	// Services whose Service or EndpointSlices were created, updated or deleted.
+	Services map[types.NamespacedName]bool
+	// Others: a PortMapClass, Node, Namespace or agent state changed (a full compile).
+	Others bool
+}
+
+// CompileChanges returns Compile(s), with ch naming what changed since the previous call
+// (nil: unknown, every object is compared).
+func (inc *Incremental) CompileChanges(s *Snapshot, ch *Changes) *Result {
 	if s == nil {
 		s = &Snapshot{}
 	}
-	if r := inc.update(s); r != nil {
+	if r := inc.update(s, ch); r != nil {
 		inc.prev, inc.res = s, r
 		return r
 	}
@@ -94,6 +115,7 @@ func (inc *Incremental) reset(s *Snapshot, c *compiler, r *Result) {
 		inc.track(k, p, r.PortMaps[k])
 	}
 	inc.indexObjects(s)
+	inc.identity = true
 	for name, idx := range r.Index {
 		u := map[string]int{}
 		for _, mi := range idx {
@@ -164,9 +186,12 @@ func stampedConditions(old, want []metav1.Condition) bool {
 
 // update compiles s from the previous state when only isolated PortMap changes separate
 // them, or returns nil (the state is then to be discarded: a full compile follows).
-func (inc *Incremental) update(s *Snapshot) *Result {
+func (inc *Incremental) update(s *Snapshot, ch *Changes) *Result {
 	prev, c := inc.prev, inc.c
-	if prev == nil || !inc.settled || s.LinkRetention != prev.LinkRetention || !sameObjects(s, prev) {
+	if prev == nil || !inc.settled || s.LinkRetention != prev.LinkRetention {
+		return nil
+	}
+	if ch == nil && (!inc.identity || !sameObjects(s, prev)) || ch != nil && ch.Others {
 		return nil
 	}
 	stamp := metav1.NewTime(s.Now.Truncate(1e9))
@@ -174,7 +199,10 @@ func (inc *Incremental) update(s *Snapshot) *Result {
 	if restamp && (inc.classStamped || c.anyUnusedClaim()) {
 		return nil
 	}
-	dirty, pms, ok := inc.dirty(s)
+	dirty, pms, ok := inc.hinted(ch)
+	if ch == nil {
+		dirty, pms, ok = inc.dirty(s)
+	}
 	if !ok || len(dirty)*maxDirtyShare > len(inc.portMaps)+maxDirtyShare {
 		return nil
 	}
@@ -223,8 +251,31 @@ func (inc *Incremental) update(s *Snapshot) *Result {
 			}
 		}
 	}
-	inc.reindex(prev, s, dirty, olds)
+	if ch == nil {
+		inc.reindex(prev, s, dirty, olds)
+	} else {
+		inc.identity = false
+	}
 	return r
+}
+
+// hinted is dirty from Changes (nil: nothing).
+func (inc *Incremental) hinted(ch *Changes) ([]types.NamespacedName, map[types.NamespacedName]*v1alpha1.PortMap, bool) {
+	if ch == nil {
+		return nil, nil, false
+	}
+	pms := maps.Clone(ch.PortMaps)
+	if pms == nil {
+		pms = map[types.NamespacedName]*v1alpha1.PortMap{}
+	}
+	for svc := range ch.Services {
+		for k := range inc.byService[svc] {
+			if _, ok := pms[k]; !ok {
+				pms[k] = inc.portMaps[k]
+			}
+		}
+	}
+	return slices.SortedFunc(maps.Keys(pms), compareKeys), pms, true
 }
 
 // sameObjects reports whether everything but PortMaps, Services and EndpointSlices is the

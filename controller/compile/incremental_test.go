@@ -129,8 +129,9 @@ func TestIncrementalEqualsFull(t *testing.T) {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
 			e := &events{r: rand.New(rand.NewPCG(seed, 13)), s: world()}
 			e.s.Classes["public"].Spec.ReturnPath.Vxlan.Subnet = "169.254.0.0/16"
-			var inc Incremental
+			var inc, told Incremental
 			partial := 0
+			prev := e.s
 			for step := range 300 {
 				s, what := e.step()
 				if what == "statuses written" {
@@ -144,6 +145,11 @@ func TestIncrementalEqualsFull(t *testing.T) {
 						cmp.Diff(canonicalResult(want), canonicalResult(got)))
 				}
 				checkPrograms(t, got)
+				if gotTold := told.CompileChanges(s, changesBetween(prev, s)); !same(t, want, gotTold) {
+					t.Fatalf("step %d (%s): incremental from Changes differs from full (-full +incremental):\n%s", step, what,
+						cmp.Diff(canonicalResult(want), canonicalResult(gotTold)))
+				}
+				prev = s
 				if inc.Recompiled() < len(s.PortMaps) {
 					partial++
 					if what != "statuses written" {
@@ -187,4 +193,35 @@ func TestIncrementalSharesUnchanged(t *testing.T) {
 	assert.Same(t, settled.PortMaps[k], got.PortMaps[k])
 	assert.NotSame(t, settled.Programs["edge-a"], got.Programs["edge-a"])
 	assert.Len(t, settled.Programs["edge-a"].DnatRules, 40, "the previous result is not mutated")
+}
+
+// changesBetween is what an informer's events would tell of the step from a to b.
+func changesBetween(a, b *Snapshot) *Changes {
+	ch := &Changes{PortMaps: map[types.NamespacedName]*v1alpha1.PortMap{}, Services: map[types.NamespacedName]bool{}}
+	ch.Others = !sameObjects(a, b) || a.LinkRetention != b.LinkRetention
+	byKey := func(s *Snapshot) map[types.NamespacedName]*v1alpha1.PortMap {
+		out := map[types.NamespacedName]*v1alpha1.PortMap{}
+		for _, pm := range s.PortMaps {
+			out[types.NamespacedName{Namespace: pm.Namespace, Name: pm.Name}] = pm
+		}
+		return out
+	}
+	pa, pb := byKey(a), byKey(b)
+	for k, pm := range pb {
+		if pa[k] != pm {
+			ch.PortMaps[k] = pm
+		}
+	}
+	for k := range pa {
+		if _, ok := pb[k]; !ok {
+			ch.PortMaps[k] = nil
+		}
+	}
+	for _, k := range slices.Concat(slices.Collect(maps.Keys(a.Services)), slices.Collect(maps.Keys(b.Services)),
+		slices.Collect(maps.Keys(a.EndpointSlices)), slices.Collect(maps.Keys(b.EndpointSlices))) {
+		if a.Services[k] != b.Services[k] || !slices.Equal(a.EndpointSlices[k], b.EndpointSlices[k]) {
+			ch.Services[k] = true
+		}
+	}
+	return ch
 }

@@ -48,10 +48,11 @@ func clusterWorld(n, nodes int) *Snapshot {
 // written back (bench/compile.sh prints it as BENCH compile):
 //
 //   - full: Compile of the whole snapshot;
+//
 //   - change: Incremental.Compile after one mapping's endpoint moved to another pod (back and
 //     forth between two snapshots), the controller's compile after an EndpointSlice event.
 //
-//	go test -run '^$' -bench CompileCluster ./controller/compile/
+//     go test -run '^$' -bench CompileCluster ./controller/compile/
 func BenchmarkCompileCluster(b *testing.B) {
 	e := &events{s: clusterWorld(10000, 200)}
 	e.writeBack(Compile(e.s))
