@@ -49,8 +49,12 @@ func clusterWorld(n, nodes int) *Snapshot {
 //
 //   - full: Compile of the whole snapshot;
 //
-//   - change: Incremental.Compile after one mapping's endpoint moved to another pod (back and
-//     forth between two snapshots), the controller's compile after an EndpointSlice event.
+//   - change: Incremental.CompileChanges after one mapping's endpoint moved to another pod
+//     (back and forth between two snapshots), told the Service changed: the controller's
+//     compile after an EndpointSlice event;
+//
+//   - change-compared: the same, Incremental.Compile finding the change by comparing every
+//     object with the previous snapshot's.
 //
 //     go test -run '^$' -bench CompileCluster ./controller/compile/
 func BenchmarkCompileCluster(b *testing.B) {
@@ -73,7 +77,18 @@ func BenchmarkCompileCluster(b *testing.B) {
 			Compile(settled)
 		}
 	})
-	b.Run("change", func(b *testing.B) {
+	for _, told := range []bool{true, false} {
+		name := "change"
+		if !told {
+			name = "change-compared"
+		}
+		b.Run(name, func(b *testing.B) { benchmarkChange(b, settled, told) })
+	}
+}
+
+// benchmarkChange moves one mapping's endpoint back and forth; told passes Changes.
+func benchmarkChange(b *testing.B, settled *Snapshot, told bool) {
+	{
 		moved := *settled
 		moved.EndpointSlices = maps.Clone(settled.EndpointSlices)
 		k := types.NamespacedName{Namespace: "demo", Name: "m05001"}
@@ -81,11 +96,17 @@ func BenchmarkCompileCluster(b *testing.B) {
 		sl.Endpoints[0].Addresses = []string{"10.1.250.250"}
 		moved.EndpointSlices[k] = []*discoveryv1.EndpointSlice{sl}
 		var inc Incremental
-		inc.Compile(settled)
-		if !same(b, Compile(&moved), inc.Compile(&moved)) || inc.Recompiled() != 1 {
-			b.Fatalf("the move recompiled %d mappings, or differs from a full compile", inc.Recompiled())
+		compile := func(s *Snapshot) *Result {
+			if told {
+				return inc.CompileChanges(s, &Changes{Services: map[types.NamespacedName]bool{k: true}})
+			}
+			return inc.Compile(s)
 		}
 		inc.Compile(settled)
+		if !same(b, Compile(&moved), compile(&moved)) || inc.Recompiled() != 1 {
+			b.Fatalf("the move recompiled %d mappings, or differs from a full compile", inc.Recompiled())
+		}
+		compile(settled)
 		b.ReportAllocs()
 		b.ResetTimer()
 		for i := range b.N {
@@ -93,10 +114,10 @@ func BenchmarkCompileCluster(b *testing.B) {
 			if i%2 == 0 {
 				s = &moved
 			}
-			inc.Compile(s)
+			compile(s)
 		}
 		if inc.Recompiled() != 1 {
 			b.Fatalf("%d mappings recompiled", inc.Recompiled())
 		}
-	})
+	}
 }
