@@ -14,6 +14,7 @@ import (
 	"encoding/binary"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -136,6 +137,8 @@ type mappingVersion struct {
 	version uint64
 	digest  [sha256.Size]byte
 	ids     map[string]bool // entry ids, link names and return path ids the mapping uses
+	// index is compile's index of the mapping the digest was taken of.
+	index *compile.MappingIndex
 }
 
 // session is one open Connect stream.
@@ -255,30 +258,41 @@ func (r *Registry) SetPrograms(programs map[string]*kuportv1.NodeProgram, index 
 }
 
 // storeLocked stores p's content as n's program if it differs, with its index, and wakes n's
-// stream.
+// stream. The stored program shares p's lists (compile never mutates a result, and nothing
+// here does), and a mapping whose *compile.MappingIndex is the one stored before keeps its
+// digest without one (compile.Incremental shares it only while the mapping's entries are the
+// same): a change of one mapping among 10,000 on a node then costs no clone, no comparison
+// and no digest of the others.
 func (r *Registry) storeLocked(name string, n *node, p *kuportv1.NodeProgram, index compile.NodeIndex) bool {
-	next := proto.Clone(p).(*kuportv1.NodeProgram)
-	next.Node = name
-	next.Epoch = r.epoch
+	next := &kuportv1.NodeProgram{Node: name, Epoch: r.epoch, DnatRules: p.DnatRules, SnatRules: p.SnatRules,
+		MarkRules: p.MarkRules, Links: p.Links, ReturnPaths: p.ReturnPaths}
+	prev := n.program
 	n.index = index
-	if n.program != nil {
-		next.Version = n.program.Version
-		if proto.Equal(next, n.program) {
+	if prev != nil {
+		next.Version = prev.Version
+		if sameProgram(next, prev) {
 			return false
 		}
 	}
 	next.Version++
 	n.program = next
-	digests := digestMappings(next, index)
+	// A mapping's digest covers the links and return paths it uses: kept only while both
+	// lists are the very same.
+	sharedPaths := prev != nil && sameList(next.Links, prev.Links) && sameList(next.ReturnPaths, prev.ReturnPaths)
 	for m := range n.mappings {
-		if _, ok := digests[m]; !ok {
+		if _, ok := index[m]; !ok {
 			delete(n.mappings, m)
 			r.touched[m] = true
 		}
 	}
-	for m, d := range digests {
-		if old := n.mappings[m]; old != nil && old.digest == d.digest {
-			old.ids = d.ids
+	for m, mi := range index {
+		old := n.mappings[m]
+		if sharedPaths && old != nil && old.index == mi {
+			continue
+		}
+		d := digestMapping(next, mi)
+		if old != nil && old.digest == d.digest {
+			old.ids, old.index = d.ids, mi
 			continue
 		}
 		d.version = next.Version
@@ -291,59 +305,85 @@ func (r *Registry) storeLocked(name string, n *node, p *kuportv1.NodeProgram, in
 	return true
 }
 
+// sameProgram reports whether two programs have the same content, comparing shared entries
+// by identity first.
+func sameProgram(a, b *kuportv1.NodeProgram) bool {
+	return a.Node == b.Node && a.Version == b.Version && a.Epoch == b.Epoch &&
+		equalList(a.DnatRules, b.DnatRules) && equalList(a.SnatRules, b.SnatRules) && equalList(a.MarkRules, b.MarkRules) &&
+		equalList(a.Links, b.Links) && equalList(a.ReturnPaths, b.ReturnPaths)
+}
+
+func equalList[T proto.Message](a, b []T) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if any(a[i]) != any(b[i]) && !proto.Equal(a[i], b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// sameList reports whether two lists are the very same (one backing array, one length).
+func sameList[T any](a, b []T) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
+}
+
 func isEmpty(p *kuportv1.NodeProgram) bool {
 	return len(p.DnatRules)+len(p.SnatRules)+len(p.MarkRules)+len(p.Links)+len(p.ReturnPaths) == 0
 }
 
-// digestMappings digests each mapping of a program's index: its entries, links and return
+// digestMapping digests one mapping of a program's index: its entries, links and return
 // paths as compile indexed them, so a change to any of them gives the mapping a new version.
-func digestMappings(p *kuportv1.NodeProgram, index compile.NodeIndex) map[string]*mappingVersion {
-	byID := map[string]proto.Message{}
-	for _, d := range p.DnatRules {
-		byID[d.Id] = d
-	}
-	for _, s := range p.SnatRules {
-		byID[s.Id] = s
-	}
-	for _, m := range p.MarkRules {
-		byID[m.Id] = m
-	}
-	links := make(map[string]proto.Message, len(p.Links))
-	for _, l := range p.Links {
-		links[l.Name] = l
-	}
-	returns := make(map[string]proto.Message, len(p.ReturnPaths))
-	for _, rp := range p.ReturnPaths {
-		returns[rp.Id] = rp
-	}
-	out := make(map[string]*mappingVersion, len(index))
-	for mapping, mi := range index {
-		mv := &mappingVersion{ids: map[string]bool{}}
-		h := sha256.New()
-		add := func(id string, m proto.Message) {
-			mv.ids[id] = true
-			// Deterministic marshalling of one message cannot fail for a valid message; a
-			// failure still changes the digest, so it is never mistaken for "unchanged".
-			b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
-			if err != nil {
-				b = []byte(err.Error())
-			}
-			h.Write(binary.AppendUvarint(nil, uint64(len(b))))
-			h.Write(b)
+func digestMapping(p *kuportv1.NodeProgram, mi *compile.MappingIndex) *mappingVersion {
+	mv := &mappingVersion{ids: map[string]bool{}, index: mi}
+	h := sha256.New()
+	add := func(id string, m proto.Message) {
+		mv.ids[id] = true
+		// Deterministic marshalling of one message cannot fail for a valid message; a
+		// failure still changes the digest, so it is never mistaken for "unchanged".
+		b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+		if err != nil {
+			b = []byte(err.Error())
 		}
-		for _, e := range mi.Entries {
-			add(e.ID, byID[e.ID])
-		}
-		for _, name := range mi.Links {
-			add(name, links[name])
-		}
-		for _, id := range mi.ReturnPaths {
-			add(id, returns[id])
-		}
-		h.Sum(mv.digest[:0])
-		out[mapping] = mv
+		h.Write(binary.AppendUvarint(nil, uint64(len(b))))
+		h.Write(b)
 	}
-	return out
+	for _, e := range mi.Entries {
+		switch e.Kind {
+		case compile.KindDNAT:
+			add(e.ID, find(p.DnatRules, e.ID, (*kuportv1.DnatRule).GetId))
+		case compile.KindSNAT:
+			add(e.ID, find(p.SnatRules, e.ID, (*kuportv1.SnatRule).GetId))
+		case compile.KindMark:
+			add(e.ID, find(p.MarkRules, e.ID, (*kuportv1.MarkRule).GetId))
+		default:
+			add(e.ID, nil)
+		}
+	}
+	for _, name := range mi.Links {
+		add(name, find(p.Links, name, (*kuportv1.Link).GetName))
+	}
+	for _, id := range mi.ReturnPaths {
+		add(id, find(p.ReturnPaths, id, (*kuportv1.ReturnPath).GetId))
+	}
+	h.Sum(mv.digest[:0])
+	return mv
+}
+
+// find returns the element of list whose key is id (nil if none): by binary search, as
+// compile sorts every list by it, else by a scan.
+func find[T proto.Message](list []T, id string, key func(T) string) proto.Message {
+	if i, ok := slices.BinarySearchFunc(list, id, func(x T, id string) int { return strings.Compare(key(x), id) }); ok {
+		return list[i]
+	}
+	for _, x := range list {
+		if key(x) == id {
+			return x
+		}
+	}
+	return nil
 }
 
 // Release ends the startup hold (DESIGN.md: after a restart an agent that reconnects first

@@ -127,6 +127,37 @@ func TestSetProgramsVersionsOnlyOnChange(t *testing.T) {
 	assert.Equal(t, "worker-b", r.Nodes()[0].Node)
 }
 
+// TestSetProgramsSharedByIncremental: programs as compile.Incremental leaves them (the lists
+// of the entries it kept shared, a kept mapping's index entry the same pointer) store without
+// a copy, and only the mapping whose entries changed gets a new version; the program given
+// again by identity is no change.
+func TestSetProgramsSharedByIncremental(t *testing.T) {
+	r := newTestRegistry(nil)
+	p1, idx1 := remoteProgram("10.244.17.5", true), remoteIndex(true)
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": p1}, map[string]compile.NodeIndex{"edge-a": idx1})
+	stored, _, _ := r.Program("edge-a")
+	assert.Same(t, p1.DnatRules[0], stored.DnatRules[0], "stored without a copy")
+
+	// games/local moves to another pod: a new rule and index entry, the rest shared.
+	local := proto.Clone(p1.DnatRules[1]).(*kuportv1.DnatRule)
+	local.ToAddress = "10.244.17.6"
+	p2 := &kuportv1.NodeProgram{DnatRules: []*kuportv1.DnatRule{p1.DnatRules[0], local}, SnatRules: p1.SnatRules, Links: p1.Links}
+	idx2 := compile.NodeIndex{"games/remote": idx1["games/remote"], "games/local": remoteIndex(true)["games/local"]}
+	assert.Equal(t, []string{"edge-a"}, r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": p2}, map[string]compile.NodeIndex{"edge-a": idx2}))
+	versions := map[string]uint64{}
+	for _, m := range []string{"games/remote", "games/local"} {
+		versions[m] = r.Mapping(m)[0].Version
+	}
+	assert.Equal(t, map[string]uint64{"games/remote": 1, "games/local": 2}, versions)
+	assert.Empty(t, r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": p2}, map[string]compile.NodeIndex{"edge-a": idx2}))
+
+	// Shared lists but another index entry of the same content: digested, and unchanged.
+	idx3 := compile.NodeIndex{"games/remote": remoteIndex(true)["games/remote"], "games/local": idx2["games/local"]}
+	p3 := &kuportv1.NodeProgram{DnatRules: p2.DnatRules, SnatRules: p2.SnatRules, Links: p2.Links, MarkRules: []*kuportv1.MarkRule{}}
+	assert.Empty(t, r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": p3}, map[string]compile.NodeIndex{"edge-a": idx3}))
+	assert.Equal(t, uint64(1), r.Mapping("games/remote")[0].Version)
+}
+
 func TestMappingVersionsAndAckGating(t *testing.T) {
 	var changes []Change
 	r := newTestRegistry(&changes)
