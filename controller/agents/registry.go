@@ -147,6 +147,10 @@ type session struct {
 	wake     chan struct{} // capacity 1: "the program may have changed"
 	replaced chan struct{} // closed when a newer stream of the same node registers
 	sent     uint64        // version the agent holds or was sent (guarded by Registry.mu)
+	// delta: the agent applies deltas (Hello.accepts_delta); base is the last program the
+	// stream carried, nil before the first (guarded by Registry.mu).
+	delta bool
+	base  *kuportv1.NodeProgram
 }
 
 // NewRegistry returns an empty Registry holding programs back until Release lets them go.
@@ -702,7 +706,7 @@ func wake(s *session) {
 
 // connect registers a stream that opened with hello, replacing an older stream of the node.
 func (r *Registry) connect(hello *kuportv1.Hello) *session {
-	s := &session{node: hello.Node, wake: make(chan struct{}, 1), replaced: make(chan struct{})}
+	s := &session{node: hello.Node, wake: make(chan struct{}, 1), replaced: make(chan struct{}), delta: hello.AcceptsDelta}
 	r.mu.Lock()
 	n := r.nodeLocked(hello.Node)
 	if n.session != nil {
@@ -754,17 +758,24 @@ func (r *Registry) disconnect(s *session) {
 	}
 }
 
-// next returns the program s must be sent, or nil when its agent already has the current
-// one, none exists yet, or the startup hold is on.
-func (r *Registry) next(s *session) *kuportv1.NodeProgram {
+// next returns the message s must be sent, or nil when its agent already has the current
+// program, none exists yet, or the startup hold is on: the program whole, or for an agent
+// that accepts deltas and was sent one on this stream, the delta from that one (a
+// reconnecting agent gets its whole program once).
+func (r *Registry) next(s *session) *kuportv1.ConnectResponse {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	n := r.nodes[s.node]
 	if !r.released || n == nil || n.session != s || n.program == nil || n.program.Version == s.sent {
+		r.mu.Unlock()
 		return nil
 	}
-	s.sent = n.program.Version
-	return n.program
+	p, base := n.program, s.base
+	s.sent, s.base = p.Version, p
+	r.mu.Unlock()
+	if !s.delta || base == nil {
+		return &kuportv1.ConnectResponse{Message: &kuportv1.ConnectResponse_Program{Program: p}}
+	}
+	return &kuportv1.ConnectResponse{Message: &kuportv1.ConnectResponse_Delta{Delta: kuportv1.Delta(base, p)}}
 }
 
 // ack records an agent's acknowledgement of one program version.

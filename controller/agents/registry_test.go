@@ -2,6 +2,8 @@ package agents
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -254,7 +256,7 @@ func TestReleaseWaitsForExpectedNodesOrTimeout(t *testing.T) {
 	// A compile that heard worker-b releases.
 	released, _ = r.Release(nil, t0.Add(7*time.Second))
 	assert.True(t, released)
-	assert.Equal(t, uint64(1), r.next(s).GetVersion())
+	assert.Equal(t, uint64(1), r.next(s).GetProgram().GetVersion())
 
 	// Without the peer, the hold ends at Start+Hold.
 	r2 := newTestRegistry(nil)
@@ -322,7 +324,7 @@ func TestHelloWithCurrentProgramIsNotResent(t *testing.T) {
 	}
 	r.disconnect(s)
 	assert.True(t, r.Agents()["edge-a"].Connected)
-	assert.Equal(t, uint64(1), r.next(s2).GetVersion(), "a program of another epoch is replaced")
+	assert.Equal(t, uint64(1), r.next(s2).GetProgram().GetVersion(), "a program of another epoch is replaced")
 }
 
 func TestReportStateAndCounters(t *testing.T) {
@@ -454,4 +456,31 @@ func TestOnAgent(t *testing.T) {
 	assert.Equal(t, []string{"edge-a true v1", "edge-a true v2"}, events, "a replaced stream's end is no disconnect")
 	r.disconnect(cur)
 	assert.Equal(t, []string{"edge-a true v1", "edge-a true v2", "edge-a false "}, events)
+}
+
+// TestNextSendsDeltasToAgentsThatTakeThem: an agent whose Hello accepts deltas gets its first
+// program whole on a stream, then deltas that rebuild each next one; another agent gets
+// programs whole.
+func TestNextSendsDeltasToAgentsThatTakeThem(t *testing.T) {
+	r := newTestRegistry(nil)
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false), "worker-b": {}}, edgeIndex(false))
+	r.Release(nil, t0)
+	s := r.connect(&kuportv1.Hello{Node: "edge-a", AcceptsDelta: true})
+	old := r.connect(&kuportv1.Hello{Node: "worker-b"})
+	first := r.next(s).GetProgram()
+	require.NotNil(t, first, "the first program of a stream is whole")
+	require.NotNil(t, r.next(old).GetProgram())
+
+	next := remoteProgram("10.244.17.5", true)
+	slices.SortFunc(next.DnatRules, func(a, b *kuportv1.DnatRule) int { return strings.Compare(a.Id, b.Id) }) // as compile sorts
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": next,
+		"worker-b": {SnatRules: []*kuportv1.SnatRule{{Id: "x/snat"}}}}, edgeIndex(true))
+	d := r.next(s).GetDelta()
+	require.NotNil(t, d)
+	assert.Len(t, d.Changed.DnatRules, 1, "only the rule added")
+	got, err := d.Apply(first)
+	require.NoError(t, err)
+	want, _, _ := r.Program("edge-a")
+	assert.True(t, proto.Equal(want, got))
+	assert.NotNil(t, r.next(old).GetProgram(), "an agent that takes no deltas gets programs whole")
 }
