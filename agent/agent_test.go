@@ -113,10 +113,10 @@ type testController struct {
 
 type session struct {
 	hello    *kuportv1.Hello
-	md       metadata.MD                   // the stream's request metadata
-	messages chan *kuportv1.ConnectRequest // everything after Hello
+	md       metadata.MD                    // the stream's request metadata
+	messages chan *kuportv1.ConnectRequest  // everything after Hello
 	programs chan *kuportv1.ConnectResponse // sent to the agent
-	end      chan struct{}                 // closed to end the stream
+	end      chan struct{}                  // closed to end the stream
 }
 
 func (c *testController) Connect(stream kuportv1.AgentService_ConnectServer) error {
