@@ -13,6 +13,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -437,6 +439,8 @@ func (c *Controller) compile(ctx context.Context) error {
 	c.holding = term.Holding()
 	if !c.holding {
 		if err := c.writeClassStatuses(ctx, res); err != nil {
+			// The retry lists and compiles whole: this compile's changes are not lost.
+			c.snap = nil
 			return err
 		}
 	}
@@ -445,13 +449,26 @@ func (c *Controller) compile(ctx context.Context) error {
 	if released, wait := c.reg.Release(unheard, snap.Now); !released {
 		c.queue.AddAfter(keyCompile, wait)
 	}
-	keys := make(map[string]types.NamespacedName, len(res.PortMaps))
-	for k := range res.PortMaps {
-		keys[compile.Key(k.Namespace, k.Name)] = k
-	}
+	// After an incremental compile only the PortMaps it names may have changed: the keys
+	// and the status decisions cost O(the change) too.
+	dirty := c.inc.Changed()
 	c.mu.Lock()
 	prev := c.last
-	c.last, c.unheard, c.keys = res, unheard, keys
+	if dirty == nil || c.keys == nil {
+		c.keys = make(map[string]types.NamespacedName, len(res.PortMaps))
+		for k := range res.PortMaps {
+			c.keys[compile.Key(k.Namespace, k.Name)] = k
+		}
+	} else {
+		for _, k := range dirty {
+			if res.PortMaps[k] != nil {
+				c.keys[compile.Key(k.Namespace, k.Name)] = k
+			} else {
+				delete(c.keys, compile.Key(k.Namespace, k.Name))
+			}
+		}
+	}
+	c.last, c.unheard = res, unheard
 	c.mu.Unlock()
 	c.queue.AddAfter(keyCompile, resyncPeriod)
 	if snap.Now.Before(term.HoldUntil) {
@@ -465,9 +482,12 @@ func (c *Controller) compile(ctx context.Context) error {
 		c.decideAll()
 		return nil
 	}
-	for k, r := range res.PortMaps {
+	if dirty == nil {
+		dirty = slices.Collect(maps.Keys(res.PortMaps))
+	}
+	for _, k := range dirty {
 		// Incremental shares the results it did not recompute: identity first.
-		if old := prev.PortMaps[k]; old != r && (old == nil || !equality.Semantic.DeepEqual(old, r)) {
+		if r, old := res.PortMaps[k], prev.PortMaps[k]; r != nil && old != r && (old == nil || !equality.Semantic.DeepEqual(old, r)) {
 			c.statuses.Add(k)
 		}
 	}

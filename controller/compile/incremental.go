@@ -35,8 +35,10 @@ type Incremental struct {
 	prev *Snapshot
 	c    *compiler
 	res  *Result
-	// recompiled is how many mappings the last Compile planned.
+	// recompiled is how many mappings the last Compile planned; changed are the PortMaps
+	// whose result it may have changed (nil after a full compile: any).
 	recompiled int
+	changed    []types.NamespacedName
 
 	portMaps map[types.NamespacedName]*v1alpha1.PortMap
 	plans    map[types.NamespacedName]*plan
@@ -69,6 +71,11 @@ type Incremental struct {
 
 // Recompiled is how many mappings the last Compile planned: every one after a full compile.
 func (inc *Incremental) Recompiled() int { return inc.recompiled }
+
+// Changed returns the PortMaps whose result the last Compile may have changed (created,
+// updated, deleted or restamped), sorted; nil after a full compile, when any may have. Every
+// other PortMap's result is the previous one's, the same pointer.
+func (inc *Incremental) Changed() []types.NamespacedName { return inc.changed }
 
 // Compile returns Compile(s), reusing the previous call's work where s's changes allow; it
 // finds them by comparing s's objects with the previous snapshot's.
@@ -244,13 +251,20 @@ func (inc *Incremental) update(s *Snapshot, ch *Changes) *Result {
 	if !ed.commit() {
 		return nil
 	}
+	changed := slices.Clone(dirty)
 	if restamp {
 		for k := range inc.stamped {
 			if !slices.Contains(dirty, k) {
 				r.PortMaps[k] = c.portMapResult(inc.plans[k])
+				changed = append(changed, k)
 			}
 		}
 	}
+	slices.SortFunc(changed, compareKeys)
+	if changed == nil {
+		changed = []types.NamespacedName{}
+	}
+	inc.changed = changed
 	if ch == nil {
 		inc.reindex(prev, s, dirty, olds)
 	} else {

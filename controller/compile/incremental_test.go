@@ -130,6 +130,7 @@ func TestIncrementalEqualsFull(t *testing.T) {
 			e := &events{r: rand.New(rand.NewPCG(seed, 13)), s: world()}
 			e.s.Classes["public"].Spec.ReturnPath.Vxlan.Subnet = "169.254.0.0/16"
 			var inc, told Incremental
+			var prevGot *Result
 			partial := 0
 			prev := e.s
 			for step := range 300 {
@@ -150,6 +151,14 @@ func TestIncrementalEqualsFull(t *testing.T) {
 						cmp.Diff(canonicalResult(want), canonicalResult(gotTold)))
 				}
 				prev = s
+				if changed := inc.Changed(); changed != nil {
+					for k, r := range got.PortMaps {
+						if !slices.Contains(changed, k) && prevGot.PortMaps[k] != r {
+							t.Fatalf("step %d (%s): %s changed but is not in Changed %v", step, what, k, changed)
+						}
+					}
+				}
+				prevGot = got
 				if inc.Recompiled() < len(s.PortMaps) {
 					partial++
 					if what != "statuses written" {
