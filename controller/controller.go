@@ -181,7 +181,10 @@ func New(cfg Config) (*Controller, error) {
 		broadcaster:   broadcaster,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "kuport"}),
-		statuses: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[types.NamespacedName](),
+		// Per PortMap backoff alone: the writes' own limiter bounds the rate, and the default
+		// controller limiter's shared 10 a second would queue a thousand conflicts for 100 s.
+		statuses: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](5*time.Millisecond, 10*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[types.NamespacedName]{Name: "kuport-status"}),
 		core: informers.NewSharedInformerFactory(cfg.Kube, 0),
 		dyn:  dynamicinformer.NewDynamicSharedInformerFactory(cfg.Dynamic, 0),
