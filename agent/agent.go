@@ -319,7 +319,7 @@ func (a *Agent) session(ctx context.Context, target string, resync <-chan time.T
 	if err != nil {
 		return false, fmt.Errorf("read node state: %w", err)
 	}
-	hello := &kuportv1.Hello{Node: a.cfg.NodeName, AgentVersion: a.cfg.AgentVersion, State: state}
+	hello := &kuportv1.Hello{Node: a.cfg.NodeName, AgentVersion: a.cfg.AgentVersion, State: state, AcceptsDelta: true}
 	// Claim only a program the kernel holds whole: the controller takes Hello's version as
 	// an acknowledgement, and a failed one must be resent and acked with its errors.
 	if len(a.currentErr) == 0 {
@@ -344,6 +344,8 @@ func (a *Agent) session(ctx context.Context, target string, resync <-chan time.T
 	programs := make(chan *kuportv1.NodeProgram)
 	recvErr := make(chan error, 1)
 	go func() {
+		// base is the last program the stream carried: a delta applies to it.
+		var base *kuportv1.NodeProgram
 		for {
 			resp, err := stream.Recv()
 			if err != nil {
@@ -351,10 +353,18 @@ func (a *Agent) session(ctx context.Context, target string, resync <-chan time.T
 				return
 			}
 			p := resp.GetProgram()
+			if d := resp.GetDelta(); d != nil {
+				if p, err = d.Apply(base); err != nil {
+					// Out of step with the controller: a new stream starts with the whole program.
+					recvErr <- fmt.Errorf("program delta from %s: %w", target, err)
+					return
+				}
+			}
 			if p == nil {
 				a.log.Debug("ignoring a controller message without a program")
 				continue
 			}
+			base = p
 			select {
 			case programs <- p:
 			case <-sctx.Done():

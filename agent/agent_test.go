@@ -113,10 +113,10 @@ type testController struct {
 
 type session struct {
 	hello    *kuportv1.Hello
-	md       metadata.MD                   // the stream's request metadata
-	messages chan *kuportv1.ConnectRequest // everything after Hello
-	programs chan *kuportv1.NodeProgram    // sent to the agent
-	end      chan struct{}                 // closed to end the stream
+	md       metadata.MD                    // the stream's request metadata
+	messages chan *kuportv1.ConnectRequest  // everything after Hello
+	programs chan *kuportv1.ConnectResponse // sent to the agent
+	end      chan struct{}                  // closed to end the stream
 }
 
 func (c *testController) Connect(stream kuportv1.AgentService_ConnectServer) error {
@@ -129,7 +129,7 @@ func (c *testController) Connect(stream kuportv1.AgentService_ConnectServer) err
 		hello:    first.GetHello(),
 		md:       md,
 		messages: make(chan *kuportv1.ConnectRequest, 64),
-		programs: make(chan *kuportv1.NodeProgram),
+		programs: make(chan *kuportv1.ConnectResponse),
 		end:      make(chan struct{}),
 	}
 	c.sessions <- s
@@ -148,8 +148,8 @@ func (c *testController) Connect(stream kuportv1.AgentService_ConnectServer) err
 	}()
 	for {
 		select {
-		case p := <-s.programs:
-			if err := stream.Send(&kuportv1.ConnectResponse{Message: &kuportv1.ConnectResponse_Program{Program: p}}); err != nil {
+		case msg := <-s.programs:
+			if err := stream.Send(msg); err != nil {
 				return err
 			}
 		case <-s.end:
@@ -253,8 +253,13 @@ func nextSession(t *testing.T, c *testController) *session {
 
 func (s *session) send(t *testing.T, p *kuportv1.NodeProgram) {
 	t.Helper()
+	s.sendMessage(t, &kuportv1.ConnectResponse{Message: &kuportv1.ConnectResponse_Program{Program: p}})
+}
+
+func (s *session) sendMessage(t *testing.T, msg *kuportv1.ConnectResponse) {
+	t.Helper()
 	select {
-	case s.programs <- p:
+	case s.programs <- msg:
 	case <-time.After(waitFor):
 		t.Fatal("program not taken by the session")
 	}
@@ -319,6 +324,7 @@ func TestHelloCarriesNodeState(t *testing.T) {
 	requireProtoEqual(t, &kuportv1.Hello{
 		Node:         "edge-a",
 		AgentVersion: "v0.0.0-test",
+		AcceptsDelta: true,
 		State: &kuportv1.NodeState{
 			Interfaces: []*kuportv1.Interface{
 				{Name: "lo", Addresses: []string{"127.0.0.1"}, Mtu: 65536},
@@ -345,6 +351,29 @@ func TestProgramAppliedAndAcked(t *testing.T) {
 	require.Equal(t, 1, applies)
 	require.Contains(t, logs.String(), "program applied")
 	require.Contains(t, logs.String(), "dnat_rules=1")
+}
+
+// TestProgramDeltaApplied: a delta applies to the program the stream carried last, giving
+// the next program whole to the datapath; a delta from another version ends the stream and
+// the agent reconnects.
+func TestProgramDeltaApplied(t *testing.T) {
+	c, target := startController(t)
+	dp := newFakeDatapath()
+	startAgent(t, testConfig(dp, &syncBuffer{}, target))
+
+	s := nextSession(t, c)
+	p1 := program(1, 1, 27015)
+	s.send(t, p1)
+	requireProtoEqual(t, &kuportv1.Ack{Version: 1, Epoch: 1}, s.nextAck(t))
+	p2 := program(2, 1, 27016)
+	s.sendMessage(t, &kuportv1.ConnectResponse{Message: &kuportv1.ConnectResponse_Delta{Delta: kuportv1.Delta(p1, p2)}})
+	requireProtoEqual(t, &kuportv1.Ack{Version: 2, Epoch: 1}, s.nextAck(t))
+	applied, _ := dp.snapshot()
+	requireProtoEqual(t, p2, applied)
+
+	s.sendMessage(t, &kuportv1.ConnectResponse{Message: &kuportv1.ConnectResponse_Delta{Delta: kuportv1.Delta(p1, program(3, 1, 27017))}})
+	again := nextSession(t, c)
+	require.Equal(t, uint64(2), again.hello.AppliedVersion, "reconnected holding version 2")
 }
 
 func TestFailedApplyAcksErrorsAndResyncRetries(t *testing.T) {

@@ -1,8 +1,10 @@
 // Package controller wires kuport's controller runtime (DESIGN.md, "Shape"): informers on
 // PortMapClass, PortMap, Service, EndpointSlice, Node and Namespace feed one work queue; its
-// worker copies the caches and the agent registry into a compile.Snapshot, runs the pure
-// compile.Compile, hands the programs to the agents.Registry (which versions them and pushes
-// them to connected agents) and writes statuses through the status package.
+// worker keeps a compile.Snapshot of the caches and the agent registry up to date from the
+// events, compiles it (compile.Incremental: what the events changed, equal to the pure
+// compile.Compile), hands the programs to the agents.Registry (which versions them and pushes
+// them, or their deltas, to connected agents), and status workers write the statuses whose
+// programmed.Decide verdict changed through the status package, rate-limited.
 //
 // It owns the work queue and the informers; it makes no datapath decision (compile does) and
 // touches no kernel state.
@@ -13,16 +15,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -36,12 +40,14 @@ import (
 	discoverylisters "k8s.io/client-go/listers/discovery/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/flowcontrol"
 	"k8s.io/client-go/util/workqueue"
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/controller/agents"
 	"kuport.wlz.li/kuport/controller/compile"
 	"kuport.wlz.li/kuport/controller/metrics"
+	"kuport.wlz.li/kuport/controller/programmed"
 	"kuport.wlz.li/kuport/controller/status"
 )
 
@@ -49,8 +55,20 @@ import (
 const (
 	// keyCompile: recompile, push changed programs, write every status.
 	keyCompile = "compile"
-	// keyStatus: rewrite statuses from the last compile (an agent acknowledged a version).
+	// keyStatus: rewrite the statuses of the mappings the registry touched (an agent
+	// acknowledged a version).
 	keyStatus = "status"
+	// keyStatusAll: decide every PortMap's status again (the term's settling ended).
+	keyStatusAll = "status-all"
+)
+
+// Status writes: by default at most DefaultStatusQPS a second (bursts of DefaultStatusBurst),
+// by statusWorkers in parallel. client-go's default (5 a second) made 1,000 PortMaps applied
+// at once take 198 s to all read Programmed=True (issue 13).
+const (
+	DefaultStatusQPS   = 200
+	DefaultStatusBurst = 400
+	statusWorkers      = 4
 )
 
 // resyncPeriod recompiles periodically even without events, so link claims age
@@ -81,6 +99,10 @@ type Config struct {
 	// Unanswered is how long a node's requests must go without a reply before the mapping is
 	// unanswered there (agents.DefaultUnansweredWindow when zero).
 	Unanswered agents.Window
+	// StatusQPS and StatusBurst limit the status writes (DefaultStatusQPS and
+	// DefaultStatusBurst when zero); the clients' own limit must not be lower.
+	StatusQPS   float32
+	StatusBurst int
 	// Log is the controller's logger; nil discards.
 	Log hclog.Logger
 }
@@ -93,6 +115,8 @@ type Controller struct {
 	writer        *status.Writer
 	broadcaster   record.EventBroadcaster
 	queue         workqueue.TypedRateLimitingInterface[string]
+	// statuses holds the PortMaps whose status must be decided again; its workers write.
+	statuses workqueue.TypedRateLimitingInterface[types.NamespacedName]
 
 	core    informers.SharedInformerFactory
 	dyn     dynamicinformer.DynamicSharedInformerFactory
@@ -105,10 +129,26 @@ type Controller struct {
 	nodes      corelisters.NodeLister
 	slices     discoverylisters.EndpointSliceLister
 
-	// last is the latest compile result (touched only by the single worker).
+	// mu guards last, unheard and keys: written by the compile worker, read by the status
+	// workers.
+	mu sync.Mutex
+	// inc compiles each snapshot from the one before, told what changed (compile worker only).
+	inc compile.Incremental
+	// changes are what the events changed since the last compile; snap is the snapshot kept
+	// up to date from them, pmAt the index of each PortMap in snap.PortMaps, and fullAt when
+	// snap was last listed whole (compile worker only, but changes).
+	changes    changes
+	snap       *compile.Snapshot
+	pmAt       map[types.NamespacedName]int
+	fullAt     time.Time
+	sliceIndex cache.Indexer
+	// last is the latest compile result.
 	last *compile.Result
-	// holding is true while the last compile found the registry's startup hold on: no
-	// status is written (touched only by the single worker).
+	// unheard are the nodes the startup hold waits for that last was compiled without.
+	unheard []string
+	// keys maps the MappingKey of each PortMap of last to its namespace/name.
+	keys map[string]types.NamespacedName
+	// holding is true while the last compile found the startup hold on (compile worker only).
 	holding bool
 	// stopping is set once Run's context ends.
 	stopping atomic.Bool
@@ -141,11 +181,17 @@ func New(cfg Config) (*Controller, error) {
 		broadcaster:   broadcaster,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "kuport"}),
+		// Per PortMap backoff alone: the writes' own limiter bounds the rate, and the default
+		// controller limiter's shared 10 a second would queue a thousand conflicts for 100 s.
+		statuses: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](5*time.Millisecond, 10*time.Second),
+			workqueue.TypedRateLimitingQueueConfig[types.NamespacedName]{Name: "kuport-status"}),
 		core: informers.NewSharedInformerFactory(cfg.Kube, 0),
 		dyn:  dynamicinformer.NewDynamicSharedInformerFactory(cfg.Dynamic, 0),
 	}
 	recorder := broadcaster.NewRecorder(scheme, corev1.EventSource{Component: "kuport-controller"})
-	c.writer = status.NewWriter(cfg.Dynamic, recorder)
+	c.writer = status.NewWriter(cfg.Dynamic, recorder,
+		flowcontrol.NewTokenBucketRateLimiter(cmp.Or(cfg.StatusQPS, DefaultStatusQPS), cmp.Or(cfg.StatusBurst, DefaultStatusBurst)))
 	c.reg = agents.NewRegistry(agents.Config{
 		Epoch: cfg.Epoch, Start: start, Hold: cfg.Hold, Log: log.Named("agents"),
 		OnChange: func(ch agents.Change) {
@@ -167,18 +213,27 @@ func New(cfg Config) (*Controller, error) {
 	})
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cfg.Kube.CoreV1().Events("")})
 
-	handler := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { c.queue.Add(keyCompile) },
-		UpdateFunc: func(any, any) { c.queue.Add(keyCompile) },
-		DeleteFunc: func(any) { c.queue.Add(keyCompile) },
+	// Every event recompiles; each handler also records what it changed (compile.Changes).
+	on := func(record func(any)) cache.ResourceEventHandlerFuncs {
+		return cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(o any) { record(o); c.queue.Add(keyCompile) },
+			UpdateFunc: func(old, o any) { record(old); record(o); c.queue.Add(keyCompile) },
+			DeleteFunc: func(o any) { record(o); c.queue.Add(keyCompile) },
+		}
 	}
-	for _, inf := range []cache.SharedIndexInformer{
-		c.core.Core().V1().Services().Informer(),
-		c.core.Core().V1().Namespaces().Informer(),
-		c.core.Core().V1().Nodes().Informer(),
-		c.core.Discovery().V1().EndpointSlices().Informer(),
+	handler := on(func(any) { c.changes.other() })
+	slicesInf := c.core.Discovery().V1().EndpointSlices().Informer()
+	if err := slicesInf.AddIndexers(cache.Indexers{sliceByService: serviceOfSlice}); err != nil {
+		return nil, fmt.Errorf("endpointslice indexer: %w", err)
+	}
+	c.sliceIndex = slicesInf.GetIndexer()
+	for inf, h := range map[cache.SharedIndexInformer]cache.ResourceEventHandler{
+		c.core.Core().V1().Services().Informer():   on(c.changes.service),
+		c.core.Core().V1().Namespaces().Informer(): handler,
+		c.core.Core().V1().Nodes().Informer():      handler,
+		slicesInf:                                  on(c.changes.slice),
 	} {
-		if _, err := inf.AddEventHandler(handler); err != nil {
+		if _, err := inf.AddEventHandler(h); err != nil {
 			return nil, fmt.Errorf("event handler: %w", err)
 		}
 		c.synced = append(c.synced, inf.HasSynced)
@@ -192,10 +247,25 @@ func New(cfg Config) (*Controller, error) {
 	if c.classes, err = c.typedInformer(v1alpha1.PortMapClassesResource, toTyped[v1alpha1.PortMapClass], handler); err != nil {
 		return nil, err
 	}
-	if c.pms, err = c.typedInformer(v1alpha1.PortMapsResource, toTyped[v1alpha1.PortMap], handler); err != nil {
+	// A PortMap's own event also decides its status again: its recorded status or its
+	// generation, which Decide reads, may be what changed.
+	pmHandler := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { c.changes.portMap(o); c.portMapEvent(o) },
+		UpdateFunc: func(_, o any) { c.changes.portMap(o); c.portMapEvent(o) },
+		DeleteFunc: func(o any) { c.changes.portMap(o); c.queue.Add(keyCompile) },
+	}
+	if c.pms, err = c.typedInformer(v1alpha1.PortMapsResource, toTyped[v1alpha1.PortMap], pmHandler); err != nil {
 		return nil, err
 	}
 	return c, nil
+}
+
+// portMapEvent recompiles and decides the PortMap's status again.
+func (c *Controller) portMapEvent(obj any) {
+	c.queue.Add(keyCompile)
+	if pm, ok := obj.(*v1alpha1.PortMap); ok {
+		c.statuses.Add(types.NamespacedName{Namespace: pm.Namespace, Name: pm.Name})
+	}
 }
 
 // Event reasons on a Node when its agent's stream comes and goes.
@@ -278,6 +348,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer c.stopping.Store(true)
 	context.AfterFunc(ctx, func() { c.stopping.Store(true) })
 	defer c.queue.ShutDown()
+	defer c.statuses.ShutDown()
 	c.core.Start(ctx.Done())
 	c.dyn.Start(ctx.Done())
 	defer c.core.Shutdown()
@@ -290,9 +361,19 @@ func (c *Controller) Run(ctx context.Context) error {
 	go func() {
 		<-ctx.Done()
 		c.queue.ShutDown()
+		c.statuses.ShutDown()
 	}()
+	var wg sync.WaitGroup
+	for range statusWorkers {
+		wg.Go(func() {
+			for c.processStatus(ctx) {
+			}
+		})
+	}
 	for c.processNext(ctx) {
 	}
+	c.statuses.ShutDown()
+	wg.Wait()
 	return nil
 }
 
@@ -303,10 +384,13 @@ func (c *Controller) processNext(ctx context.Context) bool {
 	}
 	defer c.queue.Done(key)
 	var err error
-	if key == keyCompile {
+	switch key {
+	case keyCompile:
 		err = c.compile(ctx)
-	} else {
-		err = c.writeStatuses(ctx)
+	case keyStatus:
+		c.decideAgain(c.reg.Touched())
+	case keyStatusAll:
+		c.decideAll()
 	}
 	if err != nil {
 		// A conflict only means the cache had not yet seen our own last write: routine.
@@ -335,16 +419,18 @@ func isOnlyConflicts(err error) bool {
 	return apierrors.IsConflict(err)
 }
 
-// compile runs compile.Compile on a fresh snapshot, records the class statuses (the link
+// compile runs compile.Incremental on a fresh snapshot, records the class statuses (the link
 // slot and table claims), hands the programs to the registry, ends the startup hold when it
-// may, and writes the PortMap statuses.
+// may, and queues the PortMaps whose status may have changed: those whose compiled result
+// differs from the last compile's and those the registry touched (every one when the hold
+// ends).
 func (c *Controller) compile(ctx context.Context) error {
-	snap, err := c.snapshot()
+	snap, changed, err := c.nextSnapshot()
 	if err != nil {
 		return err
 	}
 	start := time.Now()
-	res := compile.Compile(snap)
+	res := c.inc.CompileChanges(snap, changed)
 	metrics.ObserveCompile(time.Since(start))
 	metrics.SetRefusals(res.PortMaps)
 	// Claims are persisted before any kernel may use them, so a restart or a failed write
@@ -352,10 +438,14 @@ func (c *Controller) compile(ctx context.Context) error {
 	// While the startup hold keeps programs back, nothing is written either: compile has
 	// not heard every node, so its statuses would say "no agent has connected" of nodes
 	// whose kernels still hold the previous leader's programs.
-	unheard := unheardNodes(snap)
-	c.holding = c.reg.Holding(unheard, snap.Now)
+	unheard := programmed.Unheard(snap)
+	term := c.reg.Term(unheard, snap.Now)
+	wasHolding := c.holding
+	c.holding = term.Holding()
 	if !c.holding {
 		if err := c.writeClassStatuses(ctx, res); err != nil {
+			// The retry lists and compiles whole: this compile's changes are not lost.
+			c.snap = nil
 			return err
 		}
 	}
@@ -364,55 +454,117 @@ func (c *Controller) compile(ctx context.Context) error {
 	if released, wait := c.reg.Release(unheard, snap.Now); !released {
 		c.queue.AddAfter(keyCompile, wait)
 	}
-	c.last = res
-	c.queue.AddAfter(keyCompile, resyncPeriod)
-	return c.writeStatuses(ctx)
-}
-
-// unheardNodes are the nodes the startup hold waits for that the snapshot has no agent state
-// from: the programs compiled from it would lack what those nodes' state brings (the links to
-// them), so they must not leave yet.
-func unheardNodes(s *compile.Snapshot) []string {
-	return slices.DeleteFunc(expectedNodes(s), func(n string) bool {
-		a := s.Agents[n]
-		return a != nil && a.State != nil
-	})
-}
-
-// expectedNodes are the nodes the startup hold waits for: every existing node a class names
-// as accepting or as a peer of a recorded link.
-func expectedNodes(s *compile.Snapshot) []string {
-	var out []string
-	for _, cls := range s.Classes {
-		for name := range cls.Spec.Nodes {
-			out = append(out, name)
+	// After an incremental compile only the PortMaps it names may have changed: the keys
+	// and the status decisions cost O(the change) too.
+	dirty := c.inc.Changed()
+	c.mu.Lock()
+	prev := c.last
+	if dirty == nil || c.keys == nil {
+		c.keys = make(map[string]types.NamespacedName, len(res.PortMaps))
+		for k := range res.PortMaps {
+			c.keys[compile.Key(k.Namespace, k.Name)] = k
 		}
-		for _, l := range cls.Status.Links {
-			out = append(out, l.Peers...)
+	} else {
+		for _, k := range dirty {
+			if res.PortMaps[k] != nil {
+				c.keys[compile.Key(k.Namespace, k.Name)] = k
+			} else {
+				delete(c.keys, compile.Key(k.Namespace, k.Name))
+			}
 		}
 	}
-	out = slices.DeleteFunc(out, func(n string) bool { return s.Nodes[n] == nil })
-	slices.Sort(out)
-	return slices.Compact(out)
-}
-
-// writeStatuses writes every PortMap status of the last compile that differs from the
-// cached object; errors (conflicts included) are joined so the key retries.
-func (c *Controller) writeStatuses(ctx context.Context) error {
-	if c.last == nil || c.holding {
+	c.last, c.unheard = res, unheard
+	c.mu.Unlock()
+	c.queue.AddAfter(keyCompile, resyncPeriod)
+	if snap.Now.Before(term.HoldUntil) {
+		// Settling ends with the hold: what it kept must be decided again then.
+		c.queue.AddAfter(keyStatusAll, term.HoldUntil.Sub(snap.Now))
+	}
+	if c.holding {
 		return nil
 	}
-	var errs []error
-	for key, res := range c.last.PortMaps {
-		obj, ok, err := c.pms.GetByKey(key.String())
-		if err != nil || !ok {
-			continue
-		}
-		if _, err := c.writer.PortMap(ctx, obj.(*v1alpha1.PortMap), res, c.reg); err != nil {
-			errs = append(errs, err)
+	if prev == nil || wasHolding {
+		c.decideAll()
+		return nil
+	}
+	if dirty == nil {
+		dirty = slices.Collect(maps.Keys(res.PortMaps))
+	}
+	for _, k := range dirty {
+		// Incremental shares the results it did not recompute: identity first.
+		if r, old := res.PortMaps[k], prev.PortMaps[k]; r != nil && old != r && (old == nil || !equality.Semantic.DeepEqual(old, r)) {
+			c.statuses.Add(k)
 		}
 	}
-	return errors.Join(errs...)
+	c.decideAgain(c.reg.Touched())
+	return nil
+}
+
+// decideAgain queues the PortMaps of the mappings named (MappingKeys) for their status.
+func (c *Controller) decideAgain(mappings []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, m := range mappings {
+		if k, ok := c.keys[m]; ok {
+			c.statuses.Add(k)
+		}
+	}
+}
+
+// decideAll queues every PortMap of the last compile for its status.
+func (c *Controller) decideAll() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, k := range c.keys {
+		c.statuses.Add(k)
+	}
+}
+
+// processStatus writes the status of one queued PortMap; a failed write (a conflict: the
+// cache had not seen a write yet) is retried rate-limited.
+func (c *Controller) processStatus(ctx context.Context) bool {
+	key, quit := c.statuses.Get()
+	if quit {
+		return false
+	}
+	defer c.statuses.Done(key)
+	if err := c.writeStatus(ctx, key); err != nil {
+		log := c.log.Warn
+		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) || ctx.Err() != nil {
+			log = c.log.Debug
+		}
+		log("status write failed, retrying", "portmap", key, "error", err)
+		c.statuses.AddRateLimited(key)
+		return true
+	}
+	c.statuses.Forget(key)
+	return true
+}
+
+// writeStatus decides the PortMap's Programmed condition (programmed.Decide over the last
+// compile's result and the registry's acks) and writes its status when it changed.
+func (c *Controller) writeStatus(ctx context.Context, key types.NamespacedName) error {
+	c.mu.Lock()
+	last, unheard := c.last, c.unheard
+	c.mu.Unlock()
+	if last == nil {
+		return nil // the first compile queues every PortMap
+	}
+	res := last.PortMaps[key]
+	obj, ok, err := c.pms.GetByKey(key.String())
+	if res == nil || err != nil || !ok {
+		return nil
+	}
+	pm := obj.(*v1alpha1.PortMap)
+	v := programmed.Decide(programmed.Input{
+		Term:       c.reg.Term(unheard, time.Now()),
+		Compiled:   meta.FindStatusCondition(res.Status.Conditions, v1alpha1.ConditionProgrammed),
+		Recorded:   meta.FindStatusCondition(pm.Status.Conditions, v1alpha1.ConditionProgrammed),
+		Generation: pm.Generation,
+		Nodes:      c.reg.Acks(compile.MappingKey(pm), res.Nodes),
+	})
+	_, err = c.writer.PortMap(ctx, pm, res, v)
+	return err
 }
 
 // writeClassStatuses writes every PortMapClass status of res that differs from the cached
@@ -429,57 +581,6 @@ func (c *Controller) writeClassStatuses(ctx context.Context, res *compile.Result
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// snapshot copies the caches and the registry into a compile.Snapshot. Objects are shared
-// with the caches: compile never mutates its snapshot.
-func (c *Controller) snapshot() (*compile.Snapshot, error) {
-	s := &compile.Snapshot{
-		Now:            time.Now(),
-		LinkRetention:  c.linkRetention,
-		Classes:        map[string]*v1alpha1.PortMapClass{},
-		Services:       map[types.NamespacedName]*corev1.Service{},
-		EndpointSlices: map[types.NamespacedName][]*discoveryv1.EndpointSlice{},
-		Namespaces:     map[string]*corev1.Namespace{},
-		Nodes:          map[string]*corev1.Node{},
-		Agents:         c.reg.Agents(),
-	}
-	for _, cls := range c.PortMapClasses() {
-		s.Classes[cls.Name] = cls
-	}
-	s.PortMaps = c.PortMaps()
-	svcs, err := c.services.List(labels.Everything())
-	if err != nil {
-		return nil, fmt.Errorf("list services: %w", err)
-	}
-	for _, svc := range svcs {
-		s.Services[types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}] = svc
-	}
-	eps, err := c.slices.List(labels.Everything())
-	if err != nil {
-		return nil, fmt.Errorf("list endpointslices: %w", err)
-	}
-	for _, es := range eps {
-		if svc := es.Labels[discoveryv1.LabelServiceName]; svc != "" {
-			key := types.NamespacedName{Namespace: es.Namespace, Name: svc}
-			s.EndpointSlices[key] = append(s.EndpointSlices[key], es)
-		}
-	}
-	nss, err := c.namespaces.List(labels.Everything())
-	if err != nil {
-		return nil, fmt.Errorf("list namespaces: %w", err)
-	}
-	for _, ns := range nss {
-		s.Namespaces[ns.Name] = ns
-	}
-	nodes, err := c.nodes.List(labels.Everything())
-	if err != nil {
-		return nil, fmt.Errorf("list nodes: %w", err)
-	}
-	for _, n := range nodes {
-		s.Nodes[n.Name] = n
-	}
-	return s, nil
 }
 
 // PortMaps lists the cached PortMaps.

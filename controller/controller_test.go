@@ -29,27 +29,11 @@ import (
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/controller/agents"
-	"kuport.wlz.li/kuport/controller/compile"
 	"kuport.wlz.li/kuport/controller/servingcert"
 	"kuport.wlz.li/kuport/lab/cluster"
 	"kuport.wlz.li/kuport/lab/labtest"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
-
-func TestExpectedNodes(t *testing.T) {
-	s := &compile.Snapshot{
-		Nodes: map[string]*corev1.Node{"edge-a": {}, "worker-b": {}, "worker-c": {}},
-		Classes: map[string]*v1alpha1.PortMapClass{
-			"public": {
-				Spec:   v1alpha1.PortMapClassSpec{Nodes: map[string]v1alpha1.ClassNode{"edge-a": {}, "gone": {}}},
-				Status: v1alpha1.PortMapClassStatus{Links: []v1alpha1.LinkStatus{{Peers: []string{"edge-a", "worker-b"}}}},
-			},
-			"mesh": {Spec: v1alpha1.PortMapClassSpec{Nodes: map[string]v1alpha1.ClassNode{"edge-a": {}}}},
-		},
-	}
-	// worker-c carries nothing a class names; "gone" has no Node object.
-	assert.Equal(t, []string{"edge-a", "worker-b"}, expectedNodes(s))
-}
 
 func create(t *testing.T, ctx context.Context, c dynamic.Interface, gvr schema.GroupVersionResource, obj runtime.Object) {
 	t.Helper()

@@ -114,6 +114,8 @@ func run(args []string) error {
 		"consecutive reports of a node's agent (the first being the one showing the first unanswered request) a mapping's requests must go without a reply before the mapping is unanswered on the node; see --unanswered-window")
 	unansweredWindow := fs.Duration("unanswered-window", agents.DefaultUnansweredWindow.Duration,
 		"the least time the --unanswered-reports reports must span before a mapping is unanswered on a node (Warning Event RequestsUnanswered, kuport_mapping_unanswered 1, GetMapping's unanswered)")
+	statusQPS := fs.Float64("status-qps", controller.DefaultStatusQPS, "status writes a second to the API server, at most (client-go's token bucket)")
+	statusBurst := fs.Int("status-burst", controller.DefaultStatusBurst, "status writes in a burst above --status-qps, at most")
 	healthListen := fs.String("health-listen", "", "host:port serving grpc.health.v1 alone, in plaintext, for the kubelet's gRPC probes; empty serves none")
 	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
 		return nil
@@ -126,6 +128,9 @@ func run(args []string) error {
 	if *unansweredReports < 1 || *unansweredWindow < 0 {
 		return fmt.Errorf("--unanswered-reports must be at least 1 and --unanswered-window not negative")
 	}
+	if *statusQPS <= 0 || *statusBurst < 1 {
+		return fmt.Errorf("--status-qps must be positive and --status-burst at least 1")
+	}
 	lvl := hclog.LevelFromString(*level)
 	if lvl == hclog.NoLevel {
 		return fmt.Errorf("unknown --log-level %q", *level)
@@ -136,6 +141,10 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
+	// The status writer's limiter is the one that binds: the client's own (5 a second by
+	// default) leaves room above it for the informers, Events and the Lease.
+	cfg.QPS = max(cfg.QPS, float32(*statusQPS)+clientHeadroom)
+	cfg.Burst = max(cfg.Burst, *statusBurst+clientHeadroom)
 	kube, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
@@ -247,6 +256,7 @@ func run(args []string) error {
 		ctl, err := controller.New(controller.Config{
 			Kube: kube, Dynamic: dyn, Epoch: epoch, Start: time.Now(),
 			LinkRetention: *retention, Log: log, OnEpochBehind: onEpochBehind,
+			StatusQPS: float32(*statusQPS), StatusBurst: *statusBurst,
 			Unanswered: agents.Window{Reports: *unansweredReports, Duration: *unansweredWindow},
 		})
 		if err != nil {
@@ -288,6 +298,10 @@ func run(args []string) error {
 	}
 	return nil
 }
+
+// clientHeadroom is the API requests a second (and of a burst) the client allows beyond the
+// status writes.
+const clientHeadroom = 50
 
 // restConfig loads the kubeconfig at path, or the in-cluster config when path is empty.
 func restConfig(path string) (*rest.Config, error) {

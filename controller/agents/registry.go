@@ -12,9 +12,9 @@ import (
 	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
-	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"kuport.wlz.li/kuport/controller/compile"
+	"kuport.wlz.li/kuport/controller/programmed"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -103,6 +104,8 @@ type Registry struct {
 	mu       sync.Mutex
 	released bool
 	nodes    map[string]*node
+	// touched are the mappings whose readiness may have changed since Touched was last called.
+	touched map[string]bool
 }
 
 type node struct {
@@ -110,7 +113,9 @@ type node struct {
 	// the node. Never mutated once stored (sent to streams concurrently).
 	program *kuportv1.NodeProgram
 	// index is compile's index of program, by mapping; never mutated once stored.
-	index    compile.NodeIndex
+	index compile.NodeIndex
+	// input is the program SetPrograms was last given for the node (compile's, not a copy).
+	input    *kuportv1.NodeProgram
 	mappings map[string]*mappingVersion
 
 	session        *session  // nil while no stream is open
@@ -132,6 +137,8 @@ type mappingVersion struct {
 	version uint64
 	digest  [sha256.Size]byte
 	ids     map[string]bool // entry ids, link names and return path ids the mapping uses
+	// index is compile's index of the mapping the digest was taken of.
+	index *compile.MappingIndex
 }
 
 // session is one open Connect stream.
@@ -140,6 +147,10 @@ type session struct {
 	wake     chan struct{} // capacity 1: "the program may have changed"
 	replaced chan struct{} // closed when a newer stream of the same node registers
 	sent     uint64        // version the agent holds or was sent (guarded by Registry.mu)
+	// delta: the agent applies deltas (Hello.accepts_delta); base is the last program the
+	// stream carried, nil before the first (guarded by Registry.mu).
+	delta bool
+	base  *kuportv1.NodeProgram
 }
 
 // NewRegistry returns an empty Registry holding programs back until Release lets them go.
@@ -184,6 +195,7 @@ func NewRegistry(cfg Config) *Registry {
 		onEpochBehind: onEpochBehind,
 		done:          make(chan struct{}),
 		nodes:         map[string]*node{},
+		touched:       map[string]bool{},
 	}
 }
 
@@ -201,7 +213,9 @@ func (r *Registry) nodeLocked(name string) *node {
 
 // SetPrograms stores compile's programs (content only: their version and epoch are
 // ignored) and their index (compile.Result.Index), which says which entries, links and
-// return paths of each program are a mapping's. A node whose content differs from what it holds gets version previous+1 and, when
+// return paths of each program are a mapping's. A program given again by identity (the same
+// pointer as last time) is taken as unchanged with its index: compile's results are never
+// mutated. A node whose content differs from what it holds gets version previous+1 and, when
 // its agent is connected and the startup hold is over, the new program is pushed. A node that
 // had a program and is absent from programs gets an empty one (its agent clears its rules).
 // It returns the names of the nodes whose program changed, sorted.
@@ -215,6 +229,7 @@ func (r *Registry) SetPrograms(programs map[string]*kuportv1.NodeProgram, index 
 		}
 		switch {
 		case n.program != nil && !isEmpty(n.program):
+			n.input = nil
 			if r.storeLocked(name, n, &kuportv1.NodeProgram{}, nil) {
 				changed = append(changed, name)
 			}
@@ -225,10 +240,17 @@ func (r *Registry) SetPrograms(programs map[string]*kuportv1.NodeProgram, index 
 		}
 	}
 	for name, p := range programs {
+		n := r.nodeLocked(name)
+		if p != nil && p == n.input {
+			// The very program stored last time (compile.Incremental shares what it did not
+			// recompile): unchanged, with its index, and not worth a clone and a comparison.
+			continue
+		}
+		n.input = p
 		if p == nil {
 			p = &kuportv1.NodeProgram{}
 		}
-		if r.storeLocked(name, r.nodeLocked(name), p, index[name]) {
+		if r.storeLocked(name, n, p, index[name]) {
 			changed = append(changed, name)
 		}
 	}
@@ -240,33 +262,46 @@ func (r *Registry) SetPrograms(programs map[string]*kuportv1.NodeProgram, index 
 }
 
 // storeLocked stores p's content as n's program if it differs, with its index, and wakes n's
-// stream.
+// stream. The stored program shares p's lists (compile never mutates a result, and nothing
+// here does), and a mapping whose *compile.MappingIndex is the one stored before keeps its
+// digest without one (compile.Incremental shares it only while the mapping's entries are the
+// same): a change of one mapping among 10,000 on a node then costs no clone, no comparison
+// and no digest of the others.
 func (r *Registry) storeLocked(name string, n *node, p *kuportv1.NodeProgram, index compile.NodeIndex) bool {
-	next := proto.Clone(p).(*kuportv1.NodeProgram)
-	next.Node = name
-	next.Epoch = r.epoch
+	next := &kuportv1.NodeProgram{Node: name, Epoch: r.epoch, DnatRules: p.DnatRules, SnatRules: p.SnatRules,
+		MarkRules: p.MarkRules, Links: p.Links, ReturnPaths: p.ReturnPaths}
+	prev := n.program
 	n.index = index
-	if n.program != nil {
-		next.Version = n.program.Version
-		if proto.Equal(next, n.program) {
+	if prev != nil {
+		next.Version = prev.Version
+		if sameProgram(next, prev) {
 			return false
 		}
 	}
 	next.Version++
 	n.program = next
-	digests := digestMappings(next, index)
+	// A mapping's digest covers the links and return paths it uses: kept only while both
+	// lists are the very same.
+	sharedPaths := prev != nil && sameList(next.Links, prev.Links) && sameList(next.ReturnPaths, prev.ReturnPaths)
 	for m := range n.mappings {
-		if _, ok := digests[m]; !ok {
+		if _, ok := index[m]; !ok {
 			delete(n.mappings, m)
+			r.touched[m] = true
 		}
 	}
-	for m, d := range digests {
-		if old := n.mappings[m]; old != nil && old.digest == d.digest {
-			old.ids = d.ids
+	for m, mi := range index {
+		old := n.mappings[m]
+		if sharedPaths && old != nil && old.index == mi {
+			continue
+		}
+		d := digestMapping(next, mi)
+		if old != nil && old.digest == d.digest {
+			old.ids, old.index = d.ids, mi
 			continue
 		}
 		d.version = next.Version
 		n.mappings[m] = d
+		r.touched[m] = true
 	}
 	if r.released && n.session != nil {
 		wake(n.session)
@@ -274,79 +309,104 @@ func (r *Registry) storeLocked(name string, n *node, p *kuportv1.NodeProgram, in
 	return true
 }
 
+// sameProgram reports whether two programs have the same content, comparing shared entries
+// by identity first.
+func sameProgram(a, b *kuportv1.NodeProgram) bool {
+	return a.Node == b.Node && a.Version == b.Version && a.Epoch == b.Epoch &&
+		equalList(a.DnatRules, b.DnatRules) && equalList(a.SnatRules, b.SnatRules) && equalList(a.MarkRules, b.MarkRules) &&
+		equalList(a.Links, b.Links) && equalList(a.ReturnPaths, b.ReturnPaths)
+}
+
+func equalList[T proto.Message](a, b []T) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if any(a[i]) != any(b[i]) && !proto.Equal(a[i], b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// sameList reports whether two lists are the very same (one backing array, one length).
+func sameList[T any](a, b []T) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
+}
+
 func isEmpty(p *kuportv1.NodeProgram) bool {
 	return len(p.DnatRules)+len(p.SnatRules)+len(p.MarkRules)+len(p.Links)+len(p.ReturnPaths) == 0
 }
 
-// digestMappings digests each mapping of a program's index: its entries, links and return
+// digestMapping digests one mapping of a program's index: its entries, links and return
 // paths as compile indexed them, so a change to any of them gives the mapping a new version.
-func digestMappings(p *kuportv1.NodeProgram, index compile.NodeIndex) map[string]*mappingVersion {
-	byID := map[string]proto.Message{}
-	for _, d := range p.DnatRules {
-		byID[d.Id] = d
-	}
-	for _, s := range p.SnatRules {
-		byID[s.Id] = s
-	}
-	for _, m := range p.MarkRules {
-		byID[m.Id] = m
-	}
-	links := make(map[string]proto.Message, len(p.Links))
-	for _, l := range p.Links {
-		links[l.Name] = l
-	}
-	returns := make(map[string]proto.Message, len(p.ReturnPaths))
-	for _, rp := range p.ReturnPaths {
-		returns[rp.Id] = rp
-	}
-	out := make(map[string]*mappingVersion, len(index))
-	for mapping, mi := range index {
-		mv := &mappingVersion{ids: map[string]bool{}}
-		h := sha256.New()
-		add := func(id string, m proto.Message) {
-			mv.ids[id] = true
-			// Deterministic marshalling of one message cannot fail for a valid message; a
-			// failure still changes the digest, so it is never mistaken for "unchanged".
-			b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
-			if err != nil {
-				b = []byte(err.Error())
-			}
-			h.Write(binary.AppendUvarint(nil, uint64(len(b))))
-			h.Write(b)
+func digestMapping(p *kuportv1.NodeProgram, mi *compile.MappingIndex) *mappingVersion {
+	mv := &mappingVersion{ids: map[string]bool{}, index: mi}
+	h := sha256.New()
+	add := func(id string, m proto.Message) {
+		mv.ids[id] = true
+		// Deterministic marshalling of one message cannot fail for a valid message; a
+		// failure still changes the digest, so it is never mistaken for "unchanged".
+		b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+		if err != nil {
+			b = []byte(err.Error())
 		}
-		for _, e := range mi.Entries {
-			add(e.ID, byID[e.ID])
-		}
-		for _, name := range mi.Links {
-			add(name, links[name])
-		}
-		for _, id := range mi.ReturnPaths {
-			add(id, returns[id])
-		}
-		h.Sum(mv.digest[:0])
-		out[mapping] = mv
+		h.Write(binary.AppendUvarint(nil, uint64(len(b))))
+		h.Write(b)
 	}
-	return out
+	for _, e := range mi.Entries {
+		switch e.Kind {
+		case compile.KindDNAT:
+			add(e.ID, find(p.DnatRules, e.ID, (*kuportv1.DnatRule).GetId))
+		case compile.KindSNAT:
+			add(e.ID, find(p.SnatRules, e.ID, (*kuportv1.SnatRule).GetId))
+		case compile.KindMark:
+			add(e.ID, find(p.MarkRules, e.ID, (*kuportv1.MarkRule).GetId))
+		default:
+			add(e.ID, nil)
+		}
+	}
+	for _, name := range mi.Links {
+		add(name, find(p.Links, name, (*kuportv1.Link).GetName))
+	}
+	for _, id := range mi.ReturnPaths {
+		add(id, find(p.ReturnPaths, id, (*kuportv1.ReturnPath).GetId))
+	}
+	h.Sum(mv.digest[:0])
+	return mv
+}
+
+// find returns the element of list whose key is id (nil if none): by binary search, as
+// compile sorts every list by it, else by a scan.
+func find[T proto.Message](list []T, id string, key func(T) string) proto.Message {
+	if i, ok := slices.BinarySearchFunc(list, id, func(x T, id string) int { return strings.Compare(key(x), id) }); ok {
+		return list[i]
+	}
+	for _, x := range list {
+		if key(x) == id {
+			return x
+		}
+	}
+	return nil
 }
 
 // Release ends the startup hold (DESIGN.md: after a restart an agent that reconnects first
 // must not be handed a program missing its peer's link, which would make it tear a live link
 // down). unheard are the nodes the caller expects whose agents' state the programs it just
-// stored were compiled without: the hold lasts until a compile has heard every one of them,
-// or until Start+Hold. It returns true when released, else how long until the hold times out.
+// stored were compiled without (programmed.Unheard): the hold lasts while Term(unheard,
+// now).Holding(). It returns true when released, else how long until the hold times out.
 func (r *Registry) Release(unheard []string, now time.Time) (bool, time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.released {
 		return true, 0
 	}
-	missing := unheard
-	if r.holds(unheard, now) {
-		r.log.Info("holding programs until every node said hello", "missing", missing, "until", r.holdUntil)
+	if r.termLocked(unheard, now).Holding() {
+		r.log.Info("holding programs until every node said hello", "missing", unheard, "until", r.holdUntil)
 		return false, r.holdUntil.Sub(now)
 	}
 	r.released = true
-	r.log.Info("releasing programs", "missing", missing)
+	r.log.Info("releasing programs", "missing", unheard)
 	for _, n := range r.nodes {
 		if n.session != nil {
 			wake(n.session)
@@ -362,27 +422,46 @@ func (r *Registry) Close() { r.closeOnce.Do(func() { close(r.done) }) }
 // Done is closed once Close was called.
 func (r *Registry) Done() <-chan struct{} { return r.done }
 
-// Holding reports whether Release(unheard, now) would keep holding programs back.
-func (r *Registry) Holding(unheard []string, now time.Time) bool {
+// Term returns this term's startup hold as of now, with unheard as the nodes the last
+// compile had no state from (programmed.Unheard).
+func (r *Registry) Term(unheard []string, now time.Time) programmed.Term {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.holds(unheard, now)
+	return r.termLocked(unheard, now)
 }
 
-// holds is Holding, called with r.mu held.
-func (r *Registry) holds(unheard []string, now time.Time) bool {
-	return !r.released && len(unheard) > 0 && now.Before(r.holdUntil)
+func (r *Registry) termLocked(unheard []string, now time.Time) programmed.Term {
+	return programmed.Term{Now: now, HoldUntil: r.holdUntil, Released: r.released, Unheard: unheard}
 }
 
-// Settling reports whether node's agent has yet to acknowledge any program of this term
-// while the term is younger than the startup hold (Config.Hold): after a change of leader
-// the agents reconnect and acknowledge the new term's first programs within a few seconds,
-// and until then what they hold is the previous leader's, not known to be missing.
-func (r *Registry) Settling(node string, now time.Time) bool {
+// Acks returns what the registry knows of each of nodes for mapping (a MappingKey), in
+// nodes' order, for programmed.Decide.
+func (r *Registry) Acks(mapping string, nodes []string) []programmed.Node {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	n := r.nodes[node]
-	return (n == nil || n.ackedVersion == 0) && now.Before(r.holdUntil)
+	out := make([]programmed.Node, len(nodes))
+	for i, name := range nodes {
+		out[i] = r.nodes[name].acks(name, mapping)
+	}
+	return out
+}
+
+// Touched returns the mappings whose programmed.Node on some node may have changed since
+// the last call (a version stored, an acknowledgement, an agent connecting or leaving), and
+// forgets them.
+func (r *Registry) Touched() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := slices.Sorted(maps.Keys(r.touched))
+	clear(r.touched)
+	return out
+}
+
+// touchLocked records that every mapping of n's program may have changed readiness.
+func (r *Registry) touchLocked(n *node) {
+	for m := range n.mappings {
+		r.touched[m] = true
+	}
 }
 
 // Agents returns what each node's agent last told, for compile's snapshot.
@@ -398,56 +477,30 @@ func (r *Registry) Agents() map[string]*compile.AgentState {
 	return out
 }
 
-// MappingReady tells whether node's kernel holds mapping's entries: its agent is connected,
-// has acknowledged (in this epoch) a version at least the one where the mapping's entries
-// last changed, and reported no error for any of them. Otherwise it returns false and a
-// message naming the node and what is missing (API.md, NodeNotReady).
-func (r *Registry) MappingReady(nodeName, mapping string) (bool, string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.nodes[nodeName].mappingReady(nodeName, mapping)
-}
-
-// mappingReady is MappingReady for n (nil for a node never named), called with Registry.mu held.
-func (n *node) mappingReady(nodeName, mapping string) (bool, string) {
-	switch {
-	case n == nil || !n.everHello:
-		return false, fmt.Sprintf("node %s: agent not connected", nodeName)
-	case n.session == nil:
-		return false, fmt.Sprintf("node %s: agent disconnected", nodeName)
+// acks is Registry.Acks for one node (n nil for a node never named), called with
+// Registry.mu held.
+func (n *node) acks(nodeName, mapping string) programmed.Node {
+	out := programmed.Node{Name: nodeName}
+	if n == nil {
+		return out
 	}
+	out.Hello, out.Connected, out.Acked = n.everHello, n.session != nil, n.ackedVersion
 	mv := n.mappings[mapping]
 	if mv == nil {
-		return false, fmt.Sprintf("node %s: program carries no entry of the mapping yet", nodeName)
+		return out
 	}
-	if n.ackedVersion < mv.version {
-		return false, fmt.Sprintf("node %s has not acknowledged program version %d", nodeName, mv.version)
-	}
+	out.Version = mv.version
 	for _, e := range n.ackErrors {
 		switch {
 		case mv.ids[e.Id]:
-			return false, fmt.Sprintf("node %s failed to apply %s: %s", nodeName, e.Id, e.Message)
+			out.Failed = e.Id + ": " + e.Message
+			return out
 		case !n.hasEntry(e.Id):
-			// An error no entry owns (a failed kernel read, a refused transaction, fencing)
-			// leaves nothing on the node known to be in place.
-			return false, fmt.Sprintf("node %s failed to apply its program: %s", nodeName, e.Message)
+			out.ProgramFailed = e.Message
+			return out
 		}
 	}
-	return true, ""
-}
-
-// AwaitingAck reports whether mapping is not yet in node's kernel only because the node's
-// connected agent has not acknowledged the version carrying it: the ordinary moment after a
-// change, not a fault.
-func (r *Registry) AwaitingAck(nodeName, mapping string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	n := r.nodes[nodeName]
-	if n == nil || n.session == nil {
-		return false
-	}
-	mv := n.mappings[mapping]
-	return mv == nil || n.ackedVersion < mv.version
+	return out
 }
 
 // hasEntry reports whether id names an entry of some mapping in n's current program.
@@ -534,7 +587,7 @@ func (mv *mappingVersion) counters(n *node) []*kuportv1.Counter {
 
 // Mapping returns mapping's ("<namespace>/<name>") state on every node whose current program
 // carries entries of it, sorted by node: the entry ids, the version where they last changed,
-// whether the agent acknowledged it, MappingReady's verdict, and the entries' counters and
+// whether the agent acknowledged it, its programmed.Node's Ready verdict, and the entries' counters and
 // link statistics from the node's latest Report. Empty when no program carries the mapping.
 func (r *Registry) Mapping(mapping string) []*kuportv1.MappingNode {
 	r.mu.Lock()
@@ -552,7 +605,7 @@ func (r *Registry) Mapping(mapping string) []*kuportv1.MappingNode {
 			Acked:    n.ackedVersion >= mv.version,
 			Counters: mv.counters(n),
 		}
-		mn.Ready, mn.Message = n.mappingReady(name, mapping)
+		mn.Ready, mn.Message = n.acks(name, mapping).Ready()
 		if mi := n.index[mapping]; mi != nil {
 			for _, e := range mi.Entries {
 				v := n.answers[e.ID].Verdict
@@ -653,7 +706,7 @@ func wake(s *session) {
 
 // connect registers a stream that opened with hello, replacing an older stream of the node.
 func (r *Registry) connect(hello *kuportv1.Hello) *session {
-	s := &session{node: hello.Node, wake: make(chan struct{}, 1), replaced: make(chan struct{})}
+	s := &session{node: hello.Node, wake: make(chan struct{}, 1), replaced: make(chan struct{}), delta: hello.AcceptsDelta}
 	r.mu.Lock()
 	n := r.nodeLocked(hello.Node)
 	if n.session != nil {
@@ -666,6 +719,7 @@ func (r *Registry) connect(hello *kuportv1.Hello) *session {
 	n.state = hello.State
 	n.ackErrors = nil
 	n.ackedVersion = 0
+	r.touchLocked(n)
 	if hello.AppliedEpoch == r.epoch && n.program != nil && hello.AppliedVersion <= n.program.Version {
 		n.ackedVersion = hello.AppliedVersion
 		s.sent = hello.AppliedVersion
@@ -694,6 +748,7 @@ func (r *Registry) disconnect(s *session) {
 	current := n != nil && n.session == s
 	if current {
 		n.session = nil
+		r.touchLocked(n)
 	}
 	r.mu.Unlock()
 	if current {
@@ -703,17 +758,24 @@ func (r *Registry) disconnect(s *session) {
 	}
 }
 
-// next returns the program s must be sent, or nil when its agent already has the current
-// one, none exists yet, or the startup hold is on.
-func (r *Registry) next(s *session) *kuportv1.NodeProgram {
+// next returns the message s must be sent, or nil when its agent already has the current
+// program, none exists yet, or the startup hold is on: the program whole, or for an agent
+// that accepts deltas and was sent one on this stream, the delta from that one (a
+// reconnecting agent gets its whole program once).
+func (r *Registry) next(s *session) *kuportv1.ConnectResponse {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	n := r.nodes[s.node]
 	if !r.released || n == nil || n.session != s || n.program == nil || n.program.Version == s.sent {
+		r.mu.Unlock()
 		return nil
 	}
-	s.sent = n.program.Version
-	return n.program
+	p, base := n.program, s.base
+	s.sent, s.base = p.Version, p
+	r.mu.Unlock()
+	if !s.delta || base == nil {
+		return &kuportv1.ConnectResponse{Message: &kuportv1.ConnectResponse_Program{Program: p}}
+	}
+	return &kuportv1.ConnectResponse{Message: &kuportv1.ConnectResponse_Delta{Delta: kuportv1.Delta(base, p)}}
 }
 
 // ack records an agent's acknowledgement of one program version.
@@ -731,6 +793,7 @@ func (r *Registry) ack(s *session, a *kuportv1.Ack) {
 	case a.Version < n.ackedVersion:
 		reason = "older than the acknowledged version"
 	default:
+		r.touchAckLocked(n, a)
 		n.ackedVersion = a.Version
 		n.ackErrors = a.Errors
 	}
@@ -744,6 +807,20 @@ func (r *Registry) ack(s *session, a *kuportv1.Ack) {
 	}
 	r.log.Debug("program acknowledged", "node", s.node, "version", a.Version, "errors", len(a.Errors))
 	r.onChange(Acked)
+}
+
+// touchAckLocked records the mappings whose readiness a acknowledging n's program may change:
+// those whose version it reaches, or every one when errors came or went.
+func (r *Registry) touchAckLocked(n *node, a *kuportv1.Ack) {
+	if len(a.Errors) > 0 || len(n.ackErrors) > 0 {
+		r.touchLocked(n)
+		return
+	}
+	for m, mv := range n.mappings {
+		if mv.version > n.ackedVersion && mv.version <= a.Version {
+			r.touched[m] = true
+		}
+	}
 }
 
 // report records a Report; a different NodeState makes compile run again.

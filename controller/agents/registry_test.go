@@ -2,6 +2,8 @@ package agents
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"kuport.wlz.li/kuport/controller/compile"
+	"kuport.wlz.li/kuport/controller/programmed"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -72,6 +75,11 @@ func edgeIndex(withLocal bool) map[string]compile.NodeIndex {
 	return map[string]compile.NodeIndex{"edge-a": remoteIndex(withLocal)}
 }
 
+// ready is programmed's verdict on whether node's kernel holds mapping.
+func ready(r *Registry, node, mapping string) (bool, string) {
+	return r.Acks(mapping, []string{node})[0].Ready()
+}
+
 func newTestRegistry(changes *[]Change) *Registry {
 	return NewRegistry(Config{Epoch: 77, Start: t0, OnChange: func(c Change) {
 		if changes != nil {
@@ -121,12 +129,43 @@ func TestSetProgramsVersionsOnlyOnChange(t *testing.T) {
 	assert.Equal(t, "worker-b", r.Nodes()[0].Node)
 }
 
+// TestSetProgramsSharedByIncremental: programs as compile.Incremental leaves them (the lists
+// of the entries it kept shared, a kept mapping's index entry the same pointer) store without
+// a copy, and only the mapping whose entries changed gets a new version; the program given
+// again by identity is no change.
+func TestSetProgramsSharedByIncremental(t *testing.T) {
+	r := newTestRegistry(nil)
+	p1, idx1 := remoteProgram("10.244.17.5", true), remoteIndex(true)
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": p1}, map[string]compile.NodeIndex{"edge-a": idx1})
+	stored, _, _ := r.Program("edge-a")
+	assert.Same(t, p1.DnatRules[0], stored.DnatRules[0], "stored without a copy")
+
+	// games/local moves to another pod: a new rule and index entry, the rest shared.
+	local := proto.Clone(p1.DnatRules[1]).(*kuportv1.DnatRule)
+	local.ToAddress = "10.244.17.6"
+	p2 := &kuportv1.NodeProgram{DnatRules: []*kuportv1.DnatRule{p1.DnatRules[0], local}, SnatRules: p1.SnatRules, Links: p1.Links}
+	idx2 := compile.NodeIndex{"games/remote": idx1["games/remote"], "games/local": remoteIndex(true)["games/local"]}
+	assert.Equal(t, []string{"edge-a"}, r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": p2}, map[string]compile.NodeIndex{"edge-a": idx2}))
+	versions := map[string]uint64{}
+	for _, m := range []string{"games/remote", "games/local"} {
+		versions[m] = r.Mapping(m)[0].Version
+	}
+	assert.Equal(t, map[string]uint64{"games/remote": 1, "games/local": 2}, versions)
+	assert.Empty(t, r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": p2}, map[string]compile.NodeIndex{"edge-a": idx2}))
+
+	// Shared lists but another index entry of the same content: digested, and unchanged.
+	idx3 := compile.NodeIndex{"games/remote": remoteIndex(true)["games/remote"], "games/local": idx2["games/local"]}
+	p3 := &kuportv1.NodeProgram{DnatRules: p2.DnatRules, SnatRules: p2.SnatRules, Links: p2.Links, MarkRules: []*kuportv1.MarkRule{}}
+	assert.Empty(t, r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": p3}, map[string]compile.NodeIndex{"edge-a": idx3}))
+	assert.Equal(t, uint64(1), r.Mapping("games/remote")[0].Version)
+}
+
 func TestMappingVersionsAndAckGating(t *testing.T) {
 	var changes []Change
 	r := newTestRegistry(&changes)
 	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false)}, edgeIndex(false)) // v1
 
-	ok, why := r.MappingReady("edge-a", "games/remote")
+	ok, why := ready(r, "edge-a", "games/remote")
 	assert.False(t, ok)
 	assert.Equal(t, "node edge-a: agent not connected", why)
 
@@ -137,20 +176,20 @@ func TestMappingVersionsAndAckGating(t *testing.T) {
 	require.True(t, released)
 	require.NotNil(t, r.next(s))
 
-	ok, why = r.MappingReady("edge-a", "games/remote")
+	ok, why = ready(r, "edge-a", "games/remote")
 	assert.False(t, ok)
 	assert.Equal(t, "node edge-a has not acknowledged program version 1", why)
 
 	r.ack(s, &kuportv1.Ack{Epoch: 77, Version: 1})
 	assert.Equal(t, []Change{StateChanged, Acked}, changes)
-	ok, _ = r.MappingReady("edge-a", "games/remote")
+	ok, _ = ready(r, "edge-a", "games/remote")
 	assert.True(t, ok)
 
 	// v2 adds games/local only: games/remote stays programmed at ack 1, games/local waits.
 	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", true)}, edgeIndex(true))
-	ok, _ = r.MappingReady("edge-a", "games/remote")
+	ok, _ = ready(r, "edge-a", "games/remote")
 	assert.True(t, ok)
-	ok, why = r.MappingReady("edge-a", "games/local")
+	ok, why = ready(r, "edge-a", "games/local")
 	assert.False(t, ok)
 	assert.Equal(t, "node edge-a has not acknowledged program version 2", why)
 
@@ -159,9 +198,9 @@ func TestMappingVersionsAndAckGating(t *testing.T) {
 	p.Links[0].Mtu = 1350
 	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": p}, edgeIndex(true))
 	r.ack(s, &kuportv1.Ack{Epoch: 77, Version: 2})
-	ok, _ = r.MappingReady("edge-a", "games/local")
+	ok, _ = ready(r, "edge-a", "games/local")
 	assert.True(t, ok)
-	ok, why = r.MappingReady("edge-a", "games/remote")
+	ok, why = ready(r, "edge-a", "games/remote")
 	assert.False(t, ok)
 	assert.Equal(t, "node edge-a has not acknowledged program version 3", why)
 
@@ -174,24 +213,24 @@ func TestMappingVersionsAndAckGating(t *testing.T) {
 
 	// An ack with an error on one of the mapping's entries (here its link) is not programmed.
 	r.ack(s, &kuportv1.Ack{Epoch: 77, Version: 3, Errors: []*kuportv1.EntryError{{Id: "kup-1234abcd", Message: "file exists"}}})
-	ok, why = r.MappingReady("edge-a", "games/remote")
+	ok, why = ready(r, "edge-a", "games/remote")
 	assert.False(t, ok)
 	assert.Equal(t, "node edge-a failed to apply kup-1234abcd: file exists", why)
-	ok, _ = r.MappingReady("edge-a", "games/local")
+	ok, _ = ready(r, "edge-a", "games/local")
 	assert.True(t, ok)
 
 	// An error no entry owns (a refused transaction, fencing) fails every mapping on the node.
 	for _, id := range []string{"", "ip rule 101 stale"} {
 		r.ack(s, &kuportv1.Ack{Epoch: 77, Version: 3, Errors: []*kuportv1.EntryError{{Id: id, Message: "transaction refused"}}})
 		for _, m := range []string{"games/local", "games/remote"} {
-			ok, why = r.MappingReady("edge-a", m)
+			ok, why = ready(r, "edge-a", m)
 			assert.False(t, ok, "%s with error id %q", m, id)
 			assert.Equal(t, "node edge-a failed to apply its program: transaction refused", why)
 		}
 	}
 
 	r.disconnect(s)
-	ok, why = r.MappingReady("edge-a", "games/local")
+	ok, why = ready(r, "edge-a", "games/local")
 	assert.False(t, ok)
 	assert.Equal(t, "node edge-a: agent disconnected", why)
 	assert.False(t, r.Agents()["edge-a"].Connected)
@@ -217,7 +256,7 @@ func TestReleaseWaitsForExpectedNodesOrTimeout(t *testing.T) {
 	// A compile that heard worker-b releases.
 	released, _ = r.Release(nil, t0.Add(7*time.Second))
 	assert.True(t, released)
-	assert.Equal(t, uint64(1), r.next(s).GetVersion())
+	assert.Equal(t, uint64(1), r.next(s).GetProgram().GetVersion())
 
 	// Without the peer, the hold ends at Start+Hold.
 	r2 := newTestRegistry(nil)
@@ -225,20 +264,46 @@ func TestReleaseWaitsForExpectedNodesOrTimeout(t *testing.T) {
 	assert.True(t, released)
 }
 
-// TestSettling: a node is settling from the term's start until its agent acknowledges a
-// program of this term, and no longer than the startup hold.
-func TestSettling(t *testing.T) {
+// TestAcksTermAndTouched: Acks and Term carry what programmed.Decide reads (settling is
+// decided there from them), and Touched names the mappings a store, a connect, an ack or a
+// disconnect may have changed, once.
+func TestAcksTermAndTouched(t *testing.T) {
 	r := newTestRegistry(nil)
-	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false)}, edgeIndex(false))
-	assert.True(t, r.Settling("edge-a", t0.Add(time.Second)), "not heard from yet")
-	assert.True(t, r.Settling("worker-b", t0.Add(time.Second)), "a node no program names")
-	assert.False(t, r.Settling("edge-a", t0.Add(DefaultHold)), "the hold is over")
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false)}, edgeIndex(false)) // v1
+	assert.Equal(t, []string{"games/remote"}, r.Touched())
+	assert.Empty(t, r.Touched(), "forgotten once told")
+	assert.Equal(t, []programmed.Node{{Name: "edge-a", Version: 1}, {Name: "worker-b"}},
+		r.Acks("games/remote", []string{"edge-a", "worker-b"}), "worker-b: a node no program names")
+	term := r.Term([]string{"worker-b"}, t0.Add(time.Second))
+	assert.Equal(t, programmed.Term{Now: t0.Add(time.Second), HoldUntil: t0.Add(DefaultHold), Unheard: []string{"worker-b"}}, term)
+	assert.True(t, term.Holding())
+
 	s := r.connect(&kuportv1.Hello{Node: "edge-a", AppliedEpoch: 76, AppliedVersion: 9})
-	assert.True(t, r.Settling("edge-a", t0.Add(time.Second)), "what it holds is the previous term's")
+	assert.Equal(t, []string{"games/remote"}, r.Touched())
+	assert.Equal(t, []programmed.Node{{Name: "edge-a", Hello: true, Connected: true, Version: 1}}, r.Acks("games/remote", []string{"edge-a"}),
+		"what it holds is the previous term's: acknowledged nothing of this one")
 	r.Release(nil, t0.Add(time.Second))
+	assert.True(t, r.Term(nil, t0.Add(time.Second)).Released)
 	require.NotNil(t, r.next(s))
+
+	// v2 adds games/local: only it is touched; acking v2 touches it again, not games/remote.
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", true)}, edgeIndex(true))
+	assert.Equal(t, []string{"games/local"}, r.Touched())
 	r.ack(s, &kuportv1.Ack{Epoch: 77, Version: 1})
-	assert.False(t, r.Settling("edge-a", t0.Add(time.Second)), "acknowledged in this term")
+	assert.Equal(t, []string{"games/remote"}, r.Touched())
+	r.ack(s, &kuportv1.Ack{Epoch: 77, Version: 2})
+	assert.Equal(t, []string{"games/local"}, r.Touched())
+	assert.Equal(t, []programmed.Node{{Name: "edge-a", Hello: true, Connected: true, Acked: 2, Version: 2}}, r.Acks("games/local", []string{"edge-a"}))
+
+	// An error touches every mapping of the node, and so does its clearing.
+	r.ack(s, &kuportv1.Ack{Epoch: 77, Version: 2, Errors: []*kuportv1.EntryError{{Id: "games/local/dnat/enp1s0", Message: "boom"}}})
+	assert.Equal(t, []string{"games/local", "games/remote"}, r.Touched())
+	assert.Equal(t, "games/local/dnat/enp1s0: boom", r.Acks("games/local", []string{"edge-a"})[0].Failed)
+	r.ack(s, &kuportv1.Ack{Epoch: 77, Version: 2})
+	assert.Equal(t, []string{"games/local", "games/remote"}, r.Touched())
+
+	r.disconnect(s)
+	assert.Equal(t, []string{"games/local", "games/remote"}, r.Touched())
 }
 
 func TestHelloWithCurrentProgramIsNotResent(t *testing.T) {
@@ -247,7 +312,7 @@ func TestHelloWithCurrentProgramIsNotResent(t *testing.T) {
 	r.Release(nil, t0)
 	s := r.connect(&kuportv1.Hello{Node: "edge-a", AppliedEpoch: 77, AppliedVersion: 1})
 	assert.Nil(t, r.next(s))
-	ok, _ := r.MappingReady("edge-a", "games/remote")
+	ok, _ := ready(r, "edge-a", "games/remote")
 	assert.True(t, ok, "the agent said it holds version 1 of this epoch")
 
 	// A newer stream of the same node replaces the old one; the old one's end changes nothing.
@@ -259,7 +324,7 @@ func TestHelloWithCurrentProgramIsNotResent(t *testing.T) {
 	}
 	r.disconnect(s)
 	assert.True(t, r.Agents()["edge-a"].Connected)
-	assert.Equal(t, uint64(1), r.next(s2).GetVersion(), "a program of another epoch is replaced")
+	assert.Equal(t, uint64(1), r.next(s2).GetProgram().GetVersion(), "a program of another epoch is replaced")
 }
 
 func TestReportStateAndCounters(t *testing.T) {
@@ -391,4 +456,31 @@ func TestOnAgent(t *testing.T) {
 	assert.Equal(t, []string{"edge-a true v1", "edge-a true v2"}, events, "a replaced stream's end is no disconnect")
 	r.disconnect(cur)
 	assert.Equal(t, []string{"edge-a true v1", "edge-a true v2", "edge-a false "}, events)
+}
+
+// TestNextSendsDeltasToAgentsThatTakeThem: an agent whose Hello accepts deltas gets its first
+// program whole on a stream, then deltas that rebuild each next one; another agent gets
+// programs whole.
+func TestNextSendsDeltasToAgentsThatTakeThem(t *testing.T) {
+	r := newTestRegistry(nil)
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false), "worker-b": {}}, edgeIndex(false))
+	r.Release(nil, t0)
+	s := r.connect(&kuportv1.Hello{Node: "edge-a", AcceptsDelta: true})
+	old := r.connect(&kuportv1.Hello{Node: "worker-b"})
+	first := r.next(s).GetProgram()
+	require.NotNil(t, first, "the first program of a stream is whole")
+	require.NotNil(t, r.next(old).GetProgram())
+
+	next := remoteProgram("10.244.17.5", true)
+	slices.SortFunc(next.DnatRules, func(a, b *kuportv1.DnatRule) int { return strings.Compare(a.Id, b.Id) }) // as compile sorts
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": next,
+		"worker-b": {SnatRules: []*kuportv1.SnatRule{{Id: "x/snat"}}}}, edgeIndex(true))
+	d := r.next(s).GetDelta()
+	require.NotNil(t, d)
+	assert.Len(t, d.Changed.DnatRules, 1, "only the rule added")
+	got, err := d.Apply(first)
+	require.NoError(t, err)
+	want, _, _ := r.Program("edge-a")
+	assert.True(t, proto.Equal(want, got))
+	assert.NotNil(t, r.next(old).GetProgram(), "an agent that takes no deltas gets programs whole")
 }

@@ -248,11 +248,12 @@ func (s *Server) Connect(stream grpc.BidiStreamingServer[kuportv1.ConnectRequest
 	for {
 		select {
 		case <-sess.wake:
-			if p := reg.next(sess); p != nil {
-				if err := stream.Send(&kuportv1.ConnectResponse{Message: &kuportv1.ConnectResponse_Program{Program: p}}); err != nil {
+			if msg := reg.next(sess); msg != nil {
+				if err := stream.Send(msg); err != nil {
 					return fmt.Errorf("send program to %s: %w", sess.node, err)
 				}
-				s.log.Debug("program sent", "node", sess.node, "version", p.Version)
+				s.log.Debug("program sent", "node", sess.node, "version", msg.GetProgram().GetVersion()+msg.GetDelta().GetChanged().GetVersion(),
+					"delta", msg.GetDelta() != nil)
 			}
 		case err := <-recvErr:
 			if errors.Is(err, io.EOF) {

@@ -31,6 +31,12 @@ const (
 // path of the founding document's decision flowchart and refusal table, link slots, per-node
 // tables and marks, and link MTU, under servingMode Single and Multi alike.
 func Compile(s *Snapshot) *Result {
+	_, r := compileFull(s)
+	return r
+}
+
+// compileFull is Compile, returning the compiler's final state too (Incremental keeps it).
+func compileFull(s *Snapshot) (*compiler, *Result) {
 	if s == nil {
 		s = &Snapshot{}
 	}
@@ -38,13 +44,13 @@ func Compile(s *Snapshot) *Result {
 	c.validateClasses()
 	c.loadClaims()
 	for _, pm := range c.sortedPortMaps() {
-		c.plan(pm)
+		c.plans = append(c.plans, c.plan(pm))
 	}
 	c.allocate()
 	for _, p := range c.plans {
 		c.emit(p)
 	}
-	return c.result()
+	return c, c.result()
 }
 
 // compiler holds one compilation's working state.
@@ -64,9 +70,9 @@ type compiler struct {
 	// tables in use per node across every class's claims.
 	tables map[string]map[int32]bool
 	// held: the port ranges accepted mappings hold per (node, interface, protocol).
-	held map[hold][]holding
+	held map[hold]*holdings
 	// crossings: the dialed port ranges that accepted mappings send over each link.
-	crossings map[crossing][]holding
+	crossings map[crossing]*holdings
 	programs  map[string]*programBuilder
 }
 
@@ -77,8 +83,8 @@ func newCompiler(s *Snapshot) *compiler {
 		nodes:     map[string]*nodeView{},
 		classes:   map[string]*classInfo{},
 		tables:    map[string]map[int32]bool{},
-		held:      map[hold][]holding{},
-		crossings: map[crossing][]holding{},
+		held:      map[hold]*holdings{},
+		crossings: map[crossing]*holdings{},
 		programs:  map[string]*programBuilder{},
 	}
 	for name, n := range s.Nodes {

@@ -131,12 +131,12 @@ func checkCompile(t *testing.T, data []byte) {
 
 // same compares two snapshots or results by their JSON, which prints every exported field
 // and map keys sorted: cmp.Diff, used for the message only, took four fifths of each input.
-func same(t *testing.T, a, b any) bool {
+func same(t testing.TB, a, b any) bool {
 	t.Helper()
 	return bytes.Equal(canonical(t, a), canonical(t, b))
 }
 
-func canonical(t *testing.T, v any) []byte {
+func canonical(t testing.TB, v any) []byte {
 	t.Helper()
 	switch x := v.(type) {
 	case *Snapshot:

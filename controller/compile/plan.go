@@ -66,6 +66,11 @@ type plan struct {
 	published []v1alpha1.PublishedAddress
 	// serving is the serving node (API.md), set with ep.
 	serving string
+	// needs are the links ("<class>/<pair>") it needed when allocate ran.
+	needs []string
+	// crossed: the crossings hold took (the plan may fail later, in allocate or emit, and
+	// keep them).
+	crossed []crossing
 }
 
 // target is one programming node with the interfaces it binds (at least one), and the link
@@ -107,11 +112,6 @@ type hold struct {
 	proto       kuportv1.Protocol
 }
 
-type holding struct {
-	ports portRange
-	by    string
-}
-
 // plan decides acceptance in one phase, before any link slot is allocated: the checks of
 // accept, then for a mapping that could be programmed its endpoint, serving node and targets
 // (the programming nodes that bind an interface) and the link crossings they
@@ -120,9 +120,8 @@ type holding struct {
 // exist; allocate and emit only number and write what is accepted here. A target lacking the
 // pod in a class that builds no links fails the mapping with ReturnPathUnavailable (founding
 // document, refusal table).
-func (c *compiler) plan(pm *v1alpha1.PortMap) {
+func (c *compiler) plan(pm *v1alpha1.PortMap) *plan {
 	p := &plan{pm: pm, key: MappingKey(pm), name: pm.Namespace + "/" + pm.Name}
-	c.plans = append(c.plans, p)
 	first := uint32(max(pm.Spec.Port, 0))
 	last := first
 	if pm.Spec.EndPort != nil {
@@ -131,16 +130,17 @@ func (c *compiler) plan(pm *v1alpha1.PortMap) {
 	p.ports = portRange{first: first, last: last}
 	p.acceptReason, p.acceptMsg = c.accept(p)
 	if !p.accepted() {
-		return
+		return p
 	}
 	c.route(p)
 	if p.ok() {
 		if reason, msg := c.wayTaken(p); reason != "" {
 			p.acceptReason, p.acceptMsg = reason, msg
-			return
+			return p
 		}
 	}
 	c.hold(p)
+	return p
 }
 
 // route chooses an accepted mapping's endpoint, serving node and targets, or records the
@@ -246,11 +246,9 @@ func (c *compiler) accept(p *plan) (string, string) {
 		}
 	}
 	for _, h := range p.holds() {
-		for _, other := range c.held[h] {
-			if other.ports.overlaps(p.ports) {
-				return v1alpha1.ReasonPortConflict, fmt.Sprintf("%s ports %s on %s interface %s are held by %s",
-					pm.Spec.Protocol, other.ports, h.node, h.iface, other.by)
-			}
+		if other, ok := c.held[h].first(p.ports); ok {
+			return v1alpha1.ReasonPortConflict, fmt.Sprintf("%s ports %s on %s interface %s are held by %s",
+				pm.Spec.Protocol, other.ports, h.node, h.iface, other.by)
 		}
 	}
 	for _, want := range pm.Spec.Interfaces {
@@ -293,11 +291,9 @@ type crossing struct {
 func (c *compiler) wayTaken(p *plan) (string, string) {
 	for _, t := range p.remoteTargets() {
 		pair := pairKey(p.pair(t))
-		for _, other := range c.crossings[crossing{class: p.class.name, pair: pair, proto: p.proto}] {
-			if other.ports.overlaps(p.ports) {
-				return v1alpha1.ReasonPortConflict, fmt.Sprintf("%s ports %s cross link %s of class %q, which already carries them for %s",
-					p.pm.Spec.Protocol, other.ports, pair, p.class.name, other.by)
-			}
+		if other, ok := c.crossings[crossing{class: p.class.name, pair: pair, proto: p.proto}].first(p.ports); ok {
+			return v1alpha1.ReasonPortConflict, fmt.Sprintf("%s ports %s cross link %s of class %q, which already carries them for %s",
+				p.pm.Spec.Protocol, other.ports, pair, p.class.name, other.by)
 		}
 	}
 	return "", ""
@@ -309,15 +305,26 @@ func (c *compiler) wayTaken(p *plan) (string, string) {
 // older mapping's).
 func (c *compiler) hold(p *plan) {
 	for _, h := range p.holds() {
-		c.held[h] = append(c.held[h], holding{ports: p.ports, by: p.name})
+		holdingsOf(c.held, h).add(p.ports, p.name)
 	}
 	if !p.ok() {
 		return
 	}
 	for _, t := range p.remoteTargets() {
 		k := crossing{class: p.class.name, pair: pairKey(p.pair(t)), proto: p.proto}
-		c.crossings[k] = append(c.crossings[k], holding{ports: p.ports, by: p.name})
+		holdingsOf(c.crossings, k).add(p.ports, p.name)
+		p.crossed = append(p.crossed, k)
 	}
+}
+
+// holdingsOf returns m's holdings of k, created on first use.
+func holdingsOf[K comparable](m map[K]*holdings, k K) *holdings {
+	h := m[k]
+	if h == nil {
+		h = &holdings{}
+		m[k] = h
+	}
+	return h
 }
 
 // namespaceSelected applies the class's namespaceSelector to the namespace's labels; no

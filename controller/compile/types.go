@@ -63,7 +63,8 @@ type Result struct {
 	Classes map[string]*v1alpha1.PortMapClassStatus
 	// Index by node name, one per program: what each node's program holds for each mapping.
 	// The registry, metrics and dashboard read it rather than re-deriving it from the
-	// program's ids, interface names, addresses and marks.
+	// program's ids, interface names, addresses and marks. Incremental shares a mapping's
+	// *MappingIndex with the previous result only while the mapping's entries are the same.
 	Index map[string]NodeIndex
 }
 

@@ -81,7 +81,7 @@ func SetLeader(src Source) {
 	}
 }
 
-// ObserveCompile records how long one compile.Compile call took.
+// ObserveCompile records how long one compile (compile.Incremental) took.
 func ObserveCompile(d time.Duration) { compileSeconds.Observe(d.Seconds()) }
 
 // refusalReasons are the False reasons of API.md that compile decides, in its order:

@@ -7,7 +7,6 @@ package status
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -19,64 +18,31 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/flowcontrol"
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/controller/compile"
+	"kuport.wlz.li/kuport/controller/programmed"
 )
 
 // ReasonEndpointChanged is the Event reason when a PortMap's endpoint moves to another pod.
 const ReasonEndpointChanged = "EndpointChanged"
 
-// Gate says whether a node's kernel holds a mapping's entries (agents.Registry.MappingReady):
-// false with a message naming the node and what is missing. AwaitingAck tells the ordinary
-// moment after a change, when a connected agent has yet to acknowledge the mapping's version.
-// Settling tells a new leader's first seconds, before the node's agent has acknowledged
-// anything of its term (agents.Registry.Settling).
-type Gate interface {
-	MappingReady(node, mapping string) (bool, string)
-	AwaitingAck(node, mapping string) bool
-	Settling(node string, now time.Time) bool
-}
-
 // Writer writes statuses through the status subresource and records Events.
 type Writer struct {
 	client   dynamic.Interface
 	recorder record.EventRecorder
+	limiter  flowcontrol.RateLimiter
 }
 
-// NewWriter returns a Writer using client for the status subresource and recorder for Events.
-func NewWriter(client dynamic.Interface, recorder record.EventRecorder) *Writer {
-	return &Writer{client: client, recorder: recorder}
-}
-
-// GatePortMap returns compile's status for a PortMap with Programmed downgraded to False,
-// reason NodeNotReady, when compile found it True but a node in res.Nodes has not applied it
-// (API.md: Programmed=True means every node whose program carries the mapping acknowledged
-// the version containing it). The message lists each such node, "; "-separated.
-// awaiting is true when every node missing is only awaiting its agent's acknowledgement,
-// settling when every node missing is Settling at now.
-func GatePortMap(mapping string, res *compile.PortMapResult, gate Gate, now time.Time) (st v1alpha1.PortMapStatus, awaiting, settling bool) {
-	st = *res.Status.DeepCopy()
-	prog := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionProgrammed)
-	if prog == nil || prog.Status != metav1.ConditionTrue {
-		return st, false, false
+// NewWriter returns a Writer using client for the status subresource and recorder for
+// Events; every write waits for limiter (nil: no limit), so a burst of status changes (a
+// thousand PortMaps applied at once) reaches the API server at the rate it was given.
+func NewWriter(client dynamic.Interface, recorder record.EventRecorder, limiter flowcontrol.RateLimiter) *Writer {
+	if limiter == nil {
+		limiter = flowcontrol.NewFakeAlwaysRateLimiter()
 	}
-	var missing []string
-	awaiting, settling = true, true
-	for _, node := range res.Nodes {
-		if ok, why := gate.MappingReady(node, mapping); !ok {
-			missing = append(missing, why)
-			awaiting = awaiting && gate.AwaitingAck(node, mapping)
-			settling = settling && gate.Settling(node, now)
-		}
-	}
-	if len(missing) == 0 {
-		return st, false, false
-	}
-	prog.Status = metav1.ConditionFalse
-	prog.Reason = v1alpha1.ReasonNodeNotReady
-	prog.Message = strings.Join(missing, "; ")
-	return st, awaiting, settling
+	return &Writer{client: client, recorder: recorder, limiter: limiter}
 }
 
 // mergeConditions returns want with each condition's lastTransitionTime owned here: old's
@@ -97,23 +63,30 @@ func mergeConditions(old, want []metav1.Condition, now metav1.Time) []metav1.Con
 	return out
 }
 
-// PortMap writes pm's status from res (gated by gate) when it differs from pm's, with pm's
-// resourceVersion (a conflict error means pm changed meanwhile: retry from a fresh copy), and
-// records Events: a Warning with the condition's reason when Accepted or Programmed turns
-// False (or changes reason or message while False; not for Programmed's NotAccepted, which restates
-// Accepted, nor while the agents have yet to acknowledge a change), a Normal EndpointChanged
-// when the endpoint moves. A Programmed=True of pm's generation stays while every node
-// missing is Settling: a new leader does not report the kernels it has not heard from yet
-// as missing what the previous leader programmed.
-// It returns whether it wrote.
-func (w *Writer) PortMap(ctx context.Context, pm *v1alpha1.PortMap, res *compile.PortMapResult, gate Gate) (bool, error) {
-	now := metav1.Now()
-	want, awaiting, settling := GatePortMap(compile.MappingKey(pm), res, gate, now.Time)
-	if old := meta.FindStatusCondition(pm.Status.Conditions, v1alpha1.ConditionProgrammed); settling &&
-		old != nil && old.Status == metav1.ConditionTrue && old.ObservedGeneration == pm.Generation {
-		meta.SetStatusCondition(&want.Conditions, *old)
+// Desired is the status to write for pm: compile's (res) with the Programmed condition
+// programmed.Decide chose (v), each condition keeping pm's lastTransitionTime while its status
+// holds.
+func Desired(pm *v1alpha1.PortMap, res *compile.PortMapResult, v programmed.Verdict, now metav1.Time) v1alpha1.PortMapStatus {
+	want := *res.Status.DeepCopy()
+	if v.Programmed != nil {
+		meta.SetStatusCondition(&want.Conditions, *v.Programmed)
 	}
 	want.Conditions = mergeConditions(pm.Status.Conditions, want.Conditions, now)
+	return want
+}
+
+// PortMap writes pm's status (Desired) when it differs from pm's, with pm's resourceVersion
+// (a conflict error means pm changed meanwhile: retry from a fresh copy), and records Events:
+// a Warning with the condition's reason when Accepted or Programmed turns False (or changes
+// reason or message while False; not for Programmed's NotAccepted, which restates Accepted,
+// nor while the agents have yet to acknowledge a change: v.Quiet), a Normal EndpointChanged
+// when the endpoint moves. Nothing is written while v holds (the startup hold).
+// It returns whether it wrote.
+func (w *Writer) PortMap(ctx context.Context, pm *v1alpha1.PortMap, res *compile.PortMapResult, v programmed.Verdict) (bool, error) {
+	if v.Hold {
+		return false, nil
+	}
+	want := Desired(pm, res, v, metav1.Now())
 	if equality.Semantic.DeepEqual(pm.Status, want) {
 		return false, nil
 	}
@@ -128,7 +101,7 @@ func (w *Writer) PortMap(ctx context.Context, pm *v1alpha1.PortMap, res *compile
 		after := meta.FindStatusCondition(want.Conditions, t)
 		// Programmed/NotAccepted only restates Accepted's event, and waiting for the agents'
 		// acknowledgement after every change is no warning.
-		quiet := t == v1alpha1.ConditionProgrammed && (awaiting || after != nil && after.Reason == v1alpha1.ReasonNotAccepted)
+		quiet := t == v1alpha1.ConditionProgrammed && (v.Quiet || after != nil && after.Reason == v1alpha1.ReasonNotAccepted)
 		if after != nil && after.Status == metav1.ConditionFalse && !quiet &&
 			(before == nil || before.Status != metav1.ConditionFalse || before.Reason != after.Reason || before.Message != after.Message) {
 			w.recorder.Eventf(obj, corev1.EventTypeWarning, after.Reason, "%s: %s", t, after.Message)
@@ -160,6 +133,9 @@ func (w *Writer) Class(ctx context.Context, cls *v1alpha1.PortMapClass, want *v1
 }
 
 func (w *Writer) update(ctx context.Context, gvr schema.GroupVersionResource, namespace string, obj runtime.Object) error {
+	if err := w.limiter.Wait(ctx); err != nil {
+		return fmt.Errorf("rate limiter: %w", err)
+	}
 	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
 	if err != nil {
 		return fmt.Errorf("to unstructured: %w", err)

@@ -2,7 +2,6 @@ package status
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,29 +13,12 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/flowcontrol"
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/controller/compile"
+	"kuport.wlz.li/kuport/controller/programmed"
 )
-
-// gate is a Gate answering from a table: node -> message ("" = ready).
-// gate maps a node that is not ready to why; "has not acknowledged" marks a node that is
-// only awaiting its agent's acknowledgement.
-type gate map[string]string
-
-func (g gate) MappingReady(node, _ string) (bool, string) {
-	why, notReady := g[node]
-	return !notReady, why
-}
-
-func (g gate) AwaitingAck(node, _ string) bool {
-	return strings.Contains(g[node], "has not acknowledged")
-}
-
-// Settling: a message ending in "(new leader)" marks a node a new leader has not heard from.
-func (g gate) Settling(node string, _ time.Time) bool {
-	return strings.HasSuffix(g[node], "(new leader)")
-}
 
 var t1 = metav1.NewTime(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 
@@ -63,40 +45,42 @@ func programmedTrue() v1alpha1.PortMapStatus {
 	}
 }
 
-func TestGatePortMap(t *testing.T) {
-	res := &compile.PortMapResult{Status: programmedTrue(), Nodes: []string{"edge-a", "worker-b"}}
+var (
+	settled  = programmed.Term{Now: t1.Add(time.Hour), HoldUntil: t1.Time, Released: true}
+	settling = programmed.Term{Now: t1.Add(time.Second), HoldUntil: t1.Add(15 * time.Second), Released: true}
+)
 
-	now := time.Now()
-	st, _, _ := GatePortMap("games/remote", res, gate{}, now)
+// verdict is programmed.Decide's for pm, compile's res and the nodes carrying it.
+func verdict(pm *v1alpha1.PortMap, res *compile.PortMapResult, term programmed.Term, nodes ...programmed.Node) programmed.Verdict {
+	return programmed.Decide(programmed.Input{Term: term,
+		Compiled:   meta.FindStatusCondition(res.Status.Conditions, v1alpha1.ConditionProgrammed),
+		Recorded:   meta.FindStatusCondition(pm.Status.Conditions, v1alpha1.ConditionProgrammed),
+		Generation: pm.Generation, Nodes: nodes})
+}
+
+// ready is a node whose agent acknowledged version 3, where the mapping last changed.
+func ready(name string) programmed.Node {
+	return programmed.Node{Name: name, Hello: true, Connected: true, Acked: 3, Version: 3}
+}
+
+func TestDesired(t *testing.T) {
+	pm := portMap(v1alpha1.PortMapStatus{})
+	res := &compile.PortMapResult{Status: programmedTrue(), Nodes: []string{"edge-a", "worker-b"}}
+	now := metav1.NewTime(t1.Add(time.Minute))
+
+	st := Desired(pm, res, verdict(pm, res, settled, ready("edge-a"), ready("worker-b")), now)
 	assert.Equal(t, metav1.ConditionTrue, meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionProgrammed).Status)
 
-	st, awaiting, _ := GatePortMap("games/remote", res, gate{"worker-b": "node worker-b has not acknowledged program version 7"}, now)
-	assert.True(t, awaiting)
+	waiting := ready("worker-b")
+	waiting.Version = 7
+	st = Desired(pm, res, verdict(pm, res, settled, ready("edge-a"), waiting), now)
 	c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionProgrammed)
 	assert.Equal(t, metav1.ConditionFalse, c.Status)
 	assert.Equal(t, v1alpha1.ReasonNodeNotReady, c.Reason)
 	assert.Equal(t, "node worker-b has not acknowledged program version 7", c.Message)
+	assert.True(t, c.LastTransitionTime.Equal(&now), "a condition the object lacked gets now")
+	assert.Equal(t, res.Status.Endpoint, st.Endpoint)
 	assert.Equal(t, metav1.ConditionTrue, meta.FindStatusCondition(res.Status.Conditions, v1alpha1.ConditionProgrammed).Status, "compile's result is not mutated")
-
-	// A mapping compile already refused stays as compile said.
-	refused := v1alpha1.PortMapStatus{Conditions: []metav1.Condition{
-		cond(v1alpha1.ConditionAccepted, "False", v1alpha1.ReasonClassNotFound),
-		cond(v1alpha1.ConditionProgrammed, "False", v1alpha1.ReasonNotAccepted),
-	}}
-	st, _, _ = GatePortMap("games/remote", &compile.PortMapResult{Status: refused}, gate{"edge-a": "node edge-a: agent disconnected"}, now)
-	assert.Equal(t, refused, st)
-
-	// One node awaiting its ack and one disconnected is a fault, not the ordinary wait.
-	_, awaiting, _ = GatePortMap("games/remote", res, gate{
-		"edge-a": "node edge-a: agent disconnected", "worker-b": "node worker-b has not acknowledged program version 7"}, now)
-	assert.False(t, awaiting)
-
-	// Settling only when every node missing is.
-	_, _, settling := GatePortMap("games/remote", res, gate{"worker-b": "node worker-b: agent not connected (new leader)"}, now)
-	assert.True(t, settling)
-	_, _, settling = GatePortMap("games/remote", res, gate{
-		"edge-a": "node edge-a: agent disconnected", "worker-b": "node worker-b: agent not connected (new leader)"}, now)
-	assert.False(t, settling)
 }
 
 // TestWriterKeepsProgrammedWhileSettling: a new leader that has not heard from a node yet
@@ -107,21 +91,53 @@ func TestWriterKeepsProgrammedWhileSettling(t *testing.T) {
 	pm := portMap(programmedTrue())
 	client := newFake(pm)
 	rec := record.NewFakeRecorder(10)
-	w := NewWriter(client, rec)
+	w := NewWriter(client, rec, nil)
 	res := &compile.PortMapResult{Status: programmedTrue(), Nodes: []string{"edge-a", "worker-b"}}
+	unheard := programmed.Node{Name: "worker-b", Version: 1}
 
-	wrote, err := w.PortMap(ctx, pm, res, gate{"worker-b": "node worker-b: agent not connected (new leader)"})
+	wrote, err := w.PortMap(ctx, pm, res, verdict(pm, res, settling, ready("edge-a"), unheard))
 	require.NoError(t, err)
 	assert.False(t, wrote)
 	assert.Empty(t, rec.Events)
 
-	wrote, err = w.PortMap(ctx, pm, res, gate{"worker-b": "node worker-b: agent not connected"})
+	wrote, err = w.PortMap(ctx, pm, res, verdict(pm, res, settled, ready("edge-a"), unheard))
 	require.NoError(t, err)
 	assert.True(t, wrote)
 	prog := meta.FindStatusCondition(getPortMap(t, client).Status.Conditions, v1alpha1.ConditionProgrammed)
 	assert.Equal(t, metav1.ConditionFalse, prog.Status)
 	assert.Equal(t, "node worker-b: agent not connected", prog.Message)
 	assert.Len(t, rec.Events, 1)
+}
+
+// TestWriterHoldsAndLimits: nothing is written while the startup hold is on, and every write
+// waits for the limiter.
+func TestWriterHoldsAndLimits(t *testing.T) {
+	ctx := context.Background()
+	pm := portMap(v1alpha1.PortMapStatus{})
+	client := newFake(pm)
+	limiter := &countingLimiter{RateLimiter: flowcontrol.NewFakeAlwaysRateLimiter()}
+	w := NewWriter(client, record.NewFakeRecorder(10), limiter)
+	res := &compile.PortMapResult{Status: programmedTrue(), Nodes: []string{"edge-a"}}
+	wrote, err := w.PortMap(ctx, pm, res, programmed.Verdict{Hold: true})
+	require.NoError(t, err)
+	assert.False(t, wrote)
+	assert.Empty(t, client.Actions())
+	assert.Zero(t, limiter.waits)
+
+	wrote, err = w.PortMap(ctx, pm, res, verdict(pm, res, settled, ready("edge-a")))
+	require.NoError(t, err)
+	assert.True(t, wrote)
+	assert.Equal(t, 1, limiter.waits)
+}
+
+type countingLimiter struct {
+	flowcontrol.RateLimiter
+	waits int
+}
+
+func (l *countingLimiter) Wait(ctx context.Context) error {
+	l.waits++
+	return l.RateLimiter.Wait(ctx)
 }
 
 func newFake(objs ...runtime.Object) *dynamicfake.FakeDynamicClient {
@@ -146,14 +162,15 @@ func TestWriterPortMap(t *testing.T) {
 	pm := portMap(programmedTrue())
 	client := newFake(pm)
 	rec := record.NewFakeRecorder(10)
-	w := NewWriter(client, rec)
+	w := NewWriter(client, rec, nil)
 
 	// Compile recomputed the same status with a fresh transition time: no write, no event.
 	again := programmedTrue()
 	for i := range again.Conditions {
 		again.Conditions[i].LastTransitionTime = metav1.NewTime(t1.Add(time.Hour))
 	}
-	wrote, err := w.PortMap(ctx, pm, &compile.PortMapResult{Status: again, Nodes: []string{"edge-a"}}, gate{})
+	res := &compile.PortMapResult{Status: again, Nodes: []string{"edge-a"}}
+	wrote, err := w.PortMap(ctx, pm, res, verdict(pm, res, settled, ready("edge-a")))
 	require.NoError(t, err)
 	assert.False(t, wrote)
 	assert.Empty(t, client.Actions())
@@ -161,8 +178,10 @@ func TestWriterPortMap(t *testing.T) {
 	// The node has not acknowledged: Programmed turns False/NodeNotReady, Accepted keeps its time.
 	moved := programmedTrue()
 	moved.Endpoint = &v1alpha1.EndpointStatus{Node: "edge-a", Address: "10.244.17.9"}
-	wrote, err = w.PortMap(ctx, pm, &compile.PortMapResult{Status: moved, Nodes: []string{"edge-a"}},
-		gate{"edge-a": "node edge-a has not acknowledged program version 3"})
+	res = &compile.PortMapResult{Status: moved, Nodes: []string{"edge-a"}}
+	awaiting := ready("edge-a")
+	awaiting.Acked = 2
+	wrote, err = w.PortMap(ctx, pm, res, verdict(pm, res, settled, awaiting))
 	require.NoError(t, err)
 	assert.True(t, wrote)
 	got := getPortMap(t, client)
@@ -181,8 +200,9 @@ func TestWriterPortMap(t *testing.T) {
 
 	// The agent disconnects: that is a warning.
 	pm = getPortMap(t, client)
-	wrote, err = w.PortMap(ctx, pm, &compile.PortMapResult{Status: moved, Nodes: []string{"edge-a"}},
-		gate{"edge-a": "node edge-a: agent disconnected"})
+	gone := ready("edge-a")
+	gone.Connected = false
+	wrote, err = w.PortMap(ctx, pm, res, verdict(pm, res, settled, gone))
 	require.NoError(t, err)
 	assert.True(t, wrote)
 	assert.Equal(t, "Warning NodeNotReady Programmed: node edge-a: agent disconnected", nextEvent(t, rec))
@@ -197,7 +217,7 @@ func TestWriterClass(t *testing.T) {
 		Spec:       v1alpha1.PortMapClassSpec{Nodes: map[string]v1alpha1.ClassNode{"edge-a": {Interfaces: []string{"wt0"}}}},
 	}
 	client := newFake(cls)
-	w := NewWriter(client, record.NewFakeRecorder(1))
+	w := NewWriter(client, record.NewFakeRecorder(1), nil)
 	want := &v1alpha1.PortMapClassStatus{
 		Conditions: []metav1.Condition{{Type: v1alpha1.ClassConditionReady, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonValid}},
 		Links:      []v1alpha1.LinkStatus{{Key: "edge-a/worker-b", Peers: []string{"edge-a", "worker-b"}, Subnet: "169.254.77.0/31"}},
@@ -223,13 +243,14 @@ func TestWriterClass(t *testing.T) {
 func TestWriterRefusedMappingEmitsOneEvent(t *testing.T) {
 	pm := portMap(v1alpha1.PortMapStatus{})
 	rec := record.NewFakeRecorder(10)
-	w := NewWriter(newFake(pm), rec)
+	w := NewWriter(newFake(pm), rec, nil)
 	refused := v1alpha1.PortMapStatus{Conditions: []metav1.Condition{
 		cond(v1alpha1.ConditionAccepted, "False", v1alpha1.ReasonClassNotFound),
 		cond(v1alpha1.ConditionProgrammed, "False", v1alpha1.ReasonNotAccepted),
 	}}
 	refused.Conditions[0].Message = `PortMapClass "nope" not found`
-	wrote, err := w.PortMap(context.Background(), pm, &compile.PortMapResult{Status: refused}, gate{})
+	res := &compile.PortMapResult{Status: refused}
+	wrote, err := w.PortMap(context.Background(), pm, res, verdict(pm, res, settled))
 	require.NoError(t, err)
 	assert.True(t, wrote)
 	assert.Equal(t, `Warning ClassNotFound Accepted: PortMapClass "nope" not found`, nextEvent(t, rec))
@@ -250,7 +271,7 @@ func nextEvent(t *testing.T, rec *record.FakeRecorder) string {
 
 func TestRequestsEvent(t *testing.T) {
 	rec := record.NewFakeRecorder(10)
-	w := NewWriter(nil, rec)
+	w := NewWriter(nil, rec, nil)
 	pm := &v1alpha1.PortMap{ObjectMeta: metav1.ObjectMeta{Namespace: "games", Name: "remote"}}
 	since := time.Date(2026, 12, 1, 9, 30, 0, 0, time.UTC)
 	w.RequestsEvent(pm, Answers{Node: "edge-a", Interface: "enp1s0", Unanswered: true, Requests: 7, Since: since, Window: "3 reports and 10s"})

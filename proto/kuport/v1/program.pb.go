@@ -1032,6 +1032,7 @@ type ConnectResponse struct {
 	// Types that are valid to be assigned to Message:
 	//
 	//	*ConnectResponse_Program
+	//	*ConnectResponse_Delta
 	Message       isConnectResponse_Message `protobuf_oneof:"message"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1083,6 +1084,15 @@ func (x *ConnectResponse) GetProgram() *NodeProgram {
 	return nil
 }
 
+func (x *ConnectResponse) GetDelta() *ProgramDelta {
+	if x != nil {
+		if x, ok := x.Message.(*ConnectResponse_Delta); ok {
+			return x.Delta
+		}
+	}
+	return nil
+}
+
 type isConnectResponse_Message interface {
 	isConnectResponse_Message()
 }
@@ -1091,7 +1101,135 @@ type ConnectResponse_Program struct {
 	Program *NodeProgram `protobuf:"bytes,1,opt,name=program,proto3,oneof"`
 }
 
+type ConnectResponse_Delta struct {
+	// Sent instead of program to an agent whose Hello accepts deltas, once the stream has
+	// carried a program: what changed since it.
+	Delta *ProgramDelta `protobuf:"bytes,2,opt,name=delta,proto3,oneof"`
+}
+
 func (*ConnectResponse_Program) isConnectResponse_Message() {}
+
+func (*ConnectResponse_Delta) isConnectResponse_Message() {}
+
+// ProgramDelta turns the last program a stream carried (version base_version, whole or
+// itself rebuilt from deltas) into the next: a change puts only what it changed on the wire.
+// Applying it gives exactly the program the controller holds (kuportv1.ProgramDelta.Apply).
+type ProgramDelta struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	BaseVersion uint64                 `protobuf:"varint,1,opt,name=base_version,json=baseVersion,proto3" json:"base_version,omitempty"`
+	// The program's own fields (node, version, epoch and every other field that is not a
+	// list) and, of each list, the elements added or changed, keyed by their id (or name).
+	Changed *NodeProgram `protobuf:"bytes,2,opt,name=changed,proto3" json:"changed,omitempty"`
+	// Of each list, by its field name ("dnat_rules"), the keys of the elements removed.
+	Removed map[string]*Keys `protobuf:"bytes,3,rep,name=removed,proto3" json:"removed,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Lists whose elements have no key, sent whole in changed.
+	Replaced      []string `protobuf:"bytes,4,rep,name=replaced,proto3" json:"replaced,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProgramDelta) Reset() {
+	*x = ProgramDelta{}
+	mi := &file_kuport_v1_program_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProgramDelta) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProgramDelta) ProtoMessage() {}
+
+func (x *ProgramDelta) ProtoReflect() protoreflect.Message {
+	mi := &file_kuport_v1_program_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProgramDelta.ProtoReflect.Descriptor instead.
+func (*ProgramDelta) Descriptor() ([]byte, []int) {
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ProgramDelta) GetBaseVersion() uint64 {
+	if x != nil {
+		return x.BaseVersion
+	}
+	return 0
+}
+
+func (x *ProgramDelta) GetChanged() *NodeProgram {
+	if x != nil {
+		return x.Changed
+	}
+	return nil
+}
+
+func (x *ProgramDelta) GetRemoved() map[string]*Keys {
+	if x != nil {
+		return x.Removed
+	}
+	return nil
+}
+
+func (x *ProgramDelta) GetReplaced() []string {
+	if x != nil {
+		return x.Replaced
+	}
+	return nil
+}
+
+// Keys is a list of element keys.
+type Keys struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Keys          []string               `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Keys) Reset() {
+	*x = Keys{}
+	mi := &file_kuport_v1_program_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Keys) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Keys) ProtoMessage() {}
+
+func (x *Keys) ProtoReflect() protoreflect.Message {
+	mi := &file_kuport_v1_program_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Keys.ProtoReflect.Descriptor instead.
+func (*Keys) Descriptor() ([]byte, []int) {
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *Keys) GetKeys() []string {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
 
 // Interface is a network interface of a node as the agent sees it.
 type Interface struct {
@@ -1107,7 +1245,7 @@ type Interface struct {
 
 func (x *Interface) Reset() {
 	*x = Interface{}
-	mi := &file_kuport_v1_program_proto_msgTypes[9]
+	mi := &file_kuport_v1_program_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1119,7 +1257,7 @@ func (x *Interface) String() string {
 func (*Interface) ProtoMessage() {}
 
 func (x *Interface) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[9]
+	mi := &file_kuport_v1_program_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1132,7 +1270,7 @@ func (x *Interface) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Interface.ProtoReflect.Descriptor instead.
 func (*Interface) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{9}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Interface) GetName() string {
@@ -1171,7 +1309,7 @@ type NodeState struct {
 
 func (x *NodeState) Reset() {
 	*x = NodeState{}
-	mi := &file_kuport_v1_program_proto_msgTypes[10]
+	mi := &file_kuport_v1_program_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1183,7 +1321,7 @@ func (x *NodeState) String() string {
 func (*NodeState) ProtoMessage() {}
 
 func (x *NodeState) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[10]
+	mi := &file_kuport_v1_program_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1196,7 +1334,7 @@ func (x *NodeState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeState.ProtoReflect.Descriptor instead.
 func (*NodeState) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{10}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *NodeState) GetInterfaces() []*Interface {
@@ -1231,14 +1369,16 @@ type Hello struct {
 	AppliedVersion uint64 `protobuf:"varint,4,opt,name=applied_version,json=appliedVersion,proto3" json:"applied_version,omitempty"`
 	// The highest epoch the agent, or an earlier agent on the node (its --epoch-file), applied:
 	// it refuses every program of a lower epoch (0 if none).
-	AppliedEpoch  uint64 `protobuf:"varint,5,opt,name=applied_epoch,json=appliedEpoch,proto3" json:"applied_epoch,omitempty"`
+	AppliedEpoch uint64 `protobuf:"varint,5,opt,name=applied_epoch,json=appliedEpoch,proto3" json:"applied_epoch,omitempty"`
+	// The agent applies ProgramDelta.
+	AcceptsDelta  bool `protobuf:"varint,6,opt,name=accepts_delta,json=acceptsDelta,proto3" json:"accepts_delta,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_kuport_v1_program_proto_msgTypes[11]
+	mi := &file_kuport_v1_program_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1250,7 +1390,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[11]
+	mi := &file_kuport_v1_program_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1263,7 +1403,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{11}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Hello) GetNode() string {
@@ -1301,6 +1441,13 @@ func (x *Hello) GetAppliedEpoch() uint64 {
 	return 0
 }
 
+func (x *Hello) GetAcceptsDelta() bool {
+	if x != nil {
+		return x.AcceptsDelta
+	}
+	return false
+}
+
 // EntryError is the failure of one program entry.
 type EntryError struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1312,7 +1459,7 @@ type EntryError struct {
 
 func (x *EntryError) Reset() {
 	*x = EntryError{}
-	mi := &file_kuport_v1_program_proto_msgTypes[12]
+	mi := &file_kuport_v1_program_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1324,7 +1471,7 @@ func (x *EntryError) String() string {
 func (*EntryError) ProtoMessage() {}
 
 func (x *EntryError) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[12]
+	mi := &file_kuport_v1_program_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1337,7 +1484,7 @@ func (x *EntryError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EntryError.ProtoReflect.Descriptor instead.
 func (*EntryError) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{12}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *EntryError) GetId() string {
@@ -1372,7 +1519,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_kuport_v1_program_proto_msgTypes[13]
+	mi := &file_kuport_v1_program_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1384,7 +1531,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[13]
+	mi := &file_kuport_v1_program_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1397,7 +1544,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{13}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Ack) GetVersion() uint64 {
@@ -1442,7 +1589,7 @@ type Counter struct {
 
 func (x *Counter) Reset() {
 	*x = Counter{}
-	mi := &file_kuport_v1_program_proto_msgTypes[14]
+	mi := &file_kuport_v1_program_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1454,7 +1601,7 @@ func (x *Counter) String() string {
 func (*Counter) ProtoMessage() {}
 
 func (x *Counter) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[14]
+	mi := &file_kuport_v1_program_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1467,7 +1614,7 @@ func (x *Counter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Counter.ProtoReflect.Descriptor instead.
 func (*Counter) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{14}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Counter) GetId() string {
@@ -1516,7 +1663,7 @@ type Traffic struct {
 
 func (x *Traffic) Reset() {
 	*x = Traffic{}
-	mi := &file_kuport_v1_program_proto_msgTypes[15]
+	mi := &file_kuport_v1_program_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1528,7 +1675,7 @@ func (x *Traffic) String() string {
 func (*Traffic) ProtoMessage() {}
 
 func (x *Traffic) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[15]
+	mi := &file_kuport_v1_program_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1541,7 +1688,7 @@ func (x *Traffic) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Traffic.ProtoReflect.Descriptor instead.
 func (*Traffic) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{15}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Traffic) GetPackets() uint64 {
@@ -1572,7 +1719,7 @@ type LinkStats struct {
 
 func (x *LinkStats) Reset() {
 	*x = LinkStats{}
-	mi := &file_kuport_v1_program_proto_msgTypes[16]
+	mi := &file_kuport_v1_program_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1584,7 +1731,7 @@ func (x *LinkStats) String() string {
 func (*LinkStats) ProtoMessage() {}
 
 func (x *LinkStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[16]
+	mi := &file_kuport_v1_program_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1597,7 +1744,7 @@ func (x *LinkStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkStats.ProtoReflect.Descriptor instead.
 func (*LinkStats) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{16}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *LinkStats) GetName() string {
@@ -1647,7 +1794,7 @@ type Report struct {
 
 func (x *Report) Reset() {
 	*x = Report{}
-	mi := &file_kuport_v1_program_proto_msgTypes[17]
+	mi := &file_kuport_v1_program_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1659,7 +1806,7 @@ func (x *Report) String() string {
 func (*Report) ProtoMessage() {}
 
 func (x *Report) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[17]
+	mi := &file_kuport_v1_program_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1672,7 +1819,7 @@ func (x *Report) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Report.ProtoReflect.Descriptor instead.
 func (*Report) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{17}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Report) GetState() *NodeState {
@@ -1705,7 +1852,7 @@ type GetProgramRequest struct {
 
 func (x *GetProgramRequest) Reset() {
 	*x = GetProgramRequest{}
-	mi := &file_kuport_v1_program_proto_msgTypes[18]
+	mi := &file_kuport_v1_program_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1717,7 +1864,7 @@ func (x *GetProgramRequest) String() string {
 func (*GetProgramRequest) ProtoMessage() {}
 
 func (x *GetProgramRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[18]
+	mi := &file_kuport_v1_program_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1730,7 +1877,7 @@ func (x *GetProgramRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetProgramRequest.ProtoReflect.Descriptor instead.
 func (*GetProgramRequest) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{18}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetProgramRequest) GetNode() string {
@@ -1751,7 +1898,7 @@ type GetProgramResponse struct {
 
 func (x *GetProgramResponse) Reset() {
 	*x = GetProgramResponse{}
-	mi := &file_kuport_v1_program_proto_msgTypes[19]
+	mi := &file_kuport_v1_program_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1763,7 +1910,7 @@ func (x *GetProgramResponse) String() string {
 func (*GetProgramResponse) ProtoMessage() {}
 
 func (x *GetProgramResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[19]
+	mi := &file_kuport_v1_program_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1776,7 +1923,7 @@ func (x *GetProgramResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetProgramResponse.ProtoReflect.Descriptor instead.
 func (*GetProgramResponse) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{19}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetProgramResponse) GetProgram() *NodeProgram {
@@ -1801,7 +1948,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_kuport_v1_program_proto_msgTypes[20]
+	mi := &file_kuport_v1_program_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1813,7 +1960,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[20]
+	mi := &file_kuport_v1_program_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1826,7 +1973,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{20}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{22}
 }
 
 // NodeInfo describes one node and its agent.
@@ -1850,7 +1997,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_kuport_v1_program_proto_msgTypes[21]
+	mi := &file_kuport_v1_program_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1862,7 +2009,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[21]
+	mi := &file_kuport_v1_program_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1875,7 +2022,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{21}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *NodeInfo) GetNode() string {
@@ -1943,7 +2090,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_kuport_v1_program_proto_msgTypes[22]
+	mi := &file_kuport_v1_program_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1955,7 +2102,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[22]
+	mi := &file_kuport_v1_program_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1968,7 +2115,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{22}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListNodesResponse) GetNodes() []*NodeInfo {
@@ -1990,7 +2137,7 @@ type GetMappingRequest struct {
 
 func (x *GetMappingRequest) Reset() {
 	*x = GetMappingRequest{}
-	mi := &file_kuport_v1_program_proto_msgTypes[23]
+	mi := &file_kuport_v1_program_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2002,7 +2149,7 @@ func (x *GetMappingRequest) String() string {
 func (*GetMappingRequest) ProtoMessage() {}
 
 func (x *GetMappingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[23]
+	mi := &file_kuport_v1_program_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2015,7 +2162,7 @@ func (x *GetMappingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMappingRequest.ProtoReflect.Descriptor instead.
 func (*GetMappingRequest) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{23}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GetMappingRequest) GetNamespace() string {
@@ -2066,7 +2213,7 @@ type MappingNode struct {
 
 func (x *MappingNode) Reset() {
 	*x = MappingNode{}
-	mi := &file_kuport_v1_program_proto_msgTypes[24]
+	mi := &file_kuport_v1_program_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2078,7 +2225,7 @@ func (x *MappingNode) String() string {
 func (*MappingNode) ProtoMessage() {}
 
 func (x *MappingNode) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[24]
+	mi := &file_kuport_v1_program_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2091,7 +2238,7 @@ func (x *MappingNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MappingNode.ProtoReflect.Descriptor instead.
 func (*MappingNode) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{24}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *MappingNode) GetNode() string {
@@ -2181,7 +2328,7 @@ type GetMappingResponse struct {
 
 func (x *GetMappingResponse) Reset() {
 	*x = GetMappingResponse{}
-	mi := &file_kuport_v1_program_proto_msgTypes[25]
+	mi := &file_kuport_v1_program_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2193,7 +2340,7 @@ func (x *GetMappingResponse) String() string {
 func (*GetMappingResponse) ProtoMessage() {}
 
 func (x *GetMappingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[25]
+	mi := &file_kuport_v1_program_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2206,7 +2353,7 @@ func (x *GetMappingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMappingResponse.ProtoReflect.Descriptor instead.
 func (*GetMappingResponse) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{25}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GetMappingResponse) GetNodes() []*MappingNode {
@@ -2224,7 +2371,7 @@ type GetAppliedProgramRequest struct {
 
 func (x *GetAppliedProgramRequest) Reset() {
 	*x = GetAppliedProgramRequest{}
-	mi := &file_kuport_v1_program_proto_msgTypes[26]
+	mi := &file_kuport_v1_program_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2236,7 +2383,7 @@ func (x *GetAppliedProgramRequest) String() string {
 func (*GetAppliedProgramRequest) ProtoMessage() {}
 
 func (x *GetAppliedProgramRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[26]
+	mi := &file_kuport_v1_program_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2249,7 +2396,7 @@ func (x *GetAppliedProgramRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAppliedProgramRequest.ProtoReflect.Descriptor instead.
 func (*GetAppliedProgramRequest) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{26}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{28}
 }
 
 type GetAppliedProgramResponse struct {
@@ -2268,7 +2415,7 @@ type GetAppliedProgramResponse struct {
 
 func (x *GetAppliedProgramResponse) Reset() {
 	*x = GetAppliedProgramResponse{}
-	mi := &file_kuport_v1_program_proto_msgTypes[27]
+	mi := &file_kuport_v1_program_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2280,7 +2427,7 @@ func (x *GetAppliedProgramResponse) String() string {
 func (*GetAppliedProgramResponse) ProtoMessage() {}
 
 func (x *GetAppliedProgramResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[27]
+	mi := &file_kuport_v1_program_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2293,7 +2440,7 @@ func (x *GetAppliedProgramResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAppliedProgramResponse.ProtoReflect.Descriptor instead.
 func (*GetAppliedProgramResponse) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{27}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetAppliedProgramResponse) GetProgram() *NodeProgram {
@@ -2390,10 +2537,21 @@ const file_kuport_v1_program_proto_rawDesc = "" +
 	"\x05hello\x18\x01 \x01(\v2\x10.kuport.v1.HelloH\x00R\x05hello\x12\"\n" +
 	"\x03ack\x18\x02 \x01(\v2\x0e.kuport.v1.AckH\x00R\x03ack\x12+\n" +
 	"\x06report\x18\x03 \x01(\v2\x11.kuport.v1.ReportH\x00R\x06reportB\t\n" +
-	"\amessage\"P\n" +
+	"\amessage\"\x81\x01\n" +
 	"\x0fConnectResponse\x122\n" +
-	"\aprogram\x18\x01 \x01(\v2\x16.kuport.v1.NodeProgramH\x00R\aprogramB\t\n" +
-	"\amessage\"O\n" +
+	"\aprogram\x18\x01 \x01(\v2\x16.kuport.v1.NodeProgramH\x00R\aprogram\x12/\n" +
+	"\x05delta\x18\x02 \x01(\v2\x17.kuport.v1.ProgramDeltaH\x00R\x05deltaB\t\n" +
+	"\amessage\"\x8c\x02\n" +
+	"\fProgramDelta\x12!\n" +
+	"\fbase_version\x18\x01 \x01(\x04R\vbaseVersion\x120\n" +
+	"\achanged\x18\x02 \x01(\v2\x16.kuport.v1.NodeProgramR\achanged\x12>\n" +
+	"\aremoved\x18\x03 \x03(\v2$.kuport.v1.ProgramDelta.RemovedEntryR\aremoved\x12\x1a\n" +
+	"\breplaced\x18\x04 \x03(\tR\breplaced\x1aK\n" +
+	"\fRemovedEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12%\n" +
+	"\x05value\x18\x02 \x01(\v2\x0f.kuport.v1.KeysR\x05value:\x028\x01\"\x1a\n" +
+	"\x04Keys\x12\x12\n" +
+	"\x04keys\x18\x01 \x03(\tR\x04keys\"O\n" +
 	"\tInterface\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\taddresses\x18\x02 \x03(\tR\taddresses\x12\x10\n" +
@@ -2404,13 +2562,14 @@ const file_kuport_v1_program_proto_rawDesc = "" +
 	"interfaces\x12-\n" +
 	"\x12underlay_interface\x18\x02 \x01(\tR\x11underlayInterface\x12\x1d\n" +
 	"\n" +
-	"ip_forward\x18\x03 \x01(\bR\tipForward\"\xba\x01\n" +
+	"ip_forward\x18\x03 \x01(\bR\tipForward\"\xdf\x01\n" +
 	"\x05Hello\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12#\n" +
 	"\ragent_version\x18\x02 \x01(\tR\fagentVersion\x12*\n" +
 	"\x05state\x18\x03 \x01(\v2\x14.kuport.v1.NodeStateR\x05state\x12'\n" +
 	"\x0fapplied_version\x18\x04 \x01(\x04R\x0eappliedVersion\x12#\n" +
-	"\rapplied_epoch\x18\x05 \x01(\x04R\fappliedEpoch\"6\n" +
+	"\rapplied_epoch\x18\x05 \x01(\x04R\fappliedEpoch\x12#\n" +
+	"\raccepts_delta\x18\x06 \x01(\bR\facceptsDelta\"6\n" +
 	"\n" +
 	"EntryError\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
@@ -2520,7 +2679,7 @@ func file_kuport_v1_program_proto_rawDescGZIP() []byte {
 }
 
 var file_kuport_v1_program_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_kuport_v1_program_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_kuport_v1_program_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_kuport_v1_program_proto_goTypes = []any{
 	(Protocol)(0),                     // 0: kuport.v1.Protocol
 	(SnatKind)(0),                     // 1: kuport.v1.SnatKind
@@ -2534,26 +2693,29 @@ var file_kuport_v1_program_proto_goTypes = []any{
 	(*ReturnPath)(nil),                // 9: kuport.v1.ReturnPath
 	(*ConnectRequest)(nil),            // 10: kuport.v1.ConnectRequest
 	(*ConnectResponse)(nil),           // 11: kuport.v1.ConnectResponse
-	(*Interface)(nil),                 // 12: kuport.v1.Interface
-	(*NodeState)(nil),                 // 13: kuport.v1.NodeState
-	(*Hello)(nil),                     // 14: kuport.v1.Hello
-	(*EntryError)(nil),                // 15: kuport.v1.EntryError
-	(*Ack)(nil),                       // 16: kuport.v1.Ack
-	(*Counter)(nil),                   // 17: kuport.v1.Counter
-	(*Traffic)(nil),                   // 18: kuport.v1.Traffic
-	(*LinkStats)(nil),                 // 19: kuport.v1.LinkStats
-	(*Report)(nil),                    // 20: kuport.v1.Report
-	(*GetProgramRequest)(nil),         // 21: kuport.v1.GetProgramRequest
-	(*GetProgramResponse)(nil),        // 22: kuport.v1.GetProgramResponse
-	(*ListNodesRequest)(nil),          // 23: kuport.v1.ListNodesRequest
-	(*NodeInfo)(nil),                  // 24: kuport.v1.NodeInfo
-	(*ListNodesResponse)(nil),         // 25: kuport.v1.ListNodesResponse
-	(*GetMappingRequest)(nil),         // 26: kuport.v1.GetMappingRequest
-	(*MappingNode)(nil),               // 27: kuport.v1.MappingNode
-	(*GetMappingResponse)(nil),        // 28: kuport.v1.GetMappingResponse
-	(*GetAppliedProgramRequest)(nil),  // 29: kuport.v1.GetAppliedProgramRequest
-	(*GetAppliedProgramResponse)(nil), // 30: kuport.v1.GetAppliedProgramResponse
-	(*timestamppb.Timestamp)(nil),     // 31: google.protobuf.Timestamp
+	(*ProgramDelta)(nil),              // 12: kuport.v1.ProgramDelta
+	(*Keys)(nil),                      // 13: kuport.v1.Keys
+	(*Interface)(nil),                 // 14: kuport.v1.Interface
+	(*NodeState)(nil),                 // 15: kuport.v1.NodeState
+	(*Hello)(nil),                     // 16: kuport.v1.Hello
+	(*EntryError)(nil),                // 17: kuport.v1.EntryError
+	(*Ack)(nil),                       // 18: kuport.v1.Ack
+	(*Counter)(nil),                   // 19: kuport.v1.Counter
+	(*Traffic)(nil),                   // 20: kuport.v1.Traffic
+	(*LinkStats)(nil),                 // 21: kuport.v1.LinkStats
+	(*Report)(nil),                    // 22: kuport.v1.Report
+	(*GetProgramRequest)(nil),         // 23: kuport.v1.GetProgramRequest
+	(*GetProgramResponse)(nil),        // 24: kuport.v1.GetProgramResponse
+	(*ListNodesRequest)(nil),          // 25: kuport.v1.ListNodesRequest
+	(*NodeInfo)(nil),                  // 26: kuport.v1.NodeInfo
+	(*ListNodesResponse)(nil),         // 27: kuport.v1.ListNodesResponse
+	(*GetMappingRequest)(nil),         // 28: kuport.v1.GetMappingRequest
+	(*MappingNode)(nil),               // 29: kuport.v1.MappingNode
+	(*GetMappingResponse)(nil),        // 30: kuport.v1.GetMappingResponse
+	(*GetAppliedProgramRequest)(nil),  // 31: kuport.v1.GetAppliedProgramRequest
+	(*GetAppliedProgramResponse)(nil), // 32: kuport.v1.GetAppliedProgramResponse
+	nil,                               // 33: kuport.v1.ProgramDelta.RemovedEntry
+	(*timestamppb.Timestamp)(nil),     // 34: google.protobuf.Timestamp
 }
 var file_kuport_v1_program_proto_depIdxs = []int32{
 	5,  // 0: kuport.v1.NodeProgram.dnat_rules:type_name -> kuport.v1.DnatRule
@@ -2569,44 +2731,48 @@ var file_kuport_v1_program_proto_depIdxs = []int32{
 	0,  // 10: kuport.v1.MarkRule.protocol:type_name -> kuport.v1.Protocol
 	3,  // 11: kuport.v1.MarkRule.ports:type_name -> kuport.v1.PortRange
 	2,  // 12: kuport.v1.MarkRule.kind:type_name -> kuport.v1.MarkKind
-	14, // 13: kuport.v1.ConnectRequest.hello:type_name -> kuport.v1.Hello
-	16, // 14: kuport.v1.ConnectRequest.ack:type_name -> kuport.v1.Ack
-	20, // 15: kuport.v1.ConnectRequest.report:type_name -> kuport.v1.Report
+	16, // 13: kuport.v1.ConnectRequest.hello:type_name -> kuport.v1.Hello
+	18, // 14: kuport.v1.ConnectRequest.ack:type_name -> kuport.v1.Ack
+	22, // 15: kuport.v1.ConnectRequest.report:type_name -> kuport.v1.Report
 	4,  // 16: kuport.v1.ConnectResponse.program:type_name -> kuport.v1.NodeProgram
-	12, // 17: kuport.v1.NodeState.interfaces:type_name -> kuport.v1.Interface
-	13, // 18: kuport.v1.Hello.state:type_name -> kuport.v1.NodeState
-	15, // 19: kuport.v1.Ack.errors:type_name -> kuport.v1.EntryError
-	18, // 20: kuport.v1.Counter.forwarded_in:type_name -> kuport.v1.Traffic
-	18, // 21: kuport.v1.Counter.forwarded_out:type_name -> kuport.v1.Traffic
-	13, // 22: kuport.v1.Report.state:type_name -> kuport.v1.NodeState
-	17, // 23: kuport.v1.Report.counters:type_name -> kuport.v1.Counter
-	19, // 24: kuport.v1.Report.links:type_name -> kuport.v1.LinkStats
-	4,  // 25: kuport.v1.GetProgramResponse.program:type_name -> kuport.v1.NodeProgram
-	31, // 26: kuport.v1.NodeInfo.connected_since:type_name -> google.protobuf.Timestamp
-	31, // 27: kuport.v1.NodeInfo.last_report_time:type_name -> google.protobuf.Timestamp
-	24, // 28: kuport.v1.ListNodesResponse.nodes:type_name -> kuport.v1.NodeInfo
-	17, // 29: kuport.v1.MappingNode.counters:type_name -> kuport.v1.Counter
-	19, // 30: kuport.v1.MappingNode.links:type_name -> kuport.v1.LinkStats
-	31, // 31: kuport.v1.MappingNode.unanswered_since:type_name -> google.protobuf.Timestamp
-	27, // 32: kuport.v1.GetMappingResponse.nodes:type_name -> kuport.v1.MappingNode
-	4,  // 33: kuport.v1.GetAppliedProgramResponse.program:type_name -> kuport.v1.NodeProgram
-	15, // 34: kuport.v1.GetAppliedProgramResponse.errors:type_name -> kuport.v1.EntryError
-	31, // 35: kuport.v1.GetAppliedProgramResponse.apply_time:type_name -> google.protobuf.Timestamp
-	10, // 36: kuport.v1.AgentService.Connect:input_type -> kuport.v1.ConnectRequest
-	21, // 37: kuport.v1.ProgramService.GetProgram:input_type -> kuport.v1.GetProgramRequest
-	23, // 38: kuport.v1.ProgramService.ListNodes:input_type -> kuport.v1.ListNodesRequest
-	26, // 39: kuport.v1.ProgramService.GetMapping:input_type -> kuport.v1.GetMappingRequest
-	29, // 40: kuport.v1.AgentInspectionService.GetAppliedProgram:input_type -> kuport.v1.GetAppliedProgramRequest
-	11, // 41: kuport.v1.AgentService.Connect:output_type -> kuport.v1.ConnectResponse
-	22, // 42: kuport.v1.ProgramService.GetProgram:output_type -> kuport.v1.GetProgramResponse
-	25, // 43: kuport.v1.ProgramService.ListNodes:output_type -> kuport.v1.ListNodesResponse
-	28, // 44: kuport.v1.ProgramService.GetMapping:output_type -> kuport.v1.GetMappingResponse
-	30, // 45: kuport.v1.AgentInspectionService.GetAppliedProgram:output_type -> kuport.v1.GetAppliedProgramResponse
-	41, // [41:46] is the sub-list for method output_type
-	36, // [36:41] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	12, // 17: kuport.v1.ConnectResponse.delta:type_name -> kuport.v1.ProgramDelta
+	4,  // 18: kuport.v1.ProgramDelta.changed:type_name -> kuport.v1.NodeProgram
+	33, // 19: kuport.v1.ProgramDelta.removed:type_name -> kuport.v1.ProgramDelta.RemovedEntry
+	14, // 20: kuport.v1.NodeState.interfaces:type_name -> kuport.v1.Interface
+	15, // 21: kuport.v1.Hello.state:type_name -> kuport.v1.NodeState
+	17, // 22: kuport.v1.Ack.errors:type_name -> kuport.v1.EntryError
+	20, // 23: kuport.v1.Counter.forwarded_in:type_name -> kuport.v1.Traffic
+	20, // 24: kuport.v1.Counter.forwarded_out:type_name -> kuport.v1.Traffic
+	15, // 25: kuport.v1.Report.state:type_name -> kuport.v1.NodeState
+	19, // 26: kuport.v1.Report.counters:type_name -> kuport.v1.Counter
+	21, // 27: kuport.v1.Report.links:type_name -> kuport.v1.LinkStats
+	4,  // 28: kuport.v1.GetProgramResponse.program:type_name -> kuport.v1.NodeProgram
+	34, // 29: kuport.v1.NodeInfo.connected_since:type_name -> google.protobuf.Timestamp
+	34, // 30: kuport.v1.NodeInfo.last_report_time:type_name -> google.protobuf.Timestamp
+	26, // 31: kuport.v1.ListNodesResponse.nodes:type_name -> kuport.v1.NodeInfo
+	19, // 32: kuport.v1.MappingNode.counters:type_name -> kuport.v1.Counter
+	21, // 33: kuport.v1.MappingNode.links:type_name -> kuport.v1.LinkStats
+	34, // 34: kuport.v1.MappingNode.unanswered_since:type_name -> google.protobuf.Timestamp
+	29, // 35: kuport.v1.GetMappingResponse.nodes:type_name -> kuport.v1.MappingNode
+	4,  // 36: kuport.v1.GetAppliedProgramResponse.program:type_name -> kuport.v1.NodeProgram
+	17, // 37: kuport.v1.GetAppliedProgramResponse.errors:type_name -> kuport.v1.EntryError
+	34, // 38: kuport.v1.GetAppliedProgramResponse.apply_time:type_name -> google.protobuf.Timestamp
+	13, // 39: kuport.v1.ProgramDelta.RemovedEntry.value:type_name -> kuport.v1.Keys
+	10, // 40: kuport.v1.AgentService.Connect:input_type -> kuport.v1.ConnectRequest
+	23, // 41: kuport.v1.ProgramService.GetProgram:input_type -> kuport.v1.GetProgramRequest
+	25, // 42: kuport.v1.ProgramService.ListNodes:input_type -> kuport.v1.ListNodesRequest
+	28, // 43: kuport.v1.ProgramService.GetMapping:input_type -> kuport.v1.GetMappingRequest
+	31, // 44: kuport.v1.AgentInspectionService.GetAppliedProgram:input_type -> kuport.v1.GetAppliedProgramRequest
+	11, // 45: kuport.v1.AgentService.Connect:output_type -> kuport.v1.ConnectResponse
+	24, // 46: kuport.v1.ProgramService.GetProgram:output_type -> kuport.v1.GetProgramResponse
+	27, // 47: kuport.v1.ProgramService.ListNodes:output_type -> kuport.v1.ListNodesResponse
+	30, // 48: kuport.v1.ProgramService.GetMapping:output_type -> kuport.v1.GetMappingResponse
+	32, // 49: kuport.v1.AgentInspectionService.GetAppliedProgram:output_type -> kuport.v1.GetAppliedProgramResponse
+	45, // [45:50] is the sub-list for method output_type
+	40, // [40:45] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_kuport_v1_program_proto_init() }
@@ -2621,6 +2787,7 @@ func file_kuport_v1_program_proto_init() {
 	}
 	file_kuport_v1_program_proto_msgTypes[8].OneofWrappers = []any{
 		(*ConnectResponse_Program)(nil),
+		(*ConnectResponse_Delta)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2628,7 +2795,7 @@ func file_kuport_v1_program_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kuport_v1_program_proto_rawDesc), len(file_kuport_v1_program_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   28,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -1,0 +1,747 @@
+package compile
+
+import (
+	"maps"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"kuport.wlz.li/kuport/api/v1alpha1"
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// maxDirtyShare: when more than one mapping in this many changed, a full compile is as cheap.
+const maxDirtyShare = 8
+
+// Incremental compiles a sequence of snapshots, each the cluster a moment after the one
+// before, and returns for each exactly what Compile returns for it; it recompiles only the
+// PortMaps whose inputs changed (the PortMap, its Service or EndpointSlices) when nothing
+// else did and the change is isolated: the mapping shares no contested port, link crossing
+// or reply way with another, and needs only links other mappings keep. Any other change
+// (a class, a node, an agent's state, a namespace, a contested port, a link appearing or
+// going unused) compiles the whole snapshot. Objects are compared by identity: a snapshot's
+// objects are never mutated (informer caches replace an object on update).
+//
+// It keeps the last snapshot's compiler state, never mutates a snapshot and shares unchanged
+// parts of the previous Result (its programs, indexes and statuses), which the caller must
+// not mutate either. Not safe for concurrent use.
+type Incremental struct {
+	prev *Snapshot
+	c    *compiler
+	res  *Result
+	// recompiled is how many mappings the last Compile planned; changed are the PortMaps
+	// whose result it may have changed (nil after a full compile: any).
+	recompiled int
+	changed    []types.NamespacedName
+
+	portMaps map[types.NamespacedName]*v1alpha1.PortMap
+	plans    map[types.NamespacedName]*plan
+	// pmSet, svcSet and sliceSet hold the previous snapshot's objects by identity; changedServices
+	// are the Services whose object or slices the last dirty found changed.
+	pmSet           map[*v1alpha1.PortMap]types.NamespacedName
+	svcSet          map[*corev1.Service]types.NamespacedName
+	sliceSet        map[*discoveryv1.EndpointSlice]types.NamespacedName
+	changedServices map[types.NamespacedName]bool
+	// byService: the PortMaps whose serviceRef names each Service.
+	byService map[types.NamespacedName]map[types.NamespacedName]bool
+	// needers counts the plans needing each link ("<class>/<pair>").
+	needers map[string]int
+	// users counts, per node, the mappings whose index names each link device or return path.
+	users map[string]map[string]int
+	// conflicted are the plans refused for a port another mapping holds.
+	conflicted map[types.NamespacedName]*plan
+	// stamped are the plans whose status carries the snapshot's time (a condition changed
+	// status); classStamped: some class's does. A new second recompiles them.
+	stamped      map[types.NamespacedName]bool
+	classStamped bool
+	// identity: pmSet, svcSet and sliceSet hold the previous snapshot's objects (false after
+	// a compile from Changes, whose snapshot maps may be the previous ones updated in place).
+	identity bool
+	// settled: every class's status records the link claims compile left (after a compile
+	// that allocated a slot or a table, the next full compile allocates again, in mapping
+	// order, until the class status records them).
+	settled bool
+}
+
+// Recompiled is how many mappings the last Compile planned: every one after a full compile.
+func (inc *Incremental) Recompiled() int { return inc.recompiled }
+
+// Changed returns the PortMaps whose result the last Compile may have changed (created,
+// updated, deleted or restamped), sorted; nil after a full compile, when any may have. Every
+// other PortMap's result is the previous one's, the same pointer.
+func (inc *Incremental) Changed() []types.NamespacedName { return inc.changed }
+
+// Compile returns Compile(s), reusing the previous call's work where s's changes allow; it
+// finds them by comparing s's objects with the previous snapshot's.
+func (inc *Incremental) Compile(s *Snapshot) *Result { return inc.CompileChanges(s, nil) }
+
+// Changes names what changed from the snapshot given to Incremental before to the next, as
+// the informers' events tell it: then nothing is compared, and the snapshot's maps may be
+// the previous ones updated in place. It must name every change (a missed one stays
+// uncompiled until a compile without Changes).
+type Changes struct {
+	// PortMaps created or updated (the object) or deleted (nil).
+	PortMaps map[types.NamespacedName]*v1alpha1.PortMap
+	// Services whose Service or EndpointSlices were created, updated or deleted.
+	Services map[types.NamespacedName]bool
+	// Others: a PortMapClass, Node, Namespace or agent state changed (a full compile).
+	Others bool
+}
+
+// CompileChanges returns Compile(s), with ch naming what changed since the previous call
+// (nil: unknown, every object is compared).
+func (inc *Incremental) CompileChanges(s *Snapshot, ch *Changes) *Result {
+	if s == nil {
+		s = &Snapshot{}
+	}
+	if r := inc.update(s, ch); r != nil {
+		inc.prev, inc.res = s, r
+		return r
+	}
+	c, r := compileFull(s)
+	inc.reset(s, c, r)
+	return r
+}
+
+// reset records a full compile's state.
+func (inc *Incremental) reset(s *Snapshot, c *compiler, r *Result) {
+	*inc = Incremental{prev: s, c: c, res: r, recompiled: len(c.plans),
+		portMaps: map[types.NamespacedName]*v1alpha1.PortMap{}, plans: map[types.NamespacedName]*plan{},
+		byService: map[types.NamespacedName]map[types.NamespacedName]bool{}, needers: map[string]int{},
+		users: map[string]map[string]int{}, stamped: map[types.NamespacedName]bool{},
+		conflicted: map[types.NamespacedName]*plan{}}
+	for _, p := range c.plans {
+		k := nsName(p.pm.Namespace, p.pm.Name)
+		inc.portMaps[k] = p.pm
+		inc.track(k, p, r.PortMaps[k])
+	}
+	inc.indexObjects(s)
+	inc.identity = true
+	for name, idx := range r.Index {
+		u := map[string]int{}
+		for _, mi := range idx {
+			countUses(u, mi, 1)
+		}
+		inc.users[name] = u
+	}
+	inc.settled = true
+	for _, ci := range c.classOrder {
+		inc.classStamped = inc.classStamped || stampedConditions(ci.obj.Status.Conditions, r.Classes[ci.name].Conditions)
+		inc.settled = inc.settled && equality.Semantic.DeepEqual(ci.obj.Status.Links, r.Classes[ci.name].Links)
+	}
+}
+
+// track records a plan's part in the bookkeeping; untrack undoes it.
+func (inc *Incremental) track(k types.NamespacedName, p *plan, r *PortMapResult) {
+	inc.plans[k] = p
+	svc := nsName(p.pm.Namespace, p.pm.Spec.ServiceRef.Name)
+	if inc.byService[svc] == nil {
+		inc.byService[svc] = map[types.NamespacedName]bool{}
+	}
+	inc.byService[svc][k] = true
+	for _, n := range p.needs {
+		inc.needers[n]++
+	}
+	if p.acceptReason == v1alpha1.ReasonPortConflict {
+		inc.conflicted[k] = p
+	}
+	if stampedConditions(p.pm.Status.Conditions, r.Status.Conditions) {
+		inc.stamped[k] = true
+	}
+}
+
+func (inc *Incremental) untrack(k types.NamespacedName, p *plan) {
+	delete(inc.plans, k)
+	svc := nsName(p.pm.Namespace, p.pm.Spec.ServiceRef.Name)
+	delete(inc.byService[svc], k)
+	if len(inc.byService[svc]) == 0 {
+		delete(inc.byService, svc)
+	}
+	for _, n := range p.needs {
+		inc.needers[n]--
+	}
+	delete(inc.conflicted, k)
+	delete(inc.stamped, k)
+}
+
+// countUses adds d to each link device and return path mi names.
+func countUses(u map[string]int, mi *MappingIndex, d int) {
+	for _, l := range mi.Links {
+		u[l] += d
+	}
+	for _, rp := range mi.ReturnPaths {
+		u[rp] += d
+	}
+}
+
+// stampedConditions reports whether a condition of want changed status from old's: its
+// lastTransitionTime is then the snapshot's time.
+func stampedConditions(old, want []metav1.Condition) bool {
+	for _, w := range want {
+		if o := meta.FindStatusCondition(old, w.Type); o == nil || o.Status != w.Status {
+			return true
+		}
+	}
+	return false
+}
+
+// update compiles s from the previous state when only isolated PortMap changes separate
+// them, or returns nil (the state is then to be discarded: a full compile follows).
+func (inc *Incremental) update(s *Snapshot, ch *Changes) *Result {
+	prev, c := inc.prev, inc.c
+	if prev == nil || !inc.settled || s.LinkRetention != prev.LinkRetention {
+		return nil
+	}
+	if ch == nil && (!inc.identity || !sameObjects(s, prev)) || ch != nil && ch.Others {
+		return nil
+	}
+	stamp := metav1.NewTime(s.Now.Truncate(1e9))
+	restamp := !stamp.Equal(&c.stamp)
+	if restamp && (inc.classStamped || c.anyUnusedClaim()) {
+		return nil
+	}
+	dirty, pms, ok := inc.hinted(ch)
+	if ch == nil {
+		dirty, pms, ok = inc.dirty(s)
+	}
+	if !ok || len(dirty)*maxDirtyShare > len(inc.portMaps)+maxDirtyShare {
+		return nil
+	}
+	olds := make([]*v1alpha1.PortMap, len(dirty))
+	for i, k := range dirty {
+		olds[i] = inc.portMaps[k]
+	}
+	c.s, c.stamp = s, stamp
+	r := &Result{Programs: maps.Clone(inc.res.Programs), PortMaps: maps.Clone(inc.res.PortMaps),
+		Classes: inc.res.Classes, Index: maps.Clone(inc.res.Index)}
+	ed := &edit{inc: inc, r: r, programs: map[string]*programEdit{}}
+	var removed []*plan
+	for _, k := range dirty {
+		if p := inc.plans[k]; p != nil {
+			if !ed.remove(k, p) {
+				return nil
+			}
+			removed = append(removed, p)
+		}
+	}
+	// A refused mapping's fate changes only if a change touches the ports it tried to hold.
+	if inc.touchesConflicted(removed) {
+		return nil
+	}
+	inc.recompiled = 0
+	for _, k := range dirty {
+		pm := pms[k]
+		if pm == nil {
+			delete(inc.portMaps, k)
+			delete(r.PortMaps, k)
+			continue
+		}
+		inc.recompiled++
+		p := ed.add(k, pm)
+		if p == nil || inc.touchesConflicted([]*plan{p}) {
+			return nil
+		}
+	}
+	if !ed.commit() {
+		return nil
+	}
+	changed := slices.Clone(dirty)
+	if restamp {
+		for k := range inc.stamped {
+			if !slices.Contains(dirty, k) {
+				r.PortMaps[k] = c.portMapResult(inc.plans[k])
+				changed = append(changed, k)
+			}
+		}
+	}
+	slices.SortFunc(changed, compareKeys)
+	if changed == nil {
+		changed = []types.NamespacedName{}
+	}
+	inc.changed = changed
+	if ch == nil {
+		inc.reindex(prev, s, dirty, olds)
+	} else {
+		inc.identity = false
+	}
+	return r
+}
+
+// hinted is dirty from Changes (nil: nothing).
+func (inc *Incremental) hinted(ch *Changes) ([]types.NamespacedName, map[types.NamespacedName]*v1alpha1.PortMap, bool) {
+	if ch == nil {
+		return nil, nil, false
+	}
+	pms := maps.Clone(ch.PortMaps)
+	if pms == nil {
+		pms = map[types.NamespacedName]*v1alpha1.PortMap{}
+	}
+	for svc := range ch.Services {
+		for k := range inc.byService[svc] {
+			if _, ok := pms[k]; !ok {
+				pms[k] = inc.portMaps[k]
+			}
+		}
+	}
+	return slices.SortedFunc(maps.Keys(pms), compareKeys), pms, true
+}
+
+// sameObjects reports whether everything but PortMaps, Services and EndpointSlices is the
+// very same in a and b.
+func sameObjects(a, b *Snapshot) bool {
+	if len(a.Agents) != len(b.Agents) {
+		return false
+	}
+	for n, x := range a.Agents {
+		y, ok := b.Agents[n]
+		if !ok || (x == nil) != (y == nil) || x != nil && x.State != y.State {
+			return false
+		}
+	}
+	return samePointers(a.Classes, b.Classes) && samePointers(a.Nodes, b.Nodes) && samePointers(a.Namespaces, b.Namespaces)
+}
+
+func samePointers[K comparable, V any](a, b map[K]*V) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, x := range a {
+		if y, ok := b[k]; !ok || x != y {
+			return false
+		}
+	}
+	return true
+}
+
+// anyUnusedClaim: a claim no mapping needs is stamped, and ages, with the snapshot's time.
+func (c *compiler) anyUnusedClaim() bool {
+	for _, ci := range c.classOrder {
+		for _, cl := range ci.claims {
+			if cl.unusedSince != nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// dirty returns the PortMaps of s whose inputs changed since the previous snapshot (created,
+// deleted, updated, or their Service or EndpointSlices changed), sorted, and those of them s
+// lists by key (a deleted one is absent); ok is false when s lists a PortMap twice. Objects
+// are found by identity, without hashing names, so a snapshot of 10,000 PortMaps, Services
+// and EndpointSlices with one changed takes a fraction of a millisecond.
+func (inc *Incremental) dirty(s *Snapshot) ([]types.NamespacedName, map[types.NamespacedName]*v1alpha1.PortMap, bool) {
+	pms := map[types.NamespacedName]*v1alpha1.PortMap{}
+	set, deleted := map[types.NamespacedName]bool{}, map[types.NamespacedName]bool{}
+	matched, replaced := 0, 0
+	for _, pm := range s.PortMaps {
+		if pm == nil {
+			continue
+		}
+		if _, ok := inc.pmSet[pm]; ok {
+			matched++
+			continue
+		}
+		k := nsName(pm.Namespace, pm.Name)
+		if _, dup := pms[k]; dup {
+			return nil, nil, false
+		}
+		pms[k], set[k] = pm, true
+		if inc.portMaps[k] != nil {
+			replaced++
+		}
+	}
+	if matched+replaced != len(inc.pmSet) {
+		// A PortMap was deleted, or one is listed twice: find which by key.
+		listed := make(map[*v1alpha1.PortMap]bool, len(s.PortMaps))
+		for _, pm := range s.PortMaps {
+			listed[pm] = true
+		}
+		for pm, k := range inc.pmSet {
+			switch {
+			case !listed[pm]:
+				set[k] = true
+				if pms[k] == nil {
+					deleted[k] = true
+				}
+			case pms[k] != nil:
+				return nil, nil, false
+			}
+		}
+	}
+	svcs := map[types.NamespacedName]bool{}
+	// Each count below is of the previous objects accounted for: still listed, or replaced
+	// under the same key. Any other is gone, which only a scan finds.
+	matched = 0
+	for k, svc := range s.Services {
+		if inc.svcSet[svc] == k {
+			matched++
+			continue
+		}
+		svcs[k] = true
+		if old := inc.prev.Services[k]; old != nil && inc.svcSet[old] == k {
+			matched++
+		}
+	}
+	if matched != len(inc.svcSet) {
+		for svc, k := range inc.svcSet {
+			if s.Services[k] != svc {
+				svcs[k] = true
+			}
+		}
+	}
+	matched = 0
+	var changed []types.NamespacedName
+	for k, list := range s.EndpointSlices {
+		same := true
+		for _, sl := range list {
+			if k2, ok := inc.sliceSet[sl]; ok && k2 == k {
+				matched++
+			} else {
+				same = false
+			}
+		}
+		if !same {
+			changed = append(changed, k)
+		}
+	}
+	for _, k := range changed {
+		svcs[k] = true
+		for _, old := range inc.prev.EndpointSlices[k] {
+			if inc.sliceSet[old] == k && !slices.Contains(s.EndpointSlices[k], old) {
+				matched++
+			}
+		}
+	}
+	if matched != len(inc.sliceSet) {
+		for sl, k := range inc.sliceSet {
+			if !slices.Contains(s.EndpointSlices[k], sl) {
+				svcs[k] = true
+			}
+		}
+	}
+	for svc := range svcs {
+		for k := range inc.byService[svc] {
+			set[k] = true
+			if pms[k] == nil && !deleted[k] {
+				pms[k] = inc.portMaps[k]
+			}
+		}
+	}
+	inc.changedServices = svcs
+	return slices.SortedFunc(maps.Keys(set), compareKeys), pms, true
+}
+
+// indexObjects records s's PortMaps, Services and EndpointSlices by identity (dirty reads them).
+func (inc *Incremental) indexObjects(s *Snapshot) {
+	inc.pmSet = make(map[*v1alpha1.PortMap]types.NamespacedName, len(inc.portMaps))
+	for k, pm := range inc.portMaps {
+		inc.pmSet[pm] = k
+	}
+	inc.svcSet = make(map[*corev1.Service]types.NamespacedName, len(s.Services))
+	for k, svc := range s.Services {
+		inc.svcSet[svc] = k
+	}
+	inc.sliceSet = map[*discoveryv1.EndpointSlice]types.NamespacedName{}
+	for k, list := range s.EndpointSlices {
+		for _, sl := range list {
+			inc.sliceSet[sl] = k
+		}
+	}
+}
+
+// reindex updates the identity indexes after an update from prev to s, which replaced olds
+// (nil for a PortMap created) of the PortMaps dirty.
+func (inc *Incremental) reindex(prev, s *Snapshot, dirty []types.NamespacedName, olds []*v1alpha1.PortMap) {
+	for i, k := range dirty {
+		if olds[i] != nil {
+			delete(inc.pmSet, olds[i])
+		}
+		if pm := inc.portMaps[k]; pm != nil {
+			inc.pmSet[pm] = k
+		}
+	}
+	for k := range inc.changedServices {
+		if svc := prev.Services[k]; svc != nil && inc.svcSet[svc] == k {
+			delete(inc.svcSet, svc)
+		}
+		if svc := s.Services[k]; svc != nil {
+			inc.svcSet[svc] = k
+		}
+		for _, sl := range prev.EndpointSlices[k] {
+			if inc.sliceSet[sl] == k {
+				delete(inc.sliceSet, sl)
+			}
+		}
+		for _, sl := range s.EndpointSlices[k] {
+			inc.sliceSet[sl] = k
+		}
+	}
+}
+
+func compareKeys(a, b types.NamespacedName) int {
+	if a.Namespace != b.Namespace {
+		if a.Namespace < b.Namespace {
+			return -1
+		}
+		return 1
+	}
+	switch {
+	case a.Name < b.Name:
+		return -1
+	case a.Name > b.Name:
+		return 1
+	}
+	return 0
+}
+
+// edit is one incremental update's changes to the node programs.
+type edit struct {
+	inc      *Incremental
+	r        *Result
+	programs map[string]*programEdit
+}
+
+// programEdit is one node's program being edited: the ids removed, the entries added.
+type programEdit struct {
+	removed map[string]bool
+	added   *programBuilder
+	index   NodeIndex // copy of the node's index
+}
+
+func (ed *edit) node(name string) *programEdit {
+	pe := ed.programs[name]
+	if pe == nil {
+		pe = &programEdit{removed: map[string]bool{}, added: newProgramBuilder(name), index: maps.Clone(ed.r.Index[name])}
+		ed.programs[name] = pe
+	}
+	return pe
+}
+
+// remove takes plan p of k out of the state: its holdings, its links' needs and its entries.
+// It returns false when that changes more than p's own entries (a link it alone needed or
+// used).
+func (ed *edit) remove(k types.NamespacedName, p *plan) bool {
+	inc, c := ed.inc, ed.inc.c
+	inc.untrack(k, p)
+	for _, n := range p.needs {
+		if inc.needers[n] == 0 {
+			return false
+		}
+	}
+	if p.accepted() {
+		c.release(p)
+	}
+	for name, idx := range ed.r.Index {
+		mi := idx[p.key]
+		if mi == nil {
+			continue
+		}
+		pe := ed.node(name)
+		for _, e := range mi.Entries {
+			pe.removed[e.ID] = true
+		}
+		delete(pe.index, p.key)
+		u := inc.users[name]
+		countUses(u, mi, -1)
+		for _, l := range append(slices.Clone(mi.Links), mi.ReturnPaths...) {
+			if u[l] == 0 {
+				return false
+			}
+		}
+	}
+	delete(ed.r.PortMaps, k)
+	return true
+}
+
+// add plans pm (key k) against everything else held, and emits it. It returns nil when pm
+// is not isolated: refused for a port another mapping holds, or needing a link no other
+// mapping needs, or a link or return path its nodes' programs lack.
+func (ed *edit) add(k types.NamespacedName, pm *v1alpha1.PortMap) *plan {
+	inc, c := ed.inc, ed.inc.c
+	p := c.plan(pm)
+	if p.acceptReason == v1alpha1.ReasonPortConflict {
+		return nil
+	}
+	for _, t := range p.remoteTargets() {
+		n := p.class.name + "/" + pairKey(p.pair(t))
+		cl := p.class.claims[pairKey(p.pair(t))]
+		if inc.needers[n] == 0 || cl == nil {
+			return nil
+		}
+		if _, ok := cl.ends[p.ep.node]; !ok {
+			return nil
+		}
+		t.link = cl
+		p.needs = append(p.needs, n)
+	}
+	// emit writes into builders of its own, so they hold pm's entries alone.
+	kept := c.programs
+	c.programs = map[string]*programBuilder{}
+	for _, n := range append(targetNodes(p), epNode(p)) {
+		if _, ok := kept[n]; ok {
+			c.programs[n] = ed.node(n).added
+		}
+	}
+	c.emit(p)
+	c.programs = kept
+	for name, pe := range ed.programs {
+		mi := pe.added.index[p.key]
+		if mi == nil {
+			continue
+		}
+		u := inc.users[name]
+		for _, l := range append(slices.Clone(mi.Links), mi.ReturnPaths...) {
+			if u[l] == 0 {
+				return nil
+			}
+		}
+		countUses(u, mi, 1)
+	}
+	res := c.portMapResult(p)
+	inc.portMaps[k] = pm
+	inc.track(k, p, res)
+	ed.r.PortMaps[k] = res
+	return p
+}
+
+func targetNodes(p *plan) []string {
+	var out []string
+	for _, t := range p.targets {
+		out = append(out, t.node)
+	}
+	return out
+}
+
+func epNode(p *plan) string {
+	if p.ep == nil {
+		return ""
+	}
+	return p.ep.node
+}
+
+// commit writes the edited programs and indexes into the result. The links and return paths
+// added are already in the programs (add checked): only rules are added.
+func (ed *edit) commit() bool {
+	for name, pe := range ed.programs {
+		old := ed.r.Programs[name]
+		if old == nil {
+			return false
+		}
+		add := pe.added.program()
+		if len(pe.removed) == 0 && len(add.DnatRules)+len(add.SnatRules)+len(add.MarkRules) == 0 {
+			continue
+		}
+		ed.r.Programs[name] = &kuportv1.NodeProgram{Node: old.Node, Links: old.Links, ReturnPaths: old.ReturnPaths,
+			DnatRules: merge(old.DnatRules, add.DnatRules, pe.removed, (*kuportv1.DnatRule).GetId),
+			SnatRules: merge(old.SnatRules, add.SnatRules, pe.removed, (*kuportv1.SnatRule).GetId),
+			MarkRules: merge(old.MarkRules, add.MarkRules, pe.removed, (*kuportv1.MarkRule).GetId),
+		}
+		for key, mi := range pe.added.nodeIndex() {
+			pe.index[key] = mi
+		}
+		ed.r.Index[name] = pe.index
+	}
+	return true
+}
+
+// merge returns old without the removed ids and with add, sorted by id as program() sorts
+// (nil when empty, as a builder leaves it). old is sorted: each id is found by binary search,
+// as a scan hashing every id of 10,000 mappings took most of an incremental update.
+func merge[T any](old, add []T, removed map[string]bool, id func(T) string) []T {
+	byID := func(e T, t string) int { return strings.Compare(id(e), t) }
+	out := slices.Clone(old)
+	for r := range removed {
+		if i, found := slices.BinarySearchFunc(out, r, byID); found {
+			out = slices.Delete(out, i, i+1)
+		}
+	}
+	for _, x := range add {
+		i, _ := slices.BinarySearchFunc(out, id(x), byID)
+		out = slices.Insert(out, i, x)
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// release takes an accepted plan's holdings back (hold's inverse).
+func (c *compiler) release(p *plan) {
+	for _, h := range p.holds() {
+		c.held[h].remove(p.ports, p.name)
+	}
+	for _, k := range p.crossed {
+		c.crossings[k].remove(p.ports, p.name)
+	}
+}
+
+// remove drops by's holding of ports.
+func (h *holdings) remove(ports portRange, by string) {
+	if h == nil {
+		return
+	}
+	for b := ports.first >> bucketBits; b <= ports.last>>bucketBits; b++ {
+		h.buckets[b] = slices.DeleteFunc(h.buckets[b], func(x holding) bool { return x.by == by })
+	}
+}
+
+// touchesConflicted reports whether a plan of ps tried to hold ports a refused mapping tried
+// to hold too (on an interface or a link crossing).
+func (inc *Incremental) touchesConflicted(ps []*plan) bool {
+	for _, q := range inc.conflicted {
+		for _, p := range ps {
+			if attempts(p).touch(attempts(q)) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// attempt is what a plan tried to hold: ports on interfaces and over links.
+type attempt struct {
+	ports     portRange
+	holds     []hold
+	crossings []crossing
+}
+
+func attempts(p *plan) attempt {
+	a := attempt{ports: p.ports}
+	if p.class == nil {
+		return a
+	}
+	a.holds = p.holds()
+	if p.ep == nil {
+		return a
+	}
+	for _, t := range p.targets {
+		if t.node != p.ep.node {
+			a.crossings = append(a.crossings, crossing{class: p.class.name, pair: pairKey(p.pair(t)), proto: p.proto})
+		}
+	}
+	return a
+}
+
+func (a attempt) touch(b attempt) bool {
+	if !a.ports.overlaps(b.ports) {
+		return false
+	}
+	for _, h := range a.holds {
+		if slices.Contains(b.holds, h) {
+			return true
+		}
+	}
+	for _, x := range a.crossings {
+		if slices.Contains(b.crossings, x) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,176 @@
+// Package programmed decides a PortMap's Programmed condition and the controller's startup
+// hold: one pure function (Decide) of what compile said, the program versions where the
+// mapping's entries last changed on each node and what each node's agent acknowledged, and
+// the leadership term (API.md: Programmed=True means every node whose program carries the
+// mapping acknowledged the version containing it).
+//
+// It holds no state, takes the time as a value and touches neither the API server nor an
+// agent: the registry (controller/agents) supplies the values, the status writer
+// (controller/status) writes the verdict.
+package programmed
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"kuport.wlz.li/kuport/api/v1alpha1"
+	"kuport.wlz.li/kuport/controller/compile"
+)
+
+// Term is the leadership term's startup hold as of Now.
+type Term struct {
+	Now time.Time
+	// HoldUntil is the term's start plus the hold: the hold and every node's settling end
+	// then at the latest.
+	HoldUntil time.Time
+	// Released is true once the hold ended (it never starts again in a term).
+	Released bool
+	// Unheard are the nodes the hold waits for whose agents' state the last compile lacked
+	// (Unheard).
+	Unheard []string
+}
+
+// Holding reports whether the startup hold keeps programs back, and with them every status
+// write: compile has not heard every node a class names (DESIGN.md: an agent reconnecting
+// first must not be handed a program missing its peer's link), and the hold has not timed out.
+func (t Term) Holding() bool {
+	return !t.Released && len(t.Unheard) > 0 && t.Now.Before(t.HoldUntil)
+}
+
+// Node is what the registry knows of one node carrying a mapping.
+type Node struct {
+	Name string
+	// Hello: the node's agent said Hello to this controller at least once.
+	Hello bool
+	// Connected: its stream is open.
+	Connected bool
+	// Acked is the program version it acknowledged in this term; 0 when none.
+	Acked uint64
+	// Version is the program version at which the mapping's entries on the node last
+	// changed; 0 when the node's program carries no entry of it.
+	Version uint64
+	// Failed is the agent's error for an entry of the mapping ("<id>: <message>"), empty if none.
+	Failed string
+	// ProgramFailed is an error of the acknowledged version that no entry owns (a failed kernel
+	// read, a refused transaction, fencing): nothing on the node is known to be in place.
+	ProgramFailed string
+}
+
+// Ready tells whether n's kernel holds the mapping's entries; otherwise why not, naming the
+// node (API.md, NodeNotReady).
+func (n Node) Ready() (bool, string) {
+	switch {
+	case !n.Hello:
+		return false, fmt.Sprintf("node %s: agent not connected", n.Name)
+	case !n.Connected:
+		return false, fmt.Sprintf("node %s: agent disconnected", n.Name)
+	case n.Version == 0:
+		return false, fmt.Sprintf("node %s: program carries no entry of the mapping yet", n.Name)
+	case n.Acked < n.Version:
+		return false, fmt.Sprintf("node %s has not acknowledged program version %d", n.Name, n.Version)
+	case n.Failed != "":
+		return false, fmt.Sprintf("node %s failed to apply %s", n.Name, n.Failed)
+	case n.ProgramFailed != "":
+		return false, fmt.Sprintf("node %s failed to apply its program: %s", n.Name, n.ProgramFailed)
+	}
+	return true, ""
+}
+
+// awaiting: the mapping is not in n's kernel only because its connected agent has yet to
+// acknowledge the version carrying it, the ordinary moment after a change.
+func (n Node) awaiting() bool { return n.Connected && (n.Version == 0 || n.Acked < n.Version) }
+
+// settling: n's agent has acknowledged nothing of this term while the term is younger than
+// the hold; after a change of leader what it holds is the previous leader's, not known to be
+// missing.
+func (n Node) settling(t Term) bool { return n.Acked == 0 && t.Now.Before(t.HoldUntil) }
+
+// Input is what Decide reads for one PortMap.
+type Input struct {
+	Term Term
+	// Compiled is compile's Programmed condition (nil when compile set none).
+	Compiled *metav1.Condition
+	// Recorded is the Programmed condition the object holds now, and Generation its
+	// metadata.generation.
+	Recorded   *metav1.Condition
+	Generation int64
+	// Nodes are the nodes whose programs carry entries of the mapping (compile's
+	// PortMapResult.Nodes), in that order.
+	Nodes []Node
+}
+
+// Verdict is Decide's answer.
+type Verdict struct {
+	// Hold: the startup hold is on; no status is written.
+	Hold bool
+	// Programmed is the condition to write (meaningful unless Hold; nil when compile set none).
+	Programmed *metav1.Condition
+	// Quiet: a Programmed=False here is the ordinary wait for acknowledgements, no Warning.
+	Quiet bool
+}
+
+// Decide decides the Programmed condition to write: compile's, downgraded to False with reason
+// NodeNotReady (the message lists each node missing, "; "-separated) when compile found it
+// True but a node carrying the mapping does not hold it yet. While every node missing is only
+// settling, a recorded Programmed=True of the object's generation stays: a new leader does not
+// report the kernels it has not heard from yet as missing what the previous leader programmed.
+func Decide(in Input) Verdict {
+	if in.Term.Holding() {
+		return Verdict{Hold: true}
+	}
+	if in.Compiled == nil {
+		return Verdict{}
+	}
+	prog := *in.Compiled
+	if prog.Status != metav1.ConditionTrue {
+		return Verdict{Programmed: &prog}
+	}
+	var missing []string
+	awaiting, settling := true, true
+	for _, n := range in.Nodes {
+		if ok, why := n.Ready(); !ok {
+			missing = append(missing, why)
+			awaiting = awaiting && n.awaiting()
+			settling = settling && n.settling(in.Term)
+		}
+	}
+	if len(missing) == 0 {
+		return Verdict{Programmed: &prog}
+	}
+	if r := in.Recorded; settling && r != nil && r.Status == metav1.ConditionTrue && r.ObservedGeneration == in.Generation {
+		kept := *r
+		return Verdict{Programmed: &kept, Quiet: true}
+	}
+	prog.Status = metav1.ConditionFalse
+	prog.Reason = v1alpha1.ReasonNodeNotReady
+	prog.Message = strings.Join(missing, "; ")
+	return Verdict{Programmed: &prog, Quiet: awaiting}
+}
+
+// Unheard are the nodes the startup hold waits for that s has no agent state from: every
+// existing node a class names as accepting or as a peer of a recorded link. The programs
+// compiled from s lack what those nodes' state brings (the links to them).
+func Unheard(s *compile.Snapshot) []string {
+	var out []string
+	for _, cls := range s.Classes {
+		if cls == nil {
+			continue
+		}
+		for name := range cls.Spec.Nodes {
+			out = append(out, name)
+		}
+		for _, l := range cls.Status.Links {
+			out = append(out, l.Peers...)
+		}
+	}
+	out = slices.DeleteFunc(out, func(n string) bool {
+		a := s.Agents[n]
+		return s.Nodes[n] == nil || a != nil && a.State != nil
+	})
+	slices.Sort(out)
+	return slices.Compact(out)
+}

@@ -1,0 +1,173 @@
+package kuportv1
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+)
+
+// Delta is the ProgramDelta from base to next: next's own fields, the list elements added or
+// changed (compared by identity first, then by content) and the keys of those removed. It
+// reads every field of NodeProgram by reflection, so a field added to the program travels in
+// deltas too. A list is diffed when both programs hold it sorted by key (id, else name), as
+// compile emits them, and sent whole otherwise.
+func Delta(base, next *NodeProgram) *ProgramDelta {
+	d := &ProgramDelta{BaseVersion: base.GetVersion(), Changed: &NodeProgram{}, Removed: map[string]*Keys{}}
+	nb, nn, nc := base.ProtoReflect(), next.ProtoReflect(), d.Changed.ProtoReflect()
+	fields := nn.Descriptor().Fields()
+	for i := range fields.Len() {
+		f := fields.Get(i)
+		if !f.IsList() || f.Message() == nil {
+			if nn.Has(f) {
+				nc.Set(f, nn.Get(f))
+			}
+			continue
+		}
+		key := keyField(f.Message())
+		bl, nl := nb.Get(f).List(), nn.Get(f).List()
+		if key == nil || !sorted(bl, key) || !sorted(nl, key) {
+			// Sent whole: Apply rebuilds a keyed list sorted by key.
+			if !listsEqual(bl, nl) {
+				nc.Set(f, nn.Get(f))
+				d.Replaced = append(d.Replaced, string(f.Name()))
+			}
+			continue
+		}
+		var removed []string
+		out := nc.Mutable(f).List()
+		for i, j := 0, 0; i < bl.Len() || j < nl.Len(); {
+			var kb, kn string
+			if i < bl.Len() {
+				kb = bl.Get(i).Message().Get(key).String()
+			}
+			if j < nl.Len() {
+				kn = nl.Get(j).Message().Get(key).String()
+			}
+			switch {
+			case j >= nl.Len() || i < bl.Len() && kb < kn:
+				removed = append(removed, kb)
+				i++
+			case i >= bl.Len() || kn < kb:
+				out.Append(nl.Get(j))
+				j++
+			default:
+				if !sameMessage(bl.Get(i), nl.Get(j)) {
+					out.Append(nl.Get(j))
+				}
+				i, j = i+1, j+1
+			}
+		}
+		if out.Len() == 0 {
+			nc.Clear(f)
+		}
+		if len(removed) > 0 {
+			d.Removed[string(f.Name())] = &Keys{Keys: removed}
+		}
+	}
+	return d
+}
+
+// Apply returns the program d makes of base, which must be the program of d's base version;
+// base is not modified (the result shares its unchanged elements).
+func (d *ProgramDelta) Apply(base *NodeProgram) (*NodeProgram, error) {
+	if base.GetVersion() != d.GetBaseVersion() {
+		return nil, fmt.Errorf("delta to version %d is from version %d, not %d", d.GetChanged().GetVersion(), d.GetBaseVersion(), base.GetVersion())
+	}
+	out := &NodeProgram{}
+	nb, nc, no := base.ProtoReflect(), d.GetChanged().ProtoReflect(), out.ProtoReflect()
+	fields := no.Descriptor().Fields()
+	for i := range fields.Len() {
+		f := fields.Get(i)
+		if !f.IsList() || f.Message() == nil {
+			if nc.Has(f) {
+				no.Set(f, nc.Get(f))
+			}
+			continue
+		}
+		key := keyField(f.Message())
+		if key == nil || slices.Contains(d.GetReplaced(), string(f.Name())) {
+			// Unkeyed lists only ever travel whole: base's stands unless replaced.
+			src := nb
+			if slices.Contains(d.GetReplaced(), string(f.Name())) {
+				src = nc
+			}
+			if src.Has(f) {
+				no.Set(f, src.Get(f))
+			}
+			continue
+		}
+		merged := map[string]protoreflect.Value{}
+		for k, v := range byKey(nb.Get(f).List(), key) {
+			merged[k] = v
+		}
+		for _, k := range d.GetRemoved()[string(f.Name())].GetKeys() {
+			delete(merged, k)
+		}
+		for k, v := range byKey(nc.Get(f).List(), key) {
+			merged[k] = v
+		}
+		if len(merged) == 0 {
+			continue
+		}
+		keys := make([]string, 0, len(merged))
+		for k := range merged {
+			keys = append(keys, k)
+		}
+		slices.SortFunc(keys, cmp.Compare)
+		list := no.Mutable(f).List()
+		for _, k := range keys {
+			list.Append(merged[k])
+		}
+	}
+	return out, nil
+}
+
+// sorted reports whether l's keys strictly increase.
+func sorted(l protoreflect.List, key protoreflect.FieldDescriptor) bool {
+	for i := 1; i < l.Len(); i++ {
+		if l.Get(i-1).Message().Get(key).String() >= l.Get(i).Message().Get(key).String() {
+			return false
+		}
+	}
+	return true
+}
+
+// keyField is the field a list element is known by: "id", else "name"; nil when neither.
+func keyField(m protoreflect.MessageDescriptor) protoreflect.FieldDescriptor {
+	for _, n := range []protoreflect.Name{"id", "name"} {
+		if f := m.Fields().ByName(n); f != nil && f.Kind() == protoreflect.StringKind && !f.IsList() {
+			return f
+		}
+	}
+	return nil
+}
+
+func byKey(l protoreflect.List, key protoreflect.FieldDescriptor) map[string]protoreflect.Value {
+	out := make(map[string]protoreflect.Value, l.Len())
+	for i := range l.Len() {
+		v := l.Get(i)
+		out[v.Message().Get(key).String()] = v
+	}
+	return out
+}
+
+// sameMessage compares two list elements by identity, then by content.
+func sameMessage(a, b protoreflect.Value) bool {
+	am, bm := a.Message().Interface(), b.Message().Interface()
+	return am == bm || proto.Equal(am, bm)
+}
+
+func listsEqual(a, b protoreflect.List) bool {
+	if a.Len() != b.Len() {
+		return false
+	}
+	for i := range a.Len() {
+		if !sameMessage(a.Get(i), b.Get(i)) {
+			return false
+		}
+	}
+	return true
+}

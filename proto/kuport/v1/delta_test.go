@@ -1,0 +1,91 @@
+package kuportv1
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+)
+
+// randomProgram is a program of up to n mappings drawn from r, its lists sorted as compile
+// sorts them; a mapping's rules change with r too.
+func randomProgram(r *rand.Rand, version uint64, n int) *NodeProgram {
+	p := &NodeProgram{Node: "edge-a", Version: version, Epoch: 7}
+	for i := range n {
+		if r.IntN(3) == 0 {
+			continue
+		}
+		id := fmt.Sprintf("demo/m%03d", i)
+		p.DnatRules = append(p.DnatRules, &DnatRule{Id: id + "/dnat/enp1s0", Mapping: id, InInterface: "enp1s0",
+			Protocol: Protocol_PROTOCOL_TCP, Ports: &PortRange{First: uint32(3000 + i), Last: uint32(3000 + i)},
+			ToAddress: fmt.Sprintf("10.244.17.%d", 2+r.IntN(3)), ToPort: 3000})
+		p.SnatRules = append(p.SnatRules, &SnatRule{Id: id + "/snat", Mapping: id, Kind: SnatKind_SNAT_KIND_REQUEST, Address: "10.244.17.2"})
+		if r.IntN(4) == 0 {
+			p.MarkRules = append(p.MarkRules, &MarkRule{Id: id + "/mark", Mapping: id, Mark: uint32(r.IntN(3))})
+		}
+	}
+	for i := range r.IntN(4) {
+		p.Links = append(p.Links, &Link{Name: fmt.Sprintf("kup-%08d", i), Mtu: uint32(1370 + r.IntN(2))})
+		p.ReturnPaths = append(p.ReturnPaths, &ReturnPath{Id: fmt.Sprintf("kup-%08d/return", i), Table: uint32(201 + i)})
+	}
+	return p
+}
+
+// TestDeltaSequenceEqualsFull: a stream of deltas, each applied to the program the last one
+// made, gives every program byte for byte (deterministic marshalling), and a change of one
+// mapping puts only it on the wire.
+func TestDeltaSequenceEqualsFull(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 13))
+	held := &NodeProgram{}
+	for v := range uint64(300) {
+		next := randomProgram(r, v+1, 1+r.IntN(40))
+		if v%7 == 0 {
+			next = &NodeProgram{Node: "edge-a", Version: v + 1, Epoch: 7}
+		}
+		d := Delta(held, next)
+		got, err := d.Apply(held)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := proto.MarshalOptions{Deterministic: true}.Marshal(next)
+		have, _ := proto.MarshalOptions{Deterministic: true}.Marshal(got)
+		if !slices.Equal(want, have) {
+			t.Fatalf("version %d: delta applied differs from the program:\n%v\n%v", v+1, next, got)
+		}
+		held = got
+	}
+
+	// One mapping changed among 1,000: the delta carries its rule alone.
+	base := randomProgram(rand.New(rand.NewPCG(2, 2)), 1, 1000)
+	next := proto.Clone(base).(*NodeProgram)
+	next.Version = 2
+	next.DnatRules[500].ToAddress = "10.244.17.99"
+	d := Delta(base, next)
+	if len(d.Changed.DnatRules) != 1 || len(d.Changed.SnatRules) != 0 || len(d.Removed) != 0 {
+		t.Fatalf("delta carries %d DNAT, %d SNAT rules, removes %v", len(d.Changed.DnatRules), len(d.Changed.SnatRules), d.Removed)
+	}
+	if full, delta := proto.Size(next), proto.Size(d); delta*100 > full {
+		t.Fatalf("one change is %d bytes of a %d-byte program", delta, full)
+	}
+}
+
+// TestDeltaUnsortedAndWrongBase: a list out of key order travels whole and comes back in its
+// order; a delta refuses a base of another version.
+func TestDeltaUnsortedAndWrongBase(t *testing.T) {
+	base := &NodeProgram{Version: 1, DnatRules: []*DnatRule{{Id: "b"}, {Id: "a"}}}
+	next := &NodeProgram{Version: 2, DnatRules: []*DnatRule{{Id: "c"}, {Id: "a"}}, Links: []*Link{{Name: "kup-1"}}}
+	d := Delta(base, next)
+	if !slices.Equal(d.Replaced, []string{"dnat_rules"}) {
+		t.Fatalf("replaced %v", d.Replaced)
+	}
+	got, err := d.Apply(base)
+	if err != nil || !proto.Equal(got, next) {
+		t.Fatalf("apply: %v, %v", got, err)
+	}
+	if _, err := d.Apply(&NodeProgram{Version: 5}); err == nil || !strings.Contains(err.Error(), "from version 1, not 5") {
+		t.Fatalf("wrong base: %v", err)
+	}
+}
