@@ -177,7 +177,7 @@ lint: $(BUF)
 test: deps tools lab-binaries check-generated lint build images lab-images images-next
 	KUPORT_PRIVILEGED=1 KUPORT_LAB_BIN=$$(lab/build-binaries.sh) KUPORT_BIN=$(BIN) \
 		KUPORT_IMAGES=$(IMAGES) KUPORT_IMAGES_NEXT=$(BIN)/images-next KUPORT_HELM=$(HELM) \
-		$(GO) test -count=1 -p 1 -timeout 30m ./...
+		$(GO) test -count=1 -p 1 -timeout 45m ./...
 	# bench/datapath.sh once at small N: a smoke test that it completes, not of its timings.
 	sh bench/datapath.sh --mappings 1,10 --traffic 200ms
 	# bench/compile.sh once per benchmark: that it completes, not its timings.
