@@ -31,6 +31,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/proto"
 
+	"kuport.wlz.li/kuport/bench/labbench"
 	"kuport.wlz.li/kuport/controller/servingcert"
 	"kuport.wlz.li/kuport/datapath"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
@@ -449,15 +450,5 @@ func agentRSS(agent, node string, program *kuportv1.NodeProgram) (float64, error
 		return 0, fmt.Errorf("no ack: %s", out.String())
 	}
 	time.Sleep(5 * time.Second) // resyncs and reports (each reads every element's counter)
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cmd.Process.Pid))
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(status), "\n") {
-		if f := strings.Fields(line); len(f) == 3 && f[0] == "VmRSS:" {
-			kb, err := strconv.ParseFloat(f[1], 64)
-			return kb / 1024, err
-		}
-	}
-	return 0, errors.New("no VmRSS")
+	return labbench.RSSMB(cmd.Process.Pid)
 }

@@ -1,4 +1,5 @@
-// Package labbench is what the control-plane benchmarks (bench/control, bench/fanout) share:
+// Package labbench is what the benchmarks share (bench/control, bench/fanout; bench/datapath
+// its memory figure):
 // the embedded lab (package lab: a real API server, the real controller and agents in
 // network namespaces) with API clients whose rate limit is raised for creating thousands of
 // objects, concurrent creation, and the figures they print (percentiles, a process's
@@ -13,12 +14,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/procfs"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
@@ -132,43 +132,31 @@ func Percentile(ds []time.Duration, p float64) float64 {
 // Ms is d in milliseconds.
 func Ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// RSSMB is the resident memory of process pid (VmRSS) in MB (10^6 bytes).
+// RSSMB is the resident memory of process pid in MB as every bench figure counts it: MiB
+// (2^20 bytes), VmRSS from /proc/<pid>/status.
 func RSSMB(pid int) (float64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	p, err := procfs.NewProc(pid)
 	if err != nil {
 		return 0, fmt.Errorf("rss of %d: %w", pid, err)
 	}
-	for line := range strings.SplitSeq(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
-			if err != nil {
-				return 0, fmt.Errorf("rss of %d: %q: %w", pid, line, err)
-			}
-			return kb * 1024 / 1e6, nil
-		}
+	st, err := p.NewStatus()
+	if err != nil {
+		return 0, fmt.Errorf("rss of %d: %w", pid, err)
 	}
-	return 0, fmt.Errorf("rss of %d: no VmRSS", pid)
+	return float64(st.VmRSS) / (1 << 20), nil
 }
 
-// CPUSeconds is the user and system CPU time process pid has used (utime + stime of
-// /proc/<pid>/stat; clock ticks of 100 Hz, the kernel's USER_HZ).
+// CPUSeconds is the user and system CPU time process pid has used (/proc/<pid>/stat).
 func CPUSeconds(pid int) (float64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	p, err := procfs.NewProc(pid)
 	if err != nil {
 		return 0, fmt.Errorf("cpu of %d: %w", pid, err)
 	}
-	s := string(b)
-	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(fields) < 13 {
-		return 0, fmt.Errorf("cpu of %d: %d fields", pid, len(fields))
+	st, err := p.Stat()
+	if err != nil {
+		return 0, fmt.Errorf("cpu of %d: %w", pid, err)
 	}
-	// fields[0] is field 3 (state): utime is field 14, stime field 15.
-	ut, err1 := strconv.ParseUint(fields[11], 10, 64)
-	st, err2 := strconv.ParseUint(fields[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("cpu of %d: bad utime/stime", pid)
-	}
-	return float64(ut+st) / 100, nil
+	return st.CPUTime(), nil
 }
 
 // Programmed reports whether a PortMap (as the dynamic client returns it) has condition
