@@ -1,6 +1,7 @@
 package compile
 
 import (
+	"cmp"
 	"maps"
 	"slices"
 	"strings"
@@ -485,20 +486,9 @@ func (inc *Incremental) reindex(prev, s *Snapshot, dirty []types.NamespacedName,
 	}
 }
 
+// compareKeys orders PortMaps by namespace, then name.
 func compareKeys(a, b types.NamespacedName) int {
-	if a.Namespace != b.Namespace {
-		if a.Namespace < b.Namespace {
-			return -1
-		}
-		return 1
-	}
-	switch {
-	case a.Name < b.Name:
-		return -1
-	case a.Name > b.Name:
-		return 1
-	}
-	return 0
+	return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
 }
 
 // edit is one incremental update's changes to the node programs.

@@ -252,9 +252,12 @@ func allMappings(src *Source, snap *snapshot) []Mapping {
 	for _, pm := range pms {
 		m := mapping(pm)
 		key := types.NamespacedName{Namespace: pm.Namespace, Name: pm.Name}
-		m.ServingNode = snap.serving[key]
+		for _, mi := range snap.index[key] { // every node's index names the same serving node
+			m.ServingNode = mi.ServingNode
+			break
+		}
 		m.Nodes = snap.carriers(key)
-		m.Unanswered = snap.unanswered[key.String()]
+		m.Unanswered = snap.unanswered[key]
 		slices.SortFunc(m.Unanswered, func(a, b Unanswered) int {
 			return cmp.Or(strings.Compare(a.Node, b.Node), strings.Compare(a.Interface, b.Interface))
 		})

@@ -351,3 +351,31 @@ func TestHTTP(t *testing.T) {
 	resp.Body.Close()
 	assert.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode)
 }
+
+// longAgents is fakeAgents whose edge-a program holds one PortMap with a name long enough
+// that compile cuts its key (compile.Key), judged unanswered there.
+type longAgents struct{ *fakeAgents }
+
+var longMapping = types.NamespacedName{Namespace: "demo", Name: strings.Repeat("long", 30)}
+
+func (longAgents) Index(node string) compile.NodeIndex {
+	if node != "edge-a" {
+		return nil
+	}
+	return compile.NodeIndex{compile.Key(longMapping.Namespace, longMapping.Name): {Mapping: longMapping, ServingNode: "worker-b"}}
+}
+
+func (longAgents) Unanswered(node string) map[string][]agents.InterfaceVerdict {
+	if node != "edge-a" {
+		return nil
+	}
+	return map[string][]agents.InterfaceVerdict{compile.Key(longMapping.Namespace, longMapping.Name): {{Interface: "enp1s0",
+		Verdict: agents.Verdict{Unanswered: true, Since: unansweredSince, Requests: 7}}}}
+}
+
+// TestSnapshotLongName: the verdicts of a PortMap whose key compile cut reach it by name.
+func TestSnapshotLongName(t *testing.T) {
+	require.NotEqual(t, longMapping.String(), compile.Key(longMapping.Namespace, longMapping.Name), "the key is cut")
+	snap := readSnapshot(longAgents{&fakeAgents{}})
+	assert.Equal(t, []Unanswered{{Node: "edge-a", Interface: "enp1s0", Since: unansweredSince, Requests: 7}}, snap.unanswered[longMapping])
+}

@@ -19,16 +19,13 @@ type snapshot struct {
 	agents map[string]*compile.AgentState
 	// index by mapping, then node: what the node's program holds for it.
 	index map[types.NamespacedName]map[string]*compile.MappingIndex
-	// programLinks by node, then device.
-	programLinks map[string]map[string]*kuportv1.Link
 	// nodeIndex and stats by node: the index of its program and its latest report's counters.
 	nodeIndex map[string]compile.NodeIndex
 	stats     map[string][]*kuportv1.Counter
 	// counters by mapping, of the mappings count was asked for.
 	counters map[types.NamespacedName][]Counter
-	serving  map[types.NamespacedName]string
-	// unanswered by mapping key.
-	unanswered map[string][]Unanswered
+	// unanswered by mapping.
+	unanswered map[types.NamespacedName][]Unanswered
 	// links sorted by class and nodes, each end with its latest statistics.
 	links []Link
 }
@@ -37,17 +34,14 @@ type snapshot struct {
 // and the unanswered verdicts when a judges (Judge). Its counters are read by count.
 func readSnapshot(a Agents) *snapshot {
 	s := &snapshot{nodes: a.Nodes(), agents: a.Agents(),
-		index:        map[types.NamespacedName]map[string]*compile.MappingIndex{},
-		programLinks: map[string]map[string]*kuportv1.Link{},
-		nodeIndex:    map[string]compile.NodeIndex{}, stats: map[string][]*kuportv1.Counter{},
-		counters: map[types.NamespacedName][]Counter{}, serving: map[types.NamespacedName]string{},
-		unanswered: map[string][]Unanswered{}}
+		index:     map[types.NamespacedName]map[string]*compile.MappingIndex{},
+		nodeIndex: map[string]compile.NodeIndex{}, stats: map[string][]*kuportv1.Counter{},
+		counters: map[types.NamespacedName][]Counter{}, unanswered: map[types.NamespacedName][]Unanswered{}}
 	judge, _ := a.(Judge)
 	links := map[string]*Link{}
 	for _, n := range s.nodes {
 		index := a.Index(n.Node)
 		for _, mi := range index {
-			s.serving[mi.Mapping] = mi.ServingNode
 			if s.index[mi.Mapping] == nil {
 				s.index[mi.Mapping] = map[string]*compile.MappingIndex{}
 			}
@@ -56,16 +50,18 @@ func readSnapshot(a Agents) *snapshot {
 		ctrs, stats := a.Stats(n.Node)
 		s.nodeIndex[n.Node], s.stats[n.Node] = index, ctrs
 		program, _, _ := a.Program(n.Node)
-		s.programLinks[n.Node] = map[string]*kuportv1.Link{}
-		for _, l := range program.GetLinks() {
-			s.programLinks[n.Node][l.Name] = l
-		}
 		addLinkEnds(links, n.Node, program.GetLinks(), stats)
 		if judge != nil {
-			for m, vs := range judge.Unanswered(n.Node) {
+			// The verdicts are by compile's mapping key (cut for long names): the index names
+			// the mapping.
+			for k, vs := range judge.Unanswered(n.Node) {
+				mi := index[k]
+				if mi == nil {
+					continue
+				}
 				for _, v := range vs {
 					if v.Unanswered {
-						s.unanswered[m] = append(s.unanswered[m], Unanswered{Node: n.Node, Interface: v.Interface,
+						s.unanswered[mi.Mapping] = append(s.unanswered[mi.Mapping], Unanswered{Node: n.Node, Interface: v.Interface,
 							Since: v.Since.UTC(), Requests: v.Requests})
 					}
 				}
