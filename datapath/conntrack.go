@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"encoding/binary"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -127,11 +128,19 @@ func dialed(t *table) map[string]netip.Addr {
 
 // addDialed records steering element e in a dialed map.
 func addDialed(out map[string]netip.Addr, e elem) {
+	if k, d, ok := steeredKey(e); ok {
+		out[k] = d
+	}
+}
+
+// steeredKey is the key of the DNAT element that steering element e's stand-in meets, and
+// the destination the client dialed.
+func steeredKey(e elem) (string, netip.Addr, bool) {
 	// iifname (16 bytes) . ip daddr (4) . l4proto . dport : stand-in (4)
 	if len(e.key) < 20 || len(e.val) < 4 {
-		return
+		return "", netip.Addr{}, false
 	}
-	out[e.key[:16]+e.val[:4]+e.key[20:]] = netip.AddrFrom4([4]byte([]byte(e.key[16:20])))
+	return e.key[:16] + e.val[:4] + e.key[20:], netip.AddrFrom4([4]byte([]byte(e.key[16:20]))), true
 }
 
 // translationAt reads DNAT element e of set s, with dialed (if valid) in place of the
@@ -192,9 +201,19 @@ func dirtyDNAT(want *table, dirty map[setKey]prior) []dnatChange {
 		is, ok := want.elems[k.set][k.key]
 		if ok != was.present || is != was.e {
 			if dialedAfter == nil {
-				dialedAfter, dialedBefore = dialed(want), dialed(want)
+				// Before the write: want's steering, but for its dirty elements as they were.
+				dialedAfter = dialed(want)
+				dialedBefore = maps.Clone(dialedAfter)
 				for sk, p := range dirty {
-					if sk.set == "steer-addr-ports" && p.present {
+					if sk.set != "steer-addr-ports" {
+						continue
+					}
+					if e, now := want.elems[sk.set][sk.key]; now {
+						if k, _, ok := steeredKey(e); ok {
+							delete(dialedBefore, k)
+						}
+					}
+					if p.present {
 						addDialed(dialedBefore, p.e)
 					}
 				}

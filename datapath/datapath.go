@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,7 +13,6 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
-	"google.golang.org/protobuf/proto"
 
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
@@ -192,9 +190,7 @@ func (d *Datapath) apply(p *kuportv1.NodeProgram, changes *int, start time.Time)
 // no notification of kuport's devices, ip rules or routes since that read began.
 func (d *Datapath) netUnchanged(p *kuportv1.NodeProgram) bool {
 	k := d.netKnown
-	return k != nil && d.netWatches.Load() > 0 && d.netNotes.Load() == k.notes &&
-		slices.EqualFunc(k.links, p.GetLinks(), func(a, b *kuportv1.Link) bool { return proto.Equal(a, b) }) &&
-		slices.EqualFunc(k.returns, p.GetReturnPaths(), func(a, b *kuportv1.ReturnPath) bool { return proto.Equal(a, b) })
+	return k != nil && d.netWatches.Load() > 0 && d.netNotes.Load() == k.notes && sameNet(k.links, k.returns, p)
 }
 
 // syncNet reads and reconciles the kup-* devices, ip rules and routes to p's links and

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"kuport.wlz.li/kuport/lab"
+	"kuport.wlz.li/kuport/lab/kubelab"
 	"kuport.wlz.li/kuport/lab/netlab"
 )
 
@@ -51,20 +52,7 @@ func newKubeProxy(l *lab.Lab, node, dir string) (*kubeProxy, error) {
 	if err := l.Cluster.WriteClientKubeconfig(kubeconfig, "https://"+apiBridgeAddr, "system:kube-proxy"); err != nil {
 		return nil, err
 	}
-	conf := fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-mode: nftables
-clientConnection:
-  kubeconfig: %q
-hostnameOverride: %s
-clusterCIDR: 10.244.0.0/16
-conntrack:
-  maxPerCore: 0
-  tcpEstablishedTimeout: 0s
-  tcpCloseWaitTimeout: 0s
-metricsBindAddress: 127.0.0.1:10249
-healthzBindAddress: 127.0.0.1:10256
-`, kubeconfig, node)
+	conf := kubelab.KubeProxyConfig(kubeconfig, node)
 	if err := os.WriteFile(kp.config(), []byte(conf), 0o644); err != nil {
 		return nil, err
 	}

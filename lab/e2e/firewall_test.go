@@ -86,6 +86,7 @@ func TestPrivilegedE2EHostFirewall(t *testing.T) {
 	for _, n := range nodes {
 		assert.Equal(t, dropsBefore[n], drops(n), "%s: the firewall dropped none of kuport's flows", n)
 		assert.Zero(t, counter(n, "ip", netlab.MeshMarkTable, netlab.MeshUnmarkedDrp), "%s: the mesh dropped nothing", n)
+		assert.NotZero(t, counter(n, "ip", netlab.MeshMarkTable, netlab.MeshMarked), "%s: the mesh saw and marked kuport's traffic", n)
 	}
 	if t.Failed() {
 		for _, n := range nodes {

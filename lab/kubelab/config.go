@@ -100,9 +100,9 @@ registerNode: true
 `, n.cgroupName(), n.containerdSocket(), DNSServiceIP, n.c.cfg.API.PKIFile("ca.crt"), filepath.Join(n.state(), "pod-logs"))
 }
 
-// kubeProxyConfig runs kube-proxy in nftables mode for the node, leaving conntrack
-// sysctls as they are (0 = do not set).
-func (n *node) kubeProxyConfig(kubeconfig string) string {
+// KubeProxyConfig runs kube-proxy in nftables mode as node, with kubeconfig, leaving
+// conntrack sysctls as they are (0 = do not set). bench/control runs it so too.
+func KubeProxyConfig(kubeconfig, node string) string {
 	return fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 mode: nftables
@@ -116,5 +116,5 @@ conntrack:
   tcpCloseWaitTimeout: 0s
 metricsBindAddress: 127.0.0.1:10249
 healthzBindAddress: 127.0.0.1:10256
-`, kubeconfig, n.spec.Name, ClusterCIDR)
+`, kubeconfig, node, ClusterCIDR)
 }

@@ -167,7 +167,7 @@ func (n *node) startKubeProxy() error {
 		return err
 	}
 	conf := filepath.Join(n.dir(), "kube-proxy.yaml")
-	if err := os.WriteFile(conf, []byte(n.kubeProxyConfig(kubeconfig)), 0o644); err != nil {
+	if err := os.WriteFile(conf, []byte(KubeProxyConfig(kubeconfig, n.spec.Name)), 0o644); err != nil {
 		return err
 	}
 	p, err := n.c.cfg.Net.StartShared(n.spec.Name, n.logFile("kube-proxy"), filepath.Join(n.c.cfg.K8sBin, "kube-proxy"),

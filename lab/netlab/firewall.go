@@ -17,20 +17,20 @@ const (
 	MeshMarkTable   = "lab-meshmark" // family ip
 	MeshMarked      = "marked"       // packets to a local address the mesh marked at mangle
 	MeshUnmarkedDrp = "unmarked_drops"
-	// LinkPort is the UDP port of kuport's links (the class default), which the firewall
+	// linkPort is the UDP port of kuport's links (the class default), which the firewall
 	// opens to the nodes' underlays as an operator opens the CNI's vxlan port.
-	LinkPort = 4790
+	linkPort = 4790
 	// meshMark is netbird's mark on packets to the node's own addresses.
 	meshMark = "0x1bd00"
 )
 
-// FirewallRuleset is a block-mode ingress firewall like Talos's: a filter chain at
+// firewallRuleset is a block-mode ingress firewall like Talos's: a filter chain at
 // prerouting priority dstnat - 10 (-110) that passes established and related flows, traffic
 // not addressed to this node, loopback and ICMP, opens kuport's link port to the nodes'
 // underlays on the underlay interface, and drops every other new connection to the node's
 // own addresses. No nat chain can run ahead of it: the kernel runs every nat chain from its
 // one hook at dstnat (-100).
-func FirewallRuleset() string {
+func firewallRuleset() string {
 	peers := make([]string, 0, len(nodes))
 	for _, s := range nodes {
 		peers = append(peers, s.UnderlayAddr.Addr().String())
@@ -49,14 +49,14 @@ func FirewallRuleset() string {
 		counter name %q drop
 	}
 }
-`, FirewallTable, FirewallDrops, nodes[0].UnderlayIface, strings.Join(peers, ", "), LinkPort, FirewallDrops)
+`, FirewallTable, FirewallDrops, nodes[0].UnderlayIface, strings.Join(peers, ", "), linkPort, FirewallDrops)
 }
 
-// MeshMarkRuleset is a mesh's pair like netbird's: at mangle (-150) a packet addressed to
+// meshMarkRuleset is a mesh's pair like netbird's: at mangle (-150) a packet addressed to
 // one of the node's own addresses is marked, and one delivered locally without the mark is
 // dropped later, at input. A rewrite of the destination ahead of mangle would leave the
 // first rule unmatched.
-func MeshMarkRuleset() string {
+func meshMarkRuleset() string {
 	return fmt.Sprintf(`table ip %s {
 	counter %s {
 	}
@@ -74,10 +74,10 @@ func MeshMarkRuleset() string {
 `, MeshMarkTable, MeshMarked, MeshUnmarkedDrp, MeshMarked, meshMark, meshMark, MeshUnmarkedDrp)
 }
 
-// AddHostFirewall loads FirewallRuleset and MeshMarkRuleset into node's namespace.
+// AddHostFirewall loads firewallRuleset and meshMarkRuleset into node's namespace.
 func (n *Net) AddHostFirewall(ctx context.Context, node string) error {
 	if _, ok := n.Node(node); !ok {
 		return fmt.Errorf("netlab: host firewall: unknown node %q", node)
 	}
-	return n.NftApply(ctx, node, FirewallRuleset()+MeshMarkRuleset())
+	return n.NftApply(ctx, node, firewallRuleset()+meshMarkRuleset())
 }
