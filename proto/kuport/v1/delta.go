@@ -88,10 +88,12 @@ func (d *ProgramDelta) Apply(base *NodeProgram) (*NodeProgram, error) {
 			continue
 		}
 		key := keyField(f.Message())
-		if key == nil || slices.Contains(d.GetReplaced(), string(f.Name())) {
-			// Unkeyed lists only ever travel whole: base's stands unless replaced.
+		replaced := slices.Contains(d.GetReplaced(), string(f.Name()))
+		if key == nil || replaced || !nc.Has(f) && d.GetRemoved()[string(f.Name())] == nil {
+			// Unkeyed lists only ever travel whole, and a list the delta does not touch is
+			// base's as it is, in its order: base's stands unless replaced.
 			src := nb
-			if slices.Contains(d.GetReplaced(), string(f.Name())) {
+			if replaced {
 				src = nc
 			}
 			if src.Has(f) {

@@ -89,3 +89,14 @@ func TestDeltaUnsortedAndWrongBase(t *testing.T) {
 		t.Fatalf("wrong base: %v", err)
 	}
 }
+
+// TestDeltaKeepsAnUntouchedList: a list the delta does not carry stays base's, in base's
+// order, even unsorted (the agent reorders nothing compile did not).
+func TestDeltaKeepsAnUntouchedList(t *testing.T) {
+	base := &NodeProgram{Version: 1, DnatRules: []*DnatRule{{Id: "b"}, {Id: "a"}}}
+	next := &NodeProgram{Version: 2, DnatRules: []*DnatRule{{Id: "b"}, {Id: "a"}}, Links: []*Link{{Name: "kup-1"}}}
+	got, err := Delta(base, next).Apply(base)
+	if err != nil || !proto.Equal(got, next) {
+		t.Fatalf("apply: %v, %v", got, err)
+	}
+}
