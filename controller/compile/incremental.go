@@ -664,21 +664,9 @@ func merge[T any](old, add []T, removed map[string]bool, id func(T) string) []T 
 
 // release takes an accepted plan's holdings back (hold's inverse).
 func (c *compiler) release(p *plan) {
-	for _, h := range p.holds() {
-		c.held[h].remove(p.ports, p.name)
-	}
+	c.held[p.proto].remove(p.ports, p.name)
 	for _, k := range p.crossed {
 		c.crossings[k].remove(p.ports, p.name)
-	}
-}
-
-// remove drops by's holding of ports.
-func (h *holdings) remove(ports portRange, by string) {
-	if h == nil {
-		return
-	}
-	for b := ports.first >> bucketBits; b <= ports.last>>bucketBits; b++ {
-		h.buckets[b] = slices.DeleteFunc(h.buckets[b], func(x holding) bool { return x.by == by })
 	}
 }
 
@@ -698,7 +686,7 @@ func (inc *Incremental) touchesConflicted(ps []*plan) bool {
 // attempt is what a plan tried to hold: ports on interfaces and over links.
 type attempt struct {
 	ports     portRange
-	holds     []hold
+	holds     *spots
 	crossings []crossing
 }
 
@@ -723,10 +711,8 @@ func (a attempt) touch(b attempt) bool {
 	if !a.ports.overlaps(b.ports) {
 		return false
 	}
-	for _, h := range a.holds {
-		if slices.Contains(b.holds, h) {
-			return true
-		}
+	if a.holds != nil && b.holds != nil && a.holds.firstShared(b.holds) >= 0 {
+		return true
 	}
 	for _, x := range a.crossings {
 		if slices.Contains(b.crossings, x) {
