@@ -158,13 +158,15 @@ func (c *compiler) result() *Result {
 		PortMaps: map[types.NamespacedName]*PortMapResult{},
 		Classes:  map[string]*v1alpha1.PortMapClassStatus{},
 		Index:    map[string]NodeIndex{},
+		Keys:     map[string]types.NamespacedName{},
 	}
 	for name, b := range c.programs {
 		r.Programs[name] = b.program()
 		r.Index[name] = b.nodeIndex()
 	}
 	for _, p := range c.plans {
-		r.PortMaps[types.NamespacedName{Namespace: p.pm.Namespace, Name: p.pm.Name}] = c.portMapResult(p)
+		k := types.NamespacedName{Namespace: p.pm.Namespace, Name: p.pm.Name}
+		r.PortMaps[k], r.Keys[p.key] = c.portMapResult(p), k
 	}
 	for _, ci := range c.classOrder {
 		r.Classes[ci.name] = c.classStatus(ci)

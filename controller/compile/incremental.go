@@ -220,7 +220,7 @@ func (inc *Incremental) update(s *Snapshot, ch *Changes) *Result {
 	}
 	c.s, c.stamp = s, stamp
 	r := &Result{Programs: maps.Clone(inc.res.Programs), PortMaps: maps.Clone(inc.res.PortMaps),
-		Classes: inc.res.Classes, Index: maps.Clone(inc.res.Index)}
+		Classes: inc.res.Classes, Index: maps.Clone(inc.res.Index), Keys: inc.res.Keys}
 	ed := &edit{inc: inc, r: r, programs: map[string]*programEdit{}}
 	var removed []*plan
 	for _, k := range dirty {
@@ -239,6 +239,10 @@ func (inc *Incremental) update(s *Snapshot, ch *Changes) *Result {
 	for _, k := range dirty {
 		pm := pms[k]
 		if pm == nil {
+			if _, had := r.PortMaps[k]; had {
+				ed.keys()
+				delete(r.Keys, Key(k.Namespace, k.Name))
+			}
 			delete(inc.portMaps, k)
 			delete(r.PortMaps, k)
 			continue
@@ -496,6 +500,8 @@ type edit struct {
 	inc      *Incremental
 	r        *Result
 	programs map[string]*programEdit
+	// ownKeys: r.Keys is a copy of the previous result's.
+	ownKeys bool
 }
 
 // programEdit is one node's program being edited: the ids removed, the entries added.
@@ -597,8 +603,20 @@ func (ed *edit) add(k types.NamespacedName, pm *v1alpha1.PortMap) *plan {
 	res := c.portMapResult(p)
 	inc.portMaps[k] = pm
 	inc.track(k, p, res)
+	if ed.r.Keys[p.key] != k {
+		ed.keys()
+		ed.r.Keys[p.key] = k
+	}
 	ed.r.PortMaps[k] = res
 	return p
+}
+
+// keys makes the result's Keys its own before a change (the previous result's are shared
+// while no PortMap comes or goes).
+func (ed *edit) keys() {
+	if !ed.ownKeys {
+		ed.r.Keys, ed.ownKeys = maps.Clone(ed.r.Keys), true
+	}
 }
 
 func targetNodes(p *plan) []string {
