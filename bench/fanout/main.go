@@ -244,26 +244,36 @@ func freeMemory() {
 	}
 }
 
-// datapath is a node that applies nothing: it reports eth0 and eth1 with addresses and
-// notes when it was first given a program that DNATs on eth1 (the change). The agent sends
-// the Ack as soon as Apply returns.
+// datapath is a node that applies nothing: it reports eth0 and eth1 with addresses, a zero
+// counter for every entry of the program it was given (as a real agent reports one per entry,
+// which the controller's registry and dashboard hold), and notes when it was first given a
+// program that DNATs on eth1 (the change). The agent sends the Ack as soon as Apply returns.
 type datapath struct {
-	index   int
-	mu      sync.Mutex
-	changed time.Time
+	index    int
+	mu       sync.Mutex
+	changed  time.Time
+	counters []*kuportv1.Counter
 }
 
 func (d *datapath) Apply(p *kuportv1.NodeProgram) error {
+	var counters []*kuportv1.Counter
+	changed := false
 	for _, r := range p.GetDnatRules() {
-		if r.GetInInterface() == second {
-			d.mu.Lock()
-			if d.changed.IsZero() {
-				d.changed = time.Now()
-			}
-			d.mu.Unlock()
-			break
-		}
+		changed = changed || r.GetInInterface() == second
+		counters = append(counters, &kuportv1.Counter{Id: r.GetId(), ForwardedIn: &kuportv1.Traffic{}, ForwardedOut: &kuportv1.Traffic{}})
 	}
+	for _, r := range p.GetSnatRules() {
+		counters = append(counters, &kuportv1.Counter{Id: r.GetId()})
+	}
+	for _, r := range p.GetMarkRules() {
+		counters = append(counters, &kuportv1.Counter{Id: r.GetId()})
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if changed && d.changed.IsZero() {
+		d.changed = time.Now()
+	}
+	d.counters = counters
 	return nil
 }
 
@@ -273,7 +283,12 @@ func (d *datapath) changedAt() time.Time {
 	return d.changed
 }
 
-func (d *datapath) Counters() ([]*kuportv1.Counter, error)    { return nil, nil }
+func (d *datapath) Counters() ([]*kuportv1.Counter, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.counters, nil
+}
+
 func (d *datapath) LinkStats() ([]*kuportv1.LinkStats, error) { return nil, nil }
 
 func (d *datapath) NodeState(string) (*kuportv1.NodeState, error) {
