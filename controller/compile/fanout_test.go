@@ -14,8 +14,9 @@ import (
 
 // fanoutWorld is bench/fanout's cluster: nodes nodes fan-0000... each accepting class public
 // on eth0 (returnPath None) and reporting eth0 and eth1, and one mapping per node whose pod
-// is on it; its statuses written back.
-func fanoutWorld(nodes int) *Snapshot {
+// is on it; then extra mappings of class extra (returnPath Vxlan, the first 3 nodes
+// accepting on eth0), their pods spread over every node; its statuses written back.
+func fanoutWorld(nodes, extra int) *Snapshot {
 	s := world()
 	s.Nodes, s.Agents = map[string]*corev1.Node{}, map[string]*AgentState{}
 	cl := mkClass("public", 0, nil)
@@ -31,6 +32,14 @@ func fanoutWorld(nodes int) *Snapshot {
 		cl.Spec.Nodes[node] = v1alpha1.ClassNode{Interfaces: []string{"eth0"}}
 		addService(s, node, 8081, mkEndpoint(node, fmt.Sprintf("10.202.%d.%d", i/250, 1+i%250), node))
 		s.PortMaps = append(s.PortMaps, mkPortMap(node, i, int32(10000+i)))
+	}
+	x := mkClass("extra", 1, map[string][]string{"fan-0000": {"eth0"}, "fan-0001": {"eth0"}, "fan-0002": {"eth0"}})
+	x.Spec.ReturnPath.Vxlan.Subnet = "169.254.0.0/16"
+	s.Classes["extra"] = x
+	for j := range extra {
+		name, i := fmt.Sprintf("x-%05d", j), j%nodes
+		addService(s, name, 8081, mkEndpoint(fmt.Sprintf("fan-%04d", i), fmt.Sprintf("10.202.%d.%d", i/250, 1+i%250), fmt.Sprintf("fan-%04d", i)))
+		s.PortMaps = append(s.PortMaps, mkPortMap(name, nodes+j, int32(20000+j), className("extra")))
 	}
 	e := &events{s: s}
 	e.writeBack(Compile(s))
@@ -52,16 +61,24 @@ func withInterfaces(s *Snapshot, ifs ...string) *Snapshot {
 
 // BenchmarkCompileFanout measures bench/fanout's class change at 1,000 nodes, each accepting
 // class public and holding one mapping's pod: the class gains eth1 on every node, so every
-// node's program changes.
+// node's program changes; with 1,000 mappings, and with 9,000 more of class extra
+// (bench/fanout --mappings 10000).
 //
 //   - full: Compile of the changed snapshot;
 //
-//   - class-change: Incremental.CompileChanges told a class changed, the controller's compile
-//     after the class's event (back and forth between the two snapshots).
+//   - class-change: Incremental.CompileChanges told the class changed, the controller's compile
+//     after the class's event (back and forth between the two snapshots): it recompiles the
+//     class's 1,000 mappings (with 1,000 in all, a full compile is as cheap).
 //
 //     go test -run '^$' -bench CompileFanout -cpuprofile cpu.out -memprofile mem.out ./controller/compile/
 func BenchmarkCompileFanout(b *testing.B) {
-	settled := fanoutWorld(1000)
+	for _, n := range []int{1000, 10000} {
+		b.Run(fmt.Sprintf("mappings=%d", n), func(b *testing.B) { benchmarkFanout(b, n) })
+	}
+}
+
+func benchmarkFanout(b *testing.B, n int) {
+	settled := fanoutWorld(1000, n-1000)
 	changed := withInterfaces(settled, "eth0", "eth1")
 	res := Compile(changed)
 	programmed := 0
@@ -70,8 +87,8 @@ func BenchmarkCompileFanout(b *testing.B) {
 			programmed++
 		}
 	}
-	if programmed != 1000 || len(res.Programs) != 1000 || len(res.Programs["fan-0007"].DnatRules) != 2 {
-		b.Fatalf("%d of 1000 mappings programmed, %d programs", programmed, len(res.Programs))
+	if programmed != n || len(res.Programs) != 1000 || len(res.Programs["fan-0007"].DnatRules) < 2 {
+		b.Fatalf("%d of %d mappings programmed, %d programs", programmed, n, len(res.Programs))
 	}
 	b.Run("full", func(b *testing.B) {
 		b.ReportAllocs()
@@ -82,6 +99,10 @@ func BenchmarkCompileFanout(b *testing.B) {
 	b.Run("class-change", func(b *testing.B) {
 		var inc Incremental
 		inc.Compile(settled)
+		if !same(b, Compile(changed), inc.CompileChanges(changed, &Changes{Classes: map[string]bool{"public": true}})) {
+			b.Fatal("the class change differs from a full compile")
+		}
+		inc.CompileChanges(settled, &Changes{Classes: map[string]bool{"public": true}})
 		b.ReportAllocs()
 		b.ResetTimer()
 		for i := range b.N {
@@ -89,7 +110,10 @@ func BenchmarkCompileFanout(b *testing.B) {
 			if i%2 == 0 {
 				s = changed
 			}
-			inc.CompileChanges(s, &Changes{Others: true})
+			inc.CompileChanges(s, &Changes{Classes: map[string]bool{"public": true}})
+		}
+		if inc.Recompiled() != 1000 {
+			b.Fatalf("%d mappings recompiled", inc.Recompiled())
 		}
 	})
 }
