@@ -242,7 +242,7 @@ func New(cfg Config) (*Controller, error) {
 	c.slices = c.core.Discovery().V1().EndpointSlices().Lister()
 
 	var err error
-	if c.classes, err = c.typedInformer(v1alpha1.PortMapClassesResource, toTyped[v1alpha1.PortMapClass], handler); err != nil {
+	if c.classes, err = c.typedInformer(v1alpha1.PortMapClassesResource, toTyped[v1alpha1.PortMapClass], on(c.changes.class)); err != nil {
 		return nil, err
 	}
 	// A PortMap's own event also decides its status again: its recorded status or its
