@@ -284,6 +284,18 @@ func (r *Registry) storeLocked(name string, n *node, p *kuportv1.NodeProgram, in
 	if prev != nil {
 		next.Version = prev.Version
 		if sameProgram(next, prev) {
+			// Unchanged: the new, equal lists take the place of the old (a new object, never
+			// a stored one mutated) in the program, the stream's base and the mappings'
+			// index, so a full compile's equal programs are held once, not beside the old.
+			n.program = next
+			if n.session != nil && n.session.base == prev {
+				n.session.base = next
+			}
+			for m, mi := range index {
+				if old := n.mappings[m]; old != nil {
+					old.index = mi
+				}
+			}
 			return false
 		}
 	}
