@@ -183,7 +183,7 @@ func New(cfg Config) (*Controller, error) {
 		statuses: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](5*time.Millisecond, 10*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[types.NamespacedName]{Name: "kuport-status"}),
-		core: informers.NewSharedInformerFactory(cfg.Kube, 0),
+		core: informers.NewSharedInformerFactoryWithOptions(cfg.Kube, 0, informers.WithTransform(stripManagedFields)),
 		dyn:  dynamicinformer.NewDynamicSharedInformerFactory(cfg.Dynamic, 0),
 	}
 	recorder := broadcaster.NewRecorder(scheme, corev1.EventSource{Component: "kuport-controller"})
@@ -322,18 +322,29 @@ func (c *Controller) typedInformer(gvr schema.GroupVersionResource, transform ca
 	return inf.GetIndexer(), nil
 }
 
-// toTyped converts an unstructured kuport object into *T; anything else passes unchanged
-// (tombstones, already converted objects).
+// toTyped converts an unstructured kuport object into *T, without its managedFields
+// (stripManagedFields); anything else passes unchanged (tombstones, already converted objects).
 func toTyped[T any](obj any) (any, error) {
 	u, ok := obj.(*unstructured.Unstructured)
 	if !ok {
 		return obj, nil
 	}
+	u.SetManagedFields(nil)
 	out := new(T)
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, out); err != nil {
 		return nil, fmt.Errorf("convert %s %s: %w", u.GetKind(), u.GetName(), err)
 	}
 	return out, nil
+}
+
+// stripManagedFields drops an object's managedFields before a cache holds it: nothing here
+// reads them, they are much of a small object's size (with 10,000 Services and EndpointSlices
+// cached), and a status write without them leaves the server's as they are.
+func stripManagedFields(obj any) (any, error) {
+	if m, err := meta.Accessor(obj); err == nil {
+		m.SetManagedFields(nil)
+	}
+	return obj, nil
 }
 
 // Registry returns the agent registry the gRPC server serves.
