@@ -464,7 +464,7 @@ func (c *Controller) compile(ctx context.Context) error {
 	}
 	stored := time.Now()
 	if nodes := c.reg.SetPrograms(res.Programs, res.Index); len(nodes) > 0 {
-		c.log.Debug("compiled", "whole", changed.Others, "recompiled", c.inc.Recompiled(), "programs_changed", len(nodes),
+		c.log.Debug("compiled", "whole", c.inc.Changed() == nil, "recompiled", c.inc.Recompiled(), "programs_changed", len(nodes),
 			"claims_first", writeFirst, "compile_ms", compiled.Sub(start).Milliseconds(),
 			"store_ms", time.Since(stored).Milliseconds(), "from_compile_ms", time.Since(compiled).Milliseconds())
 	}
