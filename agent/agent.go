@@ -109,6 +109,10 @@ type Config struct {
 	// compares every field but version and epoch through protobuf reflection, which costs
 	// about 2 µs an entry (10-16 ms at 10,000 mappings) on every program received.
 	SameContent func(x, y *kuportv1.NodeProgram) bool
+	// FreeMemory returns the heap a program's apply left to the system (nil:
+	// runtime/debug.FreeOSMemory, one collection). Agents sharing one process (bench/fanout's
+	// thousand) share one heap, so they pass one that coalesces their calls.
+	FreeMemory func()
 	// Log receives the agent's logs; nil discards them.
 	Log hclog.Logger
 	// ReportInterval is the period of Reports (default 10 s).

@@ -129,8 +129,7 @@ type Controller struct {
 	nodes      corelisters.NodeLister
 	slices     discoverylisters.EndpointSliceLister
 
-	// mu guards last, unheard and keys: written by the compile worker, read by the status
-	// workers.
+	// mu guards last and unheard: written by the compile worker, read by the status workers.
 	mu sync.Mutex
 	// inc compiles each snapshot from the one before, told what changed (compile worker only).
 	inc compile.Incremental
@@ -146,8 +145,6 @@ type Controller struct {
 	last *compile.Result
 	// unheard are the nodes the startup hold waits for that last was compiled without.
 	unheard []string
-	// keys maps the MappingKey of each PortMap of last to its namespace/name.
-	keys map[string]types.NamespacedName
 	// holding is true while the last compile found the startup hold on (compile worker only).
 	holding bool
 	// stopping is set once Run's context ends.
@@ -186,7 +183,7 @@ func New(cfg Config) (*Controller, error) {
 		statuses: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](5*time.Millisecond, 10*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[types.NamespacedName]{Name: "kuport-status"}),
-		core: informers.NewSharedInformerFactory(cfg.Kube, 0),
+		core: informers.NewSharedInformerFactoryWithOptions(cfg.Kube, 0, informers.WithTransform(stripManagedFields)),
 		dyn:  dynamicinformer.NewDynamicSharedInformerFactory(cfg.Dynamic, 0),
 	}
 	recorder := broadcaster.NewRecorder(scheme, corev1.EventSource{Component: "kuport-controller"})
@@ -194,11 +191,12 @@ func New(cfg Config) (*Controller, error) {
 		flowcontrol.NewTokenBucketRateLimiter(cmp.Or(cfg.StatusQPS, DefaultStatusQPS), cmp.Or(cfg.StatusBurst, DefaultStatusBurst)))
 	c.reg = agents.NewRegistry(agents.Config{
 		Epoch: cfg.Epoch, Start: start, Hold: cfg.Hold, Log: log.Named("agents"),
+		OnAck: func(node string, version uint64) { c.pushes.Acked(node, version, time.Now()) },
 		OnChange: func(ch agents.Change) {
-			c.pushes.Observe(c.reg.Nodes(), time.Now())
 			if ch == agents.Acked {
 				c.queue.Add(keyStatus)
 			} else {
+				c.pushes.Observe(c.reg.Nodes(), time.Now())
 				c.queue.Add(keyCompile)
 			}
 		},
@@ -244,7 +242,7 @@ func New(cfg Config) (*Controller, error) {
 	c.slices = c.core.Discovery().V1().EndpointSlices().Lister()
 
 	var err error
-	if c.classes, err = c.typedInformer(v1alpha1.PortMapClassesResource, toTyped[v1alpha1.PortMapClass], handler); err != nil {
+	if c.classes, err = c.typedInformer(v1alpha1.PortMapClassesResource, toTyped[v1alpha1.PortMapClass], on(c.changes.class)); err != nil {
 		return nil, err
 	}
 	// A PortMap's own event also decides its status again: its recorded status or its
@@ -324,18 +322,29 @@ func (c *Controller) typedInformer(gvr schema.GroupVersionResource, transform ca
 	return inf.GetIndexer(), nil
 }
 
-// toTyped converts an unstructured kuport object into *T; anything else passes unchanged
-// (tombstones, already converted objects).
+// toTyped converts an unstructured kuport object into *T, without its managedFields
+// (stripManagedFields); anything else passes unchanged (tombstones, already converted objects).
 func toTyped[T any](obj any) (any, error) {
 	u, ok := obj.(*unstructured.Unstructured)
 	if !ok {
 		return obj, nil
 	}
+	u.SetManagedFields(nil)
 	out := new(T)
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, out); err != nil {
 		return nil, fmt.Errorf("convert %s %s: %w", u.GetKind(), u.GetName(), err)
 	}
 	return out, nil
+}
+
+// stripManagedFields drops an object's managedFields before a cache holds it: nothing here
+// reads them, they are much of a small object's size (with 10,000 Services and EndpointSlices
+// cached), and a status write without them leaves the server's as they are.
+func stripManagedFields(obj any) (any, error) {
+	if m, err := meta.Accessor(obj); err == nil {
+		m.SetManagedFields(nil)
+	}
+	return obj, nil
 }
 
 // Registry returns the agent registry the gRPC server serves.
@@ -434,45 +443,46 @@ func (c *Controller) compile(ctx context.Context) error {
 	metrics.ObserveCompile(time.Since(start))
 	metrics.SetRefusals(res.PortMaps)
 	// Claims are persisted before any kernel may use them, so a restart or a failed write
-	// can never renumber a live link: no program leaves until its claims are recorded.
-	// While the startup hold keeps programs back, nothing is written either: compile has
-	// not heard every node, so its statuses would say "no agent has connected" of nodes
-	// whose kernels still hold the previous leader's programs.
+	// can never renumber a live link: no program leaves until its claims are recorded. When
+	// the class statuses carry no claim the classes do not record already, the programs
+	// leave first (a class status of 1,000 node rows took the API server most of a second
+	// to write). While the startup hold keeps programs back, nothing is written either:
+	// compile has not heard every node, so its statuses would say "no agent has connected"
+	// of nodes whose kernels still hold the previous leader's programs.
 	unheard := programmed.Unheard(snap)
 	term := c.reg.Term(unheard, snap.Now)
 	wasHolding := c.holding
 	c.holding = term.Holding()
-	if !c.holding {
+	compiled := time.Now()
+	writeFirst := !c.holding && !c.claimsRecorded(res)
+	if writeFirst {
 		if err := c.writeClassStatuses(ctx, res); err != nil {
 			// The retry lists and compiles whole: this compile's changes are not lost.
 			c.snap = nil
 			return err
 		}
 	}
-	c.reg.SetPrograms(res.Programs, res.Index)
+	stored := time.Now()
+	if nodes := c.reg.SetPrograms(res.Programs, res.Index); len(nodes) > 0 {
+		c.log.Debug("compiled", "whole", c.inc.Changed() == nil, "recompiled", c.inc.Recompiled(), "programs_changed", len(nodes),
+			"claims_first", writeFirst, "compile_ms", compiled.Sub(start).Milliseconds(),
+			"store_ms", time.Since(stored).Milliseconds(), "from_compile_ms", time.Since(compiled).Milliseconds())
+	}
+	if !c.holding && !writeFirst {
+		if err := c.writeClassStatuses(ctx, res); err != nil {
+			c.snap = nil
+			return err
+		}
+	}
 	c.pushes.Observe(c.reg.Nodes(), time.Now())
 	if released, wait := c.reg.Release(unheard, snap.Now); !released {
 		c.queue.AddAfter(keyCompile, wait)
 	}
-	// After an incremental compile only the PortMaps it names may have changed: the keys
-	// and the status decisions cost O(the change) too.
+	// After an incremental compile only the PortMaps it names may have changed: the status
+	// decisions cost O(the change) too.
 	dirty := c.inc.Changed()
 	c.mu.Lock()
 	prev := c.last
-	if dirty == nil || c.keys == nil {
-		c.keys = make(map[string]types.NamespacedName, len(res.PortMaps))
-		for k := range res.PortMaps {
-			c.keys[compile.Key(k.Namespace, k.Name)] = k
-		}
-	} else {
-		for _, k := range dirty {
-			if res.PortMaps[k] != nil {
-				c.keys[compile.Key(k.Namespace, k.Name)] = k
-			} else {
-				delete(c.keys, compile.Key(k.Namespace, k.Name))
-			}
-		}
-	}
 	c.last, c.unheard = res, unheard
 	c.mu.Unlock()
 	c.queue.AddAfter(keyCompile, resyncPeriod)
@@ -504,8 +514,11 @@ func (c *Controller) compile(ctx context.Context) error {
 func (c *Controller) decideAgain(mappings []string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.last == nil {
+		return
+	}
 	for _, m := range mappings {
-		if k, ok := c.keys[m]; ok {
+		if k, ok := c.last.Keys[m]; ok {
 			c.statuses.Add(k)
 		}
 	}
@@ -515,7 +528,10 @@ func (c *Controller) decideAgain(mappings []string) {
 func (c *Controller) decideAll() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, k := range c.keys {
+	if c.last == nil {
+		return
+	}
+	for k := range c.last.PortMaps {
 		c.statuses.Add(k)
 	}
 }
@@ -565,6 +581,18 @@ func (c *Controller) writeStatus(ctx context.Context, key types.NamespacedName) 
 	})
 	_, err = c.writer.PortMap(ctx, pm, res, v)
 	return err
+}
+
+// claimsRecorded reports whether every class's compiled link claims are those its cached
+// status records.
+func (c *Controller) claimsRecorded(res *compile.Result) bool {
+	for name, st := range res.Classes {
+		obj, ok, err := c.classes.GetByKey(name)
+		if err != nil || !ok || !equality.Semantic.DeepEqual(obj.(*v1alpha1.PortMapClass).Status.Links, st.Links) {
+			return false
+		}
+	}
+	return true
 }
 
 // writeClassStatuses writes every PortMapClass status of res that differs from the cached

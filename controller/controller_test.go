@@ -26,6 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/controller/agents"
@@ -210,4 +211,24 @@ func TestIsOnlyConflicts(t *testing.T) {
 	assert.True(t, isOnlyConflicts(errors.Join(conflict, conflict)))
 	assert.False(t, isOnlyConflicts(errors.Join(conflict, errors.New("forbidden"))))
 	assert.False(t, isOnlyConflicts(errors.New("forbidden")))
+}
+
+// TestCachesHoldNoManagedFields: what the informers cache has no managedFields, typed or not.
+func TestCachesHoldNoManagedFields(t *testing.T) {
+	mf := []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationUpdate}}
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", ManagedFields: mf}}
+	out, err := stripManagedFields(svc)
+	require.NoError(t, err)
+	assert.Empty(t, out.(*corev1.Service).ManagedFields)
+	u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMap",
+		"metadata": map[string]any{"name": "web", "namespace": "games",
+			"managedFields": []any{map[string]any{"manager": "kubectl", "operation": "Update"}}}}}
+	typed, err := toTyped[v1alpha1.PortMap](u)
+	require.NoError(t, err)
+	assert.Empty(t, typed.(*v1alpha1.PortMap).ManagedFields)
+	assert.Equal(t, "web", typed.(*v1alpha1.PortMap).Name)
+	tomb := cache.DeletedFinalStateUnknown{Key: "games/web"}
+	out, err = stripManagedFields(tomb)
+	require.NoError(t, err)
+	assert.Equal(t, tomb, out, "a tombstone passes")
 }

@@ -37,6 +37,7 @@ type changes struct {
 	mu       sync.Mutex
 	portMaps map[types.NamespacedName]bool
 	services map[types.NamespacedName]bool
+	classes  map[types.NamespacedName]bool
 	others   bool
 }
 
@@ -71,6 +72,12 @@ func (ch *changes) service(obj any) {
 	}
 }
 
+func (ch *changes) class(obj any) {
+	if k, ok := objectKey(obj); ok {
+		ch.add(&ch.classes, k)
+	}
+}
+
 // slice records the Service an EndpointSlice (or its tombstone) belongs to.
 func (ch *changes) slice(obj any) {
 	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
@@ -91,22 +98,23 @@ func (ch *changes) other() {
 }
 
 // take returns the changes collected and forgets them.
-func (ch *changes) take() (portMaps, services map[types.NamespacedName]bool, others bool) {
+func (ch *changes) take() (portMaps, services, classes map[types.NamespacedName]bool, others bool) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	portMaps, services, others = ch.portMaps, ch.services, ch.others
-	ch.portMaps, ch.services, ch.others = nil, nil, false
-	return portMaps, services, others
+	portMaps, services, classes, others = ch.portMaps, ch.services, ch.classes, ch.others
+	ch.portMaps, ch.services, ch.classes, ch.others = nil, nil, nil, false
+	return portMaps, services, classes, others
 }
 
 // nextSnapshot returns the snapshot to compile and what changed since the last one. After a
-// change of a class, a node, a namespace or an agent's state, and once per resyncPeriod (a
-// missed event heals), it lists the caches whole (Changes.Others); otherwise it updates the
-// last snapshot with the objects the events named alone, so a change costs O(the change)
+// change of a node, a namespace or an agent's state, and once per resyncPeriod (a missed
+// event heals), it lists the caches whole (Changes.Others); otherwise it updates the last
+// snapshot with the objects the events named alone (classes too: compile decides what a
+// class's change costs), so a change costs O(the change)
 // before compile too (listing 10,000 PortMaps, Services and EndpointSlices into maps took
 // longer than the incremental compile of one change).
 func (c *Controller) nextSnapshot() (*compile.Snapshot, *compile.Changes, error) {
-	pms, svcs, others := c.changes.take()
+	pms, svcs, classes, others := c.changes.take()
 	now := time.Now()
 	agents := c.reg.Agents()
 	if c.snap == nil || others || now.Sub(c.fullAt) >= resyncPeriod || agentsChanged(c.snap.Agents, agents) {
@@ -124,7 +132,19 @@ func (c *Controller) nextSnapshot() (*compile.Snapshot, *compile.Changes, error)
 	}
 	s := c.snap
 	s.Now, s.Agents = now, agents
-	ch := &compile.Changes{PortMaps: map[types.NamespacedName]*v1alpha1.PortMap{}, Services: svcs}
+	ch := &compile.Changes{PortMaps: map[types.NamespacedName]*v1alpha1.PortMap{}, Services: svcs, Classes: map[string]bool{}}
+	for k := range classes {
+		var cl *v1alpha1.PortMapClass
+		if obj, ok, err := c.classes.GetByKey(k.Name); err == nil && ok {
+			cl, _ = obj.(*v1alpha1.PortMapClass)
+		}
+		if cl != nil {
+			s.Classes[k.Name] = cl
+		} else {
+			delete(s.Classes, k.Name)
+		}
+		ch.Classes[k.Name] = true
+	}
 	for k := range pms {
 		var pm *v1alpha1.PortMap
 		if obj, ok, err := c.pms.GetByKey(k.String()); err == nil && ok {

@@ -80,6 +80,8 @@ type Options struct {
 	// APIServerArgs are added to kube-apiserver's flags (bench/control's wider
 	// --service-node-port-range, say).
 	APIServerArgs []string
+	// ControllerArgs are added to every controller replica's flags (bench/fanout's --pprof).
+	ControllerArgs []string
 }
 
 // Lab is a running lab.
@@ -251,13 +253,13 @@ func (l *Lab) StartReplica(i int) error {
 	if err := l.writeControllerKubeconfig(ctx); err != nil {
 		return err
 	}
-	p, err := l.Net.Start("", l.ReplicaLog(i),
-		filepath.Join(l.opt.Bin, "kuport-controller"),
+	args := append([]string{filepath.Join(l.opt.Bin, "kuport-controller"),
 		"--kubeconfig", l.ControllerKubeconfig(),
-		"--grpc-listen", "unix://"+filepath.Join(l.opt.Dir, ReplicaSocket(i)),
+		"--grpc-listen", "unix://" + filepath.Join(l.opt.Dir, ReplicaSocket(i)),
 		"--grpc-listen", ReplicaAddr(i),
 		"--http-listen", ReplicaHTTPAddr(i),
-		"--log-level", "debug")
+		"--log-level", "debug"}, l.opt.ControllerArgs...)
+	p, err := l.Net.Start("", l.ReplicaLog(i), args...)
 	if err != nil {
 		return err
 	}

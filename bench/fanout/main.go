@@ -7,20 +7,26 @@
 // Each agent is package agent's own Agent (the client of cmd/kuport-agent: TLS verifying
 // the controller's generated CA, a ServiceAccount token bound to the node's agent Pod,
 // reviewed by the controller with a TokenReview, Hello, programs and Acks, Reports), in this
-// one process, for a Node object of its own, with a Datapath that applies nothing: the
-// figure is the controller's and the wire's, not a kernel's. Every node accepts a class and
-// serves one PortMap whose endpoint it holds; the change adds a second interface to every
-// node of the class, so every node's program changes. Run by bench/fanout.sh (root).
+// one process, for a Node object of its own, with a Datapath that applies nothing (it
+// reports a zero counter per entry): the figure is the controller's and the wire's, not a
+// kernel's. Every node accepts a class and serves one PortMap whose endpoint it holds; the
+// change adds a second interface to every node of the class, so every node's program changes.
+// --mappings adds PortMaps of a second class accepting 3 nodes, their pods on every node
+// (10,000 mappings with 1,000 agents). Run by bench/fanout.sh (root).
 package main
 
 import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -38,6 +44,9 @@ import (
 const (
 	namespace = "bench-fanout"
 	class     = "fanout"
+	// extraClass holds the PortMaps past --agents: it accepts extraNodes nodes.
+	extraClass, extraNodes = "extra", 3
+	extraPortBase          = 20000
 	// Every node's interfaces: the class names eth0 at first, eth0 and eth1 after the change.
 	first, second = "eth0", "eth1"
 	podPort       = 8080
@@ -60,13 +69,25 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("fanout", flag.ContinueOnError)
 	var f labbench.Flags
 	f.Register(fs)
-	n := fs.Int("agents", 1000, "agents (and nodes, and PortMaps)")
+	n := fs.Int("agents", 1000, "agents (and nodes, and PortMaps of the class that changes)")
+	total := fs.Int("mappings", 0, "PortMaps in all (0: one per agent); those past --agents are of class "+extraClass+", which accepts the first 3 nodes (returnPath Vxlan), their pods spread over every node")
+	profile := fs.String("profile", "", "directory to write the controller's profiles to (it runs with --pprof): cpu.pprof over the change (--profile-seconds), heap.pprof after the last ack")
+	profileSeconds := fs.Int("profile-seconds", 5, "length of cpu.pprof")
 	settle := fs.Duration("settle", 30*time.Minute, "the longest wait for every agent to connect and every PortMap to be Programmed, and for the change's acks")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *n < 1 || *n > 50000 {
 		return fmt.Errorf("--agents: 1 to 50000")
+	}
+	if *total == 0 {
+		*total = *n
+	}
+	if *total < *n || *total-*n > 30000 {
+		return fmt.Errorf("--mappings: --agents to --agents+30000")
+	}
+	if *profile != "" {
+		f.ControllerArgs = []string{"--pprof"}
 	}
 	log := hclog.New(&hclog.LoggerOptions{Name: "bench", Output: os.Stderr, Level: hclog.Info})
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -122,6 +143,9 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := createExtra(ctx, l, *n, *total); err != nil {
+		return err
+	}
 	log.Info("objects created", "s", time.Since(start).Seconds())
 
 	runCtx, stopAgents := context.WithCancel(ctx)
@@ -138,6 +162,7 @@ func run(args []string) error {
 			ServerName: lab.ControllerServerName,
 			TokenFile:  l.AgentTokenFile(nodeName(i)),
 			Datapath:   dps[i],
+			FreeMemory: freeMemory,
 		})
 		if err != nil {
 			return err
@@ -145,9 +170,9 @@ func run(args []string) error {
 		wg.Go(func() { _ = a.Run(runCtx) })
 	}
 	err = labbench.WaitFor(ctx, "every PortMap Programmed", time.Second, *settle, func() (bool, error) {
-		p, total, err := labbench.CountProgrammed(ctx, l.Dyn, namespace)
-		log.Debug("programmed", "n", p, "of", total)
-		return p == *n && total == *n, err
+		p, all, err := labbench.CountProgrammed(ctx, l.Dyn, namespace)
+		log.Debug("programmed", "n", p, "of", all)
+		return p == *total && all == *total, err
 	})
 	if err != nil {
 		return err
@@ -166,10 +191,16 @@ func run(args []string) error {
 	for name := range cls.Spec.Nodes {
 		cls.Spec.Nodes[name] = v1alpha1.ClassNode{Interfaces: []string{first, second}}
 	}
+	var profiled sync.WaitGroup
+	if *profile != "" {
+		profiled.Go(func() { saveProfile(log, *profile, "cpu.pprof", fmt.Sprintf("profile?seconds=%d", *profileSeconds)) })
+		time.Sleep(100 * time.Millisecond) // the profile runs before the update
+	}
 	change := time.Now()
 	if err := l.UpdateClass(ctx, cls); err != nil {
 		return err
 	}
+	log.Info("class updated", "ms", time.Since(change).Milliseconds())
 	var acks []time.Duration
 	err = labbench.WaitFor(ctx, "every agent applying the change", 10*time.Millisecond, *settle, func() (bool, error) {
 		acks = acks[:0]
@@ -192,31 +223,59 @@ func run(args []string) error {
 		return err
 	}
 	log.Info("change acknowledged by all", "controller_cpu_s", cpu1-cpu0)
+	if *profile != "" {
+		saveProfile(log, *profile, "heap.pprof", "heap?gc=1")
+		profiled.Wait()
+	}
 	fmt.Printf("BENCH fanout agents=%d ack_ms_p50=%.1f ack_ms_p99=%.1f controller_rss_mb=%.1f\n",
 		*n, labbench.Percentile(acks, 50), labbench.Percentile(acks, 99), rss)
 	return nil
 }
 
-// datapath is a node that applies nothing: it reports eth0 and eth1 with addresses and
-// notes when it was first given a program that DNATs on eth1 (the change). The agent sends
-// the Ack as soon as Apply returns.
+// freeing: a freeMemory call is running.
+var freeing atomic.Bool
+
+// freeMemory is every agent's Config.FreeMemory: one process holds them all, so one
+// debug.FreeOSMemory returns what all of them left, and a call while one runs is dropped (a
+// thousand forced collections of the one heap at once, each agent's own, stalled every
+// stream of the process for seconds; on real nodes each agent frees its own heap).
+func freeMemory() {
+	if freeing.CompareAndSwap(false, true) {
+		debug.FreeOSMemory()
+		freeing.Store(false)
+	}
+}
+
+// datapath is a node that applies nothing: it reports eth0 and eth1 with addresses, a zero
+// counter for every entry of the program it was given (as a real agent reports one per entry,
+// which the controller's registry and dashboard hold), and notes when it was first given a
+// program that DNATs on eth1 (the change). The agent sends the Ack as soon as Apply returns.
 type datapath struct {
-	index   int
-	mu      sync.Mutex
-	changed time.Time
+	index    int
+	mu       sync.Mutex
+	changed  time.Time
+	counters []*kuportv1.Counter
 }
 
 func (d *datapath) Apply(p *kuportv1.NodeProgram) error {
+	var counters []*kuportv1.Counter
+	changed := false
 	for _, r := range p.GetDnatRules() {
-		if r.GetInInterface() == second {
-			d.mu.Lock()
-			if d.changed.IsZero() {
-				d.changed = time.Now()
-			}
-			d.mu.Unlock()
-			break
-		}
+		changed = changed || r.GetInInterface() == second
+		counters = append(counters, &kuportv1.Counter{Id: r.GetId(), ForwardedIn: &kuportv1.Traffic{}, ForwardedOut: &kuportv1.Traffic{}})
 	}
+	for _, r := range p.GetSnatRules() {
+		counters = append(counters, &kuportv1.Counter{Id: r.GetId()})
+	}
+	for _, r := range p.GetMarkRules() {
+		counters = append(counters, &kuportv1.Counter{Id: r.GetId()})
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if changed && d.changed.IsZero() {
+		d.changed = time.Now()
+	}
+	d.counters = counters
 	return nil
 }
 
@@ -226,7 +285,12 @@ func (d *datapath) changedAt() time.Time {
 	return d.changed
 }
 
-func (d *datapath) Counters() ([]*kuportv1.Counter, error)    { return nil, nil }
+func (d *datapath) Counters() ([]*kuportv1.Counter, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.counters, nil
+}
+
 func (d *datapath) LinkStats() ([]*kuportv1.LinkStats, error) { return nil, nil }
 
 func (d *datapath) NodeState(string) (*kuportv1.NodeState, error) {
@@ -238,4 +302,70 @@ func (d *datapath) NodeState(string) (*kuportv1.NodeState, error) {
 		UnderlayInterface: first,
 		IpForward:         true,
 	}, nil
+}
+
+// createExtra creates the PortMaps n to total-1, of class extraClass (accepting the first
+// extraNodes nodes on eth0, returnPath Vxlan, servingMode Single), each with a Service of its
+// own whose endpoint is node i%n's pod, so the accepting node holds a link to nearly every
+// node and every node's program carries some of them.
+func createExtra(ctx context.Context, l *lab.Lab, n, total int) error {
+	if total == n {
+		return nil
+	}
+	nodes := map[string]v1alpha1.ClassNode{}
+	for i := range min(extraNodes, n) {
+		nodes[nodeName(i)] = v1alpha1.ClassNode{Interfaces: []string{first}}
+	}
+	err := l.ApplyClass(ctx, &v1alpha1.PortMapClass{
+		ObjectMeta: metav1.ObjectMeta{Name: extraClass},
+		Spec: v1alpha1.PortMapClassSpec{Nodes: nodes, ReturnPath: v1alpha1.ReturnPath{Mode: v1alpha1.ReturnPathVxlan,
+			Vxlan: v1alpha1.VxlanConfig{Subnet: "169.254.0.0/16"}}},
+	})
+	if err != nil {
+		return err
+	}
+	return labbench.Parallel(n, total, func(i int) error {
+		name, node := fmt.Sprintf("x-%05d", i-n), i%n
+		pod := lab.Pod{Namespace: namespace, Name: nodeName(node), Node: nodeName(node), IP: addr(node, 2)}
+		if err := l.Expose(ctx, namespace, name, "p", corev1.ProtocolTCP, podPort, lab.Backend{Pod: pod, Ready: true}); err != nil {
+			return err
+		}
+		return l.ApplyPortMap(ctx, &v1alpha1.PortMap{
+			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
+			Spec: v1alpha1.PortMapSpec{ClassName: extraClass, Protocol: v1alpha1.ProtocolTCP, Port: int32(extraPortBase + i - n),
+				ServiceRef: v1alpha1.ServiceRef{Name: name, Port: "p"}},
+		})
+	})
+}
+
+// saveProfile writes the controller's /debug/pprof/<query> to dir/file; a failure is logged,
+// not the bench's.
+func saveProfile(log hclog.Logger, dir, file, query string) {
+	err := func() error {
+		resp, err := http.Get("http://" + lab.ReplicaHTTPAddr(0) + "/debug/pprof/" + query)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = resp.Body.Close() }()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%s", resp.Status)
+		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		out, err := os.Create(filepath.Join(dir, file))
+		if err != nil {
+			return err
+		}
+		if _, err := io.Copy(out, resp.Body); err != nil {
+			_ = out.Close()
+			return err
+		}
+		return out.Close()
+	}()
+	if err != nil {
+		log.Warn("controller profile", "file", file, "error", err)
+		return
+	}
+	log.Info("controller profile written", "file", filepath.Join(dir, file))
 }

@@ -41,6 +41,9 @@ const (
 type Flags struct {
 	K8sBin, Bin, Dir, Repo string
 	Verbose                bool
+	// ControllerArgs are added to the controller's flags (lab.Options.ControllerArgs); set by
+	// a bench, not a flag.
+	ControllerArgs []string
 }
 
 // Register adds the flags to fs.
@@ -69,7 +72,7 @@ func Up(ctx context.Context, f Flags, log hclog.Logger, apiserverArgs ...string)
 	l, err := lab.Up(ctx, lab.Options{
 		Dir: f.Dir, K8sBin: f.K8sBin, Bin: f.Bin,
 		CRDDir: filepath.Join(f.Repo, "deploy", "crds"), RBACFile: filepath.Join(f.Repo, "deploy", "rbac.yaml"),
-		APIServerArgs: apiserverArgs, Log: labLog,
+		APIServerArgs: apiserverArgs, ControllerArgs: f.ControllerArgs, Log: labLog,
 	})
 	if err != nil {
 		return nil, err

@@ -48,6 +48,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"strings"
@@ -116,6 +117,7 @@ func run(args []string) error {
 		"the least time the --unanswered-reports reports must span before a mapping is unanswered on a node (Warning Event RequestsUnanswered, kuport_mapping_unanswered 1, GetMapping's unanswered)")
 	statusQPS := fs.Float64("status-qps", controller.DefaultStatusQPS, "status writes a second to the API server, at most (client-go's token bucket)")
 	statusBurst := fs.Int("status-burst", controller.DefaultStatusBurst, "status writes in a burst above --status-qps, at most")
+	pprofOn := fs.Bool("pprof", false, "also serve Go's runtime profiles (net/http/pprof) under /debug/pprof/ on --http-listen")
 	healthListen := fs.String("health-listen", "", "host:port serving grpc.health.v1 alone, in plaintext, for the kubelet's gRPC probes; empty serves none")
 	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
 		return nil
@@ -227,6 +229,11 @@ func run(args []string) error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", metrics.Handler())
 	mux.Handle("/", web)
+	if *pprofOn {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	}
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	if *httpListen != "" {
 		if lis, err := net.Listen("tcp", *httpListen); err != nil {

@@ -55,6 +55,9 @@ type Config struct {
 	// OnChange is called, outside any lock, after every agent event that needs compile or
 	// status to run again. May be nil.
 	OnChange func(Change)
+	// OnAck is called, outside any lock, after an agent's acknowledgement of a version is
+	// taken (before OnChange's Acked). May be nil.
+	OnAck func(node string, version uint64)
 	// OnAgent is called, outside any lock, when a node's agent connects (connected true, with
 	// its version) or its stream ends without a newer one replacing it. May be nil.
 	OnAgent func(node string, connected bool, agentVersion string)
@@ -90,6 +93,7 @@ type Registry struct {
 	epoch     uint64
 	holdUntil time.Time
 	onChange  func(Change)
+	onAck     func(node string, version uint64)
 	onAgent   func(node string, connected bool, agentVersion string)
 	// onEpochBehind is Config.OnEpochBehind, never nil.
 	onEpochBehind func(floor uint64)
@@ -167,6 +171,10 @@ func NewRegistry(cfg Config) *Registry {
 	if onChange == nil {
 		onChange = func(Change) {}
 	}
+	onAck := cfg.OnAck
+	if onAck == nil {
+		onAck = func(string, uint64) {}
+	}
 	onAgent := cfg.OnAgent
 	if onAgent == nil {
 		onAgent = func(string, bool, string) {}
@@ -191,6 +199,7 @@ func NewRegistry(cfg Config) *Registry {
 		epoch:         cfg.Epoch,
 		holdUntil:     cfg.Start.Add(hold),
 		onChange:      onChange,
+		onAck:         onAck,
 		onAgent:       onAgent,
 		onEpochBehind: onEpochBehind,
 		done:          make(chan struct{}),
@@ -275,6 +284,18 @@ func (r *Registry) storeLocked(name string, n *node, p *kuportv1.NodeProgram, in
 	if prev != nil {
 		next.Version = prev.Version
 		if sameProgram(next, prev) {
+			// Unchanged: the new, equal lists take the place of the old (a new object, never
+			// a stored one mutated) in the program, the stream's base and the mappings'
+			// index, so a full compile's equal programs are held once, not beside the old.
+			n.program = next
+			if n.session != nil && n.session.base == prev {
+				n.session.base = next
+			}
+			for m, mi := range index {
+				if old := n.mappings[m]; old != nil {
+					old.index = mi
+				}
+			}
 			return false
 		}
 	}
@@ -806,6 +827,7 @@ func (r *Registry) ack(s *session, a *kuportv1.Ack) {
 		r.log.Warn("agent failed to apply entry", "node", s.node, "version", a.Version, "id", e.Id, "error", e.Message)
 	}
 	r.log.Debug("program acknowledged", "node", s.node, "version", a.Version, "errors", len(a.Errors))
+	r.onAck(s.node, a.Version)
 	r.onChange(Acked)
 }
 

@@ -105,8 +105,11 @@ func TestSetProgramsVersionsOnlyOnChange(t *testing.T) {
 	same := remoteProgram("10.244.17.5", false)
 	same.Version, same.Epoch = 99, 3
 	assert.Empty(t, r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": same, "worker-b": {}}, edgeIndex(false)))
+	kept := p
 	p, _, _ = r.Program("edge-a")
 	assert.Equal(t, uint64(1), p.Version)
+	assert.Same(t, same.DnatRules[0], p.DnatRules[0], "the equal new lists are held, not beside the old")
+	assert.Equal(t, uint64(1), kept.Version, "the program stored before is not mutated")
 
 	assert.Equal(t, []string{"edge-a"}, r.SetPrograms(map[string]*kuportv1.NodeProgram{
 		"edge-a": remoteProgram("10.244.17.5", true), "worker-b": {},

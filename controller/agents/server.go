@@ -81,6 +81,9 @@ func NewServer(log hclog.Logger, auth Authenticator, tlsConfig *tls.Config) *Ser
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.UnaryInterceptor(s.authorizeInspection),
+		// No read buffer of gRPC's own per connection (32 KB, 27 MB with 1,000 agents): the
+		// framer reads from the TLS connection, which holds each record it decrypted anyway.
+		grpc.ReadBufferSize(0),
 	)
 	kuportv1.RegisterAgentServiceServer(s.grpc, s)
 	kuportv1.RegisterProgramServiceServer(s.grpc, s)

@@ -47,6 +47,8 @@ type classInfo struct {
 	exhausted []string
 	// claims are the class's link slot claims by pair key "<a>/<b>".
 	claims map[string]*claim
+	// spots are the mappings' holds by protocol and interfaces (plan.holds).
+	spots map[string]*spots
 }
 
 func newClassInfo(name string, obj *v1alpha1.PortMapClass, nodes map[string]*nodeView) *classInfo {
@@ -63,6 +65,7 @@ func newClassInfo(name string, obj *v1alpha1.PortMapClass, nodes map[string]*nod
 		port:       uint32(max(cmp.Or(spec.ReturnPath.Vxlan.Port, defaultVxlanPort), 0)),
 		subnetText: cmp.Or(spec.ReturnPath.Vxlan.Subnet, defaultSubnet),
 		claims:     map[string]*claim{},
+		spots:      map[string]*spots{},
 	}
 	for n, cn := range spec.Nodes {
 		if v, ok := nodes[n]; !ok || !v.exists {

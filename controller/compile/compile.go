@@ -69,8 +69,9 @@ type compiler struct {
 	plans []*plan
 	// tables in use per node across every class's claims.
 	tables map[string]map[int32]bool
-	// held: the port ranges accepted mappings hold per (node, interface, protocol).
-	held map[hold]*holdings
+	// held: the port ranges accepted mappings hold per protocol, each on its (node, interface)
+	// spots.
+	held map[kuportv1.Protocol]*holdings
 	// crossings: the dialed port ranges that accepted mappings send over each link.
 	crossings map[crossing]*holdings
 	programs  map[string]*programBuilder
@@ -83,7 +84,7 @@ func newCompiler(s *Snapshot) *compiler {
 		nodes:     map[string]*nodeView{},
 		classes:   map[string]*classInfo{},
 		tables:    map[string]map[int32]bool{},
-		held:      map[hold]*holdings{},
+		held:      map[kuportv1.Protocol]*holdings{},
 		crossings: map[crossing]*holdings{},
 		programs:  map[string]*programBuilder{},
 	}
@@ -157,13 +158,15 @@ func (c *compiler) result() *Result {
 		PortMaps: map[types.NamespacedName]*PortMapResult{},
 		Classes:  map[string]*v1alpha1.PortMapClassStatus{},
 		Index:    map[string]NodeIndex{},
+		Keys:     map[string]types.NamespacedName{},
 	}
 	for name, b := range c.programs {
 		r.Programs[name] = b.program()
 		r.Index[name] = b.nodeIndex()
 	}
 	for _, p := range c.plans {
-		r.PortMaps[types.NamespacedName{Namespace: p.pm.Namespace, Name: p.pm.Name}] = c.portMapResult(p)
+		k := types.NamespacedName{Namespace: p.pm.Namespace, Name: p.pm.Name}
+		r.PortMaps[k], r.Keys[p.key] = c.portMapResult(p), k
 	}
 	for _, ci := range c.classOrder {
 		r.Classes[ci.name] = c.classStatus(ci)

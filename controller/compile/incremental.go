@@ -49,8 +49,10 @@ type Incremental struct {
 	svcSet          map[*corev1.Service]types.NamespacedName
 	sliceSet        map[*discoveryv1.EndpointSlice]types.NamespacedName
 	changedServices map[types.NamespacedName]bool
-	// byService: the PortMaps whose serviceRef names each Service.
+	// byService: the PortMaps whose serviceRef names each Service; byClass: whose className
+	// names each class.
 	byService map[types.NamespacedName]map[types.NamespacedName]bool
+	byClass   map[string]map[types.NamespacedName]bool
 	// needers counts the plans needing each link ("<class>/<pair>").
 	needers map[string]int
 	// users counts, per node, the mappings whose index names each link device or return path.
@@ -91,7 +93,10 @@ type Changes struct {
 	PortMaps map[types.NamespacedName]*v1alpha1.PortMap
 	// Services whose Service or EndpointSlices were created, updated or deleted.
 	Services map[types.NamespacedName]bool
-	// Others: a PortMapClass, Node, Namespace or agent state changed (a full compile).
+	// Classes: the PortMapClasses created, updated or deleted. An update of a class that
+	// builds no links recompiles its mappings alone; any other a full compile.
+	Classes map[string]bool
+	// Others: a Node, Namespace or agent state changed (a full compile).
 	Others bool
 }
 
@@ -114,8 +119,9 @@ func (inc *Incremental) CompileChanges(s *Snapshot, ch *Changes) *Result {
 func (inc *Incremental) reset(s *Snapshot, c *compiler, r *Result) {
 	*inc = Incremental{prev: s, c: c, res: r, recompiled: len(c.plans),
 		portMaps: map[types.NamespacedName]*v1alpha1.PortMap{}, plans: map[types.NamespacedName]*plan{},
-		byService: map[types.NamespacedName]map[types.NamespacedName]bool{}, needers: map[string]int{},
-		users: map[string]map[string]int{}, stamped: map[types.NamespacedName]bool{},
+		byService: map[types.NamespacedName]map[types.NamespacedName]bool{}, byClass: map[string]map[types.NamespacedName]bool{},
+		needers: map[string]int{},
+		users:   map[string]map[string]int{}, stamped: map[types.NamespacedName]bool{},
 		conflicted: map[types.NamespacedName]*plan{}}
 	for _, p := range c.plans {
 		k := nsName(p.pm.Namespace, p.pm.Name)
@@ -146,6 +152,10 @@ func (inc *Incremental) track(k types.NamespacedName, p *plan, r *PortMapResult)
 		inc.byService[svc] = map[types.NamespacedName]bool{}
 	}
 	inc.byService[svc][k] = true
+	if inc.byClass[p.pm.Spec.ClassName] == nil {
+		inc.byClass[p.pm.Spec.ClassName] = map[types.NamespacedName]bool{}
+	}
+	inc.byClass[p.pm.Spec.ClassName][k] = true
 	for _, n := range p.needs {
 		inc.needers[n]++
 	}
@@ -163,6 +173,10 @@ func (inc *Incremental) untrack(k types.NamespacedName, p *plan) {
 	delete(inc.byService[svc], k)
 	if len(inc.byService[svc]) == 0 {
 		delete(inc.byService, svc)
+	}
+	delete(inc.byClass[p.pm.Spec.ClassName], k)
+	if len(inc.byClass[p.pm.Spec.ClassName]) == 0 {
+		delete(inc.byClass, p.pm.Spec.ClassName)
 	}
 	for _, n := range p.needs {
 		inc.needers[n]--
@@ -199,7 +213,11 @@ func (inc *Incremental) update(s *Snapshot, ch *Changes) *Result {
 	if prev == nil || !inc.settled || s.LinkRetention != prev.LinkRetention {
 		return nil
 	}
-	if ch == nil && (!inc.identity || !sameObjects(s, prev)) || ch != nil && ch.Others {
+	if ch == nil && (!inc.identity || !sameOthers(s, prev)) || ch != nil && ch.Others {
+		return nil
+	}
+	edits, ok := inc.changedClasses(s, ch)
+	if !ok {
 		return nil
 	}
 	stamp := metav1.NewTime(s.Now.Truncate(1e9))
@@ -211,7 +229,18 @@ func (inc *Incremental) update(s *Snapshot, ch *Changes) *Result {
 	if ch == nil {
 		dirty, pms, ok = inc.dirty(s)
 	}
-	if !ok || len(dirty)*maxDirtyShare > len(inc.portMaps)+maxDirtyShare {
+	if !ok {
+		return nil
+	}
+	if extra := inc.classMappings(edits); len(extra) > 0 {
+		for _, k := range extra {
+			if !slices.Contains(dirty, k) {
+				dirty, pms[k] = append(dirty, k), inc.portMaps[k]
+			}
+		}
+		slices.SortFunc(dirty, compareKeys)
+	}
+	if len(dirty)*maxDirtyShare > len(inc.portMaps)+maxDirtyShare {
 		return nil
 	}
 	olds := make([]*v1alpha1.PortMap, len(dirty))
@@ -220,7 +249,7 @@ func (inc *Incremental) update(s *Snapshot, ch *Changes) *Result {
 	}
 	c.s, c.stamp = s, stamp
 	r := &Result{Programs: maps.Clone(inc.res.Programs), PortMaps: maps.Clone(inc.res.PortMaps),
-		Classes: inc.res.Classes, Index: maps.Clone(inc.res.Index)}
+		Classes: inc.res.Classes, Index: maps.Clone(inc.res.Index), Keys: inc.res.Keys}
 	ed := &edit{inc: inc, r: r, programs: map[string]*programEdit{}}
 	var removed []*plan
 	for _, k := range dirty {
@@ -235,10 +264,15 @@ func (inc *Incremental) update(s *Snapshot, ch *Changes) *Result {
 	if inc.touchesConflicted(removed) {
 		return nil
 	}
+	edits.apply(c)
 	inc.recompiled = 0
 	for _, k := range dirty {
 		pm := pms[k]
 		if pm == nil {
+			if _, had := r.PortMaps[k]; had {
+				ed.keys()
+				delete(r.Keys, Key(k.Namespace, k.Name))
+			}
 			delete(inc.portMaps, k)
 			delete(r.PortMaps, k)
 			continue
@@ -252,6 +286,7 @@ func (inc *Incremental) update(s *Snapshot, ch *Changes) *Result {
 	if !ed.commit() {
 		return nil
 	}
+	edits.statuses(inc, r)
 	changed := slices.Clone(dirty)
 	if restamp {
 		for k := range inc.stamped {
@@ -293,9 +328,9 @@ func (inc *Incremental) hinted(ch *Changes) ([]types.NamespacedName, map[types.N
 	return slices.SortedFunc(maps.Keys(pms), compareKeys), pms, true
 }
 
-// sameObjects reports whether everything but PortMaps, Services and EndpointSlices is the
-// very same in a and b.
-func sameObjects(a, b *Snapshot) bool {
+// sameOthers reports whether everything but PortMaps, Services, EndpointSlices and
+// PortMapClasses is the very same in a and b.
+func sameOthers(a, b *Snapshot) bool {
 	if len(a.Agents) != len(b.Agents) {
 		return false
 	}
@@ -305,7 +340,7 @@ func sameObjects(a, b *Snapshot) bool {
 			return false
 		}
 	}
-	return samePointers(a.Classes, b.Classes) && samePointers(a.Nodes, b.Nodes) && samePointers(a.Namespaces, b.Namespaces)
+	return samePointers(a.Nodes, b.Nodes) && samePointers(a.Namespaces, b.Namespaces)
 }
 
 func samePointers[K comparable, V any](a, b map[K]*V) bool {
@@ -496,6 +531,8 @@ type edit struct {
 	inc      *Incremental
 	r        *Result
 	programs map[string]*programEdit
+	// ownKeys: r.Keys is a copy of the previous result's.
+	ownKeys bool
 }
 
 // programEdit is one node's program being edited: the ids removed, the entries added.
@@ -528,8 +565,9 @@ func (ed *edit) remove(k types.NamespacedName, p *plan) bool {
 	if p.accepted() {
 		c.release(p)
 	}
-	for name, idx := range ed.r.Index {
-		mi := idx[p.key]
+	// Only the nodes carrying its entries index it (emit's carriers).
+	for _, name := range p.nodes {
+		mi := ed.r.Index[name][p.key]
 		if mi == nil {
 			continue
 		}
@@ -581,7 +619,11 @@ func (ed *edit) add(k types.NamespacedName, pm *v1alpha1.PortMap) *plan {
 	}
 	c.emit(p)
 	c.programs = kept
-	for name, pe := range ed.programs {
+	for _, name := range p.nodes {
+		pe := ed.programs[name]
+		if pe == nil {
+			continue
+		}
 		mi := pe.added.index[p.key]
 		if mi == nil {
 			continue
@@ -597,8 +639,20 @@ func (ed *edit) add(k types.NamespacedName, pm *v1alpha1.PortMap) *plan {
 	res := c.portMapResult(p)
 	inc.portMaps[k] = pm
 	inc.track(k, p, res)
+	if ed.r.Keys[p.key] != k {
+		ed.keys()
+		ed.r.Keys[p.key] = k
+	}
 	ed.r.PortMaps[k] = res
 	return p
+}
+
+// keys makes the result's Keys its own before a change (the previous result's are shared
+// while no PortMap comes or goes).
+func (ed *edit) keys() {
+	if !ed.ownKeys {
+		ed.r.Keys, ed.ownKeys = maps.Clone(ed.r.Keys), true
+	}
 }
 
 func targetNodes(p *plan) []string {
@@ -664,21 +718,9 @@ func merge[T any](old, add []T, removed map[string]bool, id func(T) string) []T 
 
 // release takes an accepted plan's holdings back (hold's inverse).
 func (c *compiler) release(p *plan) {
-	for _, h := range p.holds() {
-		c.held[h].remove(p.ports, p.name)
-	}
+	c.held[p.proto].remove(p.ports, p.name)
 	for _, k := range p.crossed {
 		c.crossings[k].remove(p.ports, p.name)
-	}
-}
-
-// remove drops by's holding of ports.
-func (h *holdings) remove(ports portRange, by string) {
-	if h == nil {
-		return
-	}
-	for b := ports.first >> bucketBits; b <= ports.last>>bucketBits; b++ {
-		h.buckets[b] = slices.DeleteFunc(h.buckets[b], func(x holding) bool { return x.by == by })
 	}
 }
 
@@ -698,7 +740,7 @@ func (inc *Incremental) touchesConflicted(ps []*plan) bool {
 // attempt is what a plan tried to hold: ports on interfaces and over links.
 type attempt struct {
 	ports     portRange
-	holds     []hold
+	holds     *spots
 	crossings []crossing
 }
 
@@ -723,10 +765,8 @@ func (a attempt) touch(b attempt) bool {
 	if !a.ports.overlaps(b.ports) {
 		return false
 	}
-	for _, h := range a.holds {
-		if slices.Contains(b.holds, h) {
-			return true
-		}
+	if a.holds != nil && b.holds != nil && a.holds.firstShared(b.holds) >= 0 {
+		return true
 	}
 	for _, x := range a.crossings {
 		if slices.Contains(b.crossings, x) {

@@ -47,7 +47,11 @@ func (e *events) step() (*Snapshot, string) {
 		name := fmt.Sprintf("m%03d", e.next)
 		e.next++
 		addService(&s, name, int32(3000+e.r.IntN(4)), pod(name))
-		s.PortMaps = append(s.PortMaps, mkPortMap(name, e.next, int32(20000+e.r.IntN(400))))
+		var muts []func(*v1alpha1.PortMap)
+		if s.Classes["direct"] != nil && e.r.IntN(10) == 0 {
+			muts = append(muts, className("direct"))
+		}
+		s.PortMaps = append(s.PortMaps, mkPortMap(name, e.next, int32(20000+e.r.IntN(400)), muts...))
 		return &s, "create " + name
 	case n < 7 && len(s.PortMaps) > 0:
 		i := e.r.IntN(len(s.PortMaps))
@@ -70,6 +74,21 @@ func (e *events) step() (*Snapshot, string) {
 		pm.Spec.Port = int32(20000 + e.r.IntN(400))
 		s.PortMaps[i] = pm
 		return &s, "port change of " + pm.Name
+	case n < 13 && s.Classes["direct"] != nil && e.r.IntN(2) == 0:
+		// A class that builds no links: its mappings alone are recompiled.
+		cl := s.Classes["direct"].DeepCopy()
+		cl.Generation++
+		cl.Spec.Ports.Reserved = []int32{8080, int32(20000 + e.r.IntN(400))}
+		ifs := [][]string{{"enp1s0"}, {"enp1s0", "wt0"}, {"wt0"}}[e.r.IntN(3)]
+		cl.Spec.Nodes["edge-a"] = v1alpha1.ClassNode{Interfaces: ifs}
+		if e.r.IntN(2) == 0 {
+			cl.Spec.Nodes["worker-b"] = v1alpha1.ClassNode{Interfaces: []string{"eth0"}}
+		} else {
+			delete(cl.Spec.Nodes, "worker-b")
+		}
+		cl.Spec.ServingMode = []v1alpha1.ServingMode{v1alpha1.ServingModeSingle, v1alpha1.ServingModeMulti}[e.r.IntN(2)]
+		s.Classes["direct"] = cl
+		return &s, "class edit of direct"
 	case n < 13:
 		cl := s.Classes["public"].DeepCopy()
 		cl.Generation++
@@ -129,6 +148,10 @@ func TestIncrementalEqualsFull(t *testing.T) {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
 			e := &events{r: rand.New(rand.NewPCG(seed, 13)), s: world()}
 			e.s.Classes["public"].Spec.ReturnPath.Vxlan.Subnet = "169.254.0.0/16"
+			direct := mkClass("direct", 1, map[string][]string{"edge-a": {"enp1s0"}, "worker-b": {"eth0"}})
+			direct.Spec.ReturnPath = v1alpha1.ReturnPath{Mode: v1alpha1.ReturnPathNone}
+			e.s.Classes["direct"] = direct
+			classEdits := 0
 			var inc, told Incremental
 			var prevGot *Result
 			partial := 0
@@ -161,7 +184,12 @@ func TestIncrementalEqualsFull(t *testing.T) {
 				prevGot = got
 				if inc.Recompiled() < len(s.PortMaps) {
 					partial++
-					if what != "statuses written" {
+					if what == "class edit of direct" && inc.Recompiled() > 0 {
+						classEdits++
+					}
+					if what == "class edit of direct" {
+						assert.Equal(t, len(inc.byClass["direct"]), inc.Recompiled(), "step %d (%s) recompiles the class's mappings", step, what)
+					} else if what != "statuses written" {
 						assert.LessOrEqual(t, inc.Recompiled(), 2, "step %d (%s) recompiles only what it changed", step, what)
 					}
 				} else if testing.Verbose() {
@@ -169,6 +197,7 @@ func TestIncrementalEqualsFull(t *testing.T) {
 				}
 			}
 			assert.Greater(t, partial, 100, "incremental steps of 300")
+			assert.Greater(t, classEdits, 0, "class edits compiled incrementally")
 		})
 	}
 }
@@ -206,8 +235,14 @@ func TestIncrementalSharesUnchanged(t *testing.T) {
 
 // changesBetween is what an informer's events would tell of the step from a to b.
 func changesBetween(a, b *Snapshot) *Changes {
-	ch := &Changes{PortMaps: map[types.NamespacedName]*v1alpha1.PortMap{}, Services: map[types.NamespacedName]bool{}}
-	ch.Others = !sameObjects(a, b) || a.LinkRetention != b.LinkRetention
+	ch := &Changes{PortMaps: map[types.NamespacedName]*v1alpha1.PortMap{}, Services: map[types.NamespacedName]bool{},
+		Classes: map[string]bool{}}
+	ch.Others = !sameOthers(a, b) || a.LinkRetention != b.LinkRetention
+	for _, name := range slices.Concat(slices.Collect(maps.Keys(a.Classes)), slices.Collect(maps.Keys(b.Classes))) {
+		if a.Classes[name] != b.Classes[name] {
+			ch.Classes[name] = true
+		}
+	}
 	byKey := func(s *Snapshot) map[types.NamespacedName]*v1alpha1.PortMap {
 		out := map[types.NamespacedName]*v1alpha1.PortMap{}
 		for _, pm := range s.PortMaps {

@@ -245,11 +245,9 @@ func (c *compiler) accept(p *plan) (string, string) {
 			return v1alpha1.ReasonPortReserved, fmt.Sprintf("port %d is reserved by class %q", r, ci.name)
 		}
 	}
-	for _, h := range p.holds() {
-		if other, ok := c.held[h].first(p.ports); ok {
-			return v1alpha1.ReasonPortConflict, fmt.Sprintf("%s ports %s on %s interface %s are held by %s",
-				pm.Spec.Protocol, other.ports, h.node, h.iface, other.by)
-		}
+	if h, other, ok := c.held[p.proto].firstOn(p.ports, p.holds()); ok {
+		return v1alpha1.ReasonPortConflict, fmt.Sprintf("%s ports %s on %s interface %s are held by %s",
+			pm.Spec.Protocol, other.ports, h.node, h.iface, other.by)
 	}
 	for _, want := range pm.Spec.Interfaces {
 		if !slices.ContainsFunc(ci.accepting, func(n string) bool { return slices.Contains(ci.ifaces[n], want) }) {
@@ -261,15 +259,22 @@ func (c *compiler) accept(p *plan) (string, string) {
 }
 
 // holds are the (node, interface, protocol) an accepted mapping holds its ports on: every one
-// of its class it may bind.
-func (p *plan) holds() []hold {
-	var out []hold
-	for _, n := range p.class.accepting {
-		for _, i := range narrow(p.class.ifaces[n], p.pm.Spec.Interfaces) {
-			out = append(out, hold{node: n, iface: i, proto: p.proto})
+// of its class it may bind. Mappings of a class with the same protocol and interfaces share them.
+func (p *plan) holds() *spots {
+	ci := p.class
+	k := p.proto.String() + "/" + strings.Join(p.pm.Spec.Interfaces, ",")
+	if s := ci.spots[k]; s != nil {
+		return s
+	}
+	var list []hold
+	for _, n := range ci.accepting {
+		for _, i := range narrow(ci.ifaces[n], p.pm.Spec.Interfaces) {
+			list = append(list, hold{node: n, iface: i, proto: p.proto})
 		}
 	}
-	return out
+	s := newSpots(list)
+	ci.spots[k] = s
+	return s
 }
 
 // pair is the node pair of the link a target lacking the pod needs.
@@ -304,15 +309,13 @@ func (c *compiler) wayTaken(p *plan) (string, string) {
 // not (so a link whose forwarder is not ready yet, or that finds no free slot, stays the
 // older mapping's).
 func (c *compiler) hold(p *plan) {
-	for _, h := range p.holds() {
-		holdingsOf(c.held, h).add(p.ports, p.name)
-	}
+	holdingsOf(c.held, p.proto).add(p.ports, p.name, p.holds())
 	if !p.ok() {
 		return
 	}
 	for _, t := range p.remoteTargets() {
 		k := crossing{class: p.class.name, pair: pairKey(p.pair(t)), proto: p.proto}
-		holdingsOf(c.crossings, k).add(p.ports, p.name)
+		holdingsOf(c.crossings, k).add(p.ports, p.name, nil)
 		p.crossed = append(p.crossed, k)
 	}
 }

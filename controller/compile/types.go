@@ -66,6 +66,10 @@ type Result struct {
 	// program's ids, interface names, addresses and marks. Incremental shares a mapping's
 	// *MappingIndex with the previous result only while the mapping's entries are the same.
 	Index map[string]NodeIndex
+	// Keys by MappingKey: the namespace/name of every PortMap in PortMaps, so what names a
+	// mapping by the key its programs' ids and Index use finds its PortMap without cutting
+	// names again.
+	Keys map[string]types.NamespacedName
 }
 
 // NodeIndex is one node's index: by MappingKey, what the node's program holds for the

@@ -246,6 +246,27 @@ func TestPushTracker(t *testing.T) {
 	assert.Equal(t, before+3, histogramCount(t))
 	tr.Observe(nil, t0.Add(3*time.Second))
 	assert.Empty(t, tr.nodes, "nodes no longer listed are forgotten")
+	tr.Acked("edge-a", 1, t0.Add(4*time.Second))
+	assert.Equal(t, before+3, histogramCount(t), "an ack of a node not listed is no observation")
+}
+
+// TestPushTrackerAcked: an acknowledgement taken alone observes the versions stored up to it,
+// once, and leaves later ones pending.
+func TestPushTrackerAcked(t *testing.T) {
+	before := histogramCount(t)
+	t0 := time.Unix(1000, 0)
+	var tr PushTracker
+	tr.Observe([]*kuportv1.NodeInfo{{Node: "edge-a", ProgramVersion: 1}}, t0)
+	tr.Observe([]*kuportv1.NodeInfo{{Node: "edge-a", ProgramVersion: 2}}, t0.Add(time.Second))
+	tr.Acked("edge-a", 1, t0.Add(2*time.Second))
+	assert.Equal(t, before+1, histogramCount(t))
+	tr.Acked("edge-a", 1, t0.Add(3*time.Second))
+	assert.Equal(t, before+1, histogramCount(t), "an acknowledgement is observed once")
+	tr.Acked("edge-a", 2, t0.Add(3*time.Second))
+	assert.Equal(t, before+2, histogramCount(t))
+	// Observe after the acks finds nothing left to observe.
+	tr.Observe([]*kuportv1.NodeInfo{{Node: "edge-a", ProgramVersion: 2, AckedVersion: 2}}, t0.Add(4*time.Second))
+	assert.Equal(t, before+2, histogramCount(t))
 }
 
 // histogramCount is the number of push-to-ack observations so far.
