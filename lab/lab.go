@@ -80,6 +80,10 @@ type Options struct {
 	// APIServerArgs are added to kube-apiserver's flags (bench/control's wider
 	// --service-node-port-range, say).
 	APIServerArgs []string
+	// Empty empties Dir (but for the logs netlab has just cleared) once the lab lock is held:
+	// a benchmark's run starts from nothing, and a run waiting for the lock leaves the dir
+	// of the one holding it alone.
+	Empty bool
 }
 
 // Lab is a running lab.
@@ -142,6 +146,11 @@ func (l *Lab) up(ctx context.Context) error {
 	if err := cluster.StopDir(l.opt.Dir); err != nil {
 		return fmt.Errorf("lab: stop leftovers: %w", err)
 	}
+	if l.opt.Empty {
+		if err := emptyBut(l.opt.Dir, l.logDir()); err != nil {
+			return fmt.Errorf("lab: %w", err)
+		}
+	}
 	// Every lab starts from an empty cluster: objects of an earlier run would collide. Its
 	// nodes are fresh too, as after a reboot, so the agents' fencing epochs go with it: the
 	// new cluster's Lease counts from zero again.
@@ -190,6 +199,22 @@ func (l *Lab) up(ctx context.Context) error {
 	for _, n := range l.Net.Nodes() {
 		if err := l.StartAgent(n.Name); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// emptyBut removes everything in dir but keep.
+func emptyBut(dir, keep string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if p := filepath.Join(dir, e.Name()); p != keep {
+			if err := os.RemoveAll(p); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

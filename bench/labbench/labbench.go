@@ -1,5 +1,5 @@
 // Package labbench is what the benchmarks share (bench/control, bench/fanout; bench/datapath
-// its memory figure):
+// its memory figure and InNS):
 // the embedded lab (package lab: a real API server, the real controller and agents in
 // network namespaces) with API clients whose rate limit is raised for creating thousands of
 // objects, concurrent creation, and the figures they print (percentiles, a process's
@@ -11,14 +11,15 @@ import (
 	"flag"
 	"fmt"
 	"math"
-	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/procfs"
+	"github.com/vishvananda/netns"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
@@ -47,7 +48,7 @@ type Flags struct {
 func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.K8sBin, "k8s-bin", "", "directory of etcd, kube-apiserver, kubectl and kube-proxy (lab/build-binaries.sh)")
 	fs.StringVar(&f.Bin, "bin", "bin", "directory of kuport-controller, kuport-agent and kuport-lab (make build)")
-	fs.StringVar(&f.Dir, "dir", "/var/tmp/kuport-bench", "the lab's state directory (etcd data, logs, sockets); emptied first")
+	fs.StringVar(&f.Dir, "dir", "/var/tmp/kuport-bench", "the lab's state directory (etcd data, logs, sockets); emptied once the lab lock is held")
 	fs.StringVar(&f.Repo, "repo", ".", "the repository root (deploy/crds, deploy/rbac.yaml)")
 	fs.BoolVar(&f.Verbose, "v", false, "log the lab's progress to stderr")
 }
@@ -59,9 +60,6 @@ func Up(ctx context.Context, f Flags, log hclog.Logger, apiserverArgs ...string)
 	if f.K8sBin == "" {
 		return nil, fmt.Errorf("--k8s-bin is required (the output of lab/build-binaries.sh)")
 	}
-	if err := os.RemoveAll(f.Dir); err != nil {
-		return nil, fmt.Errorf("lab dir: %w", err)
-	}
 	labLog := hclog.NewNullLogger()
 	if f.Verbose {
 		labLog = log.Named("lab")
@@ -69,7 +67,7 @@ func Up(ctx context.Context, f Flags, log hclog.Logger, apiserverArgs ...string)
 	l, err := lab.Up(ctx, lab.Options{
 		Dir: f.Dir, K8sBin: f.K8sBin, Bin: f.Bin,
 		CRDDir: filepath.Join(f.Repo, "deploy", "crds"), RBACFile: filepath.Join(f.Repo, "deploy", "rbac.yaml"),
-		APIServerArgs: apiserverArgs, Log: labLog,
+		APIServerArgs: apiserverArgs, Log: labLog, Empty: true,
 	})
 	if err != nil {
 		return nil, err
@@ -85,6 +83,25 @@ func Up(ctx context.Context, f Flags, log hclog.Logger, apiserverArgs ...string)
 		return nil, fmt.Errorf("bench clients: %w (and closing the lab: %v)", err, l.Close())
 	}
 	return l, nil
+}
+
+// InNS runs fn on a thread in network namespace name (/run/netns); the thread ends with it,
+// so no other goroutine ever runs in the namespace. A socket fn opens stays in it.
+func InNS(name string, fn func() error) error {
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		h, err := netns.GetFromName(name)
+		if err == nil {
+			defer func() { _ = h.Close() }()
+			err = netns.Set(h)
+		}
+		if err == nil {
+			err = fn()
+		}
+		done <- err
+	}()
+	return <-done
 }
 
 // Parallel calls fn(i) for every i in [from, to) on Workers goroutines and returns the first
