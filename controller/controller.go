@@ -64,11 +64,13 @@ const (
 
 // Status writes: by default at most DefaultStatusQPS a second (bursts of DefaultStatusBurst),
 // by statusWorkers in parallel. client-go's default (5 a second) made 1,000 PortMaps applied
-// at once take 198 s to all read Programmed=True (issue 13).
+// at once take 198 s to all read Programmed=True (issue 13); 4 workers at 200 a second still
+// took 5 s after the last of them was created, each write waiting out its round trip to an
+// API server busy with the creates. Sized so 1,000 at once leave in about a second.
 const (
-	DefaultStatusQPS   = 200
-	DefaultStatusBurst = 400
-	statusWorkers      = 4
+	DefaultStatusQPS   = 500
+	DefaultStatusBurst = 1000
+	statusWorkers      = 16
 )
 
 // resyncPeriod recompiles periodically even without events, so link claims age

@@ -70,12 +70,14 @@ func main() {
 }
 
 type bench struct {
-	l      *lab.Lab
-	k      *kernel
-	kp     *kubeProxy
-	log    hclog.Logger
-	flags  labbench.Flags
-	settle time.Duration
+	l *lab.Lab
+	k *kernel
+	// programmed watches kuportNS's PortMaps.
+	programmed *labbench.ProgrammedWatch
+	kp         *kubeProxy
+	log        hclog.Logger
+	flags      labbench.Flags
+	settle     time.Duration
 	// portMaps and services are how many of each exist (names pm-<i>, svc-<i>).
 	portMaps, services int
 	changes            int
@@ -125,6 +127,9 @@ func run(args []string) error {
 	}
 	defer func() { _ = b.kp.close() }()
 	if err := b.setup(ctx); err != nil {
+		return err
+	}
+	if b.programmed, err = labbench.WatchProgrammed(ctx, l.Dyn, kuportNS); err != nil {
 		return err
 	}
 	if *bulk > 0 {
@@ -207,14 +212,14 @@ func (b *bench) waitCount(ctx context.Context, what string, count func() (int, e
 	return nil
 }
 
-// waitProgrammed waits until all want PortMaps of kuportNS are Programmed=True, listing them
-// every interval.
-func (b *bench) waitProgrammed(ctx context.Context, want int, every time.Duration) error {
+// waitProgrammed waits until all want PortMaps of kuportNS are Programmed=True (as the
+// bench's watch on them saw it, checked every 5 ms).
+func (b *bench) waitProgrammed(ctx context.Context, want int) error {
 	last := -1
-	err := labbench.WaitFor(ctx, "PortMaps Programmed", every, b.settle, func() (bool, error) {
-		p, total, err := labbench.CountProgrammed(ctx, b.l.Dyn, kuportNS)
+	err := labbench.WaitFor(ctx, "PortMaps Programmed", 5*time.Millisecond, b.settle, func() (bool, error) {
+		p, total := b.programmed.Count()
 		last = p
-		return p == want && total == want, err
+		return p == want && total == want, nil
 	})
 	if err != nil {
 		return fmt.Errorf("%w (%d of %d)", err, last, want)
@@ -238,7 +243,7 @@ func (b *bench) bulk(ctx context.Context, n int) error {
 		return err
 	}
 	inKernel := time.Now()
-	if err := b.waitProgrammed(ctx, n, 250*time.Millisecond); err != nil {
+	if err := b.waitProgrammed(ctx, n); err != nil {
 		return err
 	}
 	programmed := time.Now()
@@ -280,7 +285,7 @@ func (b *bench) size(ctx context.Context, n int) error {
 	if err := b.waitCount(ctx, "kuport's elements", b.kuportCount, b.portMaps, time.Second); err != nil {
 		return err
 	}
-	if err := b.waitProgrammed(ctx, b.portMaps, time.Second); err != nil {
+	if err := b.waitProgrammed(ctx, b.portMaps); err != nil {
 		return err
 	}
 	b.log.Info("kuport settled", "n", b.portMaps, "s", time.Since(start).Seconds())
@@ -341,7 +346,7 @@ func (b *bench) kuportFullSync(ctx context.Context) (time.Duration, error) {
 	d := time.Since(start)
 	b.log.Info("kuport full sync", "ms", labbench.Ms(d))
 	// Its reconnect rewrites nothing in the API, but let the controller see the ack.
-	return d, b.waitProgrammed(ctx, b.portMaps, time.Second)
+	return d, b.waitProgrammed(ctx, b.portMaps)
 }
 
 // kuportChanges creates one PortMap at a time and times it until its element is in the

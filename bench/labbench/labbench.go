@@ -23,7 +23,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/lab"
@@ -203,6 +205,61 @@ func CountProgrammed(ctx context.Context, dyn dynamic.Interface, namespace strin
 		}
 	}
 	return programmed, len(list.Items), nil
+}
+
+// ProgrammedWatch keeps, from an informer on one namespace's PortMaps, which exist and which
+// are Programmed: at 10,000 PortMaps a list a second would cost the API server and the bench
+// more CPU than the controller whose settling they wait for.
+type ProgrammedWatch struct {
+	mu         sync.Mutex
+	programmed map[string]bool
+}
+
+// WatchProgrammed starts a ProgrammedWatch on namespace's PortMaps until ctx ends and
+// returns once its cache has synced.
+func WatchProgrammed(ctx context.Context, dyn dynamic.Interface, namespace string) (*ProgrammedWatch, error) {
+	w := &ProgrammedWatch{programmed: map[string]bool{}}
+	f := dynamicinformer.NewFilteredDynamicSharedInformerFactory(dyn, 0, namespace, nil)
+	inf := f.ForResource(v1alpha1.PortMapsResource).Informer()
+	set := func(o any) {
+		if u, ok := o.(*unstructured.Unstructured); ok {
+			w.mu.Lock()
+			w.programmed[u.GetName()] = Programmed(u)
+			w.mu.Unlock()
+		}
+	}
+	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    set,
+		UpdateFunc: func(_, o any) { set(o) },
+		DeleteFunc: func(o any) {
+			if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(o); err == nil {
+				_, name, _ := cache.SplitMetaNamespaceKey(key)
+				w.mu.Lock()
+				delete(w.programmed, name)
+				w.mu.Unlock()
+			}
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("portmap informer: %w", err)
+	}
+	f.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		return nil, fmt.Errorf("portmap informer: %w", context.Cause(ctx))
+	}
+	return w, nil
+}
+
+// Count is how many PortMaps exist and how many of them are Programmed, as last seen.
+func (w *ProgrammedWatch) Count() (programmed, total int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, p := range w.programmed {
+		if p {
+			programmed++
+		}
+	}
+	return programmed, len(w.programmed)
 }
 
 // WaitFor polls cond every interval until it is true, errors, or timeout passes (an error
