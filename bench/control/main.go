@@ -281,7 +281,8 @@ func (b *bench) size(ctx context.Context, n int) error {
 	b.portMaps = max(b.portMaps, n)
 	b.log.Info("objects created", "s", time.Since(start).Seconds())
 
-	// kuport first: kube-proxy neither runs nor watches PortMaps yet, so it takes no CPU.
+	// kuport first: kube-proxy does not run (not yet, or stopped after the last size), so it
+	// takes no CPU.
 	if err := b.waitCount(ctx, "kuport's elements", b.kuportCount, b.portMaps, time.Second); err != nil {
 		return err
 	}
@@ -318,6 +319,11 @@ func (b *bench) size(ctx context.Context, n int) error {
 	}
 	kpRSS, err := labbench.RSSMB(b.kp.proc.Pid())
 	if err != nil {
+		return err
+	}
+	// Stopped until its next full sync: the next size's creates and kuport's measurements
+	// then run without it re-syncing the node on every Service created (its tables stay).
+	if err := b.kp.stop(); err != nil {
 		return err
 	}
 	b.log.Info("kuport-controller", "n", n, "rss_mb", ctlRSS)
