@@ -2,9 +2,10 @@
 // PortMapClass, PortMap, Service, EndpointSlice, Node and Namespace feed one work queue; its
 // worker keeps a compile.Snapshot of the caches and the agent registry up to date from the
 // events, compiles it (compile.Incremental: what the events changed, equal to the pure
-// compile.Compile; a burst's events together, compileWindow apart), hands the programs to the agents.Registry (which versions them and pushes
-// them, or their deltas, to connected agents), and status workers write the statuses whose
-// programmed.Decide verdict changed through the status package, rate-limited.
+// compile.Compile; a burst's events together, compileWindow apart), hands the programs to
+// the agents.Registry (which versions them and pushes them, or their deltas, to connected
+// agents), and status workers write the statuses whose programmed.Decide verdict changed
+// through the status package, rate-limited.
 //
 // It owns the work queue and the informers; it makes no datapath decision (compile does) and
 // touches no kernel state.
