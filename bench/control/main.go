@@ -359,6 +359,9 @@ func (b *bench) kuportFullSync(ctx context.Context) (time.Duration, error) {
 // kernel and until it is Programmed=True.
 func (b *bench) kuportChanges(ctx context.Context) (toKernel, toProgrammed []time.Duration, err error) {
 	for range b.changes {
+		// A second after the last change, or after the full sync whose status writes (every
+		// PortMap False, then True again) may still be retrying conflicts.
+		time.Sleep(time.Second)
 		i := b.portMaps
 		name := fmt.Sprintf("pm-%05d", i)
 		port := sizeBase + i
@@ -400,7 +403,6 @@ func (b *bench) kuportChanges(ctx context.Context) (toKernel, toProgrammed []tim
 		w.Stop()
 		b.log.Info("kuport change", "portmap", name, "to_kernel_ms", labbench.Ms(toKernel[len(toKernel)-1]),
 			"to_programmed_ms", labbench.Ms(toProgrammed[len(toProgrammed)-1]))
-		time.Sleep(time.Second)
 	}
 	return toKernel, toProgrammed, nil
 }
@@ -433,6 +435,9 @@ func (b *bench) kubeProxyFullSync(ctx context.Context, n int) (time.Duration, er
 func (b *bench) kubeProxyChanges(ctx context.Context, n int) ([]time.Duration, error) {
 	var out []time.Duration
 	for k := range b.changes {
+		// kube-proxy's minSyncPeriod (1 s) after its last sync (the full sync, or the last
+		// change): a change sooner would wait for it.
+		time.Sleep(1100 * time.Millisecond)
 		i := (k*n/b.changes + n/(2*b.changes)) % n
 		name := fmt.Sprintf("svc-%05d", i)
 		b.moved++
@@ -450,8 +455,6 @@ func (b *bench) kubeProxyChanges(ctx context.Context, n int) ([]time.Duration, e
 		}
 		out = append(out, time.Since(start))
 		b.log.Info("kube-proxy change", "service", name, "to_kernel_ms", labbench.Ms(out[len(out)-1]))
-		// kube-proxy's minSyncPeriod (1 s): a change sooner would wait for it.
-		time.Sleep(1100 * time.Millisecond)
 	}
 	return out, nil
 }
