@@ -299,6 +299,14 @@ func (b *bench) size(ctx context.Context, n int) error {
 		return err
 	}
 	b.log.Info("kuport change to Programmed=True", "n", n, "ms_p50", labbench.Percentile(programmed, 50), "ms_p99", labbench.Percentile(programmed, 99))
+	// The controller's memory with the n mappings, read before kube-proxy's full sync: on a
+	// loaded machine the controller has lost its Lease during it (and exits, as a replica that
+	// loses the leadership does; the lab restarts none).
+	ctlRSS, err := labbench.RSSMB(b.l.ReplicaPid(0))
+	if err != nil {
+		return err
+	}
+	b.log.Info("kuport-controller", "n", n, "rss_mb", ctlRSS)
 
 	kpSync, err := b.kubeProxyFullSync(ctx, n)
 	if err != nil {
@@ -313,10 +321,6 @@ func (b *bench) size(ctx context.Context, n int) error {
 	if err != nil {
 		return err
 	}
-	ctlRSS, err := labbench.RSSMB(b.l.ReplicaPid(0))
-	if err != nil {
-		return err
-	}
 	kpRSS, err := labbench.RSSMB(b.kp.proc.Pid())
 	if err != nil {
 		return err
@@ -326,7 +330,6 @@ func (b *bench) size(ctx context.Context, n int) error {
 	if err := b.kp.stop(); err != nil {
 		return err
 	}
-	b.log.Info("kuport-controller", "n", n, "rss_mb", ctlRSS)
 	line := "BENCH control system=%s n=%d change_to_kernel_ms_p50=%.1f change_to_kernel_ms_p99=%.1f full_sync_ms=%.0f rss_mb=%.1f\n"
 	fmt.Printf(line, "kuport", n, labbench.Percentile(kuport, 50), labbench.Percentile(kuport, 99), labbench.Ms(kuportSync), agentRSS)
 	fmt.Printf(line, "kube-proxy", n, labbench.Percentile(kp, 50), labbench.Percentile(kp, 99), labbench.Ms(kpSync), kpRSS)
