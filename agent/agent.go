@@ -345,7 +345,12 @@ func (a *Agent) session(ctx context.Context, target string, resync <-chan time.T
 	a.setReady(a.current != nil)
 	defer a.setReady(false)
 
-	programs := make(chan *kuportv1.NodeProgram)
+	// latest holds the newest program received and not yet taken for applying: a version
+	// that arrives while the agent applies another replaces the one waiting, so a burst of
+	// versions (a thousand PortMaps created at once) is applied as its newest, once, not one
+	// by one behind each other. Versions are whole programs (deltas are applied here, in
+	// order), so skipping one loses nothing; the Ack of the newest covers the ones before.
+	latest := make(chan *kuportv1.NodeProgram, 1)
 	recvErr := make(chan error, 1)
 	go func() {
 		// base is the last program the stream carried: a delta applies to it.
@@ -370,10 +375,11 @@ func (a *Agent) session(ctx context.Context, target string, resync <-chan time.T
 			}
 			base = p
 			select {
-			case programs <- p:
-			case <-sctx.Done():
-				return
+			case old := <-latest:
+				a.log.Debug("program superseded before it was applied", "version", old.GetVersion(), "by", p.GetVersion())
+			default:
 			}
+			latest <- p
 		}
 	}()
 
@@ -413,7 +419,7 @@ func (a *Agent) session(ctx context.Context, target string, resync <-chan time.T
 				err = errSessionEnded
 			}
 			return healthy, fmt.Errorf("receive from %s: %w", target, err)
-		case p := <-programs:
+		case p := <-latest:
 			healthy = true
 			ack := a.handleProgram(p)
 			a.setReady(a.current != nil)

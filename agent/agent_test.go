@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -713,4 +714,51 @@ func TestFollowerRefusalMovesOnWithoutBackoff(t *testing.T) {
 	s := nextSession(t, c)
 	require.Equal(t, "edge-a", s.hello.GetNode())
 	require.Contains(t, logs.String(), "leader: replica-1")
+}
+
+// blockingDatapath is a fakeDatapath whose first Apply waits until release is closed.
+type blockingDatapath struct {
+	*fakeDatapath
+	started chan struct{} // closed when the first Apply begins
+	release chan struct{}
+	once    sync.Once
+}
+
+func (b *blockingDatapath) Apply(p *kuportv1.NodeProgram) error {
+	first := false
+	b.once.Do(func() { first = true; close(b.started) })
+	if first {
+		<-b.release
+	}
+	return b.fakeDatapath.Apply(p)
+}
+
+// TestBurstAppliedAsNewest: versions that arrive while the agent applies another are not
+// applied one by one: the newest replaces those waiting, is applied once and acknowledged.
+func TestBurstAppliedAsNewest(t *testing.T) {
+	c, target := startController(t)
+	dp := &blockingDatapath{fakeDatapath: newFakeDatapath(), started: make(chan struct{}), release: make(chan struct{})}
+	logs := &syncBuffer{}
+	startAgent(t, testConfig(dp, logs, target))
+
+	s := nextSession(t, c)
+	s.send(t, program(1, 1, 27015))
+	select {
+	case <-dp.started:
+	case <-time.After(waitFor):
+		t.Fatal("version 1 not applied")
+	}
+	for v := uint64(2); v <= 4; v++ {
+		s.send(t, program(v, 1, 27015+uint32(v)))
+	}
+	// 2 and 3 were each replaced while version 1's Apply waits.
+	require.Eventually(t, func() bool {
+		return strings.Count(logs.String(), "program superseded before it was applied") == 2
+	}, waitFor, time.Millisecond)
+	close(dp.release)
+	requireProtoEqual(t, &kuportv1.Ack{Version: 1, Epoch: 1}, s.nextAck(t))
+	requireProtoEqual(t, &kuportv1.Ack{Version: 4, Epoch: 1}, s.nextAck(t))
+	applied, applies := dp.snapshot()
+	requireProtoEqual(t, program(4, 1, 27019), applied)
+	require.Equal(t, 2, applies, "version 1, then 4 alone")
 }

@@ -4,11 +4,4 @@
 # namespaces, a real API server, the real kuport-controller and kuport-agent of bin/).
 #   sudo sh bench/control.sh                        # the figures BENCHMARKS.md records
 #   sudo sh bench/control.sh -n 10 --changes 2 --bulk 10   # a smoke run
-set -eu
-cd "$(dirname "$0")/.."
-k8s=$(lab/build-binaries.sh)
-make --no-print-directory build
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
-go build -o "$out/control" ./bench/control
-"$out/control" --k8s-bin "$k8s" --bin "$PWD/bin" "$@"
+exec sh "$(dirname "$0")/lab.sh" control "$@"

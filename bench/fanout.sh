@@ -4,11 +4,4 @@
 # every node, acknowledged by all (issue 13). Root: it starts the lab.
 #   sudo sh bench/fanout.sh                  # the figures BENCHMARKS.md records (1,000 agents)
 #   sudo sh bench/fanout.sh --agents 10      # a smoke run
-set -eu
-cd "$(dirname "$0")/.."
-k8s=$(lab/build-binaries.sh)
-make --no-print-directory build
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
-go build -o "$out/fanout" ./bench/fanout
-"$out/fanout" --k8s-bin "$k8s" --bin "$PWD/bin" "$@"
+exec sh "$(dirname "$0")/lab.sh" fanout "$@"

@@ -2,9 +2,10 @@
 // PortMapClass, PortMap, Service, EndpointSlice, Node and Namespace feed one work queue; its
 // worker keeps a compile.Snapshot of the caches and the agent registry up to date from the
 // events, compiles it (compile.Incremental: what the events changed, equal to the pure
-// compile.Compile), hands the programs to the agents.Registry (which versions them and pushes
-// them, or their deltas, to connected agents), and status workers write the statuses whose
-// programmed.Decide verdict changed through the status package, rate-limited.
+// compile.Compile; a burst's events together, compileWindow apart), hands the programs to
+// the agents.Registry (which versions them and pushes them, or their deltas, to connected
+// agents), and status workers write the statuses whose programmed.Decide verdict changed
+// through the status package, rate-limited.
 //
 // It owns the work queue and the informers; it makes no datapath decision (compile does) and
 // touches no kernel state.
@@ -64,11 +65,13 @@ const (
 
 // Status writes: by default at most DefaultStatusQPS a second (bursts of DefaultStatusBurst),
 // by statusWorkers in parallel. client-go's default (5 a second) made 1,000 PortMaps applied
-// at once take 198 s to all read Programmed=True (issue 13).
+// at once take 198 s to all read Programmed=True (issue 13); 4 workers at 200 a second still
+// took 5 s after the last of them was created, each write waiting out its round trip to an
+// API server busy with the creates. Sized so 1,000 at once leave in about a second.
 const (
-	DefaultStatusQPS   = 200
-	DefaultStatusBurst = 400
-	statusWorkers      = 4
+	DefaultStatusQPS   = 500
+	DefaultStatusBurst = 1000
+	statusWorkers      = 16
 )
 
 // resyncPeriod recompiles periodically even without events, so link claims age
@@ -147,6 +150,10 @@ type Controller struct {
 	unheard []string
 	// holding is true while the last compile found the startup hold on (compile worker only).
 	holding bool
+	// compiled is when the last compile started (compile worker only; compileWindow).
+	compiled time.Time
+	// waits are the status writes put off for an acknowledgement (ackGrace).
+	waits ackWaits
 	// stopping is set once Run's context ends.
 	stopping atomic.Bool
 	// pushes measures each program version's time from store to acknowledgement.
@@ -395,6 +402,13 @@ func (c *Controller) processNext(ctx context.Context) bool {
 	var err error
 	switch key {
 	case keyCompile:
+		now := time.Now()
+		if wait := compileDelay(c.compiled, now, compileWindow); wait > 0 {
+			// A burst: this compile takes what the window gathers.
+			c.queue.AddAfter(keyCompile, wait)
+			break
+		}
+		c.compiled = now
 		err = c.compile(ctx)
 	case keyStatus:
 		c.decideAgain(c.reg.Touched())
@@ -558,7 +572,8 @@ func (c *Controller) processStatus(ctx context.Context) bool {
 }
 
 // writeStatus decides the PortMap's Programmed condition (programmed.Decide over the last
-// compile's result and the registry's acks) and writes its status when it changed.
+// compile's result and the registry's acks) and writes its status when it changed; a verdict
+// that only awaits an acknowledgement waits for it up to ackGrace (Verdict.MayWait).
 func (c *Controller) writeStatus(ctx context.Context, key types.NamespacedName) error {
 	c.mu.Lock()
 	last, unheard := c.last, c.unheard
@@ -569,16 +584,24 @@ func (c *Controller) writeStatus(ctx context.Context, key types.NamespacedName) 
 	res := last.PortMaps[key]
 	obj, ok, err := c.pms.GetByKey(key.String())
 	if res == nil || err != nil || !ok {
+		c.waits.forget(key)
 		return nil
 	}
 	pm := obj.(*v1alpha1.PortMap)
-	v := programmed.Decide(programmed.Input{
-		Term:       c.reg.Term(unheard, time.Now()),
+	now := time.Now()
+	in := programmed.Input{
+		Term:       c.reg.Term(unheard, now),
 		Compiled:   meta.FindStatusCondition(res.Status.Conditions, v1alpha1.ConditionProgrammed),
 		Recorded:   meta.FindStatusCondition(pm.Status.Conditions, v1alpha1.ConditionProgrammed),
 		Generation: pm.Generation,
 		Nodes:      c.reg.Acks(compile.MappingKey(pm), res.Nodes),
-	})
+	}
+	v := programmed.Decide(in)
+	if wait := c.waits.delay(key, v.MayWait(in), now, ackGrace); wait > 0 {
+		// The acknowledgement queues key again, and its True is written at once.
+		c.statuses.AddAfter(key, wait)
+		return nil
+	}
 	_, err = c.writer.PortMap(ctx, pm, res, v)
 	return err
 }

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,9 +26,11 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/controller/agents"
@@ -44,15 +48,19 @@ func create(t *testing.T, ctx context.Context, c dynamic.Interface, gvr schema.G
 	require.NoError(t, err)
 }
 
-// TestPrivilegedControllerAPI runs the controller and its gRPC server against the lab's real
-// API server with one agent client: a PortMap naming a missing class gets Accepted=False
-// ClassNotFound (and an Event); a valid local mapping is Programmed=False NodeNotReady until
-// the agent acknowledges the program version carrying it, then True, and False again once the
-// agent disconnects.
-func TestPrivilegedControllerAPI(t *testing.T) {
+// apiLab is the lab's real API server with the controller and its gRPC server running
+// against it, and the world every test here maps: node edge-a accepting on wt0 (class
+// public), a pod on it behind Service games/web (port http).
+type apiLab struct {
+	kube kubernetes.Interface
+	dyn  dynamic.Interface
+	// agent is edge-a's agent stream, its Hello sent.
+	agent grpc.BidiStreamingClient[kuportv1.ConnectRequest, kuportv1.ConnectResponse]
+}
+
+func startAPILab(t *testing.T, ctx context.Context) *apiLab {
+	t.Helper()
 	binDir := labtest.K8sBin(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
 	log := hclog.New(&hclog.LoggerOptions{Name: "test", Level: hclog.Debug, Output: t.Output()})
 
 	cl, err := cluster.Start(ctx, cluster.Config{Dir: t.TempDir(), BinDir: binDir, CRDDir: "../deploy/crds", Log: log})
@@ -60,7 +68,9 @@ func TestPrivilegedControllerAPI(t *testing.T) {
 	t.Cleanup(func() { assert.NoError(t, cl.Stop()) })
 	kube, err := kubernetes.NewForConfig(cl.RESTConfig())
 	require.NoError(t, err)
-	dyn, err := dynamic.NewForConfig(cl.RESTConfig())
+	rc := cl.RESTConfig()
+	rc.QPS, rc.Burst = 1000, 1000 // the tests' own creates
+	dyn, err := dynamic.NewForConfig(rc)
 	require.NoError(t, err)
 
 	ctl, err := New(Config{Kube: kube, Dynamic: dyn, Epoch: 1000, Hold: time.Second, Log: log.Named("controller")})
@@ -68,10 +78,10 @@ func TestPrivilegedControllerAPI(t *testing.T) {
 	runCtx, stopRun := context.WithCancel(ctx)
 	ran := make(chan error, 1)
 	go func() { ran <- ctl.Run(runCtx) }()
-	defer func() {
+	t.Cleanup(func() {
 		stopRun()
 		assert.NoError(t, <-ran)
-	}()
+	})
 	// The serving certificate as in a cluster: generated into a Secret, its CA published in a
 	// ConfigMap, which the agent trusts.
 	require.NoError(t, cl.EnsureNamespace(ctx, "kuport-system", nil))
@@ -90,7 +100,7 @@ func TestPrivilegedControllerAPI(t *testing.T) {
 	srv := agents.NewServer(log.Named("grpc"), nil, certs.TLSConfig())
 	srv.Lead(ctl.Registry())
 	go func() { assert.NoError(t, srv.Serve(lis)) }()
-	defer srv.Stop()
+	t.Cleanup(srv.Stop)
 
 	// The world: node edge-a accepting on wt0, a pod on it behind Service games/web.
 	require.NoError(t, cl.EnsureNamespace(ctx, "games", nil))
@@ -116,7 +126,7 @@ func TestPrivilegedControllerAPI(t *testing.T) {
 	conn, err := grpc.NewClient(sock, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
 		RootCAs: roots, ServerName: "kuport-controller.kuport-system.svc"})))
 	require.NoError(t, err)
-	defer conn.Close()
+	t.Cleanup(func() { _ = conn.Close() })
 	agent, err := kuportv1.NewAgentServiceClient(conn).Connect(ctx)
 	require.NoError(t, err)
 	require.NoError(t, agent.Send(&kuportv1.ConnectRequest{Message: &kuportv1.ConnectRequest_Hello{Hello: &kuportv1.Hello{
@@ -130,13 +140,31 @@ func TestPrivilegedControllerAPI(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Name: "public"},
 		Spec:       v1alpha1.PortMapClassSpec{Nodes: map[string]v1alpha1.ClassNode{"edge-a": {Interfaces: []string{"wt0"}}}},
 	})
+	return &apiLab{kube: kube, dyn: dyn, agent: agent}
+}
+
+// portMap is PortMap games/<name> of class on port, to Service web.
+func portMap(name, class string, port int32) *v1alpha1.PortMap {
+	return &v1alpha1.PortMap{
+		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "PortMap"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "games"},
+		Spec: v1alpha1.PortMapSpec{ClassName: class, Protocol: v1alpha1.ProtocolTCP, Port: port,
+			ServiceRef: v1alpha1.ServiceRef{Name: "web", Port: "http"}},
+	}
+}
+
+// TestPrivilegedControllerAPI runs the controller and its gRPC server against the lab's real
+// API server with one agent client: a PortMap naming a missing class gets Accepted=False
+// ClassNotFound (and an Event); a valid local mapping is Programmed=False NodeNotReady when
+// the agent has not acknowledged the program version carrying it for ackGrace, then True
+// once it does, and False again once the agent disconnects.
+func TestPrivilegedControllerAPI(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	l := startAPILab(t, ctx)
+	kube, dyn, agent := l.kube, l.dyn, l.agent
 	for name, class := range map[string]string{"orphan": "missing", "local": "public"} {
-		create(t, ctx, dyn, v1alpha1.PortMapsResource, &v1alpha1.PortMap{
-			TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "PortMap"},
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "games"},
-			Spec: v1alpha1.PortMapSpec{ClassName: class, Protocol: v1alpha1.ProtocolTCP, Port: 8080,
-				ServiceRef: v1alpha1.ServiceRef{Name: "web", Port: "http"}},
-		})
+		create(t, ctx, dyn, v1alpha1.PortMapsResource, portMap(name, class, 8080))
 	}
 
 	condition := func(name, typ string) *metav1.Condition {
@@ -211,6 +239,123 @@ func TestIsOnlyConflicts(t *testing.T) {
 	assert.True(t, isOnlyConflicts(errors.Join(conflict, conflict)))
 	assert.False(t, isOnlyConflicts(errors.Join(conflict, errors.New("forbidden"))))
 	assert.False(t, isOnlyConflicts(errors.New("forbidden")))
+}
+
+// TestPrivilegedBulkCreate: PortMaps created at once, with an agent acknowledging every
+// program at once, reach it as few program versions (a compile per compileWindow, not per
+// event), and each PortMap's status is written once, Programmed=True: no Programmed=False
+// awaiting the acknowledgement goes before it (ackGrace).
+func TestPrivilegedBulkCreate(t *testing.T) {
+	const n = 100
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	l := startAPILab(t, ctx)
+
+	// The agent: acknowledges each program as it comes and notes when the versions carrying
+	// the bulk's mappings came.
+	var (
+		mu   sync.Mutex
+		came []time.Time
+	)
+	go func() {
+		for {
+			msg, err := l.agent.Recv()
+			if err != nil {
+				return
+			}
+			p := msg.GetProgram()
+			if d := msg.GetDelta(); d != nil {
+				p = d.GetChanged()
+			}
+			if p == nil {
+				continue
+			}
+			for _, d := range p.GetDnatRules() {
+				if strings.HasPrefix(d.Mapping, "games/bulk-") {
+					mu.Lock()
+					came = append(came, time.Now())
+					mu.Unlock()
+					break
+				}
+			}
+			if l.agent.Send(&kuportv1.ConnectRequest{Message: &kuportv1.ConnectRequest_Ack{Ack: &kuportv1.Ack{Epoch: p.Epoch, Version: p.Version}}}) != nil {
+				return
+			}
+		}
+	}()
+	// Past the startup hold, with the class's first program acknowledged.
+	require.Eventually(t, func() bool {
+		cls, err := l.dyn.Resource(v1alpha1.PortMapClassesResource).Get(ctx, "public", metav1.GetOptions{})
+		return err == nil && cls.Object["status"] != nil
+	}, 60*time.Second, 10*time.Millisecond)
+
+	pms := l.dyn.Resource(v1alpha1.PortMapsResource).Namespace("games")
+	list, err := pms.List(ctx, metav1.ListOptions{})
+	require.NoError(t, err)
+	// Resumed where it ended when the API server ends it; read at once, as it ends a watch
+	// that falls behind.
+	w, err := watchtools.NewRetryWatcherWithContext(ctx, list.GetResourceVersion(), &cache.ListWatch{
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return pms.Watch(ctx, o) },
+	})
+	require.NoError(t, err)
+	defer w.Stop()
+	events := make(chan watch.Event, 10*n)
+	go func() {
+		for ev := range w.ResultChan() {
+			events <- ev
+		}
+		close(events)
+	}()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			create(t, ctx, l.dyn, v1alpha1.PortMapsResource, portMap(fmt.Sprintf("bulk-%03d", i), "public", int32(20000+i)))
+		})
+	}
+	wg.Wait()
+	created := time.Since(start)
+
+	writes := map[string]int{}
+	programmed := 0
+	for programmed < n {
+		select {
+		case ev, ok := <-events:
+			require.True(t, ok, "the watch ended")
+			u, ok := ev.Object.(*unstructured.Unstructured)
+			require.True(t, ok, "watch event %v", ev)
+			if ev.Type != watch.Modified {
+				continue
+			}
+			writes[u.GetName()]++
+			var pm v1alpha1.PortMap
+			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &pm))
+			c := meta.FindStatusCondition(pm.Status.Conditions, v1alpha1.ConditionProgrammed)
+			require.NotNil(t, c, "%s written without Programmed", pm.Name)
+			require.Equal(t, metav1.ConditionTrue, c.Status, "%s: %s %s", pm.Name, c.Reason, c.Message)
+			programmed++
+		case <-ctx.Done():
+			t.Fatalf("%d of %d PortMaps Programmed", programmed, n)
+		}
+	}
+	// Nothing more is written once all are True.
+	select {
+	case ev := <-events:
+		t.Fatalf("another write after all were Programmed: %s %v", ev.Type, ev.Object.(*unstructured.Unstructured).GetName())
+	case <-time.After(2 * ackGrace):
+	}
+	for name, c := range writes {
+		assert.Equal(t, 1, c, "status writes of %s", name)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// Compiles start compileWindow apart while the creates come (each version's own compile
+	// and send time varies by a few milliseconds): a compile per event or two would send
+	// them about a millisecond apart.
+	t.Logf("%d PortMaps created in %s reached the agent in %d program versions", n, created, len(came))
+	for i := 1; i < len(came); i++ {
+		assert.GreaterOrEqual(t, came[i].Sub(came[i-1]), compileWindow/2, "versions %d and %d", i-1, i)
+	}
 }
 
 // TestCachesHoldNoManagedFields: what the informers cache has no managedFields, typed or not.

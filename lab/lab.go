@@ -82,6 +82,10 @@ type Options struct {
 	APIServerArgs []string
 	// ControllerArgs are added to every controller replica's flags (bench/fanout's --pprof).
 	ControllerArgs []string
+	// Empty empties Dir (but for the logs netlab has just cleared) once the lab lock is held:
+	// a benchmark's run starts from nothing, and a run waiting for the lock leaves the dir
+	// of the one holding it alone.
+	Empty bool
 }
 
 // Lab is a running lab.
@@ -144,6 +148,11 @@ func (l *Lab) up(ctx context.Context) error {
 	if err := cluster.StopDir(l.opt.Dir); err != nil {
 		return fmt.Errorf("lab: stop leftovers: %w", err)
 	}
+	if l.opt.Empty {
+		if err := emptyBut(l.opt.Dir, l.logDir()); err != nil {
+			return fmt.Errorf("lab: %w", err)
+		}
+	}
 	// Every lab starts from an empty cluster: objects of an earlier run would collide. Its
 	// nodes are fresh too, as after a reboot, so the agents' fencing epochs go with it: the
 	// new cluster's Lease counts from zero again.
@@ -192,6 +201,22 @@ func (l *Lab) up(ctx context.Context) error {
 	for _, n := range l.Net.Nodes() {
 		if err := l.StartAgent(n.Name); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// emptyBut removes everything in dir but keep.
+func emptyBut(dir, keep string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if p := filepath.Join(dir, e.Name()); p != keep {
+			if err := os.RemoveAll(p); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

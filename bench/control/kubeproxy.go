@@ -2,20 +2,17 @@ package main
 
 import (
 	"encoding/binary"
-	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sync"
 
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"kuport.wlz.li/kuport/bench/labbench"
 	"kuport.wlz.li/kuport/lab"
 	"kuport.wlz.li/kuport/lab/kubelab"
 	"kuport.wlz.li/kuport/lab/netlab"
@@ -60,7 +57,11 @@ func newKubeProxy(l *lab.Lab, node, dir string) (*kubeProxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	if kp.bridge, err = listenIn(node, apiBridgeAddr); err != nil {
+	err = labbench.InNS(node, func() (err error) {
+		kp.bridge, err = net.Listen("tcp", apiBridgeAddr)
+		return err
+	})
+	if err != nil {
 		return nil, err
 	}
 	kp.wg.Go(func() {
@@ -103,33 +104,6 @@ func (kp *kubeProxy) close() error {
 	_ = kp.bridge.Close()
 	kp.wg.Wait()
 	return err
-}
-
-// listenIn opens a TCP listener in the network namespace node; the socket stays in it.
-func listenIn(node, addr string) (net.Listener, error) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = orig.Close() }()
-	target, err := netns.GetFromPath(filepath.Join("/run/netns", node))
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = target.Close() }()
-	if err := netns.Set(target); err != nil {
-		return nil, err
-	}
-	ln, lerr := net.Listen("tcp", addr)
-	if err := netns.Set(orig); err != nil {
-		// The thread stays locked and dies with the goroutine rather than serve in the
-		// wrong namespace.
-		runtime.LockOSThread()
-		return nil, errors.Join(lerr, fmt.Errorf("back to the root namespace: %w", err))
-	}
-	return ln, lerr
 }
 
 func relay(c net.Conn, to string) {

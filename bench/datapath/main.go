@@ -126,24 +126,6 @@ func (t *topology) close() {
 	}
 }
 
-// inNS runs fn on a thread in the named namespace; the thread ends with it.
-func inNS(name string, fn func() error) error {
-	done := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		h, err := netns.GetFromName(name)
-		if err == nil {
-			defer func() { _ = h.Close() }()
-			err = netns.Set(h)
-		}
-		if err == nil {
-			err = fn()
-		}
-		done <- err
-	}()
-	return <-done
-}
-
 // serve runs the pod's TCP server: each connection is read to its end (throughput), or
 // answered byte for byte (request/response and connection rate).
 func serve(l net.Listener) {
@@ -165,7 +147,7 @@ func serve(l net.Listener) {
 func trafficFigures(t *topology, port int, d time.Duration) (gbps, connPerS, rrP50us float64, err error) {
 	target := net.JoinHostPort(nodeAddr, strconv.Itoa(port))
 	dialer := net.Dialer{Timeout: 2 * time.Second}
-	err = inNS(t.client, func() error {
+	err = labbench.InNS(t.client, func() error {
 		c, err := dialer.Dial("tcp4", target)
 		if err != nil {
 			return err
@@ -244,7 +226,7 @@ func measure(n int, agent string, d time.Duration) error {
 	}
 	defer t.close()
 	var pod net.Listener
-	if err := inNS(t.pod, func() error {
+	if err := labbench.InNS(t.pod, func() error {
 		pod, err = net.Listen("tcp4", net.JoinHostPort(podAddr(n-1), strconv.Itoa(10000+n-1)))
 		return err
 	}); err != nil {

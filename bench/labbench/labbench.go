@@ -1,5 +1,5 @@
 // Package labbench is what the benchmarks share (bench/control, bench/fanout; bench/datapath
-// its memory figure):
+// its memory figure and InNS):
 // the embedded lab (package lab: a real API server, the real controller and agents in
 // network namespaces) with API clients whose rate limit is raised for creating thousands of
 // objects, concurrent creation, and the figures they print (percentiles, a process's
@@ -11,18 +11,21 @@ import (
 	"flag"
 	"fmt"
 	"math"
-	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/procfs"
+	"github.com/vishvananda/netns"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/lab"
@@ -50,7 +53,7 @@ type Flags struct {
 func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.K8sBin, "k8s-bin", "", "directory of etcd, kube-apiserver, kubectl and kube-proxy (lab/build-binaries.sh)")
 	fs.StringVar(&f.Bin, "bin", "bin", "directory of kuport-controller, kuport-agent and kuport-lab (make build)")
-	fs.StringVar(&f.Dir, "dir", "/var/tmp/kuport-bench", "the lab's state directory (etcd data, logs, sockets); emptied first")
+	fs.StringVar(&f.Dir, "dir", "/var/tmp/kuport-bench", "the lab's state directory (etcd data, logs, sockets); emptied once the lab lock is held")
 	fs.StringVar(&f.Repo, "repo", ".", "the repository root (deploy/crds, deploy/rbac.yaml)")
 	fs.BoolVar(&f.Verbose, "v", false, "log the lab's progress to stderr")
 }
@@ -62,9 +65,6 @@ func Up(ctx context.Context, f Flags, log hclog.Logger, apiserverArgs ...string)
 	if f.K8sBin == "" {
 		return nil, fmt.Errorf("--k8s-bin is required (the output of lab/build-binaries.sh)")
 	}
-	if err := os.RemoveAll(f.Dir); err != nil {
-		return nil, fmt.Errorf("lab dir: %w", err)
-	}
 	labLog := hclog.NewNullLogger()
 	if f.Verbose {
 		labLog = log.Named("lab")
@@ -72,7 +72,7 @@ func Up(ctx context.Context, f Flags, log hclog.Logger, apiserverArgs ...string)
 	l, err := lab.Up(ctx, lab.Options{
 		Dir: f.Dir, K8sBin: f.K8sBin, Bin: f.Bin,
 		CRDDir: filepath.Join(f.Repo, "deploy", "crds"), RBACFile: filepath.Join(f.Repo, "deploy", "rbac.yaml"),
-		APIServerArgs: apiserverArgs, ControllerArgs: f.ControllerArgs, Log: labLog,
+		APIServerArgs: apiserverArgs, ControllerArgs: f.ControllerArgs, Log: labLog, Empty: true,
 	})
 	if err != nil {
 		return nil, err
@@ -88,6 +88,25 @@ func Up(ctx context.Context, f Flags, log hclog.Logger, apiserverArgs ...string)
 		return nil, fmt.Errorf("bench clients: %w (and closing the lab: %v)", err, l.Close())
 	}
 	return l, nil
+}
+
+// InNS runs fn on a thread in network namespace name (/run/netns); the thread ends with it,
+// so no other goroutine ever runs in the namespace. A socket fn opens stays in it.
+func InNS(name string, fn func() error) error {
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		h, err := netns.GetFromName(name)
+		if err == nil {
+			defer func() { _ = h.Close() }()
+			err = netns.Set(h)
+		}
+		if err == nil {
+			err = fn()
+		}
+		done <- err
+	}()
+	return <-done
 }
 
 // Parallel calls fn(i) for every i in [from, to) on Workers goroutines and returns the first
@@ -189,6 +208,61 @@ func CountProgrammed(ctx context.Context, dyn dynamic.Interface, namespace strin
 		}
 	}
 	return programmed, len(list.Items), nil
+}
+
+// ProgrammedWatch keeps, from an informer on one namespace's PortMaps, which exist and which
+// are Programmed: at 10,000 PortMaps a list a second would cost the API server and the bench
+// more CPU than the controller whose settling they wait for.
+type ProgrammedWatch struct {
+	mu         sync.Mutex
+	programmed map[string]bool
+}
+
+// WatchProgrammed starts a ProgrammedWatch on namespace's PortMaps until ctx ends and
+// returns once its cache has synced.
+func WatchProgrammed(ctx context.Context, dyn dynamic.Interface, namespace string) (*ProgrammedWatch, error) {
+	w := &ProgrammedWatch{programmed: map[string]bool{}}
+	f := dynamicinformer.NewFilteredDynamicSharedInformerFactory(dyn, 0, namespace, nil)
+	inf := f.ForResource(v1alpha1.PortMapsResource).Informer()
+	set := func(o any) {
+		if u, ok := o.(*unstructured.Unstructured); ok {
+			w.mu.Lock()
+			w.programmed[u.GetName()] = Programmed(u)
+			w.mu.Unlock()
+		}
+	}
+	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    set,
+		UpdateFunc: func(_, o any) { set(o) },
+		DeleteFunc: func(o any) {
+			if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(o); err == nil {
+				_, name, _ := cache.SplitMetaNamespaceKey(key)
+				w.mu.Lock()
+				delete(w.programmed, name)
+				w.mu.Unlock()
+			}
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("portmap informer: %w", err)
+	}
+	f.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		return nil, fmt.Errorf("portmap informer: %w", context.Cause(ctx))
+	}
+	return w, nil
+}
+
+// Count is how many PortMaps exist and how many of them are Programmed, as last seen.
+func (w *ProgrammedWatch) Count() (programmed, total int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, p := range w.programmed {
+		if p {
+			programmed++
+		}
+	}
+	return programmed, len(w.programmed)
 }
 
 // WaitFor polls cond every interval until it is true, errors, or timeout passes (an error

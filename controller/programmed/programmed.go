@@ -151,6 +151,21 @@ func Decide(in Input) Verdict {
 	return Verdict{Programmed: &prog, Quiet: awaiting}
 }
 
+// MayWait reports whether writing v (Decide's verdict on in) may wait for the
+// acknowledgements it awaits: v is a Programmed=False only because connected agents have yet
+// to acknowledge the version carrying the mapping (Quiet), and the object records no
+// Programmed=True of its generation that writing v would take back. An acknowledgement
+// normally follows within milliseconds, and its Programmed=True would overwrite v: a thousand
+// PortMaps created at once are then written once each, not twice. A True of the object's
+// generation is taken back at once: the mapping changed, and it is not in the kernel yet.
+func (v Verdict) MayWait(in Input) bool {
+	p, r := v.Programmed, in.Recorded
+	if v.Hold || !v.Quiet || p == nil || p.Status != metav1.ConditionFalse {
+		return false
+	}
+	return r == nil || r.Status != metav1.ConditionTrue || r.ObservedGeneration != in.Generation
+}
+
 // Unheard are the nodes the startup hold waits for that s has no agent state from: every
 // existing node a class names as accepting or as a peer of a recorded link. The programs
 // compiled from s lack what those nodes' state brings (the links to them).

@@ -110,6 +110,36 @@ func TestDecide(t *testing.T) {
 
 func term(t Term, f func(*Term)) Term { f(&t); return t }
 
+func TestMayWait(t *testing.T) {
+	recordedTrue := programmedCond(metav1.ConditionTrue, v1alpha1.ReasonAllNodesReady, "rules compiled for nodes edge-a", 3)
+	recordedFalse := programmedCond(metav1.ConditionFalse, v1alpha1.ReasonNodeNotReady, "node edge-a: agent disconnected", 3)
+	awaiting := []Node{with(ready("edge-a"), func(n *Node) { n.Version = 7 })}
+	holding := Term{Now: t0.Add(time.Second), HoldUntil: t0.Add(15 * time.Second), Unheard: []string{"worker-b"}}
+	for _, tc := range []struct {
+		name string
+		in   Input
+		want bool
+	}{
+		{"new object awaiting its ack", Input{Term: settled, Compiled: compiledTrue, Generation: 3, Nodes: awaiting}, true},
+		{"an older generation's True awaiting the new one's ack", Input{Term: settled, Compiled: compiledTrue, Recorded: recordedTrue,
+			Generation: 4, Nodes: awaiting}, true},
+		{"a recorded False awaiting", Input{Term: settled, Compiled: compiledTrue, Recorded: recordedFalse, Generation: 3, Nodes: awaiting}, true},
+		{"the generation's True is taken back at once", Input{Term: settled, Compiled: compiledTrue, Recorded: recordedTrue,
+			Generation: 3, Nodes: awaiting}, false},
+		{"a disconnected agent is written at once", Input{Term: settled, Compiled: compiledTrue, Generation: 3,
+			Nodes: []Node{with(ready("edge-a"), func(n *Node) { n.Connected = false })}}, false},
+		{"True is written at once", Input{Term: settled, Compiled: compiledTrue, Generation: 3, Nodes: []Node{ready("edge-a")}}, false},
+		{"settling keeps the True: nothing to wait for", Input{Term: settling, Compiled: compiledTrue, Recorded: recordedTrue, Generation: 3,
+			Nodes: []Node{{Name: "edge-a", Version: 4}}}, false},
+		{"the hold writes nothing anyway", Input{Term: holding, Compiled: compiledTrue, Generation: 3, Nodes: awaiting}, false},
+		{"no condition from compile", Input{Term: settled, Generation: 3}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, Decide(tc.in).MayWait(tc.in))
+		})
+	}
+}
+
 func TestTermHolding(t *testing.T) {
 	for _, tc := range []struct {
 		name string

@@ -1,8 +1,8 @@
 package kuportv1
 
 import (
-	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 
 	"google.golang.org/protobuf/proto"
@@ -101,30 +101,82 @@ func (d *ProgramDelta) Apply(base *NodeProgram) (*NodeProgram, error) {
 			}
 			continue
 		}
-		merged := map[string]protoreflect.Value{}
-		for k, v := range byKey(nb.Get(f).List(), key) {
-			merged[k] = v
-		}
-		for _, k := range d.GetRemoved()[string(f.Name())].GetKeys() {
-			delete(merged, k)
-		}
-		for k, v := range byKey(nc.Get(f).List(), key) {
-			merged[k] = v
+		bl, cl := nb.Get(f).List(), nc.Get(f).List()
+		removed := d.GetRemoved()[string(f.Name())].GetKeys()
+		merged, ok := mergeSorted(bl, cl, removed, key)
+		if !ok {
+			merged = mergeByKey(bl, cl, removed, key)
 		}
 		if len(merged) == 0 {
 			continue
 		}
-		keys := make([]string, 0, len(merged))
-		for k := range merged {
-			keys = append(keys, k)
-		}
-		slices.SortFunc(keys, cmp.Compare)
 		list := no.Mutable(f).List()
-		for _, k := range keys {
-			list.Append(merged[k])
+		for _, v := range merged {
+			list.Append(v)
 		}
 	}
 	return out, nil
+}
+
+// mergeSorted is base with removed's keys taken out and changed's elements in, by key, in one
+// walk of both lists: the sender diffs a list only when both programs hold it sorted by key,
+// and Delta emits changed in key order. ok is false, and the result meaningless, when the
+// merge does not come out strictly increasing (the lists were not sorted).
+func mergeSorted(base, changed protoreflect.List, removed []string, key protoreflect.FieldDescriptor) (out []protoreflect.Value, ok bool) {
+	gone := make(map[string]bool, len(removed))
+	for _, k := range removed {
+		gone[k] = true
+	}
+	out = make([]protoreflect.Value, 0, base.Len()+changed.Len())
+	last := ""
+	add := func(k string, v protoreflect.Value) bool {
+		if len(out) > 0 && k <= last {
+			return false
+		}
+		out, last = append(out, v), k
+		return true
+	}
+	for i, j := 0, 0; i < base.Len() || j < changed.Len(); {
+		var kb, kc string
+		if i < base.Len() {
+			kb = base.Get(i).Message().Get(key).String()
+		}
+		if j < changed.Len() {
+			kc = changed.Get(j).Message().Get(key).String()
+		}
+		switch {
+		case j >= changed.Len() || i < base.Len() && kb < kc:
+			if !gone[kb] && !add(kb, base.Get(i)) {
+				return nil, false
+			}
+			i++
+		default:
+			// changed's element, replacing base's of the same key.
+			if !add(kc, changed.Get(j)) {
+				return nil, false
+			}
+			if i < base.Len() && kb == kc {
+				i++
+			}
+			j++
+		}
+	}
+	return out, true
+}
+
+// mergeByKey is mergeSorted for lists in any order: the result sorted by key.
+func mergeByKey(base, changed protoreflect.List, removed []string, key protoreflect.FieldDescriptor) []protoreflect.Value {
+	merged := byKey(base, key)
+	for _, k := range removed {
+		delete(merged, k)
+	}
+	maps.Copy(merged, byKey(changed, key))
+	keys := slices.Sorted(maps.Keys(merged))
+	out := make([]protoreflect.Value, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, merged[k])
+	}
+	return out
 }
 
 // sorted reports whether l's keys strictly increase.

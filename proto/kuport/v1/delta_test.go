@@ -100,3 +100,17 @@ func TestDeltaKeepsAnUntouchedList(t *testing.T) {
 		t.Fatalf("apply: %v, %v", got, err)
 	}
 }
+
+// TestDeltaApplyOutOfOrderBase: a delta that diffs a list applied to a base holding it out of
+// key order (not what the sender diffed) still gives base less the removed, plus the changed,
+// sorted by key.
+func TestDeltaApplyOutOfOrderBase(t *testing.T) {
+	base := &NodeProgram{Version: 1, DnatRules: []*DnatRule{{Id: "c"}, {Id: "a"}, {Id: "d"}}}
+	d := &ProgramDelta{BaseVersion: 1, Changed: &NodeProgram{Version: 2, DnatRules: []*DnatRule{{Id: "b"}, {Id: "c", Mapping: "new"}}},
+		Removed: map[string]*Keys{"dnat_rules": {Keys: []string{"d"}}}}
+	got, err := d.Apply(base)
+	want := &NodeProgram{Version: 2, DnatRules: []*DnatRule{{Id: "a"}, {Id: "b"}, {Id: "c", Mapping: "new"}}}
+	if err != nil || !proto.Equal(got, want) {
+		t.Fatalf("apply: %v, %v", got, err)
+	}
+}
