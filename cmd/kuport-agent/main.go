@@ -204,7 +204,7 @@ func runErr(args []string, stdout, stderr io.Writer) error {
 		Datapath:       dp,
 		EntryErrors:    datapath.EntryErrors,
 		Validate:       dp.Validate,
-		SameContent:    datapath.SameProgram,
+		Applied:        freeOSMemory,
 		Log:            log,
 		ReportInterval: *reportInterval,
 		ResyncInterval: *resyncInterval,
@@ -292,3 +292,10 @@ func probe(args []string, stdout, stderr io.Writer) error {
 	_, _ = fmt.Fprintf(stdout, "service %q: %s\n", *service, resp.GetStatus())
 	return nil
 }
+
+// freeOSMemory returns the garbage of a program's apply to the system (agent.Config.Applied):
+// a new program's compile and write leave garbage several times the program's compiled size,
+// and an agent then allocates little until its next report, so the heap would stay at its
+// peak for minutes. One collection, about 20 ms of CPU at 10,000 mappings per program
+// received.
+func freeOSMemory() { debug.FreeOSMemory() }
