@@ -325,14 +325,14 @@ func (k *fakeKernel) GetSetElements(s *nftables.Set) ([]nftables.SetElement, err
 
 // Own sockets.
 
-func (k *fakeKernel) setCounters(fam nftables.TableFamily, table, set string, fn func(comment []byte, packets, bytes uint64)) error {
+func (k *fakeKernel) setCounters(fam nftables.TableFamily, table, set string, fn func(key []byte, packets, bytes uint64)) error {
 	elems, err := k.GetSetElements(&nftables.Set{Table: &nftables.Table{Name: table, Family: fam}, Name: set})
 	if err != nil {
 		return err
 	}
 	for _, e := range elems {
-		if e.Counter != nil && e.Comment != "" {
-			fn([]byte(e.Comment), e.Counter.Packets, e.Counter.Bytes)
+		if e.Counter != nil {
+			fn(e.Key, e.Counter.Packets, e.Counter.Bytes)
 		}
 	}
 	return nil
@@ -657,7 +657,7 @@ func TestFakeRepair(t *testing.T) {
 			k.DelTable(kuport)
 			require.NoError(t, k.Flush())
 		},
-		writes: 9, // the table, then its eight elements
+		writes: 8, // the table, then its seven elements
 	}}
 	for _, d := range damage {
 		d.do()

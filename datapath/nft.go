@@ -258,10 +258,11 @@ func (d *Datapath) queueElems(s *nftables.Set, elems []nftables.SetElement, del 
 	return nil
 }
 
-func nftElem(e elem, withData bool) nftables.SetElement {
+// nftElem is e as queued to set s: its key, and to add it its data and comment.
+func nftElem(s *setSpec, e elem, withData bool) nftables.SetElement {
 	ne := nftables.SetElement{Key: []byte(e.key)}
 	if withData {
-		ne.Val, ne.Comment = []byte(e.val), e.id
+		ne.Val, ne.Comment = []byte(e.val), s.written(e).id
 	}
 	return ne
 }
@@ -270,9 +271,9 @@ func nftElem(e elem, withData bool) nftables.SetElement {
 // table; intact: exactly in have's layout), hold want, and commits it when there is
 // anything to write. A table that is not intact, or in another layout, is deleted and
 // written anew; otherwise only the elements that differ are deleted and added, so the
-// others keep their counters. It returns the number of kernel writes and the elements it
-// added, by set (all failed when err is the transaction's).
-func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes int, added map[string][]nftables.SetElement, err error) {
+// others keep their counters. It returns the number of kernel writes and the entries whose
+// elements it added, their kind by id (all failed when err is the transaction's).
+func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes int, added map[string]string, err error) {
 	fam := want.layout.fam
 	t := &nftables.Table{Name: tableName, Family: fam.table}
 	trace := d.log.IsTrace()
@@ -287,7 +288,7 @@ func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes in
 		d.log.Trace("nft delete table")
 		return 1, nil, d.flush()
 	}
-	added = map[string][]nftables.SetElement{}
+	added = map[string]string{}
 	sets := map[string]*nftables.Set{}
 	rebuild := have == nil || !intact || !sameLayout(have.layout, want.layout)
 	if rebuild {
@@ -325,16 +326,17 @@ func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes in
 			adds = make([]nftables.SetElement, 0, len(want.elems[s.name]))
 		}
 		for k, e := range have.elems[s.name] {
-			if w, ok := want.elems[s.name][k]; !ok || w != e {
-				dels = append(dels, nftElem(e, false))
+			if w, ok := want.elems[s.name][k]; !ok || !s.holds(e, w) {
+				dels = append(dels, nftElem(s, e, false))
 				if trace {
 					d.log.Trace("nft delete element", "set", s.name, "element", e.text(s, false))
 				}
 			}
 		}
 		for k, w := range want.elems[s.name] {
-			if e, ok := have.elems[s.name][k]; !ok || w != e {
-				adds = append(adds, nftElem(w, true))
+			if e, ok := have.elems[s.name][k]; !ok || !s.holds(e, w) {
+				adds = append(adds, nftElem(s, w, true))
+				added[w.id] = s.kind()
 				if trace {
 					d.log.Trace("nft add element", "set", s.name, "element", w.text(s, false))
 				}
@@ -346,7 +348,6 @@ func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes in
 		if err := d.queueElems(ks, adds, false); err != nil {
 			return 0, nil, err
 		}
-		added[s.name] = adds
 		changes += len(dels) + len(adds)
 	}
 	if changes == 0 {
@@ -359,10 +360,11 @@ func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes in
 // the kernel last held want (each as it was then), when the kernel holds want's layout
 // intact: each changed element is deleted as it was and added as it is, so the others keep
 // their counters. It returns what writeTable returns.
-func (d *Datapath) writeDirty(want *table, dirty map[setKey]prior) (changes int, added map[string][]nftables.SetElement, err error) {
+func (d *Datapath) writeDirty(want *table, dirty map[setKey]prior) (changes int, added map[string]string, err error) {
 	t := &nftables.Table{Name: tableName, Family: want.layout.fam.table}
 	trace := d.log.IsTrace()
 	dels, adds := map[string][]nftables.SetElement{}, map[string][]nftables.SetElement{}
+	added = map[string]string{}
 	for k, was := range dirty {
 		s := want.layout.byName[k.set]
 		is, ok := want.elems[k.set][k.key]
@@ -370,13 +372,14 @@ func (d *Datapath) writeDirty(want *table, dirty map[setKey]prior) (changes int,
 			continue
 		}
 		if was.present {
-			dels[k.set] = append(dels[k.set], nftElem(was.e, false))
+			dels[k.set] = append(dels[k.set], nftElem(s, was.e, false))
 			if trace {
 				d.log.Trace("nft delete element", "set", k.set, "element", was.e.text(s, false))
 			}
 		}
 		if ok {
-			adds[k.set] = append(adds[k.set], nftElem(is, true))
+			adds[k.set] = append(adds[k.set], nftElem(s, is, true))
+			added[is.id] = s.kind()
 			if trace {
 				d.log.Trace("nft add element", "set", k.set, "element", is.text(s, false))
 			}
@@ -395,7 +398,7 @@ func (d *Datapath) writeDirty(want *table, dirty map[setKey]prior) (changes int,
 	if changes == 0 {
 		return 0, nil, nil
 	}
-	return changes, adds, d.flush()
+	return changes, added, d.flush()
 }
 
 func sameLayout(a, b *layout) bool {

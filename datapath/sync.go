@@ -4,8 +4,6 @@ import (
 	"errors"
 	"maps"
 	"slices"
-
-	"github.com/google/nftables"
 )
 
 // known is what table ip kuport holds as of ruleset generation gen, without reading it: the
@@ -31,7 +29,7 @@ func (d *Datapath) syncTable(want *table, changes *int) ([]dnatChange, error) {
 	}
 	var (
 		n     int
-		added map[string][]nftables.SetElement
+		added map[string]string
 		err   error
 		dnat  []dnatChange
 	)
@@ -59,18 +57,12 @@ func (d *Datapath) syncTable(want *table, changes *int) ([]dnatChange, error) {
 	if err != nil {
 		d.known = nil
 		// The transaction failed whole: every entry whose elements it added failed.
-		kinds := map[string]string{}
-		for set, elems := range added {
-			for _, e := range elems {
-				kinds[e.Comment] = want.layout.byName[set].kind()
-			}
-		}
-		if len(kinds) == 0 {
+		if len(added) == 0 {
 			return nil, err
 		}
 		var errs []error
-		for _, id := range slices.Sorted(maps.Keys(kinds)) {
-			errs = append(errs, &EntryError{Kind: kinds[id], ID: id, Err: err})
+		for _, id := range slices.Sorted(maps.Keys(added)) {
+			errs = append(errs, &EntryError{Kind: added[id], ID: id, Err: err})
 		}
 		return nil, errors.Join(errs...)
 	}
