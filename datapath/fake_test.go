@@ -201,14 +201,24 @@ func addElems(ft *fakeTable, set string, vals []nftables.SetElement) error {
 	return nil
 }
 
-func (k *fakeKernel) SetAddElements(s *nftables.Set, vals []nftables.SetElement) error {
+// queued copies element lists as the library encodes them when they are queued: the
+// datapath reuses their slices and bytes for the next list (elemQueue).
+func queued(vals []nftables.SetElement) []nftables.SetElement {
 	vals = slices.Clone(vals)
+	for i := range vals {
+		vals[i].Key, vals[i].Val = slices.Clone(vals[i].Key), slices.Clone(vals[i].Val)
+	}
+	return vals
+}
+
+func (k *fakeKernel) SetAddElements(s *nftables.Set, vals []nftables.SetElement) error {
+	vals = queued(vals)
 	k.in(s.Table, func(ft *fakeTable) error { return addElems(ft, s.Name, vals) })
 	return nil
 }
 
 func (k *fakeKernel) SetDeleteElements(s *nftables.Set, vals []nftables.SetElement) error {
-	vals = slices.Clone(vals)
+	vals = queued(vals)
 	k.in(s.Table, func(ft *fakeTable) error {
 		if ft.set(s.Name) == nil {
 			return fmt.Errorf("set %s: %w", s.Name, syscall.ENOENT)

@@ -316,7 +316,7 @@ func checkRenders(t *testing.T, p *kuportv1.NodeProgram) {
 	for _, s := range tbl.layout.sets {
 		ks := s.kernelSet(kt)
 		for _, e := range tbl.elems[s.name] {
-			ne := nftElem(s, e, s.data != nil)
+			ne, _ := nftElem(nil, s, e, s.data != nil)
 			if len(ne.Key) != int(ks.KeyType.Bytes) {
 				t.Fatalf("set %s: key of %d bytes, type %s takes %d", s.name, len(ne.Key), ks.KeyType.Name, ks.KeyType.Bytes)
 			}

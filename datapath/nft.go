@@ -236,47 +236,79 @@ func elemSize(e nftables.SetElement) int {
 	return 48 + len(e.Key) + len(e.Val) + len(e.Comment)
 }
 
-// queueElems queues adds (or deletes) of elems to set s in lists under maxElemBatch.
-func (d *Datapath) queueElems(s *nftables.Set, elems []nftables.SetElement, del bool) error {
-	for len(elems) > 0 {
-		n, size := 0, 0
-		for n < len(elems) && size+elemSize(elems[n]) <= maxElemBatch {
-			size += elemSize(elems[n])
-			n++
-		}
-		var err error
-		if del {
-			err = d.nft.SetDeleteElements(s, elems[:n])
-		} else {
-			err = d.nft.SetAddElements(s, elems[:n])
-		}
-		if err != nil {
-			return fmt.Errorf("queue elements of %s: %w", s.Name, err)
-		}
-		elems = elems[n:]
+// nftElem is e as queued to set s: its key, and to add it its data and comment, their bytes
+// appended to buf, which it returns grown.
+func nftElem(buf []byte, s *setSpec, e elem, withData bool) (nftables.SetElement, []byte) {
+	at := len(buf)
+	buf = append(buf, e.key...)
+	ne := nftables.SetElement{Key: buf[at:len(buf):len(buf)]}
+	if withData {
+		at = len(buf)
+		buf = append(buf, e.val...)
+		ne.Val, ne.Comment = buf[at:len(buf):len(buf)], s.written(e).id
 	}
+	return ne, buf
+}
+
+// elemQueue queues element adds (or deletes) to one set in lists under maxElemBatch. The
+// library encodes a list when it is queued, so one slice of elements and one buffer of their
+// bytes serve every list of a write.
+type elemQueue struct {
+	d     *Datapath
+	elems []nftables.SetElement
+	buf   []byte
+	size  int
+	trace bool
+}
+
+// queue queues e for set ks of spec s, added or deleted (del).
+func (q *elemQueue) queue(ks *nftables.Set, s *setSpec, e elem, del bool) error {
+	if q.trace {
+		what := "nft add element"
+		if del {
+			what = "nft delete element"
+		}
+		q.d.log.Trace(what, "set", s.name, "element", e.text(s, false))
+	}
+	ne, buf := nftElem(q.buf, s, e, !del)
+	if n := elemSize(ne); len(q.elems) > 0 && q.size+n > maxElemBatch {
+		if err := q.send(ks, del); err != nil {
+			return err
+		}
+		// The bytes of the sent list are encoded: queue e anew at the buffer's start.
+		ne, buf = nftElem(q.buf, s, e, !del)
+	}
+	q.buf, q.elems, q.size = buf, append(q.elems, ne), q.size+elemSize(ne)
 	return nil
 }
 
-// nftElem is e as queued to set s: its key, and to add it its data and comment.
-func nftElem(s *setSpec, e elem, withData bool) nftables.SetElement {
-	ne := nftables.SetElement{Key: []byte(e.key)}
-	if withData {
-		ne.Val, ne.Comment = []byte(e.val), s.written(e).id
+// send queues the list gathered for set ks (nothing when it is empty) and starts the next.
+func (q *elemQueue) send(ks *nftables.Set, del bool) error {
+	if len(q.elems) == 0 {
+		return nil
 	}
-	return ne
+	var err error
+	if del {
+		err = q.d.nft.SetDeleteElements(ks, q.elems)
+	} else {
+		err = q.d.nft.SetAddElements(ks, q.elems)
+	}
+	if err != nil {
+		return fmt.Errorf("queue elements of %s: %w", ks.Name, err)
+	}
+	q.elems, q.buf, q.size = q.elems[:0], q.buf[:0], 0
+	return nil
 }
 
 // writeTable queues, in one transaction, what makes the kernel, which holds have (nil: no
 // table; intact: exactly in have's layout), hold want, and commits it when there is
 // anything to write. A table that is not intact, or in another layout, is deleted and
 // written anew; otherwise only the elements that differ are deleted and added, so the
-// others keep their counters. It returns the number of kernel writes and the entries whose
-// elements it added, their kind by id (all failed when err is the transaction's).
+// others keep their counters. It returns the number of kernel writes and, when the
+// transaction failed, the entries whose elements it added, their kind by id (all failed).
 func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes int, added map[string]string, err error) {
 	fam := want.layout.fam
 	t := &nftables.Table{Name: tableName, Family: fam.table}
-	trace := d.log.IsTrace()
 	if have == want && intact {
 		return 0, nil, nil // the table compiled from the program the kernel is known to hold
 	}
@@ -288,7 +320,6 @@ func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes in
 		d.log.Trace("nft delete table")
 		return 1, nil, d.flush()
 	}
-	added = map[string]string{}
 	sets := map[string]*nftables.Set{}
 	rebuild := have == nil || !intact || !sameLayout(have.layout, want.layout)
 	if rebuild {
@@ -316,44 +347,60 @@ func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes in
 		d.log.Trace("nft (re)create table")
 		have = newTable(want.layout)
 	}
+	q := &elemQueue{d: d, trace: d.log.IsTrace()}
 	for _, s := range want.layout.sets {
 		ks := sets[s.name]
 		if ks == nil {
 			ks = &nftables.Set{Table: t, Name: s.name}
 		}
-		var dels, adds []nftables.SetElement
-		if rebuild { // every element is added
-			adds = make([]nftables.SetElement, 0, len(want.elems[s.name]))
-		}
+		// Deletes first: an element whose data changed is deleted and added under one key.
 		for k, e := range have.elems[s.name] {
 			if w, ok := want.elems[s.name][k]; !ok || !s.holds(e, w) {
-				dels = append(dels, nftElem(s, e, false))
-				if trace {
-					d.log.Trace("nft delete element", "set", s.name, "element", e.text(s, false))
+				if err := q.queue(ks, s, e, true); err != nil {
+					return 0, nil, err
 				}
+				changes++
 			}
+		}
+		if err := q.send(ks, true); err != nil {
+			return 0, nil, err
 		}
 		for k, w := range want.elems[s.name] {
 			if e, ok := have.elems[s.name][k]; !ok || !s.holds(e, w) {
-				adds = append(adds, nftElem(s, w, true))
-				added[w.id] = s.kind()
-				if trace {
-					d.log.Trace("nft add element", "set", s.name, "element", w.text(s, false))
+				if err := q.queue(ks, s, w, false); err != nil {
+					return 0, nil, err
 				}
+				changes++
 			}
 		}
-		if err := d.queueElems(ks, dels, true); err != nil {
+		if err := q.send(ks, false); err != nil {
 			return 0, nil, err
 		}
-		if err := d.queueElems(ks, adds, false); err != nil {
-			return 0, nil, err
-		}
-		changes += len(dels) + len(adds)
 	}
 	if changes == 0 {
 		return 0, nil, nil
 	}
-	return changes, added, d.flush()
+	if err := d.flush(); err != nil {
+		return changes, unheld(want, func(s *setSpec, k string, w elem) bool {
+			e, ok := have.elems[s.name][k]
+			return ok && s.holds(e, w)
+		}), err
+	}
+	return changes, nil, nil
+}
+
+// unheld are the entries of want's elements that held reports false for (the elements a
+// failed transaction would have added), their kind by id.
+func unheld(want *table, held func(s *setSpec, k string, w elem) bool) map[string]string {
+	out := map[string]string{}
+	for _, s := range want.layout.sets {
+		for k, w := range want.elems[s.name] {
+			if !held(s, k, w) {
+				out[w.id] = s.kind()
+			}
+		}
+	}
+	return out
 }
 
 // writeDirty writes, in one transaction, the elements of want that dirty says changed since
@@ -362,35 +409,36 @@ func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes in
 // their counters. It returns what writeTable returns.
 func (d *Datapath) writeDirty(want *table, dirty map[setKey]prior) (changes int, added map[string]string, err error) {
 	t := &nftables.Table{Name: tableName, Family: want.layout.fam.table}
-	trace := d.log.IsTrace()
-	dels, adds := map[string][]nftables.SetElement{}, map[string][]nftables.SetElement{}
-	added = map[string]string{}
+	dels, adds := map[string][]elem{}, map[string][]elem{}
 	for k, was := range dirty {
-		s := want.layout.byName[k.set]
 		is, ok := want.elems[k.set][k.key]
 		if ok == was.present && is == was.e {
 			continue
 		}
 		if was.present {
-			dels[k.set] = append(dels[k.set], nftElem(s, was.e, false))
-			if trace {
-				d.log.Trace("nft delete element", "set", k.set, "element", was.e.text(s, false))
-			}
+			dels[k.set] = append(dels[k.set], was.e)
 		}
 		if ok {
-			adds[k.set] = append(adds[k.set], nftElem(s, is, true))
-			added[is.id] = s.kind()
-			if trace {
-				d.log.Trace("nft add element", "set", k.set, "element", is.text(s, false))
-			}
+			adds[k.set] = append(adds[k.set], is)
 		}
 	}
+	q := &elemQueue{d: d, trace: d.log.IsTrace()}
 	for _, s := range want.layout.sets {
 		ks := &nftables.Set{Table: t, Name: s.name}
-		if err := d.queueElems(ks, dels[s.name], true); err != nil {
+		for _, e := range dels[s.name] {
+			if err := q.queue(ks, s, e, true); err != nil {
+				return 0, nil, err
+			}
+		}
+		if err := q.send(ks, true); err != nil {
 			return 0, nil, err
 		}
-		if err := d.queueElems(ks, adds[s.name], false); err != nil {
+		for _, e := range adds[s.name] {
+			if err := q.queue(ks, s, e, false); err != nil {
+				return 0, nil, err
+			}
+		}
+		if err := q.send(ks, false); err != nil {
 			return 0, nil, err
 		}
 		changes += len(dels[s.name]) + len(adds[s.name])
@@ -398,7 +446,14 @@ func (d *Datapath) writeDirty(want *table, dirty map[setKey]prior) (changes int,
 	if changes == 0 {
 		return 0, nil, nil
 	}
-	return changes, added, d.flush()
+	if err := d.flush(); err != nil {
+		// The kernel holds want but for the dirty elements, as they were.
+		return changes, unheld(want, func(s *setSpec, k string, w elem) bool {
+			p, ok := dirty[setKey{s.name, k}]
+			return !ok || p.present && p.e == w
+		}), err
+	}
+	return changes, nil, nil
 }
 
 func sameLayout(a, b *layout) bool {
