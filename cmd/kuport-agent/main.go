@@ -84,14 +84,15 @@ var version = "dev"
 
 func main() {
 	// The agent's heap is mostly what lives as long as its program (the program and its
-	// compiled table, about 11 MB at 10,000 mappings) and its garbage comes from periodic
-	// reads (every element's counter per report, 5.7 MB at 10,000), so the default GOGC
-	// (100) lets the heap grow to twice the program between collections. 50 halves that
-	// headroom: measured resident memory at 10,000 mappings, reporting every second, went
-	// from 45.6 MB to the figure in BENCHMARKS.md, for a collection more often (each about
-	// 20 ms of CPU at 10,000). A GOGC in the environment wins.
+	// compiled table, about 15 MB at 10,000 mappings with the gRPC buffers) and its garbage
+	// comes from periodic reads (every element's counter per report, 5.7 MB at 10,000), so
+	// the default GOGC (100) lets the heap grow to twice the program between collections. 25
+	// leaves a quarter: measured resident memory at 10,000 mappings, reporting every second,
+	// went from 45.6 MB (100) and 38.9-39.1 MB (50) to 36.2-37.7 MB (BENCHMARKS.md, issue 11
+	// elements), for about one collection more per report (each 20-25 ms of CPU at 10,000).
+	// A GOGC in the environment wins.
 	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(50)
+		debug.SetGCPercent(25)
 	}
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
