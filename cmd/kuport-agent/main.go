@@ -65,6 +65,7 @@ import (
 
 	"kuport.wlz.li/kuport/agent"
 	"kuport.wlz.li/kuport/datapath"
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
 // Flag defaults: where the projected token volume of deploy/agent.yaml puts the token, and a
@@ -90,9 +91,9 @@ func main() {
 	// leaves a quarter: measured resident memory at 10,000 mappings, reporting every second,
 	// went from 45.6 MB (100) and 38.9-39.1 MB (50) to 36.2-37.7 MB (BENCHMARKS.md, issue 11
 	// elements), for about one collection more per report (each 20-25 ms of CPU at 10,000).
-	// A GOGC in the environment wins.
+	// An Apply collects at 100 (applyPace). A GOGC in the environment wins, for both.
 	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(25)
+		debug.SetGCPercent(steadyGCPercent)
 	}
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
@@ -202,7 +203,7 @@ func runErr(args []string, stdout, stderr io.Writer) error {
 		Targets:        *targets,
 		CAFile:         *caFile,
 		ServerName:     *serverName,
-		Datapath:       dp,
+		Datapath:       applyPace{dp},
 		EntryErrors:    datapath.EntryErrors,
 		Validate:       dp.Validate,
 		Applied:        freeOSMemory,
@@ -300,3 +301,21 @@ func probe(args []string, stdout, stderr io.Writer) error {
 // peak for minutes. One collection, about 20 ms of CPU at 10,000 mappings per program
 // received.
 func freeOSMemory() { debug.FreeOSMemory() }
+
+// steadyGCPercent is the agent's GOGC between applies (main).
+const steadyGCPercent = 25
+
+// applyPace is the datapath with an Apply collected at the default pace: an Apply allocates
+// several times the program's compiled size (47 MB at 10,000 mappings, more when it reads
+// the kernel's table back), which at steadyGCPercent would be collected a dozen times over,
+// each pass marking the whole heap, while the program is not yet in the kernel. After the
+// call the steady pace is back (and Config.Applied returns the garbage to the system).
+// Nothing changes when the environment sets GOGC.
+type applyPace struct{ *datapath.Datapath }
+
+func (d applyPace) Apply(p *kuportv1.NodeProgram) error {
+	if os.Getenv("GOGC") == "" {
+		defer debug.SetGCPercent(debug.SetGCPercent(100))
+	}
+	return d.Datapath.Apply(p)
+}
