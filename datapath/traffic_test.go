@@ -144,6 +144,13 @@ func (tn *testNS) addPod(t *testing.T, addr string, port int) {
 	} {
 		run(t, append([]string{"ip", "netns", "exec", name}, args...)...)
 	}
+	serveUDP(t, ns, addr, port)
+}
+
+// serveUDP runs a UDP server in ns on addr:port that answers every datagram to its sender
+// with the sender's address as it saw it, until the test ends.
+func serveUDP(t *testing.T, ns netns.NsHandle, addr string, port int) {
+	t.Helper()
 	var conn *net.UDPConn
 	inNS(t, ns, func() error {
 		var err error
@@ -250,4 +257,33 @@ func TestPrivilegedSharedPodPortCounts(t *testing.T) {
 	// The identity SNAT element both mappings need is one, the first's: it claims every flow.
 	assert.Equal(t, uint64(first+second), counterOf(counters, s1.Id).GetPackets())
 	assert.Nil(t, counterOf(counters, s2.Id))
+}
+
+// TestPrivilegedHostNetworkTarget: a mapping to a pod in the node's network namespace, whose
+// stand-in compile makes its target, the node's own address (a host firewall then judges
+// the flow as the node's own): the request dialed on enp1s0 is steered to that address,
+// translated to the listener's port and answered from the dialed address and port, and
+// every packet is counted once each way.
+func TestPrivilegedHostNetworkTarget(t *testing.T) {
+	privileged(t)
+	tn := newTestNS(t, "100.64.93.143")
+	serveUDP(t, tn.ns, "100.64.93.143", 3000)
+	client := tn.addPeer(t, "enp1s0", "203.0.113.9", "203.0.113.7")
+	d := &kuportv1.DnatRule{Id: "g/host/dnat/enp1s0", Mapping: "g/host", InInterface: "enp1s0", Protocol: kuportv1.Protocol_PROTOCOL_UDP,
+		Ports: &kuportv1.PortRange{First: 4000, Last: 4000}, ToAddress: "100.64.93.143", ToPort: 3000, StandIn: "100.64.93.143"}
+	require.NoError(t, tn.dp.Apply(&kuportv1.NodeProgram{Node: "edge-a", Version: 1, DnatRules: []*kuportv1.DnatRule{d}}))
+
+	const flows, perFlow = 2, 3
+	for range flows {
+		texts, from := client.flowUDP(t, "203.0.113.9", 4000, 2, 1)
+		assert.Equal(t, []string{"203.0.113.7", "203.0.113.7", "203.0.113.7"}, texts, "the listener saw the client")
+		assert.Equal(t, "203.0.113.9:4000", from, "the answer comes from the dialed address and port")
+	}
+	counters, err := tn.dp.Counters()
+	require.NoError(t, err)
+	c := counterOf(counters, d.Id)
+	require.NotNil(t, c)
+	assert.Equal(t, uint64(flows), c.GetPackets(), "flows")
+	assert.Equal(t, uint64(flows*perFlow), c.GetForwardedIn().GetPackets(), "requests")
+	assert.Equal(t, uint64(flows*perFlow), c.GetForwardedOut().GetPackets(), "answers")
 }
