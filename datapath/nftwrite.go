@@ -66,6 +66,16 @@ func (q *elemQueue) queue(ks *nftables.Set, s *setSpec, e elem, del bool) error 
 	return nil
 }
 
+// list queues elems for set ks of spec s, added or deleted (del), and sends them.
+func (q *elemQueue) list(ks *nftables.Set, s *setSpec, elems []elem, del bool) error {
+	for _, e := range elems {
+		if err := q.queue(ks, s, e, del); err != nil {
+			return err
+		}
+	}
+	return q.send(ks, del)
+}
+
 // send queues the list gathered for set ks (nothing when it is empty) and starts the next.
 func (q *elemQueue) send(ks *nftables.Set, del bool) error {
 	if len(q.elems) == 0 {
@@ -209,20 +219,10 @@ func (d *Datapath) writeDirty(want *table, dirty map[setKey]prior) (changes int,
 	q := &elemQueue{d: d, trace: d.log.IsTrace()}
 	for _, s := range want.layout.sets {
 		ks := &nftables.Set{Table: t, Name: s.name}
-		for _, e := range dels[s.name] {
-			if err := q.queue(ks, s, e, true); err != nil {
-				return 0, nil, err
-			}
-		}
-		if err := q.send(ks, true); err != nil {
+		if err := q.list(ks, s, dels[s.name], true); err != nil {
 			return 0, nil, err
 		}
-		for _, e := range adds[s.name] {
-			if err := q.queue(ks, s, e, false); err != nil {
-				return 0, nil, err
-			}
-		}
-		if err := q.send(ks, false); err != nil {
+		if err := q.list(ks, s, adds[s.name], false); err != nil {
 			return 0, nil, err
 		}
 		changes += len(dels[s.name]) + len(adds[s.name])
