@@ -56,7 +56,7 @@ type ownSockets interface {
 	setRPFilter(ifindex int, value uint32) error
 	ipForward() (bool, error)
 	generation() (uint32, error)
-	setCounters(fam nftables.TableFamily, table, set string, fn func(comment []byte, packets, bytes uint64)) error
+	setCounters(fam nftables.TableFamily, table, set string, fn func(key []byte, packets, bytes uint64)) error
 }
 
 var (
