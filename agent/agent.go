@@ -104,15 +104,10 @@ type Config struct {
 	// previous program, and the Ack carries the error per entry (EntryErrors), each naming
 	// the entry. nil leaves validation to Apply.
 	Validate func(*kuportv1.NodeProgram) error
-	// SameContent reports whether two programs are the same to the datapath but for version
-	// and epoch (datapath.SameProgram, which compares the entries field by field); nil
-	// compares every field but version and epoch through protobuf reflection, which costs
-	// about 2 µs an entry (10-16 ms at 10,000 mappings) on every program received.
-	SameContent func(x, y *kuportv1.NodeProgram) bool
-	// FreeMemory returns the heap a program's apply left to the system (nil:
-	// runtime/debug.FreeOSMemory, one collection). Agents sharing one process (bench/fanout's
-	// thousand) share one heap, so they pass one that coalesces their calls.
-	FreeMemory func()
+	// Applied, when set, is called after Apply of a program received from the controller
+	// (not of a resync) returns, off the stream's path. cmd/kuport-agent returns the apply's
+	// garbage to the system there (debug.FreeOSMemory).
+	Applied func()
 	// Log receives the agent's logs; nil discards them.
 	Log hclog.Logger
 	// ReportInterval is the period of Reports (default 10 s).

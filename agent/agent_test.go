@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -431,6 +432,8 @@ func TestResyncReappliesCleanProgram(t *testing.T) {
 	dp := newFakeDatapath()
 	cfg := testConfig(dp, &syncBuffer{}, target)
 	cfg.ResyncInterval = 20 * time.Millisecond
+	var received atomic.Int32
+	cfg.Applied = func() { received.Add(1) }
 	startAgent(t, cfg)
 
 	s := nextSession(t, c)
@@ -451,6 +454,9 @@ func TestResyncReappliesCleanProgram(t *testing.T) {
 	for len(s.messages) > 0 {
 		require.Nil(t, (<-s.messages).GetAck(), "a clean resync is not acknowledged")
 	}
+	require.Eventually(t, func() bool { return received.Load() == 1 }, waitFor, 5*time.Millisecond, "Config.Applied runs for the program received")
+	time.Sleep(3 * cfg.ResyncInterval)
+	require.Equal(t, int32(1), received.Load(), "Config.Applied does not run for a resync")
 }
 
 func TestReconnectKeepsProgramAndDoesNotReapply(t *testing.T) {

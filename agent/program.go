@@ -1,13 +1,12 @@
 package agent
 
 import (
-	"bytes"
 	"fmt"
-	"runtime/debug"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"kuport.wlz.li/kuport/datapath"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -46,11 +45,7 @@ func (a *Agent) handleProgram(p *kuportv1.NodeProgram) *kuportv1.Ack {
 			return &kuportv1.Ack{Version: p.GetVersion(), Epoch: p.GetEpoch(), Errors: errs}
 		}
 	}
-	same := sameContent
-	if a.cfg.SameContent != nil {
-		same = a.cfg.SameContent
-	}
-	if cur != nil && len(a.currentErr) == 0 && same(p, cur) {
+	if cur != nil && len(a.currentErr) == 0 && datapath.SameProgram(p, cur) {
 		a.log.Debug("program content already applied, acknowledging",
 			"version", p.GetVersion(), "epoch", p.GetEpoch(), "applied_version", cur.GetVersion(), "applied_epoch", cur.GetEpoch())
 		if p.GetEpoch() > cur.GetEpoch() || p.GetVersion() > cur.GetVersion() {
@@ -59,16 +54,9 @@ func (a *Agent) handleProgram(p *kuportv1.NodeProgram) *kuportv1.Ack {
 		return &kuportv1.Ack{Version: p.GetVersion(), Epoch: p.GetEpoch()}
 	}
 	ack := a.apply(p)
-	// A new program's compile and write leave garbage about ten times the program's
-	// compiled size (100 MB at 10,000 mappings), and an agent then allocates little until
-	// its next report, so the heap would stay at its peak for minutes. Return it to the
-	// system now, off the stream's path (one collection; at 10,000 mappings about 20 ms of
-	// CPU per program received).
-	free := debug.FreeOSMemory
-	if a.cfg.FreeMemory != nil {
-		free = a.cfg.FreeMemory
+	if a.cfg.Applied != nil {
+		go a.cfg.Applied()
 	}
-	go free()
 	return ack
 }
 
@@ -117,24 +105,6 @@ func (a *Agent) entryErrors(err error) []*kuportv1.EntryError {
 		}
 	}
 	return []*kuportv1.EntryError{{Message: err.Error()}}
-}
-
-// sameContent reports whether two programs are equal but for version and epoch. It compares
-// field by field in place, stopping at the first difference: a copy of each to clear
-// version and epoch cost as much as the Apply of a changed mapping at 10,000 mappings.
-func sameContent(x, y *kuportv1.NodeProgram) bool {
-	xr, yr := x.ProtoReflect(), y.ProtoReflect()
-	fields := xr.Descriptor().Fields()
-	for i := range fields.Len() {
-		f := fields.Get(i)
-		if f.Name() == "version" || f.Name() == "epoch" {
-			continue
-		}
-		if xr.Has(f) != yr.Has(f) || !xr.Get(f).Equal(yr.Get(f)) {
-			return false
-		}
-	}
-	return bytes.Equal(xr.GetUnknown(), yr.GetUnknown())
 }
 
 // setCurrent records p as the program the kernel holds, with errs (nil when whole), raises

@@ -13,15 +13,16 @@ import (
 )
 
 // benchProgram is edge-a's program for n same-node TCP mappings on enp1s0, ports 10000 up,
-// each to its own pod address: per mapping a DNAT entry (its translation and its two
-// counting elements) and the request's identity SNAT, 4n set elements in all.
+// each to its own pod address: per mapping a DNAT entry steered to its pod address as the
+// compiler emits it (its translation, its steering, which counts its requests, and its reply
+// counting) and the request's identity SNAT, 4n set elements in all.
 func benchProgram(n int) *kuportv1.NodeProgram {
 	p := &kuportv1.NodeProgram{Node: "edge-a", Version: 1, Epoch: 1}
 	for i := range n {
 		key, pod, port := fmt.Sprintf("bench/m%05d", i), fmt.Sprintf("10.244.%d.%d", 17+i/250, 2+i%250), uint32(10000+i)
 		ports := &kuportv1.PortRange{First: port, Last: port}
 		p.DnatRules = append(p.DnatRules, &kuportv1.DnatRule{Id: key + "/dnat/enp1s0", Mapping: key, InInterface: "enp1s0",
-			Protocol: kuportv1.Protocol_PROTOCOL_TCP, Ports: ports, ToAddress: pod, ToPort: port})
+			Protocol: kuportv1.Protocol_PROTOCOL_TCP, Ports: ports, ToAddress: pod, ToPort: port, StandIn: pod})
 		p.SnatRules = append(p.SnatRules, &kuportv1.SnatRule{Id: key + "/snat", Mapping: key, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
 			OutInterface: "cilium_host", Address: pod, Protocol: kuportv1.Protocol_PROTOCOL_TCP, Ports: ports})
 	}
@@ -32,14 +33,14 @@ func benchProgram(n int) *kuportv1.NodeProgram {
 func retarget(p *kuportv1.NodeProgram, i int, pod string) *kuportv1.NodeProgram {
 	q := proto.Clone(p).(*kuportv1.NodeProgram)
 	q.Version++
-	q.DnatRules[i].ToAddress, q.SnatRules[i].Address = pod, pod
+	q.DnatRules[i].ToAddress, q.DnatRules[i].StandIn, q.SnatRules[i].Address = pod, pod, pod
 	return q
 }
 
 // BenchmarkApply measures Apply in a fresh namespace for programs of 10, 1,000 and 10,000
 // mappings: "first" writes the whole program into an empty namespace (a node receiving its
 // program), "again" re-applies it unchanged, which writes nothing (the agent's resync,
-// every 30 s by default), "change" retargets one mapping back and forth (4 element writes
+// every 30 s by default), "change" retargets one mapping back and forth (6 element writes
 // each). Run as root:
 //
 //	KUPORT_PRIVILEGED=1 go test -run '^$' -bench Apply -benchtime 5x ./datapath/
@@ -80,7 +81,7 @@ func BenchmarkApply(b *testing.B) {
 			b.ResetTimer()
 			for i := range b.N {
 				require.NoError(b, tn.dp.Apply(moved[i%2]))
-				require.Equal(b, 4, tn.dp.lastChanges, "one mapping's elements: its translation and its identity SNAT, each deleted and added")
+				require.Equal(b, 6, tn.dp.lastChanges, "one mapping's elements: its translation, its steering and its identity SNAT, each deleted and added")
 			}
 		})
 	}

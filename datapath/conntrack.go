@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"encoding/binary"
+	"iter"
 	"maps"
 	"net"
 	"net/netip"
@@ -104,14 +105,6 @@ func dnatSets(t *table) map[string]map[string]elem {
 	return out
 }
 
-// dnatChange is one DNAT element of set s changed by a write: as it was and as it is, each
-// with the destination the client dialed when the element matches a stand-in (dialed).
-type dnatChange struct {
-	s                   *setSpec
-	was, is             prior
-	wasDialed, isDialed netip.Addr
-}
-
 // dialed maps the key of each DNAT element of t that matches a stand-in (kup-steer wrote it
 // over the destination) to the destination the client dialed, which is what conntrack
 // records: the key of the steering element that writes that stand-in.
@@ -153,91 +146,89 @@ func translationAt(s *setSpec, e elem, dialed netip.Addr) (translation, bool) {
 	return tr, ok
 }
 
-// dnatChanges are the DNAT elements that differ from old (nil: no table) to want.
-func dnatChanges(old, want *table) []dnatChange {
+// tableStaleFlows is the filter for the change of kup-pre's maps from old (nil: no table)
+// to want, or nil when they translate as before.
+func tableStaleFlows(old, want *table) *staleFlows {
 	if old == want {
 		return nil
 	}
 	before, after := dnatSets(old), dnatSets(want)
-	dialedBefore, dialedAfter := dialed(old), dialed(want)
-	var out []dnatChange
-	if old == nil { // every element is added
-		n := 0
-		for _, elems := range after {
-			n += len(elems)
-		}
-		out = make([]dnatChange, 0, n)
-	}
-	for set, elems := range before {
-		for k, e := range elems {
-			w, ok := after[set][k]
-			if !ok || w != e {
-				out = append(out, dnatChange{s: old.layout.byName[set], was: prior{e: e, present: true}, is: prior{e: w, present: ok},
-					wasDialed: dialedBefore[k], isDialed: dialedAfter[k]})
-			}
-		}
-	}
-	for set, elems := range after {
-		for k, e := range elems {
-			if _, ok := before[set][k]; !ok {
-				out = append(out, dnatChange{s: want.layout.byName[set], is: prior{e: e, present: true}, isDialed: dialedAfter[k]})
-			}
-		}
-	}
-	return out
-}
-
-// dirtyDNAT are the DNAT elements of the compiler's dirty ones that differ in want.
-// A steering element it lacks in want is read from its prior, for the dialed destination
-// the element before the change matched.
-func dirtyDNAT(want *table, dirty map[setKey]prior) []dnatChange {
-	var out []dnatChange
-	var dialedBefore, dialedAfter map[string]netip.Addr
-	for k, was := range dirty {
-		s := want.layout.byName[k.set]
-		if s == nil || s.role != roleDNAT {
-			continue
-		}
-		is, ok := want.elems[k.set][k.key]
-		if ok != was.present || is != was.e {
-			if dialedAfter == nil {
-				// Before the write: want's steering, but for its dirty elements as they were.
-				dialedAfter = dialed(want)
-				dialedBefore = maps.Clone(dialedAfter)
-				for sk, p := range dirty {
-					if sk.set != "steer-addr-ports" {
-						continue
-					}
-					if e, now := want.elems[sk.set][sk.key]; now {
-						if k, _, ok := steeredKey(e); ok {
-							delete(dialedBefore, k)
-						}
-					}
-					if p.present {
-						addDialed(dialedBefore, p.e)
-					}
+	keys := func(yield func(setKey) bool) {
+		for set, elems := range before {
+			for k := range elems {
+				if !yield(setKey{set, k}) {
+					return
 				}
 			}
-			out = append(out, dnatChange{s: s, was: was, is: prior{e: is, present: ok},
-				wasDialed: dialedBefore[k.key], isDialed: dialedAfter[k.key]})
+		}
+		for set, elems := range after {
+			for k := range elems {
+				if _, ok := before[set][k]; !ok && !yield(setKey{set, k}) {
+					return
+				}
+			}
 		}
 	}
-	return out
+	was := func(k setKey) prior {
+		e, ok := before[k.set][k.key]
+		return prior{e: e, present: ok}
+	}
+	return staleFlowsOf(want, keys, was, func() map[string]netip.Addr { return dialed(old) })
 }
 
-// staleFlowsOf returns the filter for the DNAT elements changed into want, or nil when
-// they translate as before. Its cost is the changed elements' but for one pass over want's
-// DNAT elements when some went.
-func staleFlowsOf(changes []dnatChange, want *table) *staleFlows {
+// dirtyStaleFlows is the filter for the change of the compiler's dirty elements into want,
+// each as it was before in dirty; nil when kup-pre's maps translate as before.
+func dirtyStaleFlows(want *table, dirty map[setKey]prior) *staleFlows {
+	was := func(k setKey) prior { return dirty[k] }
+	// Before the write: want's steering, but for its dirty elements as they were.
+	dialedBefore := func() map[string]netip.Addr {
+		out := dialed(want)
+		for sk, p := range dirty {
+			if sk.set != "steer-addr-ports" {
+				continue
+			}
+			if e, now := want.elems[sk.set][sk.key]; now {
+				if k, _, ok := steeredKey(e); ok {
+					delete(out, k)
+				}
+			}
+			if p.present {
+				addDialed(out, p.e)
+			}
+		}
+		return out
+	}
+	return staleFlowsOf(want, maps.Keys(dirty), was, dialedBefore)
+}
+
+// staleFlowsOf returns the filter for a change of kup-pre's maps into want, or nil when
+// they translate as before. keys are the elements the change may have touched (those of
+// other sets are skipped), was reads each as it was before, and dialedBefore is dialed of
+// the table before (read once, when some element changed). Its cost is the keys' but for
+// one pass over want's DNAT elements when some went.
+func staleFlowsOf(want *table, keys iter.Seq[setKey], was func(setKey) prior, dialedBefore func() map[string]netip.Addr) *staleFlows {
 	s := &staleFlows{want: map[protoPort][]translation{}, gone: map[protoPort][]translation{}, added: map[protoPort][]translation{}}
-	for _, c := range changes {
-		if c.was.present && !(c.is.present && c.is.e.val == c.was.e.val) {
-			if tr, ok := translationAt(c.s, c.was.e, c.wasDialed); ok {
+	var before, after map[string]netip.Addr
+	for k := range keys {
+		spec := want.layout.byName[k.set]
+		if spec == nil || spec.role != roleDNAT {
+			continue
+		}
+		w := was(k)
+		is, ok := want.elems[k.set][k.key]
+		if ok == w.present && is == w.e {
+			continue
+		}
+		if before == nil {
+			before, after = dialedBefore(), dialed(want)
+		}
+		if w.present && !(ok && is.val == w.e.val) {
+			if tr, ok := translationAt(spec, w.e, before[k.key]); ok {
 				s.gone[tr.protoPort] = append(s.gone[tr.protoPort], tr)
 			}
 		}
-		if c.is.present && !(c.was.present && c.was.e.val == c.is.e.val) {
-			if tr, ok := translationAt(c.s, c.is.e, c.isDialed); ok && tr.proto != unix.IPPROTO_TCP {
+		if ok && !(w.present && w.e.val == is.val) {
+			if tr, ok := translationAt(spec, is, after[k.key]); ok && tr.proto != unix.IPPROTO_TCP {
 				s.added[tr.protoPort] = append(s.added[tr.protoPort], tr)
 			}
 		}
@@ -246,11 +237,10 @@ func staleFlowsOf(changes []dnatChange, want *table) *staleFlows {
 		return nil
 	}
 	if len(s.gone) > 0 {
-		dialedAfter := dialed(want)
 		for set, elems := range dnatSets(want) {
 			spec := want.layout.byName[set]
 			for k, e := range elems {
-				if tr, ok := translationAt(spec, e, dialedAfter[k]); ok && s.gone[tr.protoPort] != nil {
+				if tr, ok := translationAt(spec, e, after[k]); ok && s.gone[tr.protoPort] != nil {
 					s.want[tr.protoPort] = append(s.want[tr.protoPort], tr)
 				}
 			}

@@ -93,7 +93,7 @@ func testStaleFlows(t *testing.T, steer bool) {
 		old, want = steered(old), steered(want)
 		unchanged = old[1]
 	}
-	s := newStaleFlows(tableOf(t, old...), tableOf(t, want...))
+	s := tableStaleFlows(tableOf(t, old...), tableOf(t, want...))
 	require.NotNil(t, s)
 	// The link's address is not in the local table: this change removed the link (the
 	// rule's destination match makes it local all the same).
@@ -135,16 +135,16 @@ func testStaleFlows(t *testing.T, steer bool) {
 		})
 	}
 
-	assert.Nil(t, newStaleFlows(tableOf(t, old...), tableOf(t, old...)), "the same DNAT entries change nothing")
-	assert.Nil(t, newStaleFlows(nil, tableOf(t)))
+	assert.Nil(t, tableStaleFlows(tableOf(t, old...), tableOf(t, old...)), "the same DNAT entries change nothing")
+	assert.Nil(t, tableStaleFlows(nil, tableOf(t)))
 	marked, errs := compileTable(&kuportv1.NodeProgram{DnatRules: old, MarkRules: []*kuportv1.MarkRule{{Id: "m",
 		Kind: kuportv1.MarkKind_MARK_KIND_STATIC, Address: "10.244.17.5", Protocol: tcp, Ports: &kuportv1.PortRange{First: 1, Last: 1}, Mark: 1}}})
 	require.Empty(t, errs)
-	assert.Nil(t, newStaleFlows(tableOf(t, old...), marked), "only DNAT elements count")
-	assert.NotNil(t, newStaleFlows(tableOf(t, old...), tableOf(t, old[1:]...)), "an entry removed")
-	assert.NotNil(t, newStaleFlows(tableOf(t, old[1:]...), tableOf(t, old...)), "an entry added")
+	assert.Nil(t, tableStaleFlows(tableOf(t, old...), marked), "only DNAT elements count")
+	assert.NotNil(t, tableStaleFlows(tableOf(t, old...), tableOf(t, old[1:]...)), "an entry removed")
+	assert.NotNil(t, tableStaleFlows(tableOf(t, old[1:]...), tableOf(t, old...)), "an entry added")
 	tcpAdded := dnat("a/tcp/dnat/enp1s0", tcp, 5001, 5001, "", "10.244.17.5", 5001)
-	assert.Nil(t, newStaleFlows(tableOf(t, old...), tableOf(t, append(slices.Clone(old), tcpAdded)...)), "a TCP entry added sweeps nothing")
+	assert.Nil(t, tableStaleFlows(tableOf(t, old...), tableOf(t, append(slices.Clone(old), tcpAdded)...)), "a TCP entry added sweeps nothing")
 }
 
 // flowsBySport lists the namespace's IPv4 conntrack entries of protocol proto by original
@@ -254,7 +254,3 @@ func TestPrivilegedConntrack(t *testing.T) {
 	require.NoError(t, tn.dp.Cleanup())
 	assert.Equal(t, map[uint16]string{foreign: "203.0.113.9:4000 -> 203.0.113.9:4000"}, tn.flowsBySport(t, 17))
 }
-
-// newStaleFlows is Apply's filter for a change of kup-pre's maps from old (nil: no table)
-// to want.
-func newStaleFlows(old, want *table) *staleFlows { return staleFlowsOf(dnatChanges(old, want), want) }

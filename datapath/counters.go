@@ -8,15 +8,17 @@ import (
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
-// Counters returns the packets and bytes the kernel counted for every program entry, one
-// Counter per entry id (the comment of the elements that render it), sorted by id: the
-// sum over the entry's elements (one per port) of the set they are in. A DNAT entry's
-// kup-pre elements count its new flows, its kup-count-in and kup-count-out elements fill
-// forwarded_in and forwarded_out. An element two entries share counts under the entry it
-// carries the id of (compileTable), and the other reports none.
+// Counters returns the packets and bytes the kernel counted for every entry of the program
+// last applied, one Counter per entry id, sorted by id: the sum over the entry's elements
+// (one per port) of the set they are in. A DNAT entry's kup-pre elements count its new flows,
+// its kup-steer and kup-count-out elements fill forwarded_in and forwarded_out. Each element
+// is the entry's that the compiled table gives its key to (the one whose id the element
+// carries, in a set with comments); an element two entries share counts under the entry it is
+// compiled for (compileTable), and the other reports none. An element the compiled table
+// lacks (someone else's, or one the next Apply removes) is left out.
 //
-// It reads the sets one at a time, each element's comment and counter only, and keeps only
-// the sums (elemcounters.go): little garbage however many elements there are.
+// It reads the sets one at a time, each element's key and counter only, and keeps only the
+// sums (elemcounters.go): little garbage however many elements there are.
 func (d *Datapath) Counters() ([]*kuportv1.Counter, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -33,19 +35,23 @@ func (d *Datapath) Counters() ([]*kuportv1.Counter, error) {
 	byID := make(map[string]*kuportv1.Counter, len(d.comp.dnat.msgs)+len(d.comp.snat.msgs)+len(d.comp.mark.msgs))
 	for _, ks := range sets {
 		s := l.byName[ks.Name]
-		// A steering element counts the new flows its DNAT element counts again.
-		if s == nil || !setMatches(ks, s) || s.role == roleSteer {
+		if s == nil || !setMatches(ks, s) || d.comp.tab == nil || d.comp.tab.elems[s.name] == nil {
 			continue
 		}
-		err := d.own.setCounters(fam.table, tableName, ks.Name, func(comment []byte, packets, bytes uint64) {
-			ctr := byID[string(comment)]
+		compiled := d.comp.tab.elems[s.name]
+		err := d.own.setCounters(fam.table, tableName, ks.Name, func(key []byte, packets, bytes uint64) {
+			e, ok := compiled[string(key)]
+			if !ok {
+				return
+			}
+			ctr := byID[e.id]
 			if ctr == nil {
-				ctr = &kuportv1.Counter{Id: string(comment)}
+				ctr = &kuportv1.Counter{Id: e.id}
 				byID[ctr.Id] = ctr
 			}
 			var tr *kuportv1.Traffic
 			switch s.role {
-			case roleCountIn:
+			case roleSteer:
 				if ctr.ForwardedIn == nil {
 					ctr.ForwardedIn = &kuportv1.Traffic{}
 				}

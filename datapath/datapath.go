@@ -167,7 +167,7 @@ func (d *Datapath) apply(p *kuportv1.NodeProgram, changes *int, start time.Time)
 	// The program's table entries differ from what the kernel was last known to hold: not
 	// a resync of the same program (which reads and repairs everything).
 	entriesChanged := len(d.comp.dirty) > 0 || d.known == nil || d.known.t != want
-	dnat, err := d.syncTable(want, changes)
+	stale, err := d.syncTable(want, changes)
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -180,7 +180,7 @@ func (d *Datapath) apply(p *kuportv1.NodeProgram, changes *int, start time.Time)
 	// Last, so a flow's next packet finds the links and routes its new target needs: the
 	// flows that still go the old way, when kup-pre's maps changed.
 	if err == nil {
-		d.deleteStaleFlows(staleFlowsOf(dnat, want))
+		d.deleteStaleFlows(stale)
 	}
 	return errors.Join(errs...)
 }

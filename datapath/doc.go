@@ -15,7 +15,7 @@
 // up one set, so the per-packet cost does not grow with the number of mappings. The
 // program's entries compile into the sets' elements (entries.go, elements.go), which Render,
 // Dump and the golden files in testdata/ print as nft lists them. Apply writes only the
-// elements that differ (nft.go), and reads the table only when the ruleset generation says
+// elements that differ (nftwrite.go), and reads the table only when the ruleset generation says
 // someone else may have changed it (sync.go, gen.go).
 //
 // Use:

@@ -1,7 +1,6 @@
 package datapath
 
 import (
-	"bytes"
 	"encoding/binary"
 	"fmt"
 
@@ -15,16 +14,16 @@ import (
 // SetElement with its key, data, comment and expressions, about 2 KB of garbage an element
 // (90 MB for 40,000, measured), which set the agent's resident memory. So Counters dumps
 // each set itself (NFT_MSG_GETSETELEM, as nft and the library send it) and walks the
-// answer's attributes in place, in a buffer it keeps: per element only its comment (the
-// entry id) and its counter.
+// answer's attributes in place, in a buffer it keeps: per element only its key and its
+// counter.
 
 // nftaSetElemExpressions is NFTA_SET_ELEM_EXPRESSIONS, the list of an element's expressions
 // (the kernel sends NFTA_SET_ELEM_EXPR when there is one).
 const nftaSetElemExpressions = 0x11
 
-// setCounters calls fn with the comment and counter of every element of set that has both.
-// comment is valid during the call only.
-func (d *sockets) setCounters(fam nftables.TableFamily, table, set string, fn func(comment []byte, packets, bytes uint64)) error {
+// setCounters calls fn with the key and counter of every element of set that has a counter.
+// key is valid during the call only.
+func (d *sockets) setCounters(fam nftables.TableFamily, table, set string, fn func(key []byte, packets, bytes uint64)) error {
 	c, err := d.nftSocket()
 	if err != nil {
 		return err
@@ -76,7 +75,7 @@ func (d *sockets) setCounters(fam nftables.TableFamily, table, set string, fn fu
 
 // dumpMessages reads the netlink messages of one read of an element dump (sequence seq):
 // whether the dump ended, and its error.
-func dumpMessages(b []byte, seq uint32, fn func(comment []byte, packets, bytes uint64)) (bool, error) {
+func dumpMessages(b []byte, seq uint32, fn func(key []byte, packets, bytes uint64)) (bool, error) {
 	for len(b) >= unix.NLMSG_HDRLEN {
 		n := int(binary.NativeEndian.Uint32(b))
 		if n < unix.NLMSG_HDRLEN || n > len(b) {
@@ -105,8 +104,8 @@ func dumpMessages(b []byte, seq uint32, fn func(comment []byte, packets, bytes u
 				}
 				eachAttr(b, func(typ uint16, b []byte) {
 					if typ == unix.NFTA_LIST_ELEM {
-						if comment, packets, bytes, ok := elemCounter(b); ok {
-							fn(comment, packets, bytes)
+						if key, packets, bytes, ok := elemCounter(b); ok {
+							fn(key, packets, bytes)
 						}
 					}
 				})
@@ -116,13 +115,17 @@ func dumpMessages(b []byte, seq uint32, fn func(comment []byte, packets, bytes u
 	return false, nil
 }
 
-// elemCounter reads an element's comment and counter; false when it lacks either.
-func elemCounter(b []byte) (comment []byte, packets, bytes uint64, ok bool) {
+// elemCounter reads an element's key and counter; false when it lacks either.
+func elemCounter(b []byte) (key []byte, packets, bytes uint64, ok bool) {
 	var counted bool
 	eachAttr(b, func(typ uint16, b []byte) {
 		switch typ {
-		case unix.NFTA_SET_ELEM_USERDATA:
-			comment = udataComment(b)
+		case unix.NFTA_SET_ELEM_KEY:
+			eachAttr(b, func(typ uint16, b []byte) {
+				if typ == unix.NFTA_DATA_VALUE {
+					key = b
+				}
+			})
 		case unix.NFTA_SET_ELEM_EXPR:
 			packets, bytes, counted = exprCounter(b)
 		case nftaSetElemExpressions:
@@ -133,7 +136,7 @@ func elemCounter(b []byte) (comment []byte, packets, bytes uint64, ok bool) {
 			})
 		}
 	})
-	return comment, packets, bytes, counted && len(comment) > 0
+	return key, packets, bytes, counted && key != nil
 }
 
 // exprCounter reads a counter expression's packets and bytes; false for another expression.
@@ -162,22 +165,6 @@ func exprCounter(b []byte) (packets, bytes uint64, ok bool) {
 		}
 	})
 	return packets, bytes, true
-}
-
-// udataComment is the comment in an element's userdata (type-length-value entries, the
-// comment NUL-terminated, as nft and google/nftables write it).
-func udataComment(b []byte) []byte {
-	for len(b) >= 2 {
-		typ, n := b[0], int(b[1])
-		if len(b) < 2+n {
-			return nil
-		}
-		if typ == 0 { // NFTNL_UDATA_SET_ELEM_COMMENT
-			return bytes.TrimSuffix(b[2:2+n], []byte{0})
-		}
-		b = b[2+n:]
-	}
-	return nil
 }
 
 // eachAttr calls fn with the type (flags masked) and payload of each netlink attribute in b.

@@ -31,9 +31,9 @@ func nlmsg(typ uint16, seq uint32, data []byte) []byte {
 }
 
 // TestDumpMessages reads an element dump as the kernel sends it: elements with a counter
-// as their one expression (NFTA_SET_ELEM_EXPR) or in a list (NFTA_SET_ELEM_EXPRESSIONS), one
-// without a comment, one without a counter, a message of another sequence, the end; and an
-// error.
+// as their one expression (NFTA_SET_ELEM_EXPR) or in a list (NFTA_SET_ELEM_EXPRESSIONS), with
+// a comment or without, one without a counter, one without a key, a message of another
+// sequence, the end; and an error.
 func TestDumpMessages(t *testing.T) {
 	counter := func(packets, bytes uint64) []byte {
 		return nlAttrs(t, netlink.Attribute{Type: unix.NFTA_EXPR_NAME, Data: []byte("counter\x00")},
@@ -44,18 +44,20 @@ func TestDumpMessages(t *testing.T) {
 	comment := func(id string) netlink.Attribute {
 		return netlink.Attribute{Type: unix.NFTA_SET_ELEM_USERDATA, Data: append([]byte{0, byte(len(id) + 1)}, id+"\x00"...)}
 	}
-	key := netlink.Attribute{Type: unix.NLA_F_NESTED | unix.NFTA_SET_ELEM_KEY, Data: nlAttrs(t, netlink.Attribute{Type: unix.NFTA_DATA_VALUE, Data: []byte{1, 2, 3, 4}})}
+	key := func(k string) netlink.Attribute {
+		return netlink.Attribute{Type: unix.NLA_F_NESTED | unix.NFTA_SET_ELEM_KEY, Data: nlAttrs(t, netlink.Attribute{Type: unix.NFTA_DATA_VALUE, Data: []byte(k)})}
+	}
 	elem := func(as ...netlink.Attribute) netlink.Attribute {
-		return netlink.Attribute{Type: unix.NLA_F_NESTED | unix.NFTA_LIST_ELEM, Data: nlAttrs(t, append([]netlink.Attribute{key}, as...)...)}
+		return netlink.Attribute{Type: unix.NLA_F_NESTED | unix.NFTA_LIST_ELEM, Data: nlAttrs(t, as...)}
 	}
 	list := nlAttrs(t, netlink.Attribute{Type: unix.NFTA_SET_ELEM_LIST_TABLE, Data: []byte("kuport\x00")},
 		netlink.Attribute{Type: unix.NLA_F_NESTED | unix.NFTA_SET_ELEM_LIST_ELEMENTS, Data: nlAttrs(t,
-			elem(comment("a"), netlink.Attribute{Type: unix.NLA_F_NESTED | unix.NFTA_SET_ELEM_EXPR, Data: counter(3, 300)}),
-			elem(comment("b"), netlink.Attribute{Type: unix.NLA_F_NESTED | nftaSetElemExpressions, Data: nlAttrs(t,
+			elem(key("ka"), comment("a"), netlink.Attribute{Type: unix.NLA_F_NESTED | unix.NFTA_SET_ELEM_EXPR, Data: counter(3, 300)}),
+			elem(key("kb"), netlink.Attribute{Type: unix.NLA_F_NESTED | nftaSetElemExpressions, Data: nlAttrs(t,
 				netlink.Attribute{Type: unix.NLA_F_NESTED | unix.NFTA_LIST_ELEM, Data: nlAttrs(t, netlink.Attribute{Type: unix.NFTA_EXPR_NAME, Data: []byte("limit\x00")})},
 				netlink.Attribute{Type: unix.NLA_F_NESTED | unix.NFTA_LIST_ELEM, Data: counter(5, 500)})}),
 			elem(netlink.Attribute{Type: unix.NLA_F_NESTED | unix.NFTA_SET_ELEM_EXPR, Data: counter(7, 700)}),
-			elem(comment("d")))})
+			elem(key("kd"), comment("d")))})
 	const newElem = unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWSETELEM
 	var b []byte
 	b = append(b, nlmsg(newElem, 9, append([]byte{unix.AF_INET, 0, 0, 0}, list...))...)
@@ -64,7 +66,7 @@ func TestDumpMessages(t *testing.T) {
 	done, err := dumpMessages(b, 9, func(c []byte, p, by uint64) { got[string(c)] = [2]uint64{p, by} })
 	require.NoError(t, err)
 	assert.False(t, done)
-	assert.Equal(t, map[string][2]uint64{"a": {3, 300}, "b": {5, 500}}, got)
+	assert.Equal(t, map[string][2]uint64{"ka": {3, 300}, "kb": {5, 500}}, got)
 
 	done, err = dumpMessages(nlmsg(unix.NLMSG_DONE, 9, []byte{0, 0, 0, 0}), 9, nil)
 	assert.True(t, done)

@@ -11,8 +11,10 @@ import (
 )
 
 // elem is one element of one of kuport's sets: its key and data as the registers hold them
-// (each part padded to 4 bytes), and the id of the program entry it renders, kept as the
-// element's comment so that `nft list` shows it and counters are reported by it.
+// (each part padded to 4 bytes), and the id of the program entry it renders, under which its
+// counter is reported and which the elements of an entry's own translation carry as their
+// comment, for `nft list` (setSpec.commented). An element read back from a set without
+// comments has none.
 type elem struct {
 	key, val string
 	id       string
@@ -122,7 +124,7 @@ func (e elem) text(s *setSpec, counted bool) string {
 	if counted {
 		t += " counter"
 	}
-	if e.id != "" {
+	if e.id != "" && s.commented() {
 		t += fmt.Sprintf(" comment %q", e.id)
 	}
 	if s.data != nil {

@@ -119,11 +119,12 @@ func compileEntries(p *kuportv1.NodeProgram) (*table, []error, map[setKey]bool) 
 }
 
 // dnatPuts is the DnatRule form of program.proto (founding document, kup-pre): per port, the
-// translation, the stand-in kup-steer writes over the dialed destination first (when the
-// entry has one), and the keys that count the mapping's packets in both directions. The count
-// sets are keyed by the dialed port, the only thing that tells two mappings to one pod port
-// apart: kup-count-in sees requests before DNAT, kup-count-out replies after their
-// translation back, both on the entry's interface.
+// translation, the stand-in kup-steer writes over the dialed destination first, and the key
+// that counts the mapping's replies. Both count by the dialed port, the only thing that tells
+// two mappings to one pod port apart: kup-steer's element every request before DNAT,
+// kup-count-out's every reply after its translation back, both on the entry's interface. An
+// entry without a stand-in (a controller older than the steering of every entry) is
+// neither steered nor counted in.
 func dnatPuts(fam family, e *kuportv1.DnatRule) ([]put, error) {
 	if err := checkID(e.GetId()); err != nil {
 		return nil, err
@@ -161,9 +162,9 @@ func dnatPuts(fam family, e *kuportv1.DnatRule) ([]put, error) {
 			return nil, err
 		}
 	}
-	dnat, in, out, steer := "dnat-ports", "count-in-ports", "count-out-ports", "steer-ports"
+	dnat, out, steer := "dnat-ports", "count-out-ports", "steer-ports"
 	if daddr.IsValid() {
-		dnat, in, out, steer = "dnat-addr-ports", "count-in-addr-ports", "count-out-addr-ports", "steer-addr-ports"
+		dnat, out, steer = "dnat-addr-ports", "count-out-addr-ports", "steer-addr-ports"
 	}
 	key := func(daddr netip.Addr, port uint16) string {
 		if daddr.IsValid() {
@@ -184,7 +185,6 @@ func dnatPuts(fam family, e *kuportv1.DnatRule) ([]put, error) {
 		}
 		puts = append(puts,
 			put{set: dnat, elem: elem{key: nat, val: pack(to.AsSlice(), portBytes(uint16(toPort)+offset))}},
-			put{set: in, elem: elem{key: dialed}},
 			put{set: out, elem: elem{key: dialed}})
 	})
 	return puts, nil

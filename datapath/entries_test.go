@@ -19,8 +19,8 @@ func TestCompileRejectsInvalidEntries(t *testing.T) {
 	one := &kuportv1.PortRange{First: 3000, Last: 3000}
 	p := &kuportv1.NodeProgram{
 		DnatRules: []*kuportv1.DnatRule{
-			{Id: "ok", InInterface: "enp1s0", Protocol: tcp, Ports: one, ToAddress: "10.0.0.1", ToPort: 3000},
-			{Id: "ok", InInterface: "enp1s0", Protocol: tcp, Ports: one, ToAddress: "10.0.0.1", ToPort: 3000},
+			{Id: "ok", InInterface: "enp1s0", Protocol: tcp, Ports: one, ToAddress: "10.0.0.1", ToPort: 3000, StandIn: "10.0.0.1"},
+			{Id: "ok", InInterface: "enp1s0", Protocol: tcp, Ports: one, ToAddress: "10.0.0.1", ToPort: 3000, StandIn: "10.0.0.1"},
 			{Id: "v6", InInterface: "enp1s0", Protocol: tcp, Ports: one, ToAddress: "::1", ToPort: 3000},
 			{Id: "proto", InInterface: "enp1s0", Ports: one, ToAddress: "10.0.0.1", ToPort: 3000},
 			{Id: "overflow", InInterface: "enp1s0", Protocol: tcp, Ports: &kuportv1.PortRange{First: 10, Last: 20}, ToAddress: "10.0.0.1", ToPort: 65530},
@@ -38,7 +38,7 @@ func TestCompileRejectsInvalidEntries(t *testing.T) {
 			n++
 		}
 	}
-	assert.Equal(t, 3, n, "the valid DNAT entry's translation and its two counting elements")
+	assert.Equal(t, 3, n, "the valid DNAT entry's translation, its steering (which counts requests) and its reply counting")
 	got := EntryErrors(errors.Join(errs...))
 	var ids []string
 	for _, e := range got {

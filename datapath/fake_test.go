@@ -201,14 +201,24 @@ func addElems(ft *fakeTable, set string, vals []nftables.SetElement) error {
 	return nil
 }
 
-func (k *fakeKernel) SetAddElements(s *nftables.Set, vals []nftables.SetElement) error {
+// queued copies element lists as the library encodes them when they are queued: the
+// datapath reuses their slices and bytes for the next list (elemQueue).
+func queued(vals []nftables.SetElement) []nftables.SetElement {
 	vals = slices.Clone(vals)
+	for i := range vals {
+		vals[i].Key, vals[i].Val = slices.Clone(vals[i].Key), slices.Clone(vals[i].Val)
+	}
+	return vals
+}
+
+func (k *fakeKernel) SetAddElements(s *nftables.Set, vals []nftables.SetElement) error {
+	vals = queued(vals)
 	k.in(s.Table, func(ft *fakeTable) error { return addElems(ft, s.Name, vals) })
 	return nil
 }
 
 func (k *fakeKernel) SetDeleteElements(s *nftables.Set, vals []nftables.SetElement) error {
-	vals = slices.Clone(vals)
+	vals = queued(vals)
 	k.in(s.Table, func(ft *fakeTable) error {
 		if ft.set(s.Name) == nil {
 			return fmt.Errorf("set %s: %w", s.Name, syscall.ENOENT)
@@ -325,14 +335,14 @@ func (k *fakeKernel) GetSetElements(s *nftables.Set) ([]nftables.SetElement, err
 
 // Own sockets.
 
-func (k *fakeKernel) setCounters(fam nftables.TableFamily, table, set string, fn func(comment []byte, packets, bytes uint64)) error {
+func (k *fakeKernel) setCounters(fam nftables.TableFamily, table, set string, fn func(key []byte, packets, bytes uint64)) error {
 	elems, err := k.GetSetElements(&nftables.Set{Table: &nftables.Table{Name: table, Family: fam}, Name: set})
 	if err != nil {
 		return err
 	}
 	for _, e := range elems {
-		if e.Counter != nil && e.Comment != "" {
-			fn([]byte(e.Comment), e.Counter.Packets, e.Counter.Bytes)
+		if e.Counter != nil {
+			fn(e.Key, e.Counter.Packets, e.Counter.Bytes)
 		}
 	}
 	return nil
@@ -657,7 +667,7 @@ func TestFakeRepair(t *testing.T) {
 			k.DelTable(kuport)
 			require.NoError(t, k.Flush())
 		},
-		writes: 9, // the table, then its eight elements
+		writes: 8, // the table, then its seven elements
 	}}
 	for _, d := range damage {
 		d.do()

@@ -316,7 +316,7 @@ func checkRenders(t *testing.T, p *kuportv1.NodeProgram) {
 	for _, s := range tbl.layout.sets {
 		ks := s.kernelSet(kt)
 		for _, e := range tbl.elems[s.name] {
-			ne := nftElem(e, s.data != nil)
+			ne, _ := nftElem(nil, s, e, s.data != nil)
 			if len(ne.Key) != int(ks.KeyType.Bytes) {
 				t.Fatalf("set %s: key of %d bytes, type %s takes %d", s.name, len(ne.Key), ks.KeyType.Name, ks.KeyType.Bytes)
 			}
@@ -324,7 +324,7 @@ func checkRenders(t *testing.T, p *kuportv1.NodeProgram) {
 				t.Fatalf("map %s: value of %d bytes, type %s takes %d", s.name, len(ne.Val), ks.DataType.Name, ks.DataType.Bytes)
 			}
 			if !valid[e.id] || len(e.id) > maxCommentLen {
-				t.Fatalf("set %s: element comment %q is no entry's id", s.name, e.id)
+				t.Fatalf("set %s: element id %q is no entry's id", s.name, e.id)
 			}
 			if strings.Contains(e.text(s, true), "#") {
 				t.Fatalf("set %s: element prints malformed: %s", s.name, e.text(s, true))

@@ -42,7 +42,7 @@ func dnatEntry(id, port, to string, toPort uint32) *kuportv1.DnatRule {
 	var p uint32
 	_, _ = fmt.Sscan(port, &p)
 	return &kuportv1.DnatRule{Id: id, Mapping: "ns/" + id, InInterface: "enp1s0", Protocol: kuportv1.Protocol_PROTOCOL_TCP,
-		Ports: &kuportv1.PortRange{First: p, Last: p}, ToAddress: to, ToPort: toPort}
+		Ports: &kuportv1.PortRange{First: p, Last: p}, ToAddress: to, ToPort: toPort, StandIn: to}
 }
 
 func snatEntry(id, out, addr string, port uint32, kind kuportv1.SnatKind) *kuportv1.SnatRule {
@@ -81,8 +81,8 @@ func TestIncrementalSteps(t *testing.T) {
 	}
 	steps := []step{
 		{"retarget m1", func(p *kuportv1.NodeProgram) {
-			p.DnatRules[1].ToAddress, p.SnatRules[1].Address = "10.244.2.1", "10.244.2.1"
-		}, true, 4},
+			p.DnatRules[1].ToAddress, p.DnatRules[1].StandIn, p.SnatRules[1].Address = "10.244.2.1", "10.244.2.1", "10.244.2.1"
+		}, true, 6},
 		{"add m5", func(p *kuportv1.NodeProgram) {
 			p.DnatRules = append(p.DnatRules, dnatEntry("m5/dnat", "4005", "10.244.1.15", 3000))
 			p.SnatRules = append(p.SnatRules, snatEntry("m5/snat", "cilium_host", "10.244.1.15", 3000, req))
@@ -90,8 +90,8 @@ func TestIncrementalSteps(t *testing.T) {
 		{"remove m5", func(p *kuportv1.NodeProgram) {}, true, 4},
 		{"mapping name only", func(p *kuportv1.NodeProgram) { p.DnatRules[0].Mapping = "ns/renamed" }, true, 0},
 		{"retarget m4, whose SNAT element m3 shares", func(p *kuportv1.NodeProgram) {
-			p.DnatRules[4].ToAddress, p.SnatRules[4].Address = "10.244.2.4", "10.244.2.4"
-		}, false, 2 + 1},
+			p.DnatRules[4].ToAddress, p.DnatRules[4].StandIn, p.SnatRules[4].Address = "10.244.2.4", "10.244.2.4", "10.244.2.4"
+		}, false, 4 + 1},
 		{"reorder", func(p *kuportv1.NodeProgram) {
 			p.DnatRules[0], p.DnatRules[1] = p.DnatRules[1], p.DnatRules[0]
 		}, false, 0},
@@ -295,7 +295,7 @@ func TestIncrementalFailedWrite(t *testing.T) {
 	assert.Equal(t, []string{"bench/m00001/dnat/enp1s0", "bench/m00001/snat"}, ids)
 	assert.Equal(t, before, k.dump(t), "the failed transaction changed nothing")
 	require.NoError(t, dp.Apply(q))
-	assert.Equal(t, 4, dp.lastChanges, "the change written")
+	assert.Equal(t, 6, dp.lastChanges, "the change written")
 	dump, err := dp.Dump()
 	require.NoError(t, err)
 	assert.Equal(t, Render(q), dump)

@@ -19,6 +19,8 @@ type nftConn interface {
 	AddChain(c *nftables.Chain) *nftables.Chain
 	AddSet(s *nftables.Set, vals []nftables.SetElement) error
 	AddRule(r *nftables.Rule) *nftables.Rule
+	// SetAddElements and SetDeleteElements encode vals when they queue them (as
+	// google/nftables does): the caller may reuse vals and their bytes after the call.
 	SetAddElements(s *nftables.Set, vals []nftables.SetElement) error
 	SetDeleteElements(s *nftables.Set, vals []nftables.SetElement) error
 	Flush() error
@@ -54,7 +56,7 @@ type ownSockets interface {
 	setRPFilter(ifindex int, value uint32) error
 	ipForward() (bool, error)
 	generation() (uint32, error)
-	setCounters(fam nftables.TableFamily, table, set string, fn func(comment []byte, packets, bytes uint64)) error
+	setCounters(fam nftables.TableFamily, table, set string, fn func(key []byte, packets, bytes uint64)) error
 }
 
 var (

@@ -93,7 +93,6 @@ type setRole int
 
 const (
 	roleDNAT setRole = iota + 1
-	roleCountIn
 	roleCountOut
 	roleSNAT
 	roleMark
@@ -112,12 +111,37 @@ func (r setRole) kind() string {
 }
 
 // setSpec is one of kuport's sets: its name, key and data (none for a plain set). Every set
-// counts per element (`counter` in its body).
+// counts per element (`counter` in its body), and every counter is read (Counters).
+//
+// An element's comment is the id of the entry it renders, for an operator reading `nft list`
+// (Counters attributes counters by key, through the compiled table). Only the elements of an
+// entry's own translation carry it (DNAT, identity SNAT, marks): a DNAT entry's steering and
+// reply-counting elements have its DNAT element's key, the dialed port, so `nft list` shows
+// them next to it without the id again, and a comment costs about 1.8 µs an element to write
+// (BENCHMARKS.md, issue 11 elements).
 type setSpec struct {
 	name string
 	key  []field
 	data []field
 	role setRole
+}
+
+// commented reports whether the set's elements carry their entry's id as a comment.
+func (s *setSpec) commented() bool { return s.role != roleSteer && s.role != roleCountOut }
+
+// written is e as the set's kernel element holds it: without its id where the set carries none.
+func (s *setSpec) written(e elem) elem {
+	if !s.commented() {
+		e.id = ""
+	}
+	return e
+}
+
+// holds reports whether element have, compiled or read back from the kernel, is want: a
+// compiled one the same in every part, id included (an element that moves to another entry is
+// written anew, its counter with it), one read back as the kernel holds want.
+func (s *setSpec) holds(have, want elem) bool {
+	return have == want || have.id == "" && have == s.written(want)
 }
 
 func (s *setSpec) kind() string { return s.role.kind() }
@@ -175,15 +199,15 @@ func typeText(fields []field) string {
 // chainSpec is one of kuport's base chains. NAT is set up once per hook, so kup-pre and
 // kup-post sort 10 ahead of the standard dstnat/srcnat chains (kube-proxy's, the CNI's) and
 // claim a flow first; kup-mangle marks after the standard mangle chains, so their mark
-// writes cannot undo it (founding document). The counting chains see the dialed port, which
-// tells mappings apart: kup-count-in before destination NAT (-100) rewrites it in a request,
-// kup-count-out after source NAT (100) has written it back into a reply. kup-steer rewrites a
-// new flow's destination to its stand-in at dstnat - 20 (-120): after conntrack (-200) has
-// recorded the dialed address and after a mesh's mark on local destinations (mangle, -150),
-// before a host firewall at dstnat - 10 (-110) drops new connections to the node's own
-// addresses, which no nat chain can run ahead of (the kernel runs every nat chain from its one
-// hook at -100). Everything that reads the dialed destination runs before it: kup-mangle
-// (-140) and kup-count-in (-130).
+// writes cannot undo it (founding document). kup-steer rewrites a new flow's destination to
+// its stand-in at dstnat - 20 (-120): after conntrack (-200) has recorded the dialed address
+// and after a mesh's mark on local destinations (mangle, -150), before a host firewall at
+// dstnat - 10 (-110) drops new connections to the node's own addresses, which no nat chain
+// can run ahead of (the kernel runs every nat chain from its one hook at -100). The counting
+// sees the dialed port, which tells mappings apart: kup-steer counts every request packet
+// before destination NAT (-100) rewrites it (its steering elements' counters), kup-count-out
+// every reply after source NAT (100) has written it back. Everything that reads the dialed
+// destination runs before the rewrite: kup-mangle (-140), and kup-steer's own lookups.
 type chainSpec struct {
 	name         string
 	typ          nftables.ChainType
@@ -197,7 +221,6 @@ var chainSpecs = []chainSpec{
 	{name: "kup-pre", typ: nftables.ChainTypeNAT, hook: *nftables.ChainHookPrerouting, hookName: "prerouting", priority: -110, priorityName: "dstnat - 10"},
 	{name: "kup-post", typ: nftables.ChainTypeNAT, hook: *nftables.ChainHookPostrouting, hookName: "postrouting", priority: 90, priorityName: "srcnat - 10"},
 	{name: "kup-mangle", typ: nftables.ChainTypeFilter, hook: *nftables.ChainHookPrerouting, hookName: "prerouting", priority: -140, priorityName: "mangle + 10"},
-	{name: "kup-count-in", typ: nftables.ChainTypeFilter, hook: *nftables.ChainHookPrerouting, hookName: "prerouting", priority: -130, priorityName: "-130"},
 	{name: "kup-steer", typ: nftables.ChainTypeFilter, hook: *nftables.ChainHookPrerouting, hookName: "prerouting", priority: -120, priorityName: "-120"},
 	{name: "kup-count-out", typ: nftables.ChainTypeFilter, hook: *nftables.ChainHookPostrouting, hookName: "postrouting", priority: 110, priorityName: "srcnat + 10"},
 }
@@ -247,8 +270,6 @@ func newLayout(fam family, replyPrefixes []string) *layout {
 	// separate maps: a hash key has no wildcard.
 	dnatAddr := set("dnat-addr-ports", roleDNAT, []field{fieldIIF, fam.daddr, fieldProto, fieldDport}, target)
 	dnat := set("dnat-ports", roleDNAT, []field{fieldIIF, fieldProto, fieldDport}, target)
-	inAddr := set("count-in-addr-ports", roleCountIn, []field{fieldIIF, fam.daddr, fieldProto, fieldDport}, nil)
-	in := set("count-in-ports", roleCountIn, []field{fieldIIF, fieldProto, fieldDport}, nil)
 	outAddr := set("count-out-addr-ports", roleCountOut, []field{fieldOIF, fam.saddr, fieldProto, fieldSport}, nil)
 	out := set("count-out-ports", roleCountOut, []field{fieldOIF, fieldProto, fieldSport}, nil)
 	request := set("snat-request", roleSNAT, []field{fieldOIF, fam.daddr, fieldProto, fieldDport}, nil)
@@ -283,10 +304,13 @@ func newLayout(fam family, replyPrefixes []string) *layout {
 		return []expr.Any{&expr.Ct{Key: expr.CtKeyDIRECTION, Register: register(0)},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: register(0), Data: []byte{dir}}}
 	}
-	replyDNAT := append(dirIs(ctDirReply),
-		&expr.Ct{Key: expr.CtKeySTATUS, Register: register(0)},
-		&expr.Bitwise{SourceRegister: register(0), DestRegister: register(0), Len: 4, Mask: ipsDstNAT, Xor: make([]byte, 4)},
-		&expr.Cmp{Op: expr.CmpOpNeq, Register: register(0), Data: make([]byte, 4)})
+	dnatted := func(dir byte) []expr.Any {
+		return append(dirIs(dir),
+			&expr.Ct{Key: expr.CtKeySTATUS, Register: register(0)},
+			&expr.Bitwise{SourceRegister: register(0), DestRegister: register(0), Len: 4, Mask: ipsDstNAT, Xor: make([]byte, 4)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: register(0), Data: make([]byte, 4)})
+	}
+	replyDNAT := dnatted(ctDirReply)
 	// A mark map holds its marks in network byte order and the rule turns the looked-up
 	// mark into the host order meta and ct marks are in: nft prints a map's data in network
 	// order unless the set's userdata says otherwise, which google/nftables v0.3.0 cannot
@@ -300,8 +324,6 @@ func newLayout(fam family, replyPrefixes []string) *layout {
 		l.rule("kup-mangle", fmt.Sprintf("%s @%s meta mark set ct mark", keyText(restore), restore.name), nil, restore, false,
 			&expr.Ct{Key: expr.CtKeyMARK, Register: register(0)},
 			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: register(0)}),
-		l.rule("kup-count-in", fmt.Sprintf("ct direction original %s @%s", keyText(inAddr), inAddr.name), dirIs(ctDirOriginal), inAddr, false),
-		l.rule("kup-count-in", fmt.Sprintf("ct direction original %s @%s", keyText(in), in.name), dirIs(ctDirOriginal), in, false),
 		l.rule("kup-count-out", fmt.Sprintf("ct direction reply ct status dnat %s @%s", keyText(outAddr), outAddr.name), replyDNAT, outAddr, false),
 		l.rule("kup-count-out", fmt.Sprintf("ct direction reply ct status dnat %s @%s", keyText(out), out.name), replyDNAT, out, false),
 	)
@@ -310,17 +332,26 @@ func newLayout(fam family, replyPrefixes []string) *layout {
 	// part fixed, as nft writes it. New flows only (a UDP flow's packets until the first
 	// reply): conntrack holds the dialed address of a flow from its first packet on, so a later
 	// packet is translated by the nat of its entry and a stateful firewall passes it as
-	// established.
+	// established. "accept" ends kup-steer (only: the hook's later chains still run), so the
+	// packet is not counted again below.
 	stateNew := []expr.Any{&expr.Ct{Key: expr.CtKeySTATE, Register: register(0)},
 		&expr.Bitwise{SourceRegister: register(0), DestRegister: register(0), Len: 4, Mask: ctStateNew, Xor: make([]byte, 4)},
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: register(0), Data: make([]byte, 4)}}
 	steerTo := func(s *setSpec) ruleSpec {
-		return l.rule("kup-steer", fmt.Sprintf("ct state new %s daddr set %s map @%s", fam.name, keyText(s), s.name), stateNew, s, true,
+		return l.rule("kup-steer", fmt.Sprintf("ct state new %s daddr set %s map @%s accept", fam.name, keyText(s), s.name), stateNew, s, true,
 			&expr.Payload{OperationType: expr.PayloadWrite, SourceRegister: register(0), Base: expr.PayloadBaseNetworkHeader,
 				Offset: fam.daddrOffset, Len: fam.addr.Bytes, CsumType: expr.CsumTypeInet, CsumOffset: fam.csumOffset,
-				CsumFlags: unix.NFT_PAYLOAD_L4CSUM_PSEUDOHDR})
+				CsumFlags: unix.NFT_PAYLOAD_L4CSUM_PSEUDOHDR},
+			&expr.Verdict{Kind: expr.VerdictAccept})
 	}
-	l.rules = append(l.rules, steerTo(steerAddr), steerTo(steer))
+	// The rest of a translated flow's requests are looked up without a rewrite, only to count
+	// them: every request packet of kuport's flows meets one steering element, by the port it
+	// dialed (Counter.forwarded_in). A flow kuport did not translate (one that reached a host
+	// listener before its mapping existed) is neither rewritten nor counted.
+	countIn := func(s *setSpec) ruleSpec {
+		return l.rule("kup-steer", fmt.Sprintf("ct direction original ct status dnat %s @%s", keyText(s), s.name), dnatted(ctDirOriginal), s, false)
+	}
+	l.rules = append(l.rules, steerTo(steerAddr), steerTo(steer), countIn(steerAddr), countIn(steer))
 	return l
 }
 

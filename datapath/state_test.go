@@ -109,7 +109,8 @@ func workerB(version uint64, ms ...podMapping) *kuportv1.NodeProgram {
 	for _, m := range ms {
 		ports := &kuportv1.PortRange{First: m.port, Last: m.port}
 		p.DnatRules = append(p.DnatRules, &kuportv1.DnatRule{Id: m.key + "/dnat/" + m.link.Name, Mapping: m.key,
-			InInterface: m.link.Name, MatchDestination: m.link.LocalAddress, Protocol: m.proto, Ports: ports, ToAddress: m.pod, ToPort: m.port})
+			InInterface: m.link.Name, MatchDestination: m.link.LocalAddress, Protocol: m.proto, Ports: ports, ToAddress: m.pod, ToPort: m.port,
+			StandIn: m.pod})
 		p.SnatRules = append(p.SnatRules,
 			&kuportv1.SnatRule{Id: m.key + "/snat", Mapping: m.key, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
 				OutInterface: "cilium_host", Address: m.pod, Protocol: m.proto, Ports: ports},
@@ -161,16 +162,16 @@ func workerBStates() []stateStep {
 		routePublic   = "default via 169.254.77.0 dev kup-dcc4266d table 201 \n"
 		routeIntranet = "default via 169.254.79.1 dev kup-2b1e7a90 table 202 \n"
 	)
-	// elems are a mapping's elements on worker-b: its translation, the counting of its
-	// packets over the link both ways, the request's identity SNAT, the reply exemption and
-	// the return mark.
+	// elems are a mapping's elements on worker-b: its translation (of the stand-in, its pod),
+	// the steering that also counts its requests over the link, the counting of its replies,
+	// the request's identity SNAT, the reply exemption and the return mark.
 	elems := func(m podMapping) []string {
 		p := strings.ToLower(strings.TrimPrefix(m.proto.String(), "PROTOCOL_"))
-		dialed := fmt.Sprintf(`%q . %s . %s . %d counter comment "%s/dnat/%s"`, m.link.Name, m.link.LocalAddress, p, m.port, m.key, m.link.Name)
+		dialed := fmt.Sprintf(`%q . %s . %s . %d counter`, m.link.Name, m.link.LocalAddress, p, m.port)
 		pod := fmt.Sprintf("%s . %s . %d counter", m.pod, p, m.port)
 		return []string{
-			fmt.Sprintf("dnat-addr-ports\t%s : %s . %d", dialed, m.pod, m.port),
-			"count-in-addr-ports\t" + dialed,
+			fmt.Sprintf(`dnat-addr-ports	%q . %s . %s . %d counter comment "%s/dnat/%s" : %s . %d`, m.link.Name, m.pod, p, m.port, m.key, m.link.Name, m.pod, m.port),
+			fmt.Sprintf("steer-addr-ports\t%s : %s", dialed, m.pod),
 			"count-out-addr-ports\t" + dialed,
 			"snat-request\t" + fmt.Sprintf(`"cilium_host" . %s comment "%s/snat"`, pod, m.key),
 			"snat-reply-cilium_\t" + fmt.Sprintf(`%s comment "%s/snat-reply"`, pod, m.key),

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"maps"
 	"slices"
-
-	"github.com/google/nftables"
 )
 
 // known is what table ip kuport holds as of ruleset generation gen, without reading it: the
@@ -17,12 +15,13 @@ type known struct {
 }
 
 // syncTable makes table ip kuport hold want (the compiler's table), in one transaction and
-// only where it differs, and returns the DNAT elements it changed. While the ruleset
+// only where it differs, and returns the conntrack filter of the flows its change of kup-pre's
+// maps leaves going the old way (nil: none). While the ruleset
 // generation is the one its last write made, nobody changed the table, so it reads nothing:
 // it writes the elements compiled anew since (incremental.go), or, after a whole compile,
 // compares want with what it wrote. Otherwise it reads the whole table first (gen.go), which
 // finds and repairs whatever someone changed.
-func (d *Datapath) syncTable(want *table, changes *int) ([]dnatChange, error) {
+func (d *Datapath) syncTable(want *table, changes *int) (*staleFlows, error) {
 	dirty := d.comp.dirty
 	d.comp.dirty = nil
 	gen, gerr := d.own.generation()
@@ -31,13 +30,13 @@ func (d *Datapath) syncTable(want *table, changes *int) ([]dnatChange, error) {
 	}
 	var (
 		n     int
-		added map[string][]nftables.SetElement
+		added map[string]string
 		err   error
-		dnat  []dnatChange
+		stale *staleFlows
 	)
 	if gerr == nil && d.known != nil && d.known.gen == gen && d.known.t == want {
 		n, added, err = d.writeDirty(want, dirty)
-		dnat = dirtyDNAT(want, dirty)
+		stale = dirtyStaleFlows(want, dirty)
 	} else {
 		have, intact := (*table)(nil), true
 		if gerr == nil && d.known != nil && d.known.gen == gen {
@@ -53,29 +52,23 @@ func (d *Datapath) syncTable(want *table, changes *int) ([]dnatChange, error) {
 			}
 		}
 		n, added, err = d.writeTable(have, intact, want)
-		dnat = dnatChanges(have, want)
+		stale = tableStaleFlows(have, want)
 	}
 	*changes += n
 	if err != nil {
 		d.known = nil
 		// The transaction failed whole: every entry whose elements it added failed.
-		kinds := map[string]string{}
-		for set, elems := range added {
-			for _, e := range elems {
-				kinds[e.Comment] = want.layout.byName[set].kind()
-			}
-		}
-		if len(kinds) == 0 {
+		if len(added) == 0 {
 			return nil, err
 		}
 		var errs []error
-		for _, id := range slices.Sorted(maps.Keys(kinds)) {
-			errs = append(errs, &EntryError{Kind: kinds[id], ID: id, Err: err})
+		for _, id := range slices.Sorted(maps.Keys(added)) {
+			errs = append(errs, &EntryError{Kind: added[id], ID: id, Err: err})
 		}
 		return nil, errors.Join(errs...)
 	}
 	if gerr != nil {
-		return dnat, nil
+		return stale, nil
 	}
 	kept := want
 	if want.empty() {
@@ -83,7 +76,7 @@ func (d *Datapath) syncTable(want *table, changes *int) ([]dnatChange, error) {
 	}
 	if n == 0 {
 		d.known = &known{t: kept, gen: gen}
-		return dnat, nil
+		return stale, nil
 	}
 	// The generation after this transaction is the next one unless someone else committed
 	// in between; then what the kernel holds is unknown until read.
@@ -95,5 +88,5 @@ func (d *Datapath) syncTable(want *table, changes *int) ([]dnatChange, error) {
 	if g, err := d.own.generation(); err == nil && g == next {
 		d.known = &known{t: kept, gen: g}
 	}
-	return dnat, nil
+	return stale, nil
 }

@@ -200,7 +200,7 @@ func (tr *tracer) hook(h *nftables.ChainHook, p *packet, f *flow, dir byte, v *V
 }
 
 // rule runs one rule's expressions as the kernel would and reports whether it ended the
-// chain (a nat statement). A match that fails, or a lookup that finds no element, goes on
+// chain (a nat statement, an accept). A match that fails, or a lookup that finds no element, goes on
 // to the next rule.
 func (tr *tracer) rule(chain string, exprs []expr.Any, p *packet, f *flow, dir byte, v *Verdict) (bool, error) {
 	var regs [4 * (unix.NFT_REG32_15 - unix.NFT_REG32_00 + 1)]byte
@@ -327,6 +327,11 @@ func (tr *tracer) rule(chain string, exprs []expr.Any, p *packet, f *flow, dir b
 					return false, fmt.Errorf("a source NAT other than the identity is not traced")
 				}
 				v.SNAT = p.oif
+			}
+			return true, nil
+		case *expr.Verdict:
+			if e.Kind != expr.VerdictAccept {
+				return false, fmt.Errorf("verdict %v is not traced", e.Kind)
 			}
 			return true, nil
 		default:

@@ -144,6 +144,13 @@ func (tn *testNS) addPod(t *testing.T, addr string, port int) {
 	} {
 		run(t, append([]string{"ip", "netns", "exec", name}, args...)...)
 	}
+	serveUDP(t, ns, addr, port)
+}
+
+// serveUDP runs a UDP server in ns on addr:port that answers every datagram to its sender
+// with the sender's address as it saw it, until the test ends.
+func serveUDP(t *testing.T, ns netns.NsHandle, addr string, port int) {
+	t.Helper()
 	var conn *net.UDPConn
 	inNS(t, ns, func() error {
 		var err error
@@ -167,34 +174,52 @@ func (tn *testNS) addPod(t *testing.T, addr string, port int) {
 // the answer's text and source.
 func (p *peerNS) exchangeUDP(t *testing.T, dst string, dport int) (string, string) {
 	t.Helper()
-	var text, from string
+	texts, from := p.flowUDP(t, dst, dport, 1)
+	return texts[0], from
+}
+
+// flowUDP sends datagrams from the peer to dst:dport from one new port, in rounds: each round
+// sends its number of datagrams back to back, then reads as many answers. It returns the
+// answers' texts and the last one's source.
+func (p *peerNS) flowUDP(t *testing.T, dst string, dport int, rounds ...int) ([]string, string) {
+	t.Helper()
+	var texts []string
+	var from string
 	inNS(t, p.ns, func() error {
 		c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP(p.addr)})
 		if err != nil {
 			return err
 		}
 		defer func() { _ = c.Close() }()
-		if _, err := c.WriteToUDP([]byte("kuport"), &net.UDPAddr{IP: net.ParseIP(dst), Port: dport}); err != nil {
-			return err
+		for _, n := range rounds {
+			for range n {
+				if _, err := c.WriteToUDP([]byte("kuport"), &net.UDPAddr{IP: net.ParseIP(dst), Port: dport}); err != nil {
+					return err
+				}
+			}
+			for range n {
+				if err := c.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+					return err
+				}
+				buf := make([]byte, 1500)
+				n, src, err := c.ReadFromUDP(buf)
+				if err != nil {
+					return err
+				}
+				texts, from = append(texts, string(buf[:n])), src.String()
+			}
 		}
-		if err := c.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
-			return err
-		}
-		buf := make([]byte, 1500)
-		n, src, err := c.ReadFromUDP(buf)
-		if err != nil {
-			return err
-		}
-		text, from = string(buf[:n]), src.String()
 		return nil
 	})
-	return text, from
+	return texts, from
 }
 
 // TestPrivilegedSharedPodPortCounts sends traffic through two mappings dialed on 4000 and
 // 4001 of one interface, both to the same pod port: each mapping's counters count its own
-// flows' packets, both ways, and none of the other's. The pod sees the client's address and
-// the answers come from the dialed ports.
+// flows' packets, both ways, and none of the other's. Each flow sends two datagrams before
+// the first answer (the second may still be a new flow's, already translated) and one more
+// after (an established flow's), so kup-steer's two counting rules both count, each packet
+// once. The pod sees the client's address and the answers come from the dialed ports.
 func TestPrivilegedSharedPodPortCounts(t *testing.T) {
 	privileged(t)
 	tn := newTestNS(t, "100.64.93.143")
@@ -202,7 +227,7 @@ func TestPrivilegedSharedPodPortCounts(t *testing.T) {
 	client := tn.addPeer(t, "enp1s0", "203.0.113.9", "203.0.113.7")
 	mapping := func(key string, dialed uint32) (*kuportv1.DnatRule, *kuportv1.SnatRule) {
 		return &kuportv1.DnatRule{Id: key + "/dnat/enp1s0", Mapping: key, InInterface: "enp1s0", Protocol: kuportv1.Protocol_PROTOCOL_UDP,
-				Ports: &kuportv1.PortRange{First: dialed, Last: dialed}, ToAddress: "10.244.17.5", ToPort: 3000},
+				Ports: &kuportv1.PortRange{First: dialed, Last: dialed}, ToAddress: "10.244.17.5", ToPort: 3000, StandIn: "10.244.17.5"},
 			&kuportv1.SnatRule{Id: key + "/snat", Mapping: key, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST, OutInterface: "cilium_host",
 				Address: "10.244.17.5", Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: &kuportv1.PortRange{First: 3000, Last: 3000}}
 	}
@@ -211,11 +236,11 @@ func TestPrivilegedSharedPodPortCounts(t *testing.T) {
 	p := &kuportv1.NodeProgram{Node: "edge-a", Version: 1, DnatRules: []*kuportv1.DnatRule{d1, d2}, SnatRules: []*kuportv1.SnatRule{s1, s2}}
 	require.NoError(t, tn.dp.Apply(p))
 
-	const first, second = 3, 5
+	const first, second, perFlow = 3, 5, 3
 	for dport, n := range map[int]int{4000: first, 4001: second} {
 		for range n {
-			text, from := client.exchangeUDP(t, "203.0.113.9", dport)
-			assert.Equal(t, "203.0.113.7", text, "the pod saw the client")
+			texts, from := client.flowUDP(t, "203.0.113.9", dport, 2, 1)
+			assert.Equal(t, []string{"203.0.113.7", "203.0.113.7", "203.0.113.7"}, texts, "the pod saw the client")
 			assert.Equal(t, net.JoinHostPort("203.0.113.9", itoa(uint32(dport))), from, "the answer comes from the dialed port")
 		}
 	}
@@ -225,11 +250,40 @@ func TestPrivilegedSharedPodPortCounts(t *testing.T) {
 		c := counterOf(counters, id)
 		require.NotNil(t, c, id)
 		assert.Equal(t, n, c.GetPackets(), "%s: flows", id)
-		assert.Equal(t, n, c.GetForwardedIn().GetPackets(), "%s: requests", id)
-		assert.Equal(t, n, c.GetForwardedOut().GetPackets(), "%s: answers", id)
-		assert.Equal(t, n*(20+8+6), c.GetForwardedIn().GetBytes(), "%s: request bytes", id)
+		assert.Equal(t, n*perFlow, c.GetForwardedIn().GetPackets(), "%s: requests", id)
+		assert.Equal(t, n*perFlow, c.GetForwardedOut().GetPackets(), "%s: answers", id)
+		assert.Equal(t, n*perFlow*(20+8+6), c.GetForwardedIn().GetBytes(), "%s: request bytes", id)
 	}
 	// The identity SNAT element both mappings need is one, the first's: it claims every flow.
 	assert.Equal(t, uint64(first+second), counterOf(counters, s1.Id).GetPackets())
 	assert.Nil(t, counterOf(counters, s2.Id))
+}
+
+// TestPrivilegedHostNetworkTarget: a mapping to a pod in the node's network namespace, whose
+// stand-in compile makes its target, the node's own address (a host firewall then judges
+// the flow as the node's own): the request dialed on enp1s0 is steered to that address,
+// translated to the listener's port and answered from the dialed address and port, and
+// every packet is counted once each way.
+func TestPrivilegedHostNetworkTarget(t *testing.T) {
+	privileged(t)
+	tn := newTestNS(t, "100.64.93.143")
+	serveUDP(t, tn.ns, "100.64.93.143", 3000)
+	client := tn.addPeer(t, "enp1s0", "203.0.113.9", "203.0.113.7")
+	d := &kuportv1.DnatRule{Id: "g/host/dnat/enp1s0", Mapping: "g/host", InInterface: "enp1s0", Protocol: kuportv1.Protocol_PROTOCOL_UDP,
+		Ports: &kuportv1.PortRange{First: 4000, Last: 4000}, ToAddress: "100.64.93.143", ToPort: 3000, StandIn: "100.64.93.143"}
+	require.NoError(t, tn.dp.Apply(&kuportv1.NodeProgram{Node: "edge-a", Version: 1, DnatRules: []*kuportv1.DnatRule{d}}))
+
+	const flows, perFlow = 2, 3
+	for range flows {
+		texts, from := client.flowUDP(t, "203.0.113.9", 4000, 2, 1)
+		assert.Equal(t, []string{"203.0.113.7", "203.0.113.7", "203.0.113.7"}, texts, "the listener saw the client")
+		assert.Equal(t, "203.0.113.9:4000", from, "the answer comes from the dialed address and port")
+	}
+	counters, err := tn.dp.Counters()
+	require.NoError(t, err)
+	c := counterOf(counters, d.Id)
+	require.NotNil(t, c)
+	assert.Equal(t, uint64(flows), c.GetPackets(), "flows")
+	assert.Equal(t, uint64(flows*perFlow), c.GetForwardedIn().GetPackets(), "requests")
+	assert.Equal(t, uint64(flows*perFlow), c.GetForwardedOut().GetPackets(), "answers")
 }

@@ -162,7 +162,7 @@ func run(args []string) error {
 			ServerName: lab.ControllerServerName,
 			TokenFile:  l.AgentTokenFile(nodeName(i)),
 			Datapath:   dps[i],
-			FreeMemory: freeMemory,
+			Applied:    freeMemory,
 		})
 		if err != nil {
 			return err
@@ -235,7 +235,7 @@ func run(args []string) error {
 // freeing: a freeMemory call is running.
 var freeing atomic.Bool
 
-// freeMemory is every agent's Config.FreeMemory: one process holds them all, so one
+// freeMemory is every agent's Config.Applied: one process holds them all, so one
 // debug.FreeOSMemory returns what all of them left, and a call while one runs is dropped (a
 // thousand forced collections of the one heap at once, each agent's own, stalled every
 // stream of the process for seconds; on real nodes each agent frees its own heap).

@@ -49,13 +49,15 @@ func sendUDP(t *testing.T, ns, src string, sport int, dst string, dport int) {
 type traffic struct{ packets, bytes uint64 }
 
 // nftCounters reads the element counters of table ip kuport from `nft -j list table ip
-// kuport`, summed by element comment (an entry id), with " in" for the count-in sets and
-// " out" for the count-out sets.
+// kuport`, summed by element comment (an entry id), with " in" for the steering maps and " out"
+// for the count-out sets, whose elements carry no comment: each is the DNAT element's of the
+// same key (every DNAT entry here matches no destination, so both have the dialed key).
 func (n *agentNS) nftCounters(t *testing.T) map[string]traffic {
 	t.Helper()
 	type element struct {
 		Elem struct {
-			Comment string `json:"comment"`
+			Val     json.RawMessage `json:"val"`
+			Comment string          `json:"comment"`
 			Counter struct {
 				Packets uint64 `json:"packets"`
 				Bytes   uint64 `json:"bytes"`
@@ -74,7 +76,12 @@ func (n *agentNS) nftCounters(t *testing.T) map[string]traffic {
 	}
 	listed := n.exec(t, "nft", "-j", "list", "table", "ip", "kuport")
 	require.NoError(t, json.Unmarshal([]byte(listed), &listing))
-	out := map[string]traffic{}
+	type named struct {
+		set string
+		element
+	}
+	var elems []named
+	dnatID := map[string]string{} // the DNAT elements' ids by key
 	for _, o := range listing.Nftables {
 		s := o.Set
 		if s == nil {
@@ -91,18 +98,25 @@ func (n *agentNS) nftCounters(t *testing.T) map[string]traffic {
 				raw = pair[0]
 			}
 			require.NoError(t, json.Unmarshal(raw, &e))
-			key := e.Elem.Comment
-			switch {
-			case strings.HasPrefix(s.Name, "count-in-"):
-				key += " in"
-			case strings.HasPrefix(s.Name, "count-out-"):
-				key += " out"
+			elems = append(elems, named{s.Name, e})
+			if strings.HasPrefix(s.Name, "dnat-") {
+				dnatID[string(e.Elem.Val)] = e.Elem.Comment
 			}
-			c := out[key]
-			c.packets += e.Elem.Counter.Packets
-			c.bytes += e.Elem.Counter.Bytes
-			out[key] = c
 		}
+	}
+	out := map[string]traffic{}
+	for _, e := range elems {
+		key := e.Elem.Comment
+		switch {
+		case strings.HasPrefix(e.set, "steer-"):
+			key = dnatID[string(e.Elem.Val)] + " in"
+		case strings.HasPrefix(e.set, "count-out-"):
+			key = dnatID[string(e.Elem.Val)] + " out"
+		}
+		c := out[key]
+		c.packets += e.Elem.Counter.Packets
+		c.bytes += e.Elem.Counter.Bytes
+		out[key] = c
 	}
 	return out
 }
@@ -153,9 +167,9 @@ func TestPrivilegedAgentReportsCounters(t *testing.T) {
 	program := &kuportv1.NodeProgram{Node: "edge-a", Version: 1, Epoch: 1,
 		DnatRules: []*kuportv1.DnatRule{
 			{Id: "games/local/dnat/enp1s0", Mapping: "games/local", InInterface: "enp1s0",
-				Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: udp(27015), ToAddress: "10.244.17.5", ToPort: 27015},
+				Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: udp(27015), ToAddress: "10.244.17.5", ToPort: 27015, StandIn: "10.244.17.5"},
 			{Id: "games/remote/dnat/enp1s0", Mapping: "games/remote", InInterface: "enp1s0",
-				Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: udp(3000), ToAddress: "169.254.77.1", ToPort: 3000},
+				Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: udp(3000), ToAddress: "169.254.77.1", ToPort: 3000, StandIn: "169.254.77.1"},
 		},
 		SnatRules: []*kuportv1.SnatRule{
 			{Id: "games/local/snat", Mapping: "games/local", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST, OutInterface: "cilium_host",
@@ -205,9 +219,9 @@ func TestPrivilegedAgentReportsCounters(t *testing.T) {
 		}
 	}
 	nft := ns.nftCounters(t)
-	assert.Equal(t, nft, reported, "the report carries nft's counters, by rule comment")
+	assert.Equal(t, nft, reported, "the report carries nft's counters, by entry id")
 	assert.Equal(t, traffic{remote, nft["games/remote/dnat/enp1s0"].bytes}, nft["games/remote/snat"], "every DNATed request left by the link")
-	// kup-count-in saw every datagram sent towards the pods; none came back.
+	// kup-steer saw every datagram sent towards the pods; none came back.
 	assert.Equal(t, traffic{local, nft["games/local/dnat/enp1s0"].bytes}, nft["games/local/dnat/enp1s0 in"])
 	assert.Equal(t, traffic{remote, nft["games/remote/dnat/enp1s0"].bytes}, nft["games/remote/dnat/enp1s0 in"])
 	assert.Equal(t, traffic{}, nft["games/remote/dnat/enp1s0 out"])

@@ -38,30 +38,6 @@ func (v *nodeView) address(iface string) string {
 	return ""
 }
 
-// owns reports whether addr is an address the agent reports on any of the node's interfaces.
-func (v *nodeView) owns(addr string) bool {
-	for _, i := range v.state.GetInterfaces() {
-		for _, a := range i.GetAddresses() {
-			if a == addr {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// standIn is the stand-in kup-steer writes over a request's dialed destination on the node
-// ahead of a host firewall (program.proto, DnatRule.stand_in): the DNAT's own target, which is
-// never one of the node's addresses (a local pod, or the far end of a link) unless the pod
-// shares the node's network namespace; then "", and the firewall judges the request as the
-// node's own traffic, which it is.
-func (v *nodeView) standIn(to string) string {
-	if v.owns(to) {
-		return ""
-	}
-	return to
-}
-
 // ifaceProblem says why an interface gives no address on the node ("interface X not
 // present" or "interface X has no IPv4 address"), "" when it has one (API.md node rows).
 func (v *nodeView) ifaceProblem(name string) string {

@@ -227,7 +227,7 @@ func (c *compiler) emit(p *plan) {
 		for _, i := range t.ifaces {
 			b.addDnat(p, "dnat/"+i, &kuportv1.DnatRule{
 				InInterface: i, Protocol: p.proto, Ports: p.ports.wire(), ToAddress: to, ToPort: toPorts.first,
-				StandIn: c.node(t.node).standIn(to),
+				StandIn: to,
 			})
 			p.published = append(p.published, v1alpha1.PublishedAddress{
 				Node: t.node, Interface: i, Address: c.node(t.node).address(i),
@@ -292,7 +292,7 @@ func (c *compiler) emitPodEnd(p *plan, links []*target, podPorts portRange) {
 		// The link carries the dialed ports (see emit); translate them to the pod's here.
 		b.addDnat(p, "dnat/"+dev, &kuportv1.DnatRule{
 			InInterface: dev, MatchDestination: here, Protocol: p.proto, Ports: p.ports.wire(),
-			ToAddress: ep.address, ToPort: ep.port, StandIn: c.node(ep.node).standIn(ep.address),
+			ToAddress: ep.address, ToPort: ep.port, StandIn: ep.address,
 		})
 		b.addMark(p, "ct-save/"+dev, DirectionIn, &kuportv1.MarkRule{
 			Kind:        kuportv1.MarkKind_MARK_KIND_CT_SAVE,

@@ -66,7 +66,7 @@ type Rule struct {
 	// Interface is the interface a DNAT rule matches arrivals on (an accepting interface, or
 	// on the pod's node a kup-* link); empty for other rules.
 	Interface string
-	// Forwarded marks the kup-count-in/-out rows of a DNAT entry (Counter.forwarded_in and
+	// Forwarded marks the kup-steer/kup-count-out rows of a DNAT entry (Counter.forwarded_in and
 	// forwarded_out): every packet of its flows on the node, in = arriving on
 	// Interface towards the pod, out = leaving by it from the pod.
 	Forwarded bool
@@ -86,7 +86,7 @@ type Count struct{ Packets, Bytes uint64 }
 //
 // Counted adds each DNAT entry's Forwarded rows from its Counter:
 //
-//	forwarded/<if> kup-count-in   packets in   a packet of its flows arriving on <if>, by dialed port
+//	forwarded/<if> kup-steer      packets in   a packet of its flows arriving on <if>, by dialed port
 //	forwarded/<if> kup-count-out  packets out  a packet of its flows leaving by <if>, by dialed port
 func Rules(index compile.NodeIndex) map[string]Rule {
 	out := map[string]Rule{}
@@ -139,7 +139,7 @@ var (
 		"New flows a mapping's DNAT rule translated on a node, by arrival interface (kup-pre counts a flow's first packet only). On the pod's node of a cross-node mapping, a kup-* interface counts the same flows again as they arrive over the link.",
 		[]string{"namespace", "name", "node", "interface"}, nil)
 	packetsDesc = prometheus.NewDesc("kuport_mapping_packets_total",
-		"Packets of a mapping's flows on a node, every packet, counted by the port the client dialed (kup-count-in before the request's DNAT, kup-count-out after the reply's translation back, both ahead of any firewall, which may still drop them): in = arriving on the interface towards the pod, out = leaving by it from the pod. On the pod's node of a cross-node mapping, a kup-* interface counts the same packets again as they cross the link.",
+		"Packets of a mapping's flows on a node, every packet, counted by the port the client dialed (kup-steer before the request's DNAT, kup-count-out after the reply's translation back, both ahead of any firewall, which may still drop them): in = arriving on the interface towards the pod, out = leaving by it from the pod. On the pod's node of a cross-node mapping, a kup-* interface counts the same packets again as they cross the link.",
 		[]string{"namespace", "name", "node", "interface", "direction"}, nil)
 	bytesDesc = prometheus.NewDesc("kuport_mapping_bytes_total",
 		"Bytes (IP packet lengths) of the packets kuport_mapping_packets_total counts.",

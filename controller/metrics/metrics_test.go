@@ -145,7 +145,7 @@ kuport_mapping_flows_total{interface="wt0",name="remote-udp",namespace="demo",no
 kuport_mapping_flows_total{interface="kup-dcc4266d",name="remote-udp",namespace="demo",node="worker-b"} 3
 kuport_mapping_flows_total{interface="kup-1",name="shared",namespace="demo",node="worker-b"} 1
 kuport_mapping_flows_total{interface="kup-2",name="shared",namespace="demo",node="worker-b"} 1
-# HELP kuport_mapping_packets_total Packets of a mapping's flows on a node, every packet, counted by the port the client dialed (kup-count-in before the request's DNAT, kup-count-out after the reply's translation back, both ahead of any firewall, which may still drop them): in = arriving on the interface towards the pod, out = leaving by it from the pod. On the pod's node of a cross-node mapping, a kup-* interface counts the same packets again as they cross the link.
+# HELP kuport_mapping_packets_total Packets of a mapping's flows on a node, every packet, counted by the port the client dialed (kup-steer before the request's DNAT, kup-count-out after the reply's translation back, both ahead of any firewall, which may still drop them): in = arriving on the interface towards the pod, out = leaving by it from the pod. On the pod's node of a cross-node mapping, a kup-* interface counts the same packets again as they cross the link.
 # TYPE kuport_mapping_packets_total counter
 kuport_mapping_packets_total{direction="in",interface="enp1s0",name="remote-udp",namespace="demo",node="edge-a"} 503
 kuport_mapping_packets_total{direction="out",interface="enp1s0",name="remote-udp",namespace="demo",node="edge-a"} 500

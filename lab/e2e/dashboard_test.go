@@ -83,7 +83,7 @@ func TestPrivilegedE2EDashboard(t *testing.T) {
 	assert.Less(t, strings.Index(dom, "data-problem"), strings.Index(dom, "<tr data-mapping="), "problems before the mappings")
 
 	// The reply of every datagram is counted where edge-a forwards it back out of enp1s0
-	// (kup-count-in/-out, every packet); the agents report every 2 s in the lab. The page
+	// (kup-count-out, every packet); the agents report every 2 s in the lab. The page
 	// redraws every second.
 	row := "edge-a " + lab.DemoNamespace + "/" + name + "/forwarded/enp1s0 out"
 	pageCount := func() (uint64, string) {

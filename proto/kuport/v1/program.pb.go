@@ -387,18 +387,22 @@ type DnatRule struct {
 	ToAddress string `protobuf:"bytes,7,opt,name=to_address,json=toAddress,proto3" json:"to_address,omitempty"`
 	// First port translated to; a range keeps its width, so port first+i goes to to_port+i.
 	ToPort uint32 `protobuf:"varint,8,opt,name=to_port,json=toPort,proto3" json:"to_port,omitempty"`
-	// Optional IPv4 stand-in for the dialed destination, never an address of this node (the
-	// compiler sets to_address unless that is the node's own). Chain kup-steer (filter,
+	// IPv4 stand-in for the dialed destination: the compiler sets to_address (an address of
+	// this node only for a pod in the node's network namespace). Chain kup-steer (filter,
 	// prerouting, priority dstnat - 20, after conntrack has recorded the dialed address and a
 	// mesh's mangle mark, before a host firewall at dstnat - 10) rewrites a new flow's
 	// destination to it, so a firewall that drops new connections to the node's own
 	// addresses does not see one; kup-pre then matches it in place of match_destination.
-	// Replies still come from the dialed address: conntrack translates them back to it.
+	// Replies still come from the dialed address: conntrack translates them back to it. The
+	// same element counts every request of the entry's flows (Counter.forwarded_in).
 	//
 	//	ct state new iifname "<in_interface>" [ip daddr <match_destination>] <protocol>
-	//	  dport <ports> ip daddr set <stand_in>
+	//	  dport <ports> ip daddr set <stand_in> accept
+	//	ct direction original ct status dnat iifname "<in_interface>" [ip daddr
+	//	  <match_destination>] <protocol> dport <ports>
 	//
-	// Empty: not steered, kup-pre matches the dialed destination.
+	// Empty (a controller from before every entry was steered): not steered and its requests
+	// not counted, kup-pre matches the dialed destination.
 	StandIn       string `protobuf:"bytes,9,opt,name=stand_in,json=standIn,proto3" json:"stand_in,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1578,9 +1582,10 @@ type Counter struct {
 	Packets uint64 `protobuf:"varint,2,opt,name=packets,proto3" json:"packets,omitempty"`
 	Bytes   uint64 `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
 	// DNAT entries only: every packet of the entry's flows on this node, counted by the port
-	// the client dialed (chains kup-count-in and kup-count-out, ahead of any firewall, which
-	// may still drop it). forwarded_in arrived on the entry's in_interface, towards the pod;
-	// forwarded_out left by it, from the pod.
+	// the client dialed (chains kup-steer and kup-count-out, ahead of any firewall, which may
+	// still drop it). forwarded_in arrived on the entry's in_interface, towards the pod (the
+	// entry's steering elements; absent without a stand_in); forwarded_out left by it, from
+	// the pod.
 	ForwardedIn   *Traffic `protobuf:"bytes,4,opt,name=forwarded_in,json=forwardedIn,proto3" json:"forwarded_in,omitempty"`
 	ForwardedOut  *Traffic `protobuf:"bytes,5,opt,name=forwarded_out,json=forwardedOut,proto3" json:"forwarded_out,omitempty"`
 	unknownFields protoimpl.UnknownFields
