@@ -35,8 +35,9 @@
 // process serves (liveness), "kuport.v1.AgentService" while it is connected to a controller
 // and has taken a program since it started (readiness, agent.ReadyService).
 //
-// The agent runs with GOGC=50 unless the environment sets GOGC (main says why), and
-// returns the garbage of each new program it applies to the system at once.
+// The agent runs with GOGC=25 between applies and 100 during one unless the environment sets
+// GOGC (main says why), and returns the garbage of each new program it applies to the system
+// at once.
 //
 // Exit status: 0 on success, 2 on a usage error, 1 on any other error (for probe: anything
 // but SERVING).
