@@ -71,7 +71,9 @@ func Delta(base, next *NodeProgram) *ProgramDelta {
 }
 
 // Apply returns the program d makes of base, which must be the program of d's base version;
-// base is not modified (the result shares its unchanged elements).
+// base is not modified (the result shares its unchanged elements). A keyed list is merged
+// through its typed accessors (keyedLists), not element by element through reflection, which
+// cost 9 ms for a delta of one mapping at 10,000.
 func (d *ProgramDelta) Apply(base *NodeProgram) (*NodeProgram, error) {
 	if base.GetVersion() != d.GetBaseVersion() {
 		return nil, fmt.Errorf("delta to version %d is from version %d, not %d", d.GetChanged().GetVersion(), d.GetBaseVersion(), base.GetVersion())
@@ -87,9 +89,8 @@ func (d *ProgramDelta) Apply(base *NodeProgram) (*NodeProgram, error) {
 			}
 			continue
 		}
-		key := keyField(f.Message())
 		replaced := slices.Contains(d.GetReplaced(), string(f.Name()))
-		if key == nil || replaced || !nc.Has(f) && d.GetRemoved()[string(f.Name())] == nil {
+		if keyField(f.Message()) == nil || replaced || !nc.Has(f) && d.GetRemoved()[string(f.Name())] == nil {
 			// Unkeyed lists only ever travel whole, and a list the delta does not touch is
 			// base's as it is, in its order: base's stands unless replaced.
 			src := nb
@@ -101,61 +102,77 @@ func (d *ProgramDelta) Apply(base *NodeProgram) (*NodeProgram, error) {
 			}
 			continue
 		}
-		bl, cl := nb.Get(f).List(), nc.Get(f).List()
-		removed := d.GetRemoved()[string(f.Name())].GetKeys()
+		merge := keyedLists[f.Name()]
+		if merge == nil {
+			return nil, fmt.Errorf("delta to version %d: no merge for list %s", d.GetChanged().GetVersion(), f.Name())
+		}
+		merge(base, d.GetChanged(), out, d.GetRemoved()[string(f.Name())].GetKeys())
+	}
+	return out, nil
+}
+
+// keyedLists merges each keyed list of NodeProgram (TestKeyedListsCoverEveryList): into out,
+// base's with removed's keys taken out and changed's elements in, sorted by key.
+var keyedLists = map[protoreflect.Name]func(base, changed, out *NodeProgram, removed []string){
+	"dnat_rules":   keyedList((*NodeProgram).GetDnatRules, func(p *NodeProgram, l []*DnatRule) { p.DnatRules = l }, (*DnatRule).GetId),
+	"snat_rules":   keyedList((*NodeProgram).GetSnatRules, func(p *NodeProgram, l []*SnatRule) { p.SnatRules = l }, (*SnatRule).GetId),
+	"mark_rules":   keyedList((*NodeProgram).GetMarkRules, func(p *NodeProgram, l []*MarkRule) { p.MarkRules = l }, (*MarkRule).GetId),
+	"links":        keyedList((*NodeProgram).GetLinks, func(p *NodeProgram, l []*Link) { p.Links = l }, (*Link).GetName),
+	"return_paths": keyedList((*NodeProgram).GetReturnPaths, func(p *NodeProgram, l []*ReturnPath) { p.ReturnPaths = l }, (*ReturnPath).GetId),
+}
+
+// keyedList is the merge of one keyed list, read with get, written with set, known by key.
+func keyedList[T any](get func(*NodeProgram) []T, set func(*NodeProgram, []T), key func(T) string) func(base, changed, out *NodeProgram, removed []string) {
+	return func(base, changed, out *NodeProgram, removed []string) {
+		bl, cl := get(base), get(changed)
 		merged, ok := mergeSorted(bl, cl, removed, key)
 		if !ok {
 			merged = mergeByKey(bl, cl, removed, key)
 		}
-		if len(merged) == 0 {
-			continue
-		}
-		list := no.Mutable(f).List()
-		for _, v := range merged {
-			list.Append(v)
+		if len(merged) > 0 {
+			set(out, merged)
 		}
 	}
-	return out, nil
 }
 
 // mergeSorted is base with removed's keys taken out and changed's elements in, by key, in one
 // walk of both lists: the sender diffs a list only when both programs hold it sorted by key,
 // and Delta emits changed in key order. ok is false, and the result meaningless, when the
 // merge does not come out strictly increasing (the lists were not sorted).
-func mergeSorted(base, changed protoreflect.List, removed []string, key protoreflect.FieldDescriptor) (out []protoreflect.Value, ok bool) {
+func mergeSorted[T any](base, changed []T, removed []string, key func(T) string) (out []T, ok bool) {
 	gone := make(map[string]bool, len(removed))
 	for _, k := range removed {
 		gone[k] = true
 	}
-	out = make([]protoreflect.Value, 0, base.Len()+changed.Len())
+	out = make([]T, 0, len(base)+len(changed))
 	last := ""
-	add := func(k string, v protoreflect.Value) bool {
+	add := func(k string, v T) bool {
 		if len(out) > 0 && k <= last {
 			return false
 		}
 		out, last = append(out, v), k
 		return true
 	}
-	for i, j := 0, 0; i < base.Len() || j < changed.Len(); {
+	for i, j := 0, 0; i < len(base) || j < len(changed); {
 		var kb, kc string
-		if i < base.Len() {
-			kb = base.Get(i).Message().Get(key).String()
+		if i < len(base) {
+			kb = key(base[i])
 		}
-		if j < changed.Len() {
-			kc = changed.Get(j).Message().Get(key).String()
+		if j < len(changed) {
+			kc = key(changed[j])
 		}
 		switch {
-		case j >= changed.Len() || i < base.Len() && kb < kc:
-			if !gone[kb] && !add(kb, base.Get(i)) {
+		case j >= len(changed) || i < len(base) && kb < kc:
+			if !gone[kb] && !add(kb, base[i]) {
 				return nil, false
 			}
 			i++
 		default:
 			// changed's element, replacing base's of the same key.
-			if !add(kc, changed.Get(j)) {
+			if !add(kc, changed[j]) {
 				return nil, false
 			}
-			if i < base.Len() && kb == kc {
+			if i < len(base) && kb == kc {
 				i++
 			}
 			j++
@@ -165,14 +182,19 @@ func mergeSorted(base, changed protoreflect.List, removed []string, key protoref
 }
 
 // mergeByKey is mergeSorted for lists in any order: the result sorted by key.
-func mergeByKey(base, changed protoreflect.List, removed []string, key protoreflect.FieldDescriptor) []protoreflect.Value {
-	merged := byKey(base, key)
+func mergeByKey[T any](base, changed []T, removed []string, key func(T) string) []T {
+	merged := make(map[string]T, len(base)+len(changed))
+	for _, v := range base {
+		merged[key(v)] = v
+	}
 	for _, k := range removed {
 		delete(merged, k)
 	}
-	maps.Copy(merged, byKey(changed, key))
+	for _, v := range changed {
+		merged[key(v)] = v
+	}
 	keys := slices.Sorted(maps.Keys(merged))
-	out := make([]protoreflect.Value, 0, len(keys))
+	out := make([]T, 0, len(keys))
 	for _, k := range keys {
 		out = append(out, merged[k])
 	}
@@ -197,15 +219,6 @@ func keyField(m protoreflect.MessageDescriptor) protoreflect.FieldDescriptor {
 		}
 	}
 	return nil
-}
-
-func byKey(l protoreflect.List, key protoreflect.FieldDescriptor) map[string]protoreflect.Value {
-	out := make(map[string]protoreflect.Value, l.Len())
-	for i := range l.Len() {
-		v := l.Get(i)
-		out[v.Message().Get(key).String()] = v
-	}
-	return out
 }
 
 // sameMessage compares two list elements by identity, then by content.

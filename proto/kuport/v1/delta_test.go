@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // randomProgram is a program of up to n mappings drawn from r, its lists sorted as compile
@@ -113,4 +114,50 @@ func TestDeltaApplyOutOfOrderBase(t *testing.T) {
 	if err != nil || !proto.Equal(got, want) {
 		t.Fatalf("apply: %v, %v", got, err)
 	}
+}
+
+// TestKeyedListsCoverEveryList: every keyed list of NodeProgram has its typed merge, known by
+// the key Delta diffs it by, so a list added to the program cannot travel in deltas that Apply
+// refuses.
+func TestKeyedListsCoverEveryList(t *testing.T) {
+	fields := (&NodeProgram{}).ProtoReflect().Descriptor().Fields()
+	keyed := 0
+	for i := range fields.Len() {
+		f := fields.Get(i)
+		if !f.IsList() || f.Message() == nil || keyField(f.Message()) == nil {
+			continue
+		}
+		keyed++
+		merge := keyedLists[f.Name()]
+		if merge == nil {
+			t.Fatalf("list %s has no merge in keyedLists", f.Name())
+		}
+		// Two elements keyed "a" and "b" in base, "b" removed and "c" added: the merge must
+		// read the key Delta reads.
+		base, changed, out := &NodeProgram{}, &NodeProgram{}, &NodeProgram{}
+		for _, k := range []string{"a", "b"} {
+			addElement(base, f, k)
+		}
+		addElement(changed, f, "c")
+		merge(base, changed, out, []string{"b"})
+		l := out.ProtoReflect().Get(f).List()
+		var got []string
+		for j := range l.Len() {
+			got = append(got, l.Get(j).Message().Get(keyField(f.Message())).String())
+		}
+		if !slices.Equal(got, []string{"a", "c"}) {
+			t.Fatalf("list %s merged to keys %v, want [a c]", f.Name(), got)
+		}
+	}
+	if keyed != len(keyedLists) {
+		t.Fatalf("%d keyed lists, %d merges", keyed, len(keyedLists))
+	}
+}
+
+// addElement appends to p's list f an element whose key is k.
+func addElement(p *NodeProgram, f protoreflect.FieldDescriptor, k string) {
+	l := p.ProtoReflect().Mutable(f).List()
+	e := l.NewElement()
+	e.Message().Set(keyField(f.Message()), protoreflect.ValueOfString(k))
+	l.Append(e)
 }
