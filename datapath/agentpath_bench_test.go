@@ -18,7 +18,8 @@ import (
 // again) arrives on the wire and goes through what the agent does with it, each step timed
 // (reported per op): "unmarshal" the ConnectResponse (the stream's Recv), "delta" its Apply
 // onto the base (agent.session), "validate" Datapath.Validate, "same" SameProgram with the
-// current program, "apply" Datapath.Apply (agent.handleProgram). The agent's pace of
+// current program, "apply" Datapath.Apply (agent.handleProgram), of which "apply-in-kernel"
+// until the kernel held the program (before the conntrack sweep). The agent's pace of
 // collection is kept: GOGC 25 outside Apply, 100 in it (cmd/kuport-agent, applyPace). Run as
 // root:
 //
@@ -38,7 +39,7 @@ func BenchmarkAgentChange(b *testing.B) {
 	cur := &kuportv1.NodeProgram{Node: without.Node, Version: 1, Epoch: without.Epoch, DnatRules: without.DnatRules, SnatRules: without.SnatRules}
 	require.NoError(b, tn.dp.Validate(cur))
 	require.NoError(b, tn.dp.Apply(cur))
-	var unmarshal, delta, validate, same, apply time.Duration
+	var unmarshal, delta, validate, same, apply, inKernel time.Duration
 	wire := 0
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -78,6 +79,7 @@ func BenchmarkAgentChange(b *testing.B) {
 		validate += t3.Sub(t2)
 		same += t4.Sub(t3)
 		apply += t5.Sub(t4)
+		inKernel += tn.dp.lastInKernel
 	}
 	per := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(b.N) }
 	b.ReportMetric(per(unmarshal), "unmarshal-µs/op")
@@ -85,5 +87,6 @@ func BenchmarkAgentChange(b *testing.B) {
 	b.ReportMetric(per(validate), "validate-µs/op")
 	b.ReportMetric(per(same), "same-µs/op")
 	b.ReportMetric(per(apply), "apply-µs/op")
+	b.ReportMetric(per(inKernel), "apply-in-kernel-µs/op")
 	b.ReportMetric(float64(wire)/float64(b.N), "wire-B/op")
 }

@@ -12,8 +12,9 @@ import (
 // Delta is the ProgramDelta from base to next: next's own fields, the list elements added or
 // changed (compared by identity first, then by content) and the keys of those removed. It
 // reads every field of NodeProgram by reflection, so a field added to the program travels in
-// deltas too. A list is diffed when both programs hold it sorted by key (id, else name), as
-// compile emits them, and sent whole otherwise.
+// deltas too; a keyed list is diffed through its typed accessors (keyedLists), which every
+// keyed list has (TestKeyedListsCoverEveryList). A list is diffed when both programs hold it
+// sorted by key (id, else name), as compile emits them, and sent whole otherwise.
 func Delta(base, next *NodeProgram) *ProgramDelta {
 	d := &ProgramDelta{BaseVersion: base.GetVersion(), Changed: &NodeProgram{}, Removed: map[string]*Keys{}}
 	nb, nn, nc := base.ProtoReflect(), next.ProtoReflect(), d.Changed.ProtoReflect()
@@ -26,45 +27,18 @@ func Delta(base, next *NodeProgram) *ProgramDelta {
 			}
 			continue
 		}
-		key := keyField(f.Message())
-		bl, nl := nb.Get(f).List(), nn.Get(f).List()
-		if key == nil || !sorted(bl, key) || !sorted(nl, key) {
-			// Sent whole: Apply rebuilds a keyed list sorted by key.
-			if !listsEqual(bl, nl) {
-				nc.Set(f, nn.Get(f))
-				d.Replaced = append(d.Replaced, string(f.Name()))
-			}
-			continue
-		}
-		var removed []string
-		out := nc.Mutable(f).List()
-		for i, j := 0, 0; i < bl.Len() || j < nl.Len(); {
-			var kb, kn string
-			if i < bl.Len() {
-				kb = bl.Get(i).Message().Get(key).String()
-			}
-			if j < nl.Len() {
-				kn = nl.Get(j).Message().Get(key).String()
-			}
-			switch {
-			case j >= nl.Len() || i < bl.Len() && kb < kn:
-				removed = append(removed, kb)
-				i++
-			case i >= bl.Len() || kn < kb:
-				out.Append(nl.Get(j))
-				j++
-			default:
-				if !sameMessage(bl.Get(i), nl.Get(j)) {
-					out.Append(nl.Get(j))
+		if ops, keyed := keyedLists[f.Name()]; keyed {
+			if removed, ok := ops.diff(base, next, d.Changed); ok {
+				if len(removed) > 0 {
+					d.Removed[string(f.Name())] = &Keys{Keys: removed}
 				}
-				i, j = i+1, j+1
+				continue
 			}
 		}
-		if out.Len() == 0 {
-			nc.Clear(f)
-		}
-		if len(removed) > 0 {
-			d.Removed[string(f.Name())] = &Keys{Keys: removed}
+		// Sent whole: Apply rebuilds a keyed list sorted by key.
+		if !listsEqual(nb.Get(f).List(), nn.Get(f).List()) {
+			nc.Set(f, nn.Get(f))
+			d.Replaced = append(d.Replaced, string(f.Name()))
 		}
 	}
 	return d
@@ -102,18 +76,18 @@ func (d *ProgramDelta) Apply(base *NodeProgram) (*NodeProgram, error) {
 			}
 			continue
 		}
-		merge := keyedLists[f.Name()]
-		if merge == nil {
+		ops, ok := keyedLists[f.Name()]
+		if !ok {
 			return nil, fmt.Errorf("delta to version %d: no merge for list %s", d.GetChanged().GetVersion(), f.Name())
 		}
-		merge(base, d.GetChanged(), out, d.GetRemoved()[string(f.Name())].GetKeys())
+		ops.merge(base, d.GetChanged(), out, d.GetRemoved()[string(f.Name())].GetKeys())
 	}
 	return out, nil
 }
 
-// keyedLists merges each keyed list of NodeProgram (TestKeyedListsCoverEveryList): into out,
-// base's with removed's keys taken out and changed's elements in, sorted by key.
-var keyedLists = map[protoreflect.Name]func(base, changed, out *NodeProgram, removed []string){
+// keyedLists are the typed accessors of each keyed list of NodeProgram
+// (TestKeyedListsCoverEveryList), by its field name.
+var keyedLists = map[protoreflect.Name]listOps{
 	"dnat_rules":   keyedList((*NodeProgram).GetDnatRules, func(p *NodeProgram, l []*DnatRule) { p.DnatRules = l }, (*DnatRule).GetId),
 	"snat_rules":   keyedList((*NodeProgram).GetSnatRules, func(p *NodeProgram, l []*SnatRule) { p.SnatRules = l }, (*SnatRule).GetId),
 	"mark_rules":   keyedList((*NodeProgram).GetMarkRules, func(p *NodeProgram, l []*MarkRule) { p.MarkRules = l }, (*MarkRule).GetId),
@@ -121,17 +95,64 @@ var keyedLists = map[protoreflect.Name]func(base, changed, out *NodeProgram, rem
 	"return_paths": keyedList((*NodeProgram).GetReturnPaths, func(p *NodeProgram, l []*ReturnPath) { p.ReturnPaths = l }, (*ReturnPath).GetId),
 }
 
-// keyedList is the merge of one keyed list, read with get, written with set, known by key.
-func keyedList[T any](get func(*NodeProgram) []T, set func(*NodeProgram, []T), key func(T) string) func(base, changed, out *NodeProgram, removed []string) {
-	return func(base, changed, out *NodeProgram, removed []string) {
-		bl, cl := get(base), get(changed)
-		merged, ok := mergeSorted(bl, cl, removed, key)
-		if !ok {
-			merged = mergeByKey(bl, cl, removed, key)
-		}
-		if len(merged) > 0 {
-			set(out, merged)
-		}
+// listOps diffs and merges one keyed list.
+type listOps struct {
+	// diff sets out's list to next's elements added or changed since base, in key order, and
+	// returns the keys of base's elements next lacks; false, and nothing set, when either
+	// list is not sorted by key.
+	diff func(base, next, out *NodeProgram) (removed []string, ok bool)
+	// merge sets out's list to base's with removed's keys taken out and changed's elements
+	// in, sorted by key.
+	merge func(base, changed, out *NodeProgram, removed []string)
+}
+
+// keyedList is the listOps of the list read with get, written with set, known by key.
+func keyedList[T proto.Message](get func(*NodeProgram) []T, set func(*NodeProgram, []T), key func(T) string) listOps {
+	return listOps{
+		diff: func(base, next, out *NodeProgram) ([]string, bool) {
+			bl, nl := get(base), get(next)
+			if !sorted(bl, key) || !sorted(nl, key) {
+				return nil, false
+			}
+			var removed []string
+			var changed []T
+			for i, j := 0, 0; i < len(bl) || j < len(nl); {
+				var kb, kn string
+				if i < len(bl) {
+					kb = key(bl[i])
+				}
+				if j < len(nl) {
+					kn = key(nl[j])
+				}
+				switch {
+				case j >= len(nl) || i < len(bl) && kb < kn:
+					removed = append(removed, kb)
+					i++
+				case i >= len(bl) || kn < kb:
+					changed = append(changed, nl[j])
+					j++
+				default:
+					if any(bl[i]) != any(nl[j]) && !proto.Equal(bl[i], nl[j]) {
+						changed = append(changed, nl[j])
+					}
+					i, j = i+1, j+1
+				}
+			}
+			if len(changed) > 0 {
+				set(out, changed)
+			}
+			return removed, true
+		},
+		merge: func(base, changed, out *NodeProgram, removed []string) {
+			bl, cl := get(base), get(changed)
+			merged, ok := mergeSorted(bl, cl, removed, key)
+			if !ok {
+				merged = mergeByKey(bl, cl, removed, key)
+			}
+			if len(merged) > 0 {
+				set(out, merged)
+			}
+		},
 	}
 }
 
@@ -202,9 +223,9 @@ func mergeByKey[T any](base, changed []T, removed []string, key func(T) string) 
 }
 
 // sorted reports whether l's keys strictly increase.
-func sorted(l protoreflect.List, key protoreflect.FieldDescriptor) bool {
-	for i := 1; i < l.Len(); i++ {
-		if l.Get(i-1).Message().Get(key).String() >= l.Get(i).Message().Get(key).String() {
+func sorted[T any](l []T, key func(T) string) bool {
+	for i := 1; i < len(l); i++ {
+		if key(l[i-1]) >= key(l[i]) {
 			return false
 		}
 	}

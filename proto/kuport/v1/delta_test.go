@@ -116,9 +116,8 @@ func TestDeltaApplyOutOfOrderBase(t *testing.T) {
 	}
 }
 
-// TestKeyedListsCoverEveryList: every keyed list of NodeProgram has its typed merge, known by
-// the key Delta diffs it by, so a list added to the program cannot travel in deltas that Apply
-// refuses.
+// TestKeyedListsCoverEveryList: every keyed list of NodeProgram has its typed diff and merge,
+// by its key, so a list added to the program cannot travel in deltas that Apply refuses.
 func TestKeyedListsCoverEveryList(t *testing.T) {
 	fields := (&NodeProgram{}).ProtoReflect().Descriptor().Fields()
 	keyed := 0
@@ -128,9 +127,9 @@ func TestKeyedListsCoverEveryList(t *testing.T) {
 			continue
 		}
 		keyed++
-		merge := keyedLists[f.Name()]
-		if merge == nil {
-			t.Fatalf("list %s has no merge in keyedLists", f.Name())
+		ops, ok := keyedLists[f.Name()]
+		if !ok {
+			t.Fatalf("list %s has no accessors in keyedLists", f.Name())
 		}
 		// Two elements keyed "a" and "b" in base, "b" removed and "c" added: the merge must
 		// read the key Delta reads.
@@ -139,7 +138,7 @@ func TestKeyedListsCoverEveryList(t *testing.T) {
 			addElement(base, f, k)
 		}
 		addElement(changed, f, "c")
-		merge(base, changed, out, []string{"b"})
+		ops.merge(base, changed, out, []string{"b"})
 		l := out.ProtoReflect().Get(f).List()
 		var got []string
 		for j := range l.Len() {
@@ -147,6 +146,13 @@ func TestKeyedListsCoverEveryList(t *testing.T) {
 		}
 		if !slices.Equal(got, []string{"a", "c"}) {
 			t.Fatalf("list %s merged to keys %v, want [a c]", f.Name(), got)
+		}
+		// And the diff of base to the merge: "c" changed, "b" removed.
+		diffed := &NodeProgram{}
+		removed, sortedOK := ops.diff(base, out, diffed)
+		l = diffed.ProtoReflect().Get(f).List()
+		if !sortedOK || !slices.Equal(removed, []string{"b"}) || l.Len() != 1 || l.Get(0).Message().Get(keyField(f.Message())).String() != "c" {
+			t.Fatalf("list %s diffed to %v removing %v (sorted %v), want [c] removing [b]", f.Name(), diffed, removed, sortedOK)
 		}
 	}
 	if keyed != len(keyedLists) {
