@@ -60,7 +60,7 @@ func BenchmarkPrivilegedAgentChange(b *testing.B) {
 	c, target := startController(b)
 	cfg := testConfig(pacedDatapath{dp}, &syncBuffer{}, target)
 	cfg.Log, cfg.Underlay = log, "wt0"
-	cfg.Validate, cfg.EntryErrors, cfg.Applied = dp.Validate, datapath.EntryErrors, debug.FreeOSMemory
+	cfg.Validate, cfg.EntryErrors, cfg.Applied = dp.Validate, datapath.EntryErrors, FreeOSMemory
 	startAgent(b, cfg)
 	s := nextSession(b, c)
 	cur := version(1, n)
