@@ -64,7 +64,8 @@ func (d *ProgramDelta) Apply(base *NodeProgram) (*NodeProgram, error) {
 			continue
 		}
 		replaced := slices.Contains(d.GetReplaced(), string(f.Name()))
-		if keyField(f.Message()) == nil || replaced || !nc.Has(f) && d.GetRemoved()[string(f.Name())] == nil {
+		ops, keyed := keyedLists[f.Name()]
+		if !keyed || replaced || !nc.Has(f) && d.GetRemoved()[string(f.Name())] == nil {
 			// Unkeyed lists only ever travel whole, and a list the delta does not touch is
 			// base's as it is, in its order: base's stands unless replaced.
 			src := nb
@@ -76,17 +77,14 @@ func (d *ProgramDelta) Apply(base *NodeProgram) (*NodeProgram, error) {
 			}
 			continue
 		}
-		ops, ok := keyedLists[f.Name()]
-		if !ok {
-			return nil, fmt.Errorf("delta to version %d: no merge for list %s", d.GetChanged().GetVersion(), f.Name())
-		}
 		ops.merge(base, d.GetChanged(), out, d.GetRemoved()[string(f.Name())].GetKeys())
 	}
 	return out, nil
 }
 
-// keyedLists are the typed accessors of each keyed list of NodeProgram
-// (TestKeyedListsCoverEveryList), by its field name.
+// keyedLists are the typed accessors of each keyed list of NodeProgram, by its field name: the
+// lists whose elements are known by an id, else a name (TestKeyedListsCoverEveryList). Any
+// other list travels whole.
 var keyedLists = map[protoreflect.Name]listOps{
 	"dnat_rules":   keyedList((*NodeProgram).GetDnatRules, func(p *NodeProgram, l []*DnatRule) { p.DnatRules = l }, (*DnatRule).GetId),
 	"snat_rules":   keyedList((*NodeProgram).GetSnatRules, func(p *NodeProgram, l []*SnatRule) { p.SnatRules = l }, (*SnatRule).GetId),
@@ -230,16 +228,6 @@ func sorted[T any](l []T, key func(T) string) bool {
 		}
 	}
 	return true
-}
-
-// keyField is the field a list element is known by: "id", else "name"; nil when neither.
-func keyField(m protoreflect.MessageDescriptor) protoreflect.FieldDescriptor {
-	for _, n := range []protoreflect.Name{"id", "name"} {
-		if f := m.Fields().ByName(n); f != nil && f.Kind() == protoreflect.StringKind && !f.IsList() {
-			return f
-		}
-	}
-	return nil
 }
 
 // sameMessage compares two list elements by identity, then by content.

@@ -116,8 +116,9 @@ func TestDeltaApplyOutOfOrderBase(t *testing.T) {
 	}
 }
 
-// TestKeyedListsCoverEveryList: every keyed list of NodeProgram has its typed diff and merge,
-// by its key, so a list added to the program cannot travel in deltas that Apply refuses.
+// TestKeyedListsCoverEveryList: every keyed list of NodeProgram (its elements have an id or a
+// name, keyField) has its typed diff and merge, by that key, and no other list has: a keyed
+// list added to the program without one would travel whole in every delta.
 func TestKeyedListsCoverEveryList(t *testing.T) {
 	fields := (&NodeProgram{}).ProtoReflect().Descriptor().Fields()
 	keyed := 0
@@ -166,4 +167,14 @@ func addElement(p *NodeProgram, f protoreflect.FieldDescriptor, k string) {
 	e := l.NewElement()
 	e.Message().Set(keyField(f.Message()), protoreflect.ValueOfString(k))
 	l.Append(e)
+}
+
+// keyField is the field a list element is known by: "id", else "name"; nil when neither.
+func keyField(m protoreflect.MessageDescriptor) protoreflect.FieldDescriptor {
+	for _, n := range []protoreflect.Name{"id", "name"} {
+		if f := m.Fields().ByName(n); f != nil && f.Kind() == protoreflect.StringKind && !f.IsList() {
+			return f
+		}
+	}
+	return nil
 }
