@@ -106,7 +106,7 @@ type Config struct {
 	Validate func(*kuportv1.NodeProgram) error
 	// Applied, when set, is called after Apply of a program received from the controller
 	// (not of a resync) returns, off the stream's path. cmd/kuport-agent returns the apply's
-	// garbage to the system there (debug.FreeOSMemory).
+	// garbage to the system there (FreeOSMemory).
 	Applied func()
 	// Log receives the agent's logs; nil discards them.
 	Log hclog.Logger

@@ -164,14 +164,14 @@ func (c *testController) Connect(stream kuportv1.AgentService_ConnectServer) err
 
 // startController serves a testController with the controller's certificate
 // (startControllerWith).
-func startController(t *testing.T) (*testController, string) {
+func startController(t testing.TB) (*testController, string) {
 	t.Helper()
 	return startControllerWith(t, controllerCert)
 }
 
 // startControllerWith serves a testController over TLS with cert on a unix socket in a
 // temporary directory and returns it with the agent's target for it.
-func startControllerWith(t *testing.T, cert tls.Certificate) (*testController, string) {
+func startControllerWith(t testing.TB, cert tls.Certificate) (*testController, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "controller.sock")
 	lis, err := net.Listen("unix", path)
@@ -222,7 +222,7 @@ func testConfig(dp Datapath, logs *syncBuffer, targets ...string) Config {
 
 // startAgent runs an Agent made from cfg until stop is called or the test ends; stop
 // cancels Run and checks that it returns nil.
-func startAgent(t *testing.T, cfg Config) (a *Agent, stop func()) {
+func startAgent(t testing.TB, cfg Config) (a *Agent, stop func()) {
 	t.Helper()
 	a, err := New(cfg)
 	require.NoError(t, err)
@@ -242,7 +242,7 @@ func startAgent(t *testing.T, cfg Config) (a *Agent, stop func()) {
 	return a, stop
 }
 
-func nextSession(t *testing.T, c *testController) *session {
+func nextSession(t testing.TB, c *testController) *session {
 	t.Helper()
 	select {
 	case s := <-c.sessions:
@@ -253,12 +253,12 @@ func nextSession(t *testing.T, c *testController) *session {
 	}
 }
 
-func (s *session) send(t *testing.T, p *kuportv1.NodeProgram) {
+func (s *session) send(t testing.TB, p *kuportv1.NodeProgram) {
 	t.Helper()
 	s.sendMessage(t, &kuportv1.ConnectResponse{Message: &kuportv1.ConnectResponse_Program{Program: p}})
 }
 
-func (s *session) sendMessage(t *testing.T, msg *kuportv1.ConnectResponse) {
+func (s *session) sendMessage(t testing.TB, msg *kuportv1.ConnectResponse) {
 	t.Helper()
 	select {
 	case s.programs <- msg:
@@ -268,7 +268,7 @@ func (s *session) sendMessage(t *testing.T, msg *kuportv1.ConnectResponse) {
 }
 
 // next returns the next message for which pick returns non-nil, skipping the others.
-func next[M proto.Message](t *testing.T, s *session, pick func(*kuportv1.ConnectRequest) M) M {
+func next[M proto.Message](t testing.TB, s *session, pick func(*kuportv1.ConnectRequest) M) M {
 	t.Helper()
 	deadline := time.After(waitFor)
 	for {
@@ -287,7 +287,7 @@ func next[M proto.Message](t *testing.T, s *session, pick func(*kuportv1.Connect
 
 func isNil[M proto.Message](m M) bool { return !m.ProtoReflect().IsValid() }
 
-func (s *session) nextAck(t *testing.T) *kuportv1.Ack {
+func (s *session) nextAck(t testing.TB) *kuportv1.Ack {
 	t.Helper()
 	return next(t, s, (*kuportv1.ConnectRequest).GetAck)
 }

@@ -40,7 +40,7 @@ type driftNS struct {
 	ns   netns.NsHandle
 }
 
-func newDriftNS(t *testing.T) *driftNS {
+func newDriftNS(t testing.TB) *driftNS {
 	t.Helper()
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
@@ -65,7 +65,7 @@ func newDriftNS(t *testing.T) *driftNS {
 
 // exec runs a command in the namespace and returns its output; it fails the test when the
 // command fails.
-func (d *driftNS) exec(t *testing.T, args ...string) string {
+func (d *driftNS) exec(t testing.TB, args ...string) string {
 	t.Helper()
 	out, err := d.try(args...)
 	require.NoError(t, err, "%v: %s", args, out)

@@ -107,11 +107,16 @@ type change struct {
 	old, new []put
 }
 
-// diff compares list with the compiled entries: the entries to render anew and the entries
-// that replace es (es itself when nothing changed), or false when list cannot be compiled
-// entry by entry (reordered, an id repeated, an entry that does not render).
-func diff[T entryMsg](k entryKind[T], fam family, es entryList[T], list []T) (changes []change, added []string, next entryList[T], ok bool) {
-	var changed []int
+// diff compares list with the compiled entries: the entries to render anew, the entries that
+// replace es (es itself when nothing changed) and the update of es's positions that makes
+// them next's, to run when the step commits (it changes es), or false when list cannot be
+// compiled entry by entry (reordered, an id repeated, an entry that does not render). The
+// positions are updated in place, for the entries that moved, rather than built anew: at
+// 10,000 mappings a new map cost more than the rest of the step.
+func diff[T entryMsg](k entryKind[T], fam family, es entryList[T], list []T) (changes []change, added []string, next entryList[T], update func(), ok bool) {
+	// changed and moved are positions in list: entries to render anew, and entries whose
+	// position differs from es's; gone are positions in es of the entries list lacks.
+	var changed, moved, gone []int
 	prev, matched := -1, 0
 	for i, e := range list {
 		// Mostly the entry after the last one found is the one (ids are unique there).
@@ -120,11 +125,18 @@ func diff[T entryMsg](k entryKind[T], fam family, es entryList[T], list []T) (ch
 			j, found = es.pos[e.GetId()]
 		}
 		if !found {
-			changed = append(changed, i)
+			changed, moved = append(changed, i), append(moved, i)
 			continue
 		}
 		if j <= prev {
-			return nil, nil, es, false
+			return nil, nil, es, nil, false
+		}
+		// Found entries come in es's order, so the ones skipped are gone.
+		for g := prev + 1; g < j; g++ {
+			gone = append(gone, g)
+		}
+		if j != i {
+			moved = append(moved, i)
 		}
 		prev, matched = j, matched+1
 		// The same message is the same entry (neither may change after the call): Validate
@@ -133,46 +145,23 @@ func diff[T entryMsg](k entryKind[T], fam family, es entryList[T], list []T) (ch
 			changed = append(changed, i)
 		}
 	}
-	if len(changed) == 0 && matched == len(es.msgs) {
-		return nil, nil, es, true
+	for g := prev + 1; g < len(es.msgs); g++ {
+		gone = append(gone, g)
+	}
+	if len(changed) == 0 && len(gone) == 0 {
+		return nil, nil, es, nil, true
 	}
 	// Rendering most entries twice (as they were and as they are) costs more than a whole
 	// compile.
-	if n := len(changed) + len(es.msgs) - matched; n > wholeCompileAt && n > max(len(list), len(es.msgs))/2 {
-		return nil, nil, es, false
+	if n := len(changed) + len(gone); n > wholeCompileAt && n > max(len(list), len(es.msgs))/2 {
+		return nil, nil, es, nil, false
 	}
-	// Entries went only when fewer than all were matched (an id repeated in list was refused
-	// above): finding which costs a look-up per entry.
-	if matched < len(es.msgs) {
-		kept := make([]bool, len(es.msgs))
-		for _, e := range list {
-			if j, found := es.pos[e.GetId()]; found {
-				kept[j] = true
-			}
+	for _, j := range gone {
+		old, err := k.puts(fam, es.msgs[j])
+		if err != nil {
+			return nil, nil, es, nil, false
 		}
-		for j, e := range es.msgs {
-			if !kept[j] {
-				old, err := k.puts(fam, e)
-				if err != nil {
-					return nil, nil, es, false
-				}
-				changes = append(changes, change{kind: k.name, id: e.GetId(), old: old})
-			}
-		}
-	}
-	next = es
-	resized := matched != len(es.msgs) || matched != len(list)
-	if resized {
-		next = entryList[T]{msgs: make([]T, len(list)), pos: make(map[string]int, len(list))}
-		for i, e := range list {
-			if j, found := es.pos[e.GetId()]; found {
-				next.msgs[i] = es.msgs[j]
-			}
-			next.pos[e.GetId()] = i
-		}
-	} else {
-		next.msgs = make([]T, len(es.msgs))
-		copy(next.msgs, es.msgs)
+		changes = append(changes, change{kind: k.name, id: es.msgs[j].GetId(), old: old})
 	}
 	for _, i := range changed {
 		e := list[i]
@@ -181,7 +170,7 @@ func diff[T entryMsg](k entryKind[T], fam family, es entryList[T], list []T) (ch
 		if found {
 			old, err := k.puts(fam, es.msgs[j])
 			if err != nil {
-				return nil, nil, es, false
+				return nil, nil, es, nil, false
 			}
 			c.old = old
 		} else {
@@ -189,16 +178,26 @@ func diff[T entryMsg](k entryKind[T], fam family, es entryList[T], list []T) (ch
 		}
 		puts, err := k.puts(fam, e)
 		if err != nil {
-			return nil, nil, es, false
+			return nil, nil, es, nil, false
 		}
 		for n := range puts {
 			puts[n].id = c.id
 		}
 		c.new = puts
 		changes = append(changes, c)
-		next.msgs[i] = e
 	}
-	return changes, added, next, true
+	// The entries are list's own (they may not change after the call), and the positions
+	// es's, updated.
+	next = entryList[T]{msgs: list, pos: es.pos}
+	update = func() {
+		for _, j := range gone {
+			delete(es.pos, es.msgs[j].GetId())
+		}
+		for _, i := range moved {
+			es.pos[list[i].GetId()] = i
+		}
+	}
+	return changes, added, next, update, true
 }
 
 // compiler is the incremental state: the table, the errors of its compile, the entries it
@@ -236,9 +235,9 @@ func (d *Datapath) compile(p *kuportv1.NodeProgram) (*table, []error) {
 // when p must be compiled whole.
 func (c *compiler) step(p *kuportv1.NodeProgram) bool {
 	fam := c.tab.layout.fam
-	dc, da, dn, ok1 := diff(dnatKind, fam, c.dnat, p.GetDnatRules())
-	sc, sa, sn, ok2 := diff(snatKind, fam, c.snat, p.GetSnatRules())
-	mc, ma, mn, ok3 := diff(markKind, fam, c.mark, p.GetMarkRules())
+	dc, da, dn, du, ok1 := diff(dnatKind, fam, c.dnat, p.GetDnatRules())
+	sc, sa, sn, su, ok2 := diff(snatKind, fam, c.snat, p.GetSnatRules())
+	mc, ma, mn, mu, ok3 := diff(markKind, fam, c.mark, p.GetMarkRules())
 	if !ok1 || !ok2 || !ok3 {
 		return false
 	}
@@ -315,6 +314,11 @@ func (c *compiler) step(p *kuportv1.NodeProgram) bool {
 		for _, pt := range ch.new {
 			c.touch(setKey{pt.set, pt.key})
 			c.tab.elems[pt.set][pt.key] = pt.elem
+		}
+	}
+	for _, update := range []func(){du, su, mu} {
+		if update != nil {
+			update()
 		}
 	}
 	c.dnat, c.snat, c.mark = dn, sn, mn

@@ -195,7 +195,8 @@ func TestIncrementalEqualsFull(t *testing.T) {
 			}
 			switch {
 			case op < 3:
-				p.DnatRules = append(p.DnatRules, newDnat(id()))
+				// Anywhere: the entries after it move.
+				p.DnatRules = slices.Insert(p.DnatRules, pick(len(p.DnatRules)+1), newDnat(id()))
 			case op < 5:
 				p.SnatRules = append(p.SnatRules, newSnat(id()))
 			case op < 6:

@@ -207,7 +207,7 @@ func runErr(args []string, stdout, stderr io.Writer) error {
 		Datapath:       applyPace{dp},
 		EntryErrors:    datapath.EntryErrors,
 		Validate:       dp.Validate,
-		Applied:        freeOSMemory,
+		Applied:        agent.FreeOSMemory,
 		Log:            log,
 		ReportInterval: *reportInterval,
 		ResyncInterval: *resyncInterval,
@@ -296,13 +296,6 @@ func probe(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// freeOSMemory returns the garbage of a program's apply to the system (agent.Config.Applied):
-// a new program's compile and write leave garbage several times the program's compiled size,
-// and an agent then allocates little until its next report, so the heap would stay at its
-// peak for minutes. One collection, about 20 ms of CPU at 10,000 mappings per program
-// received.
-func freeOSMemory() { debug.FreeOSMemory() }
-
 // steadyGCPercent is the agent's GOGC between applies (main).
 const steadyGCPercent = 25
 
@@ -310,7 +303,8 @@ const steadyGCPercent = 25
 // several times the program's compiled size (47 MB at 10,000 mappings, more when it reads
 // the kernel's table back), which at steadyGCPercent would be collected a dozen times over,
 // each pass marking the whole heap, while the program is not yet in the kernel. After the
-// call the steady pace is back (and Config.Applied returns the garbage to the system).
+// call the steady pace is back (and Config.Applied returns the garbage of a large one to the
+// system, agent.FreeOSMemory).
 // Nothing changes when the environment sets GOGC.
 type applyPace struct{ *datapath.Datapath }
 

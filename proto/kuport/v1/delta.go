@@ -12,8 +12,9 @@ import (
 // Delta is the ProgramDelta from base to next: next's own fields, the list elements added or
 // changed (compared by identity first, then by content) and the keys of those removed. It
 // reads every field of NodeProgram by reflection, so a field added to the program travels in
-// deltas too. A list is diffed when both programs hold it sorted by key (id, else name), as
-// compile emits them, and sent whole otherwise.
+// deltas too; a keyed list is diffed through its typed accessors (keyedLists), which every
+// keyed list has (TestKeyedListsCoverEveryList). A list is diffed when both programs hold it
+// sorted by key (id, else name), as compile emits them, and sent whole otherwise.
 func Delta(base, next *NodeProgram) *ProgramDelta {
 	d := &ProgramDelta{BaseVersion: base.GetVersion(), Changed: &NodeProgram{}, Removed: map[string]*Keys{}}
 	nb, nn, nc := base.ProtoReflect(), next.ProtoReflect(), d.Changed.ProtoReflect()
@@ -26,52 +27,27 @@ func Delta(base, next *NodeProgram) *ProgramDelta {
 			}
 			continue
 		}
-		key := keyField(f.Message())
-		bl, nl := nb.Get(f).List(), nn.Get(f).List()
-		if key == nil || !sorted(bl, key) || !sorted(nl, key) {
-			// Sent whole: Apply rebuilds a keyed list sorted by key.
-			if !listsEqual(bl, nl) {
-				nc.Set(f, nn.Get(f))
-				d.Replaced = append(d.Replaced, string(f.Name()))
-			}
-			continue
-		}
-		var removed []string
-		out := nc.Mutable(f).List()
-		for i, j := 0, 0; i < bl.Len() || j < nl.Len(); {
-			var kb, kn string
-			if i < bl.Len() {
-				kb = bl.Get(i).Message().Get(key).String()
-			}
-			if j < nl.Len() {
-				kn = nl.Get(j).Message().Get(key).String()
-			}
-			switch {
-			case j >= nl.Len() || i < bl.Len() && kb < kn:
-				removed = append(removed, kb)
-				i++
-			case i >= bl.Len() || kn < kb:
-				out.Append(nl.Get(j))
-				j++
-			default:
-				if !sameMessage(bl.Get(i), nl.Get(j)) {
-					out.Append(nl.Get(j))
+		if ops, keyed := keyedLists[f.Name()]; keyed {
+			if removed, ok := ops.diff(base, next, d.Changed); ok {
+				if len(removed) > 0 {
+					d.Removed[string(f.Name())] = &Keys{Keys: removed}
 				}
-				i, j = i+1, j+1
+				continue
 			}
 		}
-		if out.Len() == 0 {
-			nc.Clear(f)
-		}
-		if len(removed) > 0 {
-			d.Removed[string(f.Name())] = &Keys{Keys: removed}
+		// Sent whole: Apply rebuilds a keyed list sorted by key.
+		if !listsEqual(nb.Get(f).List(), nn.Get(f).List()) {
+			nc.Set(f, nn.Get(f))
+			d.Replaced = append(d.Replaced, string(f.Name()))
 		}
 	}
 	return d
 }
 
 // Apply returns the program d makes of base, which must be the program of d's base version;
-// base is not modified (the result shares its unchanged elements).
+// base is not modified (the result shares its unchanged elements). A keyed list is merged
+// through its typed accessors (keyedLists), not element by element through reflection, which
+// cost 9 ms for a delta of one mapping at 10,000.
 func (d *ProgramDelta) Apply(base *NodeProgram) (*NodeProgram, error) {
 	if base.GetVersion() != d.GetBaseVersion() {
 		return nil, fmt.Errorf("delta to version %d is from version %d, not %d", d.GetChanged().GetVersion(), d.GetBaseVersion(), base.GetVersion())
@@ -87,9 +63,9 @@ func (d *ProgramDelta) Apply(base *NodeProgram) (*NodeProgram, error) {
 			}
 			continue
 		}
-		key := keyField(f.Message())
 		replaced := slices.Contains(d.GetReplaced(), string(f.Name()))
-		if key == nil || replaced || !nc.Has(f) && d.GetRemoved()[string(f.Name())] == nil {
+		ops, keyed := keyedLists[f.Name()]
+		if !keyed || replaced || !nc.Has(f) && d.GetRemoved()[string(f.Name())] == nil {
 			// Unkeyed lists only ever travel whole, and a list the delta does not touch is
 			// base's as it is, in its order: base's stands unless replaced.
 			src := nb
@@ -101,61 +77,121 @@ func (d *ProgramDelta) Apply(base *NodeProgram) (*NodeProgram, error) {
 			}
 			continue
 		}
-		bl, cl := nb.Get(f).List(), nc.Get(f).List()
-		removed := d.GetRemoved()[string(f.Name())].GetKeys()
-		merged, ok := mergeSorted(bl, cl, removed, key)
-		if !ok {
-			merged = mergeByKey(bl, cl, removed, key)
-		}
-		if len(merged) == 0 {
-			continue
-		}
-		list := no.Mutable(f).List()
-		for _, v := range merged {
-			list.Append(v)
-		}
+		ops.merge(base, d.GetChanged(), out, d.GetRemoved()[string(f.Name())].GetKeys())
 	}
 	return out, nil
+}
+
+// keyedLists are the typed accessors of each keyed list of NodeProgram, by its field name: the
+// lists whose elements are known by an id, else a name (TestKeyedListsCoverEveryList). Any
+// other list travels whole.
+var keyedLists = map[protoreflect.Name]listOps{
+	"dnat_rules":   keyedList((*NodeProgram).GetDnatRules, func(p *NodeProgram, l []*DnatRule) { p.DnatRules = l }, (*DnatRule).GetId),
+	"snat_rules":   keyedList((*NodeProgram).GetSnatRules, func(p *NodeProgram, l []*SnatRule) { p.SnatRules = l }, (*SnatRule).GetId),
+	"mark_rules":   keyedList((*NodeProgram).GetMarkRules, func(p *NodeProgram, l []*MarkRule) { p.MarkRules = l }, (*MarkRule).GetId),
+	"links":        keyedList((*NodeProgram).GetLinks, func(p *NodeProgram, l []*Link) { p.Links = l }, (*Link).GetName),
+	"return_paths": keyedList((*NodeProgram).GetReturnPaths, func(p *NodeProgram, l []*ReturnPath) { p.ReturnPaths = l }, (*ReturnPath).GetId),
+}
+
+// listOps diffs and merges one keyed list.
+type listOps struct {
+	// diff sets out's list to next's elements added or changed since base, in key order, and
+	// returns the keys of base's elements next lacks; false, and nothing set, when either
+	// list is not sorted by key.
+	diff func(base, next, out *NodeProgram) (removed []string, ok bool)
+	// merge sets out's list to base's with removed's keys taken out and changed's elements
+	// in, sorted by key.
+	merge func(base, changed, out *NodeProgram, removed []string)
+}
+
+// keyedList is the listOps of the list read with get, written with set, known by key.
+func keyedList[T proto.Message](get func(*NodeProgram) []T, set func(*NodeProgram, []T), key func(T) string) listOps {
+	return listOps{
+		diff: func(base, next, out *NodeProgram) ([]string, bool) {
+			bl, nl := get(base), get(next)
+			if !sorted(bl, key) || !sorted(nl, key) {
+				return nil, false
+			}
+			var removed []string
+			var changed []T
+			for i, j := 0, 0; i < len(bl) || j < len(nl); {
+				var kb, kn string
+				if i < len(bl) {
+					kb = key(bl[i])
+				}
+				if j < len(nl) {
+					kn = key(nl[j])
+				}
+				switch {
+				case j >= len(nl) || i < len(bl) && kb < kn:
+					removed = append(removed, kb)
+					i++
+				case i >= len(bl) || kn < kb:
+					changed = append(changed, nl[j])
+					j++
+				default:
+					if any(bl[i]) != any(nl[j]) && !proto.Equal(bl[i], nl[j]) {
+						changed = append(changed, nl[j])
+					}
+					i, j = i+1, j+1
+				}
+			}
+			if len(changed) > 0 {
+				set(out, changed)
+			}
+			return removed, true
+		},
+		merge: func(base, changed, out *NodeProgram, removed []string) {
+			bl, cl := get(base), get(changed)
+			merged, ok := mergeSorted(bl, cl, removed, key)
+			if !ok {
+				merged = mergeByKey(bl, cl, removed, key)
+			}
+			if len(merged) > 0 {
+				set(out, merged)
+			}
+		},
+	}
 }
 
 // mergeSorted is base with removed's keys taken out and changed's elements in, by key, in one
 // walk of both lists: the sender diffs a list only when both programs hold it sorted by key,
 // and Delta emits changed in key order. ok is false, and the result meaningless, when the
 // merge does not come out strictly increasing (the lists were not sorted).
-func mergeSorted(base, changed protoreflect.List, removed []string, key protoreflect.FieldDescriptor) (out []protoreflect.Value, ok bool) {
+func mergeSorted[T any](base, changed []T, removed []string, key func(T) string) (out []T, ok bool) {
 	gone := make(map[string]bool, len(removed))
 	for _, k := range removed {
 		gone[k] = true
 	}
-	out = make([]protoreflect.Value, 0, base.Len()+changed.Len())
+	out = make([]T, 0, len(base)+len(changed))
 	last := ""
-	add := func(k string, v protoreflect.Value) bool {
+	add := func(k string, v T) bool {
 		if len(out) > 0 && k <= last {
 			return false
 		}
 		out, last = append(out, v), k
 		return true
 	}
-	for i, j := 0, 0; i < base.Len() || j < changed.Len(); {
+	for i, j := 0, 0; i < len(base) || j < len(changed); {
 		var kb, kc string
-		if i < base.Len() {
-			kb = base.Get(i).Message().Get(key).String()
+		if i < len(base) {
+			kb = key(base[i])
 		}
-		if j < changed.Len() {
-			kc = changed.Get(j).Message().Get(key).String()
+		if j < len(changed) {
+			kc = key(changed[j])
 		}
 		switch {
-		case j >= changed.Len() || i < base.Len() && kb < kc:
-			if !gone[kb] && !add(kb, base.Get(i)) {
+		case j >= len(changed) || i < len(base) && kb < kc:
+			if !gone[kb] && !add(kb, base[i]) {
 				return nil, false
 			}
 			i++
 		default:
 			// changed's element, replacing base's of the same key.
-			if !add(kc, changed.Get(j)) {
+			if !add(kc, changed[j]) {
 				return nil, false
 			}
-			if i < base.Len() && kb == kc {
+			if i < len(base) && kb == kc {
 				i++
 			}
 			j++
@@ -165,14 +201,19 @@ func mergeSorted(base, changed protoreflect.List, removed []string, key protoref
 }
 
 // mergeByKey is mergeSorted for lists in any order: the result sorted by key.
-func mergeByKey(base, changed protoreflect.List, removed []string, key protoreflect.FieldDescriptor) []protoreflect.Value {
-	merged := byKey(base, key)
+func mergeByKey[T any](base, changed []T, removed []string, key func(T) string) []T {
+	merged := make(map[string]T, len(base)+len(changed))
+	for _, v := range base {
+		merged[key(v)] = v
+	}
 	for _, k := range removed {
 		delete(merged, k)
 	}
-	maps.Copy(merged, byKey(changed, key))
+	for _, v := range changed {
+		merged[key(v)] = v
+	}
 	keys := slices.Sorted(maps.Keys(merged))
-	out := make([]protoreflect.Value, 0, len(keys))
+	out := make([]T, 0, len(keys))
 	for _, k := range keys {
 		out = append(out, merged[k])
 	}
@@ -180,32 +221,13 @@ func mergeByKey(base, changed protoreflect.List, removed []string, key protorefl
 }
 
 // sorted reports whether l's keys strictly increase.
-func sorted(l protoreflect.List, key protoreflect.FieldDescriptor) bool {
-	for i := 1; i < l.Len(); i++ {
-		if l.Get(i-1).Message().Get(key).String() >= l.Get(i).Message().Get(key).String() {
+func sorted[T any](l []T, key func(T) string) bool {
+	for i := 1; i < len(l); i++ {
+		if key(l[i-1]) >= key(l[i]) {
 			return false
 		}
 	}
 	return true
-}
-
-// keyField is the field a list element is known by: "id", else "name"; nil when neither.
-func keyField(m protoreflect.MessageDescriptor) protoreflect.FieldDescriptor {
-	for _, n := range []protoreflect.Name{"id", "name"} {
-		if f := m.Fields().ByName(n); f != nil && f.Kind() == protoreflect.StringKind && !f.IsList() {
-			return f
-		}
-	}
-	return nil
-}
-
-func byKey(l protoreflect.List, key protoreflect.FieldDescriptor) map[string]protoreflect.Value {
-	out := make(map[string]protoreflect.Value, l.Len())
-	for i := range l.Len() {
-		v := l.Get(i)
-		out[v.Message().Get(key).String()] = v
-	}
-	return out
 }
 
 // sameMessage compares two list elements by identity, then by content.

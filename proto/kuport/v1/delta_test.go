@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // randomProgram is a program of up to n mappings drawn from r, its lists sorted as compile
@@ -113,4 +114,67 @@ func TestDeltaApplyOutOfOrderBase(t *testing.T) {
 	if err != nil || !proto.Equal(got, want) {
 		t.Fatalf("apply: %v, %v", got, err)
 	}
+}
+
+// TestKeyedListsCoverEveryList: every keyed list of NodeProgram (its elements have an id or a
+// name, keyField) has its typed diff and merge, by that key, and no other list has: a keyed
+// list added to the program without one would travel whole in every delta.
+func TestKeyedListsCoverEveryList(t *testing.T) {
+	fields := (&NodeProgram{}).ProtoReflect().Descriptor().Fields()
+	keyed := 0
+	for i := range fields.Len() {
+		f := fields.Get(i)
+		if !f.IsList() || f.Message() == nil || keyField(f.Message()) == nil {
+			continue
+		}
+		keyed++
+		ops, ok := keyedLists[f.Name()]
+		if !ok {
+			t.Fatalf("list %s has no accessors in keyedLists", f.Name())
+		}
+		// Two elements keyed "a" and "b" in base, "b" removed and "c" added: the merge must
+		// read the key Delta reads.
+		base, changed, out := &NodeProgram{}, &NodeProgram{}, &NodeProgram{}
+		for _, k := range []string{"a", "b"} {
+			addElement(base, f, k)
+		}
+		addElement(changed, f, "c")
+		ops.merge(base, changed, out, []string{"b"})
+		l := out.ProtoReflect().Get(f).List()
+		var got []string
+		for j := range l.Len() {
+			got = append(got, l.Get(j).Message().Get(keyField(f.Message())).String())
+		}
+		if !slices.Equal(got, []string{"a", "c"}) {
+			t.Fatalf("list %s merged to keys %v, want [a c]", f.Name(), got)
+		}
+		// And the diff of base to the merge: "c" changed, "b" removed.
+		diffed := &NodeProgram{}
+		removed, sortedOK := ops.diff(base, out, diffed)
+		l = diffed.ProtoReflect().Get(f).List()
+		if !sortedOK || !slices.Equal(removed, []string{"b"}) || l.Len() != 1 || l.Get(0).Message().Get(keyField(f.Message())).String() != "c" {
+			t.Fatalf("list %s diffed to %v removing %v (sorted %v), want [c] removing [b]", f.Name(), diffed, removed, sortedOK)
+		}
+	}
+	if keyed != len(keyedLists) {
+		t.Fatalf("%d keyed lists, %d merges", keyed, len(keyedLists))
+	}
+}
+
+// addElement appends to p's list f an element whose key is k.
+func addElement(p *NodeProgram, f protoreflect.FieldDescriptor, k string) {
+	l := p.ProtoReflect().Mutable(f).List()
+	e := l.NewElement()
+	e.Message().Set(keyField(f.Message()), protoreflect.ValueOfString(k))
+	l.Append(e)
+}
+
+// keyField is the field a list element is known by: "id", else "name"; nil when neither.
+func keyField(m protoreflect.MessageDescriptor) protoreflect.FieldDescriptor {
+	for _, n := range []protoreflect.Name{"id", "name"} {
+		if f := m.Fields().ByName(n); f != nil && f.Kind() == protoreflect.StringKind && !f.IsList() {
+			return f
+		}
+	}
+	return nil
 }

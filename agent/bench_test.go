@@ -1,0 +1,105 @@
+package agent
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"runtime/debug"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/hashicorp/go-hclog"
+	"github.com/stretchr/testify/require"
+	"github.com/vishvananda/netlink"
+
+	"kuport.wlz.li/kuport/datapath"
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// BenchmarkPrivilegedAgentChange is one change at 10,000 mappings through the whole agent: a
+// real controller stream over TLS, the agent's loop and a real datapath in a fresh namespace,
+// as cmd/kuport-agent runs it (GOGC 25 but 100 in Apply, the garbage returned after each
+// program, logs formatted at info). With the base program applied, each op sends the
+// ProgramDelta that adds one mapping (or takes it away again) and waits for its Ack; ns/op
+// and the ack-ms percentiles (of the adds and of the removes) are send to Ack. datapath's BenchmarkAgentChange times the steps.
+// Run as root:
+//
+//	KUPORT_PRIVILEGED=1 go test -run '^$' -bench PrivilegedAgentChange -benchtime 20x ./agent/
+func BenchmarkPrivilegedAgentChange(b *testing.B) {
+	if os.Getenv("KUPORT_PRIVILEGED") != "1" {
+		b.Skip("needs root and network namespaces: set KUPORT_PRIVILEGED=1")
+	}
+	const n = 10000
+	var dnat []*kuportv1.DnatRule
+	var snat []*kuportv1.SnatRule
+	for i := range n + 1 {
+		key, pod, port := fmt.Sprintf("bench/m%05d", i), fmt.Sprintf("10.244.%d.%d", 17+i/250, 2+i%250), uint32(10000+i)
+		ports := &kuportv1.PortRange{First: port, Last: port}
+		dnat = append(dnat, &kuportv1.DnatRule{Id: key + "/dnat/wt0", Mapping: key, InInterface: "wt0",
+			Protocol: kuportv1.Protocol_PROTOCOL_TCP, Ports: ports, ToAddress: pod, ToPort: port, StandIn: pod})
+		snat = append(snat, &kuportv1.SnatRule{Id: key + "/snat", Mapping: key, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
+			OutInterface: "cilium_host", Address: pod, Protocol: kuportv1.Protocol_PROTOCOL_TCP, Ports: ports})
+	}
+	version := func(v uint64, m int) *kuportv1.NodeProgram {
+		return &kuportv1.NodeProgram{Node: "edge-a", Version: v, Epoch: 1, DnatRules: dnat[:m], SnatRules: snat[:m]}
+	}
+
+	d := newDriftNS(b)
+	conn, err := nftables.New(nftables.AsLasting(), nftables.WithNetNSFd(int(d.ns)), datapath.NFTSocketOption())
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = conn.CloseLasting() })
+	nl, err := netlink.NewHandleAt(d.ns)
+	require.NoError(b, err)
+	b.Cleanup(nl.Close)
+	log := hclog.New(&hclog.LoggerOptions{Output: io.Discard, Level: hclog.Info})
+	dp := datapath.New(datapath.Config{NFT: conn, Netlink: nl, NetNS: d.ns, Log: log.Named("datapath")})
+	defer debug.SetGCPercent(debug.SetGCPercent(25))
+
+	c, target := startController(b)
+	cfg := testConfig(pacedDatapath{dp}, &syncBuffer{}, target)
+	cfg.Log, cfg.Underlay = log, "wt0"
+	cfg.Validate, cfg.EntryErrors, cfg.Applied = dp.Validate, datapath.EntryErrors, FreeOSMemory
+	startAgent(b, cfg)
+	s := nextSession(b, c)
+	cur := version(1, n)
+	s.send(b, cur)
+	require.Empty(b, s.nextAck(b).GetErrors())
+
+	// Send to Ack of the adds (even ops) and of the removes (odd ops).
+	var acks [2][]time.Duration
+	b.ResetTimer()
+	for i := range b.N {
+		b.StopTimer()
+		next := version(cur.GetVersion()+1, n+1-i%2)
+		msg := &kuportv1.ConnectResponse{Message: &kuportv1.ConnectResponse_Delta{Delta: kuportv1.Delta(cur, next)}}
+		b.StartTimer()
+		start := time.Now()
+		s.sendMessage(b, msg)
+		ack := s.nextAck(b)
+		acks[i%2] = append(acks[i%2], time.Since(start))
+		b.StopTimer()
+		require.Equal(b, next.GetVersion(), ack.GetVersion())
+		require.Empty(b, ack.GetErrors())
+		cur = next
+		b.StartTimer()
+	}
+	for k, kind := range []string{"add", "remove"} {
+		if len(acks[k]) == 0 {
+			continue
+		}
+		slices.Sort(acks[k])
+		at := func(q float64) float64 { return float64(acks[k][int(q*float64(len(acks[k])-1))].Microseconds()) / 1000 }
+		b.ReportMetric(at(0.5), "ack-ms-p50/"+kind)
+		b.ReportMetric(at(0.99), "ack-ms-p99/"+kind)
+	}
+}
+
+// pacedDatapath collects at the default pace in Apply, as cmd/kuport-agent's applyPace.
+type pacedDatapath struct{ *datapath.Datapath }
+
+func (d pacedDatapath) Apply(p *kuportv1.NodeProgram) error {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	return d.Datapath.Apply(p)
+}
