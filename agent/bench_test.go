@@ -23,7 +23,8 @@ import (
 // as cmd/kuport-agent runs it (GOGC 25 but 100 in Apply, the garbage returned after each
 // program, logs formatted at info). With the base program applied, each op sends the
 // ProgramDelta that adds one mapping (or takes it away again) and waits for its Ack; ns/op
-// and the ack-ms percentiles (of the adds and of the removes) are send to Ack. datapath's BenchmarkAgentChange times the steps.
+// and the ack-ms percentiles (of the adds and of the removes) are send to Ack. datapath's
+// BenchmarkAgentChange times the steps.
 // Run as root:
 //
 //	KUPORT_PRIVILEGED=1 go test -run '^$' -bench PrivilegedAgentChange -benchtime 20x ./agent/

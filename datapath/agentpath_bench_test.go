@@ -16,8 +16,9 @@ import (
 // BenchmarkAgentChange is the agent's path for one change at 10,000 mappings: with the base
 // program applied, the ProgramDelta that adds one mapping (then the one that takes it away
 // again) arrives on the wire and goes through what the agent does with it, each step timed
-// (reported per add and per remove): "unmarshal" the ConnectResponse (the stream's Recv), "delta" its Apply
-// onto the base (agent.session), "validate" Datapath.Validate, "same" SameProgram with the
+// (reported per add and per remove): "unmarshal" the ConnectResponse (the stream's Recv),
+// "delta" its Apply onto the base (agent.session), "validate" Datapath.Validate, "same"
+// SameProgram with the
 // current program, "apply" Datapath.Apply (agent.handleProgram), of which "apply-in-kernel"
 // until the kernel held the program (before the conntrack sweep). The agent's pace of
 // collection is kept: GOGC 25 outside Apply, 100 in it (cmd/kuport-agent, applyPace). Run as
