@@ -180,8 +180,11 @@ test: deps tools lab-binaries check-generated lint build images lab-images image
 		$(GO) test -count=1 -p 1 -timeout 45m ./...
 	# bench/datapath.sh once at small N: a smoke test that it completes, not of its timings.
 	sh bench/datapath.sh --mappings 1,10 --traffic 200ms
-	# bench/compile.sh once per benchmark: that it completes, not its timings.
+	# bench/compile.sh once per benchmark, and the Go benchmarks no script runs once each
+	# (compile's fan-out, the datapath's and the agent's apply and change): that they complete.
 	sh bench/compile.sh --smoke
+	KUPORT_PRIVILEGED=1 $(GO) test -run '^$$' -bench 'Compile$$|CompileFanout|Apply|AgentChange' -benchtime 1x \
+		./controller/compile/ ./datapath/ ./agent/
 	# bench/control.sh and bench/fanout.sh once at small N, in the lab: that they complete.
 	sh bench/control.sh -n 10 --changes 2 --bulk 10 --settle 2m
 	sh bench/fanout.sh --agents 10 --settle 2m

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"fmt"
 	"io"
 	"os"
 	"runtime/debug"
@@ -15,6 +14,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"kuport.wlz.li/kuport/datapath"
+	"kuport.wlz.li/kuport/datapath/datapathtest"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -33,18 +33,9 @@ func BenchmarkPrivilegedAgentChange(b *testing.B) {
 		b.Skip("needs root and network namespaces: set KUPORT_PRIVILEGED=1")
 	}
 	const n = 10000
-	var dnat []*kuportv1.DnatRule
-	var snat []*kuportv1.SnatRule
-	for i := range n + 1 {
-		key, pod, port := fmt.Sprintf("bench/m%05d", i), fmt.Sprintf("10.244.%d.%d", 17+i/250, 2+i%250), uint32(10000+i)
-		ports := &kuportv1.PortRange{First: port, Last: port}
-		dnat = append(dnat, &kuportv1.DnatRule{Id: key + "/dnat/wt0", Mapping: key, InInterface: "wt0",
-			Protocol: kuportv1.Protocol_PROTOCOL_TCP, Ports: ports, ToAddress: pod, ToPort: port, StandIn: pod})
-		snat = append(snat, &kuportv1.SnatRule{Id: key + "/snat", Mapping: key, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
-			OutInterface: "cilium_host", Address: pod, Protocol: kuportv1.Protocol_PROTOCOL_TCP, Ports: ports})
-	}
+	full := datapathtest.Program(n+1, "wt0")
 	version := func(v uint64, m int) *kuportv1.NodeProgram {
-		return &kuportv1.NodeProgram{Node: "edge-a", Version: v, Epoch: 1, DnatRules: dnat[:m], SnatRules: snat[:m]}
+		return &kuportv1.NodeProgram{Node: full.Node, Version: v, Epoch: full.Epoch, DnatRules: full.DnatRules[:m], SnatRules: full.SnatRules[:m]}
 	}
 
 	d := newDriftNS(b)

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
 
+	"kuport.wlz.li/kuport/datapath/datapathtest"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -30,7 +31,7 @@ func BenchmarkAgentChange(b *testing.B) {
 		b.Skip("needs root (network namespaces, nftables): set KUPORT_PRIVILEGED=1")
 	}
 	const n = 10000
-	full := benchProgram(n + 1)
+	full := datapathtest.Program(n+1, "enp1s0")
 	without := &kuportv1.NodeProgram{Node: full.Node, Epoch: full.Epoch,
 		DnatRules: full.DnatRules[:n], SnatRules: full.SnatRules[:n]}
 	tn := newTestNS(b, "100.64.93.143")

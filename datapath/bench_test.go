@@ -9,25 +9,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
 
+	"kuport.wlz.li/kuport/datapath/datapathtest"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
-
-// benchProgram is edge-a's program for n same-node TCP mappings on enp1s0, ports 10000 up,
-// each to its own pod address: per mapping a DNAT entry steered to its pod address as the
-// compiler emits it (its translation, its steering, which counts its requests, and its reply
-// counting) and the request's identity SNAT, 4n set elements in all.
-func benchProgram(n int) *kuportv1.NodeProgram {
-	p := &kuportv1.NodeProgram{Node: "edge-a", Version: 1, Epoch: 1}
-	for i := range n {
-		key, pod, port := fmt.Sprintf("bench/m%05d", i), fmt.Sprintf("10.244.%d.%d", 17+i/250, 2+i%250), uint32(10000+i)
-		ports := &kuportv1.PortRange{First: port, Last: port}
-		p.DnatRules = append(p.DnatRules, &kuportv1.DnatRule{Id: key + "/dnat/enp1s0", Mapping: key, InInterface: "enp1s0",
-			Protocol: kuportv1.Protocol_PROTOCOL_TCP, Ports: ports, ToAddress: pod, ToPort: port, StandIn: pod})
-		p.SnatRules = append(p.SnatRules, &kuportv1.SnatRule{Id: key + "/snat", Mapping: key, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
-			OutInterface: "cilium_host", Address: pod, Protocol: kuportv1.Protocol_PROTOCOL_TCP, Ports: ports})
-	}
-	return p
-}
 
 // retarget is p with mapping i's pod moved: one mapping changed.
 func retarget(p *kuportv1.NodeProgram, i int, pod string) *kuportv1.NodeProgram {
@@ -49,7 +33,7 @@ func BenchmarkApply(b *testing.B) {
 		b.Skip("needs root (network namespaces, nftables): set KUPORT_PRIVILEGED=1")
 	}
 	for _, n := range []int{10, 1000, 10000} {
-		p := benchProgram(n)
+		p := datapathtest.Program(n, "enp1s0")
 		b.Run(fmt.Sprintf("first/mappings=%d", n), func(b *testing.B) {
 			tn := newTestNS(b, "100.64.93.143")
 			tn.dp.log = hclog.NewNullLogger()

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
+	"kuport.wlz.li/kuport/datapath/datapathtest"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -283,7 +284,7 @@ func TestSameCoversEveryField(t *testing.T) {
 func TestIncrementalFailedWrite(t *testing.T) {
 	k := newFakeKernel("100.64.93.150")
 	dp := k.datapath(t)
-	p := benchProgram(3)
+	p := datapathtest.Program(3, "enp1s0")
 	require.NoError(t, dp.Apply(p))
 	before := k.dump(t)
 	q := retarget(p, 1, "10.244.200.1")

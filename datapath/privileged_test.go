@@ -22,6 +22,7 @@ import (
 	"github.com/vishvananda/netns"
 	"google.golang.org/protobuf/proto"
 
+	"kuport.wlz.li/kuport/datapath/datapathtest"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -519,7 +520,7 @@ func TestPrivilegedWideShiftedRanges(t *testing.T) {
 func TestPrivilegedTenThousandMappings(t *testing.T) {
 	privileged(t)
 	const n = 10000
-	p := benchProgram(n)
+	p := datapathtest.Program(n, "enp1s0")
 	tn := newTestNS(t, "100.64.93.143")
 	tn.dp.log = hclog.NewNullLogger()
 	require.NoError(t, tn.dp.Apply(p))

@@ -34,6 +34,7 @@ import (
 	"kuport.wlz.li/kuport/bench/labbench"
 	"kuport.wlz.li/kuport/controller/servingcert"
 	"kuport.wlz.li/kuport/datapath"
+	"kuport.wlz.li/kuport/datapath/datapathtest"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -58,24 +59,6 @@ func main() {
 		}
 	}
 }
-
-// program is edge-a's program for n same-node TCP mappings on enp1s0 (datapath's
-// benchProgram): ports 10000 up, each to its own pod address, a DNAT entry (steered to its pod
-// address by kup-steer, as the compiler emits it) and the request's identity SNAT per mapping.
-func program(n int) *kuportv1.NodeProgram {
-	p := &kuportv1.NodeProgram{Node: "edge-a", Version: 1, Epoch: 1}
-	for i := range n {
-		key, port := fmt.Sprintf("bench/m%05d", i), uint32(10000+i)
-		ports := &kuportv1.PortRange{First: port, Last: port}
-		p.DnatRules = append(p.DnatRules, &kuportv1.DnatRule{Id: key + "/dnat/enp1s0", Mapping: key, InInterface: "enp1s0",
-			Protocol: kuportv1.Protocol_PROTOCOL_TCP, Ports: ports, ToAddress: podAddr(i), ToPort: port, StandIn: podAddr(i)})
-		p.SnatRules = append(p.SnatRules, &kuportv1.SnatRule{Id: key + "/snat", Mapping: key, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
-			OutInterface: "cilium_host", Address: podAddr(i), Protocol: kuportv1.Protocol_PROTOCOL_TCP, Ports: ports})
-	}
-	return p
-}
-
-func podAddr(i int) string { return fmt.Sprintf("10.244.%d.%d", 17+i/250, 2+i%250) }
 
 // topology is a node namespace with enp1s0 towards a client namespace and cilium_host
 // towards a pod namespace that holds the last mapping's pod address.
@@ -219,15 +202,15 @@ func lastField(log *bytes.Buffer, name string) int {
 func lastWrites(log *bytes.Buffer) int { return lastField(log, "kernel_writes") }
 
 func measure(n int, agent string, d time.Duration) error {
-	p := program(n)
-	t, err := newTopology(podAddr(n - 1))
+	p := datapathtest.Program(n, "enp1s0")
+	t, err := newTopology(datapathtest.PodAddr(n - 1))
 	if err != nil {
 		return err
 	}
 	defer t.close()
 	var pod net.Listener
 	if err := labbench.InNS(t.pod, func() error {
-		pod, err = net.Listen("tcp4", net.JoinHostPort(podAddr(n-1), strconv.Itoa(10000+n-1)))
+		pod, err = net.Listen("tcp4", net.JoinHostPort(datapathtest.PodAddr(n-1), strconv.Itoa(10000+n-1)))
 		return err
 	}); err != nil {
 		return err
