@@ -165,7 +165,8 @@ func TestPrivilegedDriftRepaired(t *testing.T) {
 		before := dp.applies.Load()
 		d.exec(t, damage...)
 		start := time.Now()
-		require.False(t, whole(), "%v damaged the kernel", damage)
+		// No look at the damage itself: the watch may repair it before whole() has read the
+		// kernel (seen under load). The Apply counted below is the agent's answer to it.
 		for !whole() {
 			require.Less(t, time.Since(start), 2*time.Second, "%v not repaired within 2 s", damage)
 			time.Sleep(5 * time.Millisecond)
