@@ -47,10 +47,10 @@ func BenchmarkPrivilegedAgentChange(b *testing.B) {
 	b.Cleanup(nl.Close)
 	log := hclog.New(&hclog.LoggerOptions{Output: io.Discard, Level: hclog.Info})
 	dp := datapath.New(datapath.Config{NFT: conn, Netlink: nl, NetNS: d.ns, Log: log.Named("datapath")})
-	defer debug.SetGCPercent(debug.SetGCPercent(25))
+	defer debug.SetGCPercent(debug.SetGCPercent(steadyGCPercent))
 
 	c, target := startController(b)
-	cfg := testConfig(pacedDatapath{dp}, &syncBuffer{}, target)
+	cfg := testConfig(PacedApply(dp), &syncBuffer{}, target)
 	cfg.Log, cfg.Underlay = log, "wt0"
 	cfg.Validate, cfg.EntryErrors, cfg.Applied = dp.Validate, datapath.EntryErrors, FreeOSMemory
 	startAgent(b, cfg)
@@ -86,12 +86,4 @@ func BenchmarkPrivilegedAgentChange(b *testing.B) {
 		b.ReportMetric(at(0.5), "ack-ms-p50/"+kind)
 		b.ReportMetric(at(0.99), "ack-ms-p99/"+kind)
 	}
-}
-
-// pacedDatapath collects at the default pace in Apply, as cmd/kuport-agent's applyPace.
-type pacedDatapath struct{ *datapath.Datapath }
-
-func (d pacedDatapath) Apply(p *kuportv1.NodeProgram) error {
-	defer debug.SetGCPercent(debug.SetGCPercent(100))
-	return d.Datapath.Apply(p)
 }

@@ -19,11 +19,10 @@ import (
 // again) arrives on the wire and goes through what the agent does with it, each step timed
 // (reported per add and per remove): "unmarshal" the ConnectResponse (the stream's Recv),
 // "delta" its Apply onto the base (agent.session), "validate" Datapath.Validate, "same"
-// SameProgram with the
-// current program, "apply" Datapath.Apply (agent.handleProgram), of which "apply-in-kernel"
-// until the kernel held the program (before the conntrack sweep). The agent's pace of
-// collection is kept: GOGC 25 outside Apply, 100 in it (cmd/kuport-agent, applyPace). Run as
-// root:
+// SameProgram with the current program, "apply" Datapath.Apply (agent.handleProgram), of
+// which "apply-in-kernel" until the kernel held the program (before the conntrack sweep).
+// The agent's pace of collection is kept: GOGC 25 outside Apply, 100 in it
+// (agent.SetSteadyPace, agent.PacedApply). Run as root:
 //
 //	KUPORT_PRIVILEGED=1 go test -run '^$' -bench AgentChange -benchtime 20x ./datapath/
 func BenchmarkAgentChange(b *testing.B) {

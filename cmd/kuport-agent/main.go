@@ -51,7 +51,6 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -66,7 +65,6 @@ import (
 
 	"kuport.wlz.li/kuport/agent"
 	"kuport.wlz.li/kuport/datapath"
-	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
 // Flag defaults: where the projected token volume of deploy/agent.yaml puts the token, and a
@@ -85,17 +83,8 @@ const (
 var version = "dev"
 
 func main() {
-	// The agent's heap is mostly what lives as long as its program (the program and its
-	// compiled table, about 15 MB at 10,000 mappings with the gRPC buffers) and its garbage
-	// comes from periodic reads (every element's counter per report, 5.7 MB at 10,000), so
-	// the default GOGC (100) lets the heap grow to twice the program between collections. 25
-	// leaves a quarter: measured resident memory at 10,000 mappings, reporting every second,
-	// went from 45.6 MB (100) and 38.9-39.1 MB (50) to 36.2-37.7 MB (BENCHMARKS.md, issue 11
-	// elements), for about one collection more per report (each 20-25 ms of CPU at 10,000).
-	// An Apply collects at 100 (applyPace). A GOGC in the environment wins, for both.
-	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(steadyGCPercent)
-	}
+	// The agent process's pace of collection: agent.SetSteadyPace, PacedApply, FreeOSMemory.
+	agent.SetSteadyPace()
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
@@ -204,7 +193,7 @@ func runErr(args []string, stdout, stderr io.Writer) error {
 		Targets:        *targets,
 		CAFile:         *caFile,
 		ServerName:     *serverName,
-		Datapath:       applyPace{dp},
+		Datapath:       agent.PacedApply(dp),
 		EntryErrors:    datapath.EntryErrors,
 		Validate:       dp.Validate,
 		Applied:        agent.FreeOSMemory,
@@ -294,23 +283,4 @@ func probe(args []string, stdout, stderr io.Writer) error {
 	}
 	_, _ = fmt.Fprintf(stdout, "service %q: %s\n", *service, resp.GetStatus())
 	return nil
-}
-
-// steadyGCPercent is the agent's GOGC between applies (main).
-const steadyGCPercent = 25
-
-// applyPace is the datapath with an Apply collected at the default pace: an Apply allocates
-// several times the program's compiled size (47 MB at 10,000 mappings, more when it reads
-// the kernel's table back), which at steadyGCPercent would be collected a dozen times over,
-// each pass marking the whole heap, while the program is not yet in the kernel. After the
-// call the steady pace is back (and Config.Applied returns the garbage of a large one to the
-// system, agent.FreeOSMemory).
-// Nothing changes when the environment sets GOGC.
-type applyPace struct{ *datapath.Datapath }
-
-func (d applyPace) Apply(p *kuportv1.NodeProgram) error {
-	if os.Getenv("GOGC") == "" {
-		defer debug.SetGCPercent(debug.SetGCPercent(100))
-	}
-	return d.Datapath.Apply(p)
 }
