@@ -356,8 +356,10 @@ func (a *Agent) session(ctx context.Context, target string, resync <-chan time.T
 				recvErr <- err
 				return
 			}
+			received := time.Now()
 			p := resp.GetProgram()
-			if d := resp.GetDelta(); d != nil {
+			d := resp.GetDelta()
+			if d != nil {
 				if p, err = d.Apply(base); err != nil {
 					// Out of step with the controller: a new stream starts with the whole program.
 					recvErr <- fmt.Errorf("program delta from %s: %w", target, err)
@@ -368,6 +370,9 @@ func (a *Agent) session(ctx context.Context, target string, resync <-chan time.T
 				a.log.Debug("ignoring a controller message without a program")
 				continue
 			}
+			// When the stream gave it and how long its delta took, for the time from the
+			// controller's "program sent" to the datapath's "applied program".
+			a.log.Debug("program received", "version", p.GetVersion(), "delta", d != nil, "delta_us", time.Since(received).Microseconds())
 			base = p
 			select {
 			case old := <-latest:
