@@ -34,6 +34,7 @@ import (
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/controller/agents"
+	"kuport.wlz.li/kuport/controller/programmed"
 	"kuport.wlz.li/kuport/controller/servingcert"
 	"kuport.wlz.li/kuport/lab/cluster"
 	"kuport.wlz.li/kuport/lab/labtest"
@@ -156,7 +157,7 @@ func portMap(name, class string, port int32) *v1alpha1.PortMap {
 // TestPrivilegedControllerAPI runs the controller and its gRPC server against the lab's real
 // API server with one agent client: a PortMap naming a missing class gets Accepted=False
 // ClassNotFound (and an Event); a valid local mapping is Programmed=False NodeNotReady when
-// the agent has not acknowledged the program version carrying it for ackGrace, then True
+// the agent has not acknowledged the program version carrying it for programmed.AckGrace, then True
 // once it does, and False again once the agent disconnects.
 func TestPrivilegedControllerAPI(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -244,7 +245,7 @@ func TestIsOnlyConflicts(t *testing.T) {
 // TestPrivilegedBulkCreate: PortMaps created at once, with an agent acknowledging every
 // program at once, reach it as few program versions (a compile per compileWindow, not per
 // event), and each PortMap's status is written once, Programmed=True: no Programmed=False
-// awaiting the acknowledgement goes before it (ackGrace).
+// awaiting the acknowledgement goes before it (programmed.AckGrace).
 func TestPrivilegedBulkCreate(t *testing.T) {
 	const n = 100
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -317,8 +318,8 @@ func TestPrivilegedBulkCreate(t *testing.T) {
 	created := time.Since(start)
 
 	writes := map[string]int{}
-	programmed := 0
-	for programmed < n {
+	done := 0
+	for done < n {
 		select {
 		case ev, ok := <-events:
 			require.True(t, ok, "the watch ended")
@@ -333,16 +334,16 @@ func TestPrivilegedBulkCreate(t *testing.T) {
 			c := meta.FindStatusCondition(pm.Status.Conditions, v1alpha1.ConditionProgrammed)
 			require.NotNil(t, c, "%s written without Programmed", pm.Name)
 			require.Equal(t, metav1.ConditionTrue, c.Status, "%s: %s %s", pm.Name, c.Reason, c.Message)
-			programmed++
+			done++
 		case <-ctx.Done():
-			t.Fatalf("%d of %d PortMaps Programmed", programmed, n)
+			t.Fatalf("%d of %d PortMaps Programmed", done, n)
 		}
 	}
 	// Nothing more is written once all are True.
 	select {
 	case ev := <-events:
 		t.Fatalf("another write after all were Programmed: %s %v", ev.Type, ev.Object.(*unstructured.Unstructured).GetName())
-	case <-time.After(2 * ackGrace):
+	case <-time.After(2 * programmed.AckGrace):
 	}
 	for name, c := range writes {
 		assert.Equal(t, 1, c, "status writes of %s", name)
