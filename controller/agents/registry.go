@@ -132,9 +132,9 @@ type node struct {
 	ackErrors      []*kuportv1.EntryError
 	// held is the highest version an ended stream of this epoch acknowledged without errors
 	// (programmed.Node.Held); 0 if none.
-	held uint64
-	counters       []*kuportv1.Counter
-	linkStats      []*kuportv1.LinkStats
+	held      uint64
+	counters  []*kuportv1.Counter
+	linkStats []*kuportv1.LinkStats
 	// answers folds each DNAT entry's forwarded counters over the reports (Judge), by id.
 	answers map[string]Tracker
 }
