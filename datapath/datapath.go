@@ -41,7 +41,8 @@ type Config struct {
 }
 
 // Datapath applies NodePrograms to one namespace's kernel and reads its state back. Its
-// methods are safe for concurrent use; they are serialised.
+// methods are safe for concurrent use; they are serialised, but for Counters' reads of the
+// kernel's elements.
 type Datapath struct {
 	mu    sync.Mutex
 	nft   nftConn
@@ -49,6 +50,11 @@ type Datapath struct {
 	own   ownSockets
 	netns netns.NsHandle
 	log   hclog.Logger
+	// counting serialises Counters, which reads the kernel's elements through counterSocket
+	// into counted without holding mu (counters.go).
+	counting      sync.Mutex
+	counterSocket ownSockets
+	counted       counted
 	// lastChanges is the number of kernel writes the last Apply made (0 when the kernel
 	// already held the program).
 	lastChanges int
@@ -91,7 +97,8 @@ func New(cfg Config) *Datapath {
 	if ns <= 0 {
 		ns = netns.None()
 	}
-	return &Datapath{nft: cfg.NFT, nl: cfg.Netlink, own: &sockets{netns: ns, log: log}, netns: ns, log: log}
+	return &Datapath{nft: cfg.NFT, nl: cfg.Netlink, own: &sockets{netns: ns, log: log}, counterSocket: &sockets{netns: ns, log: log},
+		netns: ns, log: log}
 }
 
 // EntryError is the failure of one program entry. Kind is "dnat", "snat", "mark", "link",
