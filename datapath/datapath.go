@@ -62,6 +62,9 @@ type Datapath struct {
 	// nftables transaction committed, its links and return paths synced), before the
 	// conntrack sweep.
 	lastInKernel time.Duration
+	// lastCompiled is how long the last Apply took to compile its program, the first part of
+	// lastInKernel.
+	lastCompiled time.Duration
 	// known is the table the kernel holds as of a ruleset generation (gen.go, sync.go), and
 	// comp the last compile (incremental.go).
 	known *known
@@ -165,12 +168,13 @@ func (d *Datapath) Apply(p *kuportv1.NodeProgram) error {
 		log = d.log.Info
 	}
 	log("applied program", "node", p.GetNode(), "version", p.GetVersion(), "kernel_writes", changes,
-		"in_kernel_us", d.lastInKernel.Microseconds(), "took_us", time.Since(start).Microseconds())
+		"compile_us", d.lastCompiled.Microseconds(), "in_kernel_us", d.lastInKernel.Microseconds(), "took_us", time.Since(start).Microseconds())
 	return err
 }
 
 func (d *Datapath) apply(p *kuportv1.NodeProgram, changes *int, start time.Time) error {
 	want, errs := d.compile(p)
+	d.lastCompiled = time.Since(start)
 	// The program's table entries differ from what the kernel was last known to hold: not
 	// a resync of the same program (which reads and repairs everything).
 	entriesChanged := len(d.comp.dirty) > 0 || d.known == nil || d.known.t != want
