@@ -602,7 +602,10 @@ func (c *Controller) writeStatus(ctx context.Context, key types.NamespacedName) 
 		c.statuses.AddAfter(key, wait)
 		return nil
 	}
-	_, err = c.writer.PortMap(ctx, pm, res, v)
+	written, err := c.writer.PortMap(ctx, pm, res, v)
+	if written && v.Programmed != nil {
+		c.log.Debug("status written", "portmap", key, "programmed", v.Programmed.Status, "reason", v.Programmed.Reason)
+	}
 	return err
 }
 
