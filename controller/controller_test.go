@@ -56,8 +56,13 @@ type apiLab struct {
 	kube kubernetes.Interface
 	dyn  dynamic.Interface
 	// agent is edge-a's agent stream, its Hello sent.
-	agent grpc.BidiStreamingClient[kuportv1.ConnectRequest, kuportv1.ConnectResponse]
+	agent agentStream
+	// connect opens another stream of edge-a's agent and sends its Hello, as a restarted
+	// agent does (no applied version).
+	connect func() agentStream
 }
+
+type agentStream = grpc.BidiStreamingClient[kuportv1.ConnectRequest, kuportv1.ConnectResponse]
 
 func startAPILab(t *testing.T, ctx context.Context) *apiLab {
 	t.Helper()
@@ -128,20 +133,24 @@ func startAPILab(t *testing.T, ctx context.Context) *apiLab {
 		RootCAs: roots, ServerName: "kuport-controller.kuport-system.svc"})))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
-	agent, err := kuportv1.NewAgentServiceClient(conn).Connect(ctx)
-	require.NoError(t, err)
-	require.NoError(t, agent.Send(&kuportv1.ConnectRequest{Message: &kuportv1.ConnectRequest_Hello{Hello: &kuportv1.Hello{
-		Node: "edge-a", AgentVersion: "test",
-		State: &kuportv1.NodeState{UnderlayInterface: "wt0", IpForward: true,
-			Interfaces: []*kuportv1.Interface{{Name: "wt0", Addresses: []string{"100.64.93.143"}, Mtu: 1420}}},
-	}}}))
+	connect := func() agentStream {
+		agent, err := kuportv1.NewAgentServiceClient(conn).Connect(ctx)
+		require.NoError(t, err)
+		require.NoError(t, agent.Send(&kuportv1.ConnectRequest{Message: &kuportv1.ConnectRequest_Hello{Hello: &kuportv1.Hello{
+			Node: "edge-a", AgentVersion: "test",
+			State: &kuportv1.NodeState{UnderlayInterface: "wt0", IpForward: true,
+				Interfaces: []*kuportv1.Interface{{Name: "wt0", Addresses: []string{"100.64.93.143"}, Mtu: 1420}}},
+		}}}))
+		return agent
+	}
+	agent := connect()
 
 	create(t, ctx, dyn, v1alpha1.PortMapClassesResource, &v1alpha1.PortMapClass{
 		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "PortMapClass"},
 		ObjectMeta: metav1.ObjectMeta{Name: "public"},
 		Spec:       v1alpha1.PortMapClassSpec{Nodes: map[string]v1alpha1.ClassNode{"edge-a": {Interfaces: []string{"wt0"}}}},
 	})
-	return &apiLab{kube: kube, dyn: dyn, agent: agent}
+	return &apiLab{kube: kube, dyn: dyn, agent: agent, connect: connect}
 }
 
 // portMap is PortMap games/<name> of class on port, to Service web.
@@ -377,4 +386,94 @@ func TestCachesHoldNoManagedFields(t *testing.T) {
 	out, err = stripManagedFields(tomb)
 	require.NoError(t, err)
 	assert.Equal(t, tomb, out, "a tombstone passes")
+}
+
+// TestPrivilegedAgentRestartWritesNoStatus: an agent that restarts (its stream ends, and a new
+// one says Hello with no applied version, gets its whole program and acknowledges it within
+// programmed.ResumeGrace) has no PortMap's status written. When it stays away, its PortMaps
+// are written NodeNotReady once the grace has passed.
+func TestPrivilegedAgentRestartWritesNoStatus(t *testing.T) {
+	const n = 20
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	l := startAPILab(t, ctx)
+	// acknowledge answers every program agent is sent.
+	acknowledge := func(agent agentStream) {
+		go func() {
+			for {
+				msg, err := agent.Recv()
+				if err != nil {
+					return
+				}
+				p := msg.GetProgram()
+				if d := msg.GetDelta(); d != nil {
+					p = d.GetChanged()
+				}
+				if p != nil && agent.Send(&kuportv1.ConnectRequest{Message: &kuportv1.ConnectRequest_Ack{Ack: &kuportv1.Ack{Epoch: p.Epoch, Version: p.Version}}}) != nil {
+					return
+				}
+			}
+		}()
+	}
+	acknowledge(l.agent)
+	for i := range n {
+		create(t, ctx, l.dyn, v1alpha1.PortMapsResource, portMap(fmt.Sprintf("restart-%02d", i), "public", int32(21000+i)))
+	}
+	pms := l.dyn.Resource(v1alpha1.PortMapsResource).Namespace("games")
+	var list *unstructured.UnstructuredList
+	require.Eventually(t, func() bool {
+		var err error
+		if list, err = pms.List(ctx, metav1.ListOptions{}); err != nil || len(list.Items) != n {
+			return false
+		}
+		for _, u := range list.Items {
+			var pm v1alpha1.PortMap
+			if runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &pm) != nil ||
+				!meta.IsStatusConditionTrue(pm.Status.Conditions, v1alpha1.ConditionProgrammed) {
+				return false
+			}
+		}
+		return true
+	}, 60*time.Second, 50*time.Millisecond, "every PortMap Programmed")
+	w, err := watchtools.NewRetryWatcherWithContext(ctx, list.GetResourceVersion(), &cache.ListWatch{
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return pms.Watch(ctx, o) },
+	})
+	require.NoError(t, err)
+	defer w.Stop()
+	noWrite := func(d time.Duration, why string) {
+		t.Helper()
+		select {
+		case ev := <-w.ResultChan():
+			t.Fatalf("%s: %s of %s", why, ev.Type, ev.Object.(*unstructured.Unstructured).GetName())
+		case <-time.After(d):
+		}
+	}
+
+	// The agent restarts: its stream ends, and a new one is acknowledged a moment later.
+	require.NoError(t, l.agent.CloseSend())
+	noWrite(500*time.Millisecond, "a write while the agent is away")
+	again := l.connect()
+	acknowledge(again)
+	noWrite(2*programmed.AckGrace, "a write across the agent's restart")
+
+	// It goes away again and stays away: NodeNotReady, once the grace has passed.
+	start := time.Now()
+	require.NoError(t, again.CloseSend())
+	notReady := map[string]bool{}
+	for len(notReady) < n {
+		select {
+		case ev := <-w.ResultChan():
+			u, ok := ev.Object.(*unstructured.Unstructured)
+			require.True(t, ok, "watch event %v", ev)
+			var pm v1alpha1.PortMap
+			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &pm))
+			c := meta.FindStatusCondition(pm.Status.Conditions, v1alpha1.ConditionProgrammed)
+			require.NotNil(t, c)
+			require.Equal(t, v1alpha1.ReasonNodeNotReady, c.Reason, "%s: %s", pm.Name, c.Message)
+			require.GreaterOrEqual(t, time.Since(start), programmed.ResumeGrace-time.Second, "%s written before the grace passed", pm.Name)
+			notReady[pm.Name] = true
+		case <-ctx.Done():
+			t.Fatalf("%d of %d PortMaps written NodeNotReady", len(notReady), n)
+		}
+	}
 }
