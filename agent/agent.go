@@ -18,6 +18,7 @@ import (
 	"math"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -36,6 +37,8 @@ import (
 )
 
 // Datapath is what the agent needs from the node's kernel; *datapath.Datapath implements it.
+// Its reads (Counters, LinkStats, NodeState) are called beside an Apply, from the goroutine
+// that reports.
 type Datapath interface {
 	// Apply makes the kernel hold exactly p (idempotent: no writes when nothing differs).
 	Apply(p *kuportv1.NodeProgram) error
@@ -356,8 +359,10 @@ func (a *Agent) session(ctx context.Context, target string, resync <-chan time.T
 				recvErr <- err
 				return
 			}
+			received := time.Now()
 			p := resp.GetProgram()
-			if d := resp.GetDelta(); d != nil {
+			d := resp.GetDelta()
+			if d != nil {
 				if p, err = d.Apply(base); err != nil {
 					// Out of step with the controller: a new stream starts with the whole program.
 					recvErr <- fmt.Errorf("program delta from %s: %w", target, err)
@@ -368,6 +373,9 @@ func (a *Agent) session(ctx context.Context, target string, resync <-chan time.T
 				a.log.Debug("ignoring a controller message without a program")
 				continue
 			}
+			// When the stream gave it and how long its delta took, for the time from the
+			// controller's "program sent" to the datapath's "applied program".
+			a.log.Debug("program received", "version", p.GetVersion(), "delta", d != nil, "delta_us", time.Since(received).Microseconds())
 			base = p
 			select {
 			case old := <-latest:
@@ -378,12 +386,11 @@ func (a *Agent) session(ctx context.Context, target string, resync <-chan time.T
 		}
 	}()
 
-	report := time.NewTicker(a.cfg.ReportInterval)
-	defer report.Stop()
-	poll := time.NewTicker(a.cfg.StatePollInterval)
-	defer poll.Stop()
-	lastState := state
+	// Sends come from this loop (acks) and from the reporter (reports), one at a time.
+	var sendMu sync.Mutex
 	send := func(what string, req *kuportv1.ConnectRequest) error {
+		sendMu.Lock()
+		defer sendMu.Unlock()
 		if err := stream.Send(req); err != nil {
 			return fmt.Errorf("send %s to %s: %w", what, target, err)
 		}
@@ -395,15 +402,19 @@ func (a *Agent) session(ctx context.Context, target string, resync <-chan time.T
 		}
 		return send("ack", &kuportv1.ConnectRequest{Message: &kuportv1.ConnectRequest_Ack{Ack: ack}})
 	}
-	sendReport := func() error {
-		r, err := a.report()
-		if err != nil {
-			a.log.Warn("no report", "error", err)
-			return nil
+	// Reports are read and sent beside this loop, not in it: reading every entry's counters
+	// takes about 100 ms at 10,000 mappings, and a program arriving meanwhile waited for it.
+	reportErr := make(chan error, 1)
+	var reporter sync.WaitGroup
+	reporter.Go(func() {
+		if err := a.reportLoop(sctx, state, send); err != nil {
+			reportErr <- err
 		}
-		lastState = r.State
-		return send("report", &kuportv1.ConnectRequest{Message: &kuportv1.ConnectRequest_Report{Report: r}})
-	}
+	})
+	defer func() {
+		cancel()
+		reporter.Wait()
+	}()
 	for {
 		var err error
 		select {
@@ -423,21 +434,46 @@ func (a *Agent) session(ctx context.Context, target string, resync <-chan time.T
 			err = sendAck(a.resync())
 		case <-a.cfg.Drift:
 			err = sendAck(a.resync())
-		case <-report.C:
-			err = sendReport()
-		case <-poll.C:
-			st, perr := a.cfg.Datapath.NodeState(a.cfg.Underlay)
-			if perr != nil {
-				a.log.Warn("read node state", "error", perr)
-				continue
-			}
-			if !proto.Equal(st, lastState) {
-				a.log.Info("node state changed, reporting")
-				err = sendReport()
-			}
+		case err = <-reportErr:
 		}
 		if err != nil {
 			return healthy, err
+		}
+	}
+}
+
+// reportLoop sends a Report every ReportInterval, and at once when the node's state (read
+// every StatePollInterval) differs from the one last reported (first: reported), until ctx
+// ends; it returns the error of a send that failed.
+func (a *Agent) reportLoop(ctx context.Context, reported *kuportv1.NodeState, send func(string, *kuportv1.ConnectRequest) error) error {
+	report := time.NewTicker(a.cfg.ReportInterval)
+	defer report.Stop()
+	poll := time.NewTicker(a.cfg.StatePollInterval)
+	defer poll.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-report.C:
+		case <-poll.C:
+			st, err := a.cfg.Datapath.NodeState(a.cfg.Underlay)
+			if err != nil {
+				a.log.Warn("read node state", "error", err)
+				continue
+			}
+			if proto.Equal(st, reported) {
+				continue
+			}
+			a.log.Info("node state changed, reporting")
+		}
+		r, err := a.report()
+		if err != nil {
+			a.log.Warn("no report", "error", err)
+			continue
+		}
+		reported = r.State
+		if err := send("report", &kuportv1.ConnectRequest{Message: &kuportv1.ConnectRequest_Report{Report: r}}); err != nil {
+			return err
 		}
 	}
 }

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -37,7 +38,10 @@ func (a *Agent) handleProgram(p *kuportv1.NodeProgram) *kuportv1.Ack {
 		}}}
 	}
 	if a.cfg.Validate != nil {
-		if err := a.cfg.Validate(p); err != nil {
+		start := time.Now()
+		err := a.cfg.Validate(p)
+		a.log.Debug("program validated", "version", p.GetVersion(), "validate_us", time.Since(start).Microseconds())
+		if err != nil {
 			// Refused whole: the kernel keeps the current program, which stays current.
 			errs := a.entryErrors(err)
 			a.log.Error("refusing an invalid program", "version", p.GetVersion(), "epoch", p.GetEpoch(),

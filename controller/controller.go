@@ -152,7 +152,7 @@ type Controller struct {
 	holding bool
 	// compiled is when the last compile started (compile worker only; compileWindow).
 	compiled time.Time
-	// waits are the status writes put off for an acknowledgement (ackGrace).
+	// waits are the status writes put off for an acknowledgement (programmed.Verdict.MayWait).
 	waits ackWaits
 	// stopping is set once Run's context ends.
 	stopping atomic.Bool
@@ -573,7 +573,7 @@ func (c *Controller) processStatus(ctx context.Context) bool {
 
 // writeStatus decides the PortMap's Programmed condition (programmed.Decide over the last
 // compile's result and the registry's acks) and writes its status when it changed; a verdict
-// that only awaits an acknowledgement waits for it up to ackGrace (Verdict.MayWait).
+// that only awaits an acknowledgement waits for it as long as Verdict.MayWait says.
 func (c *Controller) writeStatus(ctx context.Context, key types.NamespacedName) error {
 	c.mu.Lock()
 	last, unheard := c.last, c.unheard
@@ -597,12 +597,15 @@ func (c *Controller) writeStatus(ctx context.Context, key types.NamespacedName) 
 		Nodes:      c.reg.Acks(compile.MappingKey(pm), res.Nodes),
 	}
 	v := programmed.Decide(in)
-	if wait := c.waits.delay(key, v.MayWait(in), now, ackGrace); wait > 0 {
+	if wait := c.waits.delay(key, now, v.MayWait(in)); wait > 0 {
 		// The acknowledgement queues key again, and its True is written at once.
 		c.statuses.AddAfter(key, wait)
 		return nil
 	}
-	_, err = c.writer.PortMap(ctx, pm, res, v)
+	written, err := c.writer.PortMap(ctx, pm, res, v)
+	if written && v.Programmed != nil {
+		c.log.Debug("status written", "portmap", key, "programmed", v.Programmed.Status, "reason", v.Programmed.Reason)
+	}
 	return err
 }
 

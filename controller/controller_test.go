@@ -34,6 +34,7 @@ import (
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/controller/agents"
+	"kuport.wlz.li/kuport/controller/programmed"
 	"kuport.wlz.li/kuport/controller/servingcert"
 	"kuport.wlz.li/kuport/lab/cluster"
 	"kuport.wlz.li/kuport/lab/labtest"
@@ -55,8 +56,13 @@ type apiLab struct {
 	kube kubernetes.Interface
 	dyn  dynamic.Interface
 	// agent is edge-a's agent stream, its Hello sent.
-	agent grpc.BidiStreamingClient[kuportv1.ConnectRequest, kuportv1.ConnectResponse]
+	agent agentStream
+	// connect opens another stream of edge-a's agent and sends its Hello, as a restarted
+	// agent does (no applied version).
+	connect func() agentStream
 }
+
+type agentStream = grpc.BidiStreamingClient[kuportv1.ConnectRequest, kuportv1.ConnectResponse]
 
 func startAPILab(t *testing.T, ctx context.Context) *apiLab {
 	t.Helper()
@@ -127,20 +133,24 @@ func startAPILab(t *testing.T, ctx context.Context) *apiLab {
 		RootCAs: roots, ServerName: "kuport-controller.kuport-system.svc"})))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
-	agent, err := kuportv1.NewAgentServiceClient(conn).Connect(ctx)
-	require.NoError(t, err)
-	require.NoError(t, agent.Send(&kuportv1.ConnectRequest{Message: &kuportv1.ConnectRequest_Hello{Hello: &kuportv1.Hello{
-		Node: "edge-a", AgentVersion: "test",
-		State: &kuportv1.NodeState{UnderlayInterface: "wt0", IpForward: true,
-			Interfaces: []*kuportv1.Interface{{Name: "wt0", Addresses: []string{"100.64.93.143"}, Mtu: 1420}}},
-	}}}))
+	connect := func() agentStream {
+		agent, err := kuportv1.NewAgentServiceClient(conn).Connect(ctx)
+		require.NoError(t, err)
+		require.NoError(t, agent.Send(&kuportv1.ConnectRequest{Message: &kuportv1.ConnectRequest_Hello{Hello: &kuportv1.Hello{
+			Node: "edge-a", AgentVersion: "test",
+			State: &kuportv1.NodeState{UnderlayInterface: "wt0", IpForward: true,
+				Interfaces: []*kuportv1.Interface{{Name: "wt0", Addresses: []string{"100.64.93.143"}, Mtu: 1420}}},
+		}}}))
+		return agent
+	}
+	agent := connect()
 
 	create(t, ctx, dyn, v1alpha1.PortMapClassesResource, &v1alpha1.PortMapClass{
 		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "PortMapClass"},
 		ObjectMeta: metav1.ObjectMeta{Name: "public"},
 		Spec:       v1alpha1.PortMapClassSpec{Nodes: map[string]v1alpha1.ClassNode{"edge-a": {Interfaces: []string{"wt0"}}}},
 	})
-	return &apiLab{kube: kube, dyn: dyn, agent: agent}
+	return &apiLab{kube: kube, dyn: dyn, agent: agent, connect: connect}
 }
 
 // portMap is PortMap games/<name> of class on port, to Service web.
@@ -156,7 +166,7 @@ func portMap(name, class string, port int32) *v1alpha1.PortMap {
 // TestPrivilegedControllerAPI runs the controller and its gRPC server against the lab's real
 // API server with one agent client: a PortMap naming a missing class gets Accepted=False
 // ClassNotFound (and an Event); a valid local mapping is Programmed=False NodeNotReady when
-// the agent has not acknowledged the program version carrying it for ackGrace, then True
+// the agent has not acknowledged the program version carrying it for programmed.AckGrace, then True
 // once it does, and False again once the agent disconnects.
 func TestPrivilegedControllerAPI(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -244,7 +254,7 @@ func TestIsOnlyConflicts(t *testing.T) {
 // TestPrivilegedBulkCreate: PortMaps created at once, with an agent acknowledging every
 // program at once, reach it as few program versions (a compile per compileWindow, not per
 // event), and each PortMap's status is written once, Programmed=True: no Programmed=False
-// awaiting the acknowledgement goes before it (ackGrace).
+// awaiting the acknowledgement goes before it (programmed.AckGrace).
 func TestPrivilegedBulkCreate(t *testing.T) {
 	const n = 100
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -317,8 +327,8 @@ func TestPrivilegedBulkCreate(t *testing.T) {
 	created := time.Since(start)
 
 	writes := map[string]int{}
-	programmed := 0
-	for programmed < n {
+	done := 0
+	for done < n {
 		select {
 		case ev, ok := <-events:
 			require.True(t, ok, "the watch ended")
@@ -333,16 +343,16 @@ func TestPrivilegedBulkCreate(t *testing.T) {
 			c := meta.FindStatusCondition(pm.Status.Conditions, v1alpha1.ConditionProgrammed)
 			require.NotNil(t, c, "%s written without Programmed", pm.Name)
 			require.Equal(t, metav1.ConditionTrue, c.Status, "%s: %s %s", pm.Name, c.Reason, c.Message)
-			programmed++
+			done++
 		case <-ctx.Done():
-			t.Fatalf("%d of %d PortMaps Programmed", programmed, n)
+			t.Fatalf("%d of %d PortMaps Programmed", done, n)
 		}
 	}
 	// Nothing more is written once all are True.
 	select {
 	case ev := <-events:
 		t.Fatalf("another write after all were Programmed: %s %v", ev.Type, ev.Object.(*unstructured.Unstructured).GetName())
-	case <-time.After(2 * ackGrace):
+	case <-time.After(2 * programmed.AckGrace):
 	}
 	for name, c := range writes {
 		assert.Equal(t, 1, c, "status writes of %s", name)
@@ -376,4 +386,94 @@ func TestCachesHoldNoManagedFields(t *testing.T) {
 	out, err = stripManagedFields(tomb)
 	require.NoError(t, err)
 	assert.Equal(t, tomb, out, "a tombstone passes")
+}
+
+// TestPrivilegedAgentRestartWritesNoStatus: an agent that restarts (its stream ends, and a new
+// one says Hello with no applied version, gets its whole program and acknowledges it within
+// programmed.ResumeGrace) has no PortMap's status written. When it stays away, its PortMaps
+// are written NodeNotReady once the grace has passed.
+func TestPrivilegedAgentRestartWritesNoStatus(t *testing.T) {
+	const n = 20
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	l := startAPILab(t, ctx)
+	// acknowledge answers every program agent is sent.
+	acknowledge := func(agent agentStream) {
+		go func() {
+			for {
+				msg, err := agent.Recv()
+				if err != nil {
+					return
+				}
+				p := msg.GetProgram()
+				if d := msg.GetDelta(); d != nil {
+					p = d.GetChanged()
+				}
+				if p != nil && agent.Send(&kuportv1.ConnectRequest{Message: &kuportv1.ConnectRequest_Ack{Ack: &kuportv1.Ack{Epoch: p.Epoch, Version: p.Version}}}) != nil {
+					return
+				}
+			}
+		}()
+	}
+	acknowledge(l.agent)
+	for i := range n {
+		create(t, ctx, l.dyn, v1alpha1.PortMapsResource, portMap(fmt.Sprintf("restart-%02d", i), "public", int32(21000+i)))
+	}
+	pms := l.dyn.Resource(v1alpha1.PortMapsResource).Namespace("games")
+	var list *unstructured.UnstructuredList
+	require.Eventually(t, func() bool {
+		var err error
+		if list, err = pms.List(ctx, metav1.ListOptions{}); err != nil || len(list.Items) != n {
+			return false
+		}
+		for _, u := range list.Items {
+			var pm v1alpha1.PortMap
+			if runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &pm) != nil ||
+				!meta.IsStatusConditionTrue(pm.Status.Conditions, v1alpha1.ConditionProgrammed) {
+				return false
+			}
+		}
+		return true
+	}, 60*time.Second, 50*time.Millisecond, "every PortMap Programmed")
+	w, err := watchtools.NewRetryWatcherWithContext(ctx, list.GetResourceVersion(), &cache.ListWatch{
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return pms.Watch(ctx, o) },
+	})
+	require.NoError(t, err)
+	defer w.Stop()
+	noWrite := func(d time.Duration, why string) {
+		t.Helper()
+		select {
+		case ev := <-w.ResultChan():
+			t.Fatalf("%s: %s of %s", why, ev.Type, ev.Object.(*unstructured.Unstructured).GetName())
+		case <-time.After(d):
+		}
+	}
+
+	// The agent restarts: its stream ends, and a new one is acknowledged a moment later.
+	require.NoError(t, l.agent.CloseSend())
+	noWrite(500*time.Millisecond, "a write while the agent is away")
+	again := l.connect()
+	acknowledge(again)
+	noWrite(2*programmed.AckGrace, "a write across the agent's restart")
+
+	// It goes away again and stays away: NodeNotReady, once the grace has passed.
+	start := time.Now()
+	require.NoError(t, again.CloseSend())
+	notReady := map[string]bool{}
+	for len(notReady) < n {
+		select {
+		case ev := <-w.ResultChan():
+			u, ok := ev.Object.(*unstructured.Unstructured)
+			require.True(t, ok, "watch event %v", ev)
+			var pm v1alpha1.PortMap
+			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &pm))
+			c := meta.FindStatusCondition(pm.Status.Conditions, v1alpha1.ConditionProgrammed)
+			require.NotNil(t, c)
+			require.Equal(t, v1alpha1.ReasonNodeNotReady, c.Reason, "%s: %s", pm.Name, c.Message)
+			require.GreaterOrEqual(t, time.Since(start), programmed.ResumeGrace-time.Second, "%s written before the grace passed", pm.Name)
+			notReady[pm.Name] = true
+		case <-ctx.Done():
+			t.Fatalf("%d of %d PortMaps written NodeNotReady", len(notReady), n)
+		}
+	}
 }

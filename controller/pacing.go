@@ -16,10 +16,6 @@ const (
 	// compiles at once; the events of a burst wait at most this long and leave together, as
 	// one program version.
 	compileWindow = 50 * time.Millisecond
-	// ackGrace: a Programmed=False that only awaits the agents' acknowledgement
-	// (programmed.Verdict.MayWait) is written once it has waited this long; the
-	// acknowledgement's True, written at once, normally comes first.
-	ackGrace = time.Second
 )
 
 // compileDelay is how long a compile due at now waits for its window, given when the last
@@ -31,19 +27,20 @@ func compileDelay(last, now time.Time, window time.Duration) time.Duration {
 	return max(last.Add(window).Sub(now), 0)
 }
 
-// ackWaits remembers since when each PortMap's verdict may wait (MayWait), so its write is
-// put off for ackGrace at most.
+// ackWaits remembers since when each PortMap's verdict may wait (programmed.Verdict.MayWait),
+// so its write is put off for that long at most; the acknowledgement's True, written at
+// once, normally comes first.
 type ackWaits struct {
 	mu    sync.Mutex
 	since map[types.NamespacedName]time.Time
 }
 
-// delay is how long key's write of a verdict that may wait (mayWait) is put off at now; 0:
-// write it. A verdict that may not wait forgets key's wait.
-func (w *ackWaits) delay(key types.NamespacedName, mayWait bool, now time.Time, grace time.Duration) time.Duration {
+// delay is how long key's write of a verdict that may wait grace is put off at now; 0: write
+// it. A verdict that may not wait (grace 0) forgets key's wait.
+func (w *ackWaits) delay(key types.NamespacedName, now time.Time, grace time.Duration) time.Duration {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if !mayWait {
+	if grace <= 0 {
 		delete(w.since, key)
 		return 0
 	}

@@ -22,7 +22,9 @@ import (
 // SameProgram with the current program, "apply" Datapath.Apply (agent.handleProgram), of
 // which "apply-in-kernel" until the kernel held the program (before the conntrack sweep).
 // The agent's pace of collection is kept: GOGC 25 outside Apply, 100 in it
-// (agent.SetSteadyPace, agent.PacedApply). Run as root:
+// (agent.SetSteadyPace, agent.PacedApply). The mappings go to a pod each ("pods"), or all to
+// one pod port ("one-pod-port", as bench/control's to one Service: they share its identity
+// SNAT element). Run as root:
 //
 //	KUPORT_PRIVILEGED=1 go test -run '^$' -bench AgentChange -benchtime 20x ./datapath/
 func BenchmarkAgentChange(b *testing.B) {
@@ -30,7 +32,20 @@ func BenchmarkAgentChange(b *testing.B) {
 		b.Skip("needs root (network namespaces, nftables): set KUPORT_PRIVILEGED=1")
 	}
 	const n = 10000
-	full := datapathtest.Program(n+1, "enp1s0")
+	b.Run("pods", func(b *testing.B) { benchAgentChange(b, datapathtest.Program(n+1, "enp1s0"), 4) })
+	onePort := datapathtest.Program(n+1, "enp1s0")
+	for i := range onePort.DnatRules {
+		d, s := onePort.DnatRules[i], onePort.SnatRules[i]
+		d.ToAddress, d.StandIn, d.ToPort = "10.244.17.2", "10.244.17.2", 8080
+		s.Address, s.Ports = "10.244.17.2", &kuportv1.PortRange{First: 8080, Last: 8080}
+	}
+	b.Run("one-pod-port", func(b *testing.B) { benchAgentChange(b, onePort, 3) })
+}
+
+// benchAgentChange is BenchmarkAgentChange's steps, full being the base program with one
+// more mapping, which writes that many elements.
+func benchAgentChange(b *testing.B, full *kuportv1.NodeProgram, writes int) {
+	n := len(full.DnatRules) - 1
 	without := &kuportv1.NodeProgram{Node: full.Node, Epoch: full.Epoch,
 		DnatRules: full.DnatRules[:n], SnatRules: full.SnatRules[:n]}
 	tn := newTestNS(b, "100.64.93.143")
@@ -74,7 +89,7 @@ func BenchmarkAgentChange(b *testing.B) {
 		require.NoError(b, tn.dp.Apply(p))
 		debug.SetGCPercent(old)
 		t5 := time.Now()
-		require.Equal(b, 4, tn.dp.lastChanges, "one mapping's elements: its translation, its steering, its reply counting and its identity SNAT")
+		require.Equal(b, writes, tn.dp.lastChanges, "one mapping's elements: its translation, its steering, its reply counting and its identity SNAT (unless shared)")
 		cur = p
 		for n, d := range []time.Duration{t1.Sub(t0), t2.Sub(t1), t3.Sub(t2), t4.Sub(t3), t5.Sub(t4), tn.dp.lastInKernel} {
 			steps[i%2][n] += d

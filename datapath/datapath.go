@@ -41,7 +41,8 @@ type Config struct {
 }
 
 // Datapath applies NodePrograms to one namespace's kernel and reads its state back. Its
-// methods are safe for concurrent use; they are serialised.
+// methods are safe for concurrent use; they are serialised, but for Counters' reads of the
+// kernel's elements.
 type Datapath struct {
 	mu    sync.Mutex
 	nft   nftConn
@@ -49,6 +50,11 @@ type Datapath struct {
 	own   ownSockets
 	netns netns.NsHandle
 	log   hclog.Logger
+	// counting serialises Counters, which reads the kernel's elements through counterSocket
+	// into counted without holding mu (counters.go).
+	counting      sync.Mutex
+	counterSocket ownSockets
+	counted       counted
 	// lastChanges is the number of kernel writes the last Apply made (0 when the kernel
 	// already held the program).
 	lastChanges int
@@ -56,6 +62,9 @@ type Datapath struct {
 	// nftables transaction committed, its links and return paths synced), before the
 	// conntrack sweep.
 	lastInKernel time.Duration
+	// lastCompiled is how long the last Apply took to compile its program, the first part of
+	// lastInKernel.
+	lastCompiled time.Duration
 	// known is the table the kernel holds as of a ruleset generation (gen.go, sync.go), and
 	// comp the last compile (incremental.go).
 	known *known
@@ -91,7 +100,8 @@ func New(cfg Config) *Datapath {
 	if ns <= 0 {
 		ns = netns.None()
 	}
-	return &Datapath{nft: cfg.NFT, nl: cfg.Netlink, own: &sockets{netns: ns, log: log}, netns: ns, log: log}
+	return &Datapath{nft: cfg.NFT, nl: cfg.Netlink, own: &sockets{netns: ns, log: log}, counterSocket: &sockets{netns: ns, log: log},
+		netns: ns, log: log}
 }
 
 // EntryError is the failure of one program entry. Kind is "dnat", "snat", "mark", "link",
@@ -158,12 +168,13 @@ func (d *Datapath) Apply(p *kuportv1.NodeProgram) error {
 		log = d.log.Info
 	}
 	log("applied program", "node", p.GetNode(), "version", p.GetVersion(), "kernel_writes", changes,
-		"in_kernel_us", d.lastInKernel.Microseconds(), "took_us", time.Since(start).Microseconds())
+		"compile_us", d.lastCompiled.Microseconds(), "in_kernel_us", d.lastInKernel.Microseconds(), "took_us", time.Since(start).Microseconds())
 	return err
 }
 
 func (d *Datapath) apply(p *kuportv1.NodeProgram, changes *int, start time.Time) error {
 	want, errs := d.compile(p)
+	d.lastCompiled = time.Since(start)
 	// The program's table entries differ from what the kernel was last known to hold: not
 	// a resync of the same program (which reads and repairs everything).
 	entriesChanged := len(d.comp.dirty) > 0 || d.known == nil || d.known.t != want

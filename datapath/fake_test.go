@@ -86,7 +86,7 @@ func newFakeKernel(underlay string) *fakeKernel {
 // datapath is a Datapath over the fake, logging to t.
 func (k *fakeKernel) datapath(t *testing.T) *Datapath {
 	log := hclog.New(&hclog.LoggerOptions{Name: t.Name(), Level: hclog.Trace, Output: testWriter{t}})
-	return &Datapath{nft: k, nl: k, own: k, log: log}
+	return &Datapath{nft: k, nl: k, own: k, counterSocket: k, log: log}
 }
 
 // nftables: queued, applied by Flush.

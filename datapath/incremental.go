@@ -10,15 +10,19 @@ import (
 
 // Incremental compilation. A Datapath keeps the table it compiled last, the program entries
 // it compiled it from (the caller's: Apply and Validate say the program must not change
-// after the call, which saves a copy of every entry) and, since its last write, every element it changed
-// with what the element was before (dirty). A program that differs from the last in a few
-// entries renders only those: their old elements go, their new ones come, and the write
-// that follows sends only the dirty elements. The result is the table compileTable makes of
-// the whole program (TestIncrementalEqualsFull): every case where an entry's elements could
-// depend on other entries is compiled whole instead. Those are a previous compile that
-// refused an entry, most entries of a kind changed, entries reordered or an id repeated, a changed entry holding an element
-// another entry shares or needing a key another entry holds, an id moving between kinds, and
-// a change of the reply exemptions' device prefixes (the layout).
+// after the call, which saves a copy of every entry) and, since its last write, every
+// element it changed with what the element was before (dirty). A program that differs from
+// the last in a few entries renders only those: their old elements go, their new ones come,
+// and the write that follows sends only the dirty elements. An element two entries need is
+// the first one's: a changed entry that needs one an earlier entry holds (two mappings to one
+// pod port share its identity SNAT element) joins it, and one that leaves it leaves it as it
+// is. The result is the table compileTable makes of the whole program
+// (TestIncrementalEqualsFull): every case where an entry's elements could depend on other
+// entries otherwise is compiled whole instead. Those are a previous compile that refused an
+// entry, most entries of a kind changed, entries reordered or an id repeated, a changed entry
+// holding an element it shares with another, or needing one a later entry holds (it would
+// hold it first), an id moving between kinds, and a change of the reply exemptions' device
+// prefixes (the layout).
 
 // wholeCompileAt is the number of changed entries of one kind above which a change of most
 // of them is compiled whole.
@@ -51,15 +55,17 @@ func (k entryKind[T]) each(fam family, p *kuportv1.NodeProgram, add func(kind, i
 // rendering, and equality of two entries (every field: TestSameCoversEveryField).
 type entryKind[T entryMsg] struct {
 	name string
-	list func(*kuportv1.NodeProgram) []T
-	puts func(family, T) ([]put, error)
-	same func(a, b T) bool
+	// order is the kind's place in a compile: DNAT, then SNAT, then mark entries.
+	order int
+	list  func(*kuportv1.NodeProgram) []T
+	puts  func(family, T) ([]put, error)
+	same  func(a, b T) bool
 }
 
 var (
-	dnatKind = entryKind[*kuportv1.DnatRule]{name: "dnat", list: (*kuportv1.NodeProgram).GetDnatRules, puts: dnatPuts, same: sameDnat}
-	snatKind = entryKind[*kuportv1.SnatRule]{name: "snat", list: (*kuportv1.NodeProgram).GetSnatRules, puts: snatPuts, same: sameSnat}
-	markKind = entryKind[*kuportv1.MarkRule]{name: "mark", list: (*kuportv1.NodeProgram).GetMarkRules, puts: markPuts, same: sameMark}
+	dnatKind = entryKind[*kuportv1.DnatRule]{name: "dnat", order: 0, list: (*kuportv1.NodeProgram).GetDnatRules, puts: dnatPuts, same: sameDnat}
+	snatKind = entryKind[*kuportv1.SnatRule]{name: "snat", order: 1, list: (*kuportv1.NodeProgram).GetSnatRules, puts: snatPuts, same: sameSnat}
+	markKind = entryKind[*kuportv1.MarkRule]{name: "mark", order: 2, list: (*kuportv1.NodeProgram).GetMarkRules, puts: markPuts, same: sameMark}
 )
 
 func samePorts(a, b *kuportv1.PortRange) bool {
@@ -101,10 +107,13 @@ func newEntryList[T entryMsg](list []T) entryList[T] {
 }
 
 // change is one entry whose elements change: the ones it had (none for an added entry) and
-// the ones it needs (none for a removed one).
+// the ones it needs (none for a removed one). after, for an entry of the program (not a
+// removed one), tells whether it comes after the compiled entry of kind order at position pos
+// in the program, which (not removed) keeps its place among the others.
 type change struct {
 	kind, id string
 	old, new []put
+	after    func(order, pos int) bool
 }
 
 // diff compares list with the compiled entries: the entries to render anew, the entries that
@@ -184,6 +193,19 @@ func diff[T entryMsg](k entryKind[T], fam family, es entryList[T], list []T) (ch
 			puts[n].id = c.id
 		}
 		c.new = puts
+		c.after = func(order, pos int) bool {
+			if order != k.order {
+				return order < k.order
+			}
+			// The compiled entries keep their order: the entry is after the one at pos when
+			// the nearest compiled entry before it is that one or comes after it.
+			for j := i - 1; j >= 0; j-- {
+				if q, ok := es.pos[list[j].GetId()]; ok {
+					return pos <= q
+				}
+			}
+			return false
+		}
 		changes = append(changes, c)
 	}
 	// The entries are list's own (they may not change after the call), and the positions
@@ -202,7 +224,8 @@ func diff[T entryMsg](k entryKind[T], fam family, es entryList[T], list []T) (ch
 
 // compiler is the incremental state: the table, the errors of its compile, the entries it
 // was compiled from, the elements two or more entries need (shared), and the elements
-// changed since the last write (sync.go).
+// changed since the last write (sync.go). edits counts the changes of tab's elements (a new
+// tab counts one), for Counters.
 type compiler struct {
 	tab    *table
 	errs   []error
@@ -211,6 +234,7 @@ type compiler struct {
 	mark   entryList[*kuportv1.MarkRule]
 	shared map[setKey]bool
 	dirty  map[setKey]prior
+	edits  uint64
 }
 
 // compile returns the table p compiles to and its refused entries, entry by entry where it
@@ -226,7 +250,7 @@ func (d *Datapath) compile(p *kuportv1.NodeProgram) (*table, []error) {
 		c.revert()
 	}
 	t, errs, shared := compileEntries(p)
-	*c = compiler{tab: t, errs: errs, shared: shared,
+	*c = compiler{tab: t, errs: errs, shared: shared, edits: c.edits + 1,
 		dnat: newEntryList(p.GetDnatRules()), snat: newEntryList(p.GetSnatRules()), mark: newEntryList(p.GetMarkRules())}
 	return t, errs
 }
@@ -256,23 +280,34 @@ func (c *compiler) step(p *kuportv1.NodeProgram) bool {
 		}
 		seen[id] = true
 	}
-	// Check everything before changing anything.
+	// Check everything before changing anything. An element two entries need is the first
+	// one's (compileEntries): an entry that needs an element an earlier entry holds, the
+	// same, shares it (joins), and one that leaves an element an earlier entry holds leaves
+	// it as it is; an entry that would hold such an element first, or that leaves one it
+	// holds for others, is compiled whole.
 	gone := map[setKey]bool{}
+	var drops []put
 	replies := map[string]int{} // the change in a reply exemption set's number of elements
 	for _, ch := range changes {
 		for _, pt := range ch.old {
 			k := setKey{pt.set, pt.key}
 			e, ok := c.tab.elems[pt.set][pt.key]
+			if ok && e.id != ch.id && e.val == pt.val && c.shared[k] {
+				continue // an earlier entry's, which stays
+			}
 			if !ok || e.id != ch.id || e.val != pt.val || c.shared[k] || gone[k] {
 				return false
 			}
 			gone[k] = true
+			drops = append(drops, pt)
 			if prefix, ok := strings.CutPrefix(pt.set, replySetPrefix); ok {
 				replies[prefix]--
 			}
 		}
 	}
 	comes := map[setKey]bool{}
+	var puts []put
+	var joins []setKey
 	for _, ch := range changes {
 		for _, pt := range ch.new {
 			k := setKey{pt.set, pt.key}
@@ -280,17 +315,22 @@ func (c *compiler) step(p *kuportv1.NodeProgram) bool {
 			if !ok || comes[k] {
 				return false // a set the layout lacks, or a key two changed entries need
 			}
-			if _, held := m[pt.key]; held && !gone[k] {
-				return false
-			}
 			comes[k] = true
+			if e, held := m[pt.key]; held && !gone[k] {
+				if e.id == ch.id || e.val != pt.val || !c.earlier(e.id, ch) {
+					return false
+				}
+				joins = append(joins, k)
+				continue
+			}
+			puts = append(puts, pt)
 			if prefix, ok := strings.CutPrefix(pt.set, replySetPrefix); ok {
 				replies[prefix]++
 			}
 		}
 	}
 	// A program without elements has no table at all, which a whole compile and write make.
-	total := len(comes) - len(gone)
+	total := len(puts) - len(drops)
 	for _, m := range c.tab.elems {
 		total += len(m)
 	}
@@ -304,17 +344,16 @@ func (c *compiler) step(p *kuportv1.NodeProgram) bool {
 			return false
 		}
 	}
-	for _, ch := range changes {
-		for _, pt := range ch.old {
-			c.touch(setKey{pt.set, pt.key})
-			delete(c.tab.elems[pt.set], pt.key)
-		}
+	for _, pt := range drops {
+		c.touch(setKey{pt.set, pt.key})
+		delete(c.tab.elems[pt.set], pt.key)
 	}
-	for _, ch := range changes {
-		for _, pt := range ch.new {
-			c.touch(setKey{pt.set, pt.key})
-			c.tab.elems[pt.set][pt.key] = pt.elem
-		}
+	for _, pt := range puts {
+		c.touch(setKey{pt.set, pt.key})
+		c.tab.elems[pt.set][pt.key] = pt.elem
+	}
+	for _, k := range joins {
+		c.shared[k] = true
 	}
 	for _, update := range []func(){du, su, mu} {
 		if update != nil {
@@ -325,8 +364,23 @@ func (c *compiler) step(p *kuportv1.NodeProgram) bool {
 	return true
 }
 
+// earlier reports whether the compiled entry id, which stays, comes before ch's entry in
+// the program.
+func (c *compiler) earlier(id string, ch change) bool {
+	for _, k := range []struct {
+		order int
+		pos   map[string]int
+	}{{dnatKind.order, c.dnat.pos}, {snatKind.order, c.snat.pos}, {markKind.order, c.mark.pos}} {
+		if pos, ok := k.pos[id]; ok {
+			return ch.after(k.order, pos)
+		}
+	}
+	return false
+}
+
 // touch records what the element is before its first change since the last write.
 func (c *compiler) touch(k setKey) {
+	c.edits++
 	if _, ok := c.dirty[k]; ok {
 		return
 	}
@@ -339,6 +393,7 @@ func (c *compiler) touch(k setKey) {
 
 // revert puts the dirty elements back as they were at the last write.
 func (c *compiler) revert() {
+	c.edits++
 	for k, b := range c.dirty {
 		if b.present {
 			c.tab.elems[k.set][k.key] = b.e

@@ -90,9 +90,28 @@ func TestIncrementalSteps(t *testing.T) {
 		}, true, 4},
 		{"remove m5", func(p *kuportv1.NodeProgram) {}, true, 4},
 		{"mapping name only", func(p *kuportv1.NodeProgram) { p.DnatRules[0].Mapping = "ns/renamed" }, true, 0},
-		{"retarget m4, whose SNAT element m3 shares", func(p *kuportv1.NodeProgram) {
+		{"m6 to m0's pod port: joins m0's SNAT element", func(p *kuportv1.NodeProgram) {
+			p.DnatRules = append(p.DnatRules, dnatEntry("m6/dnat", "4006", "10.244.1.10", 3000))
+			p.SnatRules = append(p.SnatRules, snatEntry("m6/snat", "cilium_host", "10.244.1.10", 3000, req))
+		}, true, 3},
+		{"m6 gone: m0's SNAT element stays", func(p *kuportv1.NodeProgram) {
+			p.DnatRules = slices.DeleteFunc(p.DnatRules, func(e *kuportv1.DnatRule) bool { return e.Id == "m6/dnat" })
+			p.SnatRules = slices.DeleteFunc(p.SnatRules, func(e *kuportv1.SnatRule) bool { return e.Id == "m6/snat" })
+		}, true, 3},
+		{"m7 before m2 on m2's pod port: would hold m2's SNAT element", func(p *kuportv1.NodeProgram) {
+			p.DnatRules = append(p.DnatRules, dnatEntry("m7/dnat", "4007", "10.244.1.12", 3000))
+			p.SnatRules = slices.Insert(p.SnatRules, 0, snatEntry("m7/snat", "cilium_host", "10.244.1.12", 3000, req))
+		}, false, -1},
+		{"m7 gone: it held m2's SNAT element", func(p *kuportv1.NodeProgram) {
+			p.DnatRules = slices.DeleteFunc(p.DnatRules, func(e *kuportv1.DnatRule) bool { return e.Id == "m7/dnat" })
+			p.SnatRules = slices.DeleteFunc(p.SnatRules, func(e *kuportv1.SnatRule) bool { return e.Id == "m7/snat" })
+		}, false, -1},
+		{"retarget m4, whose SNAT element m3 holds for both", func(p *kuportv1.NodeProgram) {
 			p.DnatRules[4].ToAddress, p.DnatRules[4].StandIn, p.SnatRules[4].Address = "10.244.2.4", "10.244.2.4", "10.244.2.4"
-		}, false, 4 + 1},
+		}, true, 4 + 1},
+		{"retarget m3, which held m4's old SNAT element", func(p *kuportv1.NodeProgram) {
+			p.DnatRules[3].ToAddress, p.DnatRules[3].StandIn, p.SnatRules[3].Address = "10.244.2.3", "10.244.2.3", "10.244.2.3"
+		}, false, -1},
 		{"reorder", func(p *kuportv1.NodeProgram) {
 			p.DnatRules[0], p.DnatRules[1] = p.DnatRules[1], p.DnatRules[0]
 		}, false, 0},
@@ -198,8 +217,14 @@ func TestIncrementalEqualsFull(t *testing.T) {
 			case op < 3:
 				// Anywhere: the entries after it move.
 				p.DnatRules = slices.Insert(p.DnatRules, pick(len(p.DnatRules)+1), newDnat(id()))
-			case op < 5:
+			case op < 4:
 				p.SnatRules = append(p.SnatRules, newSnat(id()))
+			case op < 5 && len(p.SnatRules) > 0:
+				// Anywhere, sharing another's element: it joins an earlier entry's, or holds
+				// a later one's.
+				e := proto.CloneOf(p.SnatRules[pick(len(p.SnatRules))])
+				e.Id = id()
+				p.SnatRules = slices.Insert(p.SnatRules, pick(len(p.SnatRules)+1), e)
 			case op < 6:
 				p.MarkRules = append(p.MarkRules, newMark(id()))
 			case op < 7 && len(p.MarkRules) > 0:

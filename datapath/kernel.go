@@ -69,9 +69,10 @@ var (
 type sockets struct {
 	netns netns.NsHandle
 	log   hclog.Logger
-	// nfConn asks for the ruleset generation (gen.go) and reads element counters
-	// (elemcounters.go), opened on first use and kept: closing a nftables socket after a
-	// transaction that deleted elements waits for the kernel (Config.NFT).
+	// nfConn asks for the ruleset generation (gen.go) or, in the Datapath's counterSocket,
+	// reads element counters (elemcounters.go), opened on first use and kept: closing a
+	// nftables socket after a transaction that deleted elements waits for the kernel
+	// (Config.NFT).
 	nfConn *mdnetlink.Conn
 	// dumpBuf receives element dumps (elemcounters.go).
 	dumpBuf []byte

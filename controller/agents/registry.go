@@ -130,8 +130,11 @@ type node struct {
 	state          *kuportv1.NodeState
 	ackedVersion   uint64 // in the current epoch; 0 if none
 	ackErrors      []*kuportv1.EntryError
-	counters       []*kuportv1.Counter
-	linkStats      []*kuportv1.LinkStats
+	// held is the highest version an ended stream of this epoch acknowledged without errors
+	// (programmed.Node.Held); 0 if none.
+	held      uint64
+	counters  []*kuportv1.Counter
+	linkStats []*kuportv1.LinkStats
 	// answers folds each DNAT entry's forwarded counters over the reports (Judge), by id.
 	answers map[string]Tracker
 }
@@ -505,7 +508,7 @@ func (n *node) acks(nodeName, mapping string) programmed.Node {
 	if n == nil {
 		return out
 	}
-	out.Hello, out.Connected, out.Acked = n.everHello, n.session != nil, n.ackedVersion
+	out.Hello, out.Connected, out.Acked, out.Held = n.everHello, n.session != nil, n.ackedVersion, n.held
 	mv := n.mappings[mapping]
 	if mv == nil {
 		return out
@@ -732,6 +735,7 @@ func (r *Registry) connect(hello *kuportv1.Hello) *session {
 	n := r.nodeLocked(hello.Node)
 	if n.session != nil {
 		close(n.session.replaced)
+		n.endStream()
 	}
 	n.session = s
 	n.connectedSince = time.Now()
@@ -769,6 +773,7 @@ func (r *Registry) disconnect(s *session) {
 	current := n != nil && n.session == s
 	if current {
 		n.session = nil
+		n.endStream()
 		r.touchLocked(n)
 	}
 	r.mu.Unlock()
@@ -777,6 +782,16 @@ func (r *Registry) disconnect(s *session) {
 		r.onAgent(s.node, false, "")
 		r.onChange(StateChanged)
 	}
+}
+
+// endStream records, as the stream of n ends, what its agent acknowledged whole: the kernel
+// keeps it (fail static). A stream that acknowledged errors leaves nothing known held.
+func (n *node) endStream() {
+	if len(n.ackErrors) > 0 {
+		n.held = 0
+		return
+	}
+	n.held = max(n.held, n.ackedVersion)
 }
 
 // next returns the message s must be sent, or nil when its agent already has the current

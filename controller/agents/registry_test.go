@@ -239,6 +239,35 @@ func TestMappingVersionsAndAckGating(t *testing.T) {
 	assert.False(t, r.Agents()["edge-a"].Connected)
 }
 
+// TestHeldAcrossStreams: what an ended stream acknowledged whole stays known as held
+// (programmed.Node.Held) while the node is away and after it comes back, until an error.
+func TestHeldAcrossStreams(t *testing.T) {
+	r := newTestRegistry(nil)
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false)}, edgeIndex(false)) // v1
+	released, _ := r.Release(nil, t0.Add(time.Second))
+	require.True(t, released)
+	held := func() uint64 { return r.Acks("games/remote", []string{"edge-a"})[0].Held }
+
+	s := r.connect(&kuportv1.Hello{Node: "edge-a"})
+	r.ack(s, &kuportv1.Ack{Epoch: 77, Version: 1})
+	assert.Equal(t, uint64(0), held(), "nothing held by an ended stream yet")
+	r.disconnect(s)
+	assert.Equal(t, uint64(1), held(), "the ended stream acknowledged version 1")
+
+	// Back, as a restarted agent (no applied version): still held until it acknowledges.
+	s = r.connect(&kuportv1.Hello{Node: "edge-a"})
+	n := r.Acks("games/remote", []string{"edge-a"})[0]
+	assert.Equal(t, programmed.Node{Name: "edge-a", Hello: true, Connected: true, Version: 1, Held: 1}, n)
+	// A stream replaced before it acknowledged anything keeps what the one before held.
+	s = r.connect(&kuportv1.Hello{Node: "edge-a"})
+	assert.Equal(t, uint64(1), held())
+
+	// A stream that ends with errors acknowledged leaves nothing known held.
+	r.ack(s, &kuportv1.Ack{Epoch: 77, Version: 1, Errors: []*kuportv1.EntryError{{Message: "transaction refused"}}})
+	r.disconnect(s)
+	assert.Equal(t, uint64(0), held())
+}
+
 func TestReleaseWaitsForExpectedNodesOrTimeout(t *testing.T) {
 	r := newTestRegistry(nil)
 	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false), "worker-b": {}}, edgeIndex(false))

@@ -115,24 +115,42 @@ func TestMayWait(t *testing.T) {
 	recordedFalse := programmedCond(metav1.ConditionFalse, v1alpha1.ReasonNodeNotReady, "node edge-a: agent disconnected", 3)
 	awaiting := []Node{with(ready("edge-a"), func(n *Node) { n.Version = 7 })}
 	holding := Term{Now: t0.Add(time.Second), HoldUntil: t0.Add(15 * time.Second), Unheard: []string{"worker-b"}}
+	// An agent that acknowledged version 5 (which carries the mapping's version 4) on its
+	// last stream: gone, or back and yet to acknowledge (a restart into an empty kernel).
+	gone := with(ready("edge-a"), func(n *Node) { n.Connected, n.Held = false, 5 })
+	back := with(ready("edge-a"), func(n *Node) { n.Acked, n.Held = 0, 5 })
 	for _, tc := range []struct {
 		name string
 		in   Input
-		want bool
+		want time.Duration
 	}{
-		{"new object awaiting its ack", Input{Term: settled, Compiled: compiledTrue, Generation: 3, Nodes: awaiting}, true},
+		{"new object awaiting its ack", Input{Term: settled, Compiled: compiledTrue, Generation: 3, Nodes: awaiting}, AckGrace},
 		{"an older generation's True awaiting the new one's ack", Input{Term: settled, Compiled: compiledTrue, Recorded: recordedTrue,
-			Generation: 4, Nodes: awaiting}, true},
-		{"a recorded False awaiting", Input{Term: settled, Compiled: compiledTrue, Recorded: recordedFalse, Generation: 3, Nodes: awaiting}, true},
+			Generation: 4, Nodes: awaiting}, AckGrace},
+		{"a recorded False awaiting", Input{Term: settled, Compiled: compiledTrue, Recorded: recordedFalse, Generation: 3, Nodes: awaiting}, AckGrace},
 		{"the generation's True is taken back at once", Input{Term: settled, Compiled: compiledTrue, Recorded: recordedTrue,
-			Generation: 3, Nodes: awaiting}, false},
+			Generation: 3, Nodes: awaiting}, 0},
 		{"a disconnected agent is written at once", Input{Term: settled, Compiled: compiledTrue, Generation: 3,
-			Nodes: []Node{with(ready("edge-a"), func(n *Node) { n.Connected = false })}}, false},
-		{"True is written at once", Input{Term: settled, Compiled: compiledTrue, Generation: 3, Nodes: []Node{ready("edge-a")}}, false},
+			Nodes: []Node{with(ready("edge-a"), func(n *Node) { n.Connected = false })}}, 0},
+		{"a disconnected agent that never held it takes back the True at once", Input{Term: settled, Compiled: compiledTrue,
+			Recorded: recordedTrue, Generation: 3, Nodes: []Node{with(ready("edge-a"), func(n *Node) { n.Connected = false })}}, 0},
+		{"the True of a node whose stream ended holding it waits", Input{Term: settled, Compiled: compiledTrue, Recorded: recordedTrue,
+			Generation: 3, Nodes: []Node{ready("worker-b"), gone}}, ResumeGrace},
+		{"and waits while its new stream has not acknowledged", Input{Term: settled, Compiled: compiledTrue, Recorded: recordedTrue,
+			Generation: 3, Nodes: []Node{ready("worker-b"), back}}, ResumeGrace},
+		{"a node that held an older version of the mapping: it changed, at once", Input{Term: settled, Compiled: compiledTrue,
+			Recorded: recordedTrue, Generation: 3, Nodes: []Node{with(back, func(n *Node) { n.Version = 6 })}}, 0},
+		{"a resuming node that failed the mapping: at once", Input{Term: settled, Compiled: compiledTrue, Recorded: recordedTrue,
+			Generation: 3, Nodes: []Node{with(back, func(n *Node) { n.Acked, n.Failed = 5, "x: file exists" })}}, 0},
+		{"one node resuming and one awaiting a change: at once", Input{Term: settled, Compiled: compiledTrue, Recorded: recordedTrue,
+			Generation: 3, Nodes: []Node{gone, with(ready("worker-b"), func(n *Node) { n.Version = 7 })}}, 0},
+		{"a resuming node and no True recorded: written at once", Input{Term: settled, Compiled: compiledTrue, Generation: 3,
+			Nodes: []Node{gone}}, 0},
+		{"True is written at once", Input{Term: settled, Compiled: compiledTrue, Generation: 3, Nodes: []Node{ready("edge-a")}}, 0},
 		{"settling keeps the True: nothing to wait for", Input{Term: settling, Compiled: compiledTrue, Recorded: recordedTrue, Generation: 3,
-			Nodes: []Node{{Name: "edge-a", Version: 4}}}, false},
-		{"the hold writes nothing anyway", Input{Term: holding, Compiled: compiledTrue, Generation: 3, Nodes: awaiting}, false},
-		{"no condition from compile", Input{Term: settled, Generation: 3}, false},
+			Nodes: []Node{{Name: "edge-a", Version: 4}}}, 0},
+		{"the hold writes nothing anyway", Input{Term: holding, Compiled: compiledTrue, Generation: 3, Nodes: awaiting}, 0},
+		{"no condition from compile", Input{Term: settled, Generation: 3}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			assert.Equal(t, tc.want, Decide(tc.in).MayWait(tc.in))
