@@ -20,6 +20,7 @@ type rates struct {
 	// series by counter, by value: one per counter the registry holds (48 bytes each; an
 	// idle counter's changes stay nil).
 	series map[string]series
+	at     int64 // unix nanoseconds of the latest observe
 }
 
 // series is one counter's history; times are unix nanoseconds.
@@ -41,13 +42,12 @@ type Rate struct {
 	BytesPerSecond   *float64 `json:"bytesPerSecond"`
 }
 
-// observe records the readings taken at now, keyed by counter, and returns each one's
+// observe records the readings taken at now, keyed by counter; rate then gives each one's
 // rate. Counters absent from readings are forgotten.
-func (r *rates) observe(readings map[string]reading, now time.Time) map[string]Rate {
+func (r *rates) observe(readings map[string]reading, now time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	next := make(map[string]series, len(readings))
-	out := make(map[string]Rate, len(readings))
 	at := now.UnixNano()
 	for key, v := range readings {
 		v.at = at
@@ -68,10 +68,20 @@ func (r *rates) observe(readings map[string]reading, now time.Time) map[string]R
 		// growing to twice its length (most of the sampler's heap at 10,000 mappings).
 		s.changes = slices.Delete(s.changes, 0, old)
 		next[key] = s
-		out[key] = s.rate(at)
 	}
-	r.series = next
-	return out
+	r.series, r.at = next, at
+}
+
+// rate returns the rate of counter key as of the latest observe: unknown for a counter it
+// was not given. Computed when asked, not kept: a page reads a few of them.
+func (r *rates) rate(key string) Rate {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s, ok := r.series[key]
+	if !ok {
+		return Rate{}
+	}
+	return s.rate(r.at)
 }
 
 func (s *series) rate(now int64) Rate {
