@@ -11,8 +11,8 @@ import (
 // historyStep is the history's resolution and historyLen its length: 15 minutes of one
 // value every 5 s, 180 float32 a series. A mapping keeps two series (packets/s in and out
 // at its accepting interfaces), a link end two (rx and tx packets/s): about 1.5 KiB each
-// once its values vary, a few bytes while they are unknown and then 0 (an idle mapping's or
-// link's: flat) (BENCHMARKS.md, "dashboard").
+// once a value other than unknown or 0 arrives, 32 bytes until then (an idle mapping's or
+// link's) (BENCHMARKS.md, "dashboard").
 const (
 	historyStep = 5 * time.Second
 	historyLen  = 180
@@ -29,11 +29,11 @@ type history struct {
 	series map[string]hseries
 }
 
-// hseries is one series of the history: its ring, or while it is flat (every value so
-// far unknown, then 0, as an idle mapping's are) only how many of the newest slots are 0.
+// hseries is one series of the history: its ring, or while every value it holds is
+// unknown or 0 (an idle mapping's or link's: flat) only which slots are 0, a bit each.
 type hseries struct {
 	ring  *[historyLen]float32 // nil while flat
-	zeros int                  // flat: the newest zeros slots are 0, the older unknown
+	zeros [(historyLen + 63) / 64]uint64
 }
 
 // record writes values (NaN: unknown) into the slot of now, opening the slots since the
@@ -43,18 +43,16 @@ func (h *history) record(values map[string]float64, now time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	slot := now.Truncate(historyStep)
-	steps := 0 // slots opened
 	switch {
 	case h.headAt.IsZero():
 		h.headAt = slot
 	case slot.After(h.headAt):
-		steps = min(int(slot.Sub(h.headAt)/historyStep), historyLen)
+		steps := min(int(slot.Sub(h.headAt)/historyStep), historyLen)
 		for range steps {
 			h.head = (h.head + 1) % historyLen
-			for _, s := range h.series {
-				if s.ring != nil {
-					s.ring[h.head] = float32(math.NaN())
-				}
+			for k, s := range h.series {
+				s.open(h.head)
+				h.series[k] = s
 			}
 		}
 		h.headAt = slot
@@ -63,44 +61,51 @@ func (h *history) record(values map[string]float64, now time.Time) {
 	}
 	next := make(map[string]hseries, len(values))
 	for k, v := range values {
-		next[k] = h.series[k].write(float32(v), h.head, steps)
+		s := h.series[k] // a new series: unknown before it began
+		s.write(h.head, float32(v))
+		next[k] = s
 	}
 	h.series = next
 }
 
-// write returns s with v in the newest slot, head, after steps slots were opened (unknown)
-// since s was last written (a series absent from a record is dropped, so every series was
-// written at the previous head). A flat series stays flat while it can.
-func (s hseries) write(v float32, head, steps int) hseries {
-	if s.ring == nil {
-		nan := v != v
-		switch {
-		case steps == 0 && v == 0: // the newest slot rewritten
-			return hseries{zeros: max(s.zeros, 1)}
-		case steps == 0 && nan && s.zeros == 0:
-			return s
-		case v == 0 && (s.zeros == 0 || steps == 1):
-			return hseries{zeros: min(s.zeros+1, historyLen)}
-		case nan && (s.zeros == 0 || steps == historyLen):
-			return hseries{}
-		}
-		s.ring = s.materialize(head, steps)
+// open makes slot i unknown.
+func (s *hseries) open(i int) {
+	if s.ring != nil {
+		s.ring[i] = float32(math.NaN())
+		return
 	}
-	s.ring[head] = v
-	return s
+	s.zeros[i/64] &^= 1 << (i % 64)
 }
 
-// materialize returns flat s's ring once head is the newest slot, steps slots after the
-// newest s knows of: its zeros end steps slots before head, every other slot is unknown.
-func (s hseries) materialize(head, steps int) *[historyLen]float32 {
-	r := new([historyLen]float32)
-	for i := range r {
-		r[i] = float32(math.NaN())
+// write sets slot i to v; a flat series stays flat while v is unknown or 0.
+func (s *hseries) write(i int, v float32) {
+	if s.ring == nil {
+		switch {
+		case v == 0:
+			s.zeros[i/64] |= 1 << (i % 64)
+			return
+		case v != v:
+			s.zeros[i/64] &^= 1 << (i % 64)
+			return
+		}
+		ring := new([historyLen]float32)
+		for j := range ring {
+			ring[j] = s.value(j)
+		}
+		s.ring = ring
 	}
-	for i := range min(s.zeros, historyLen-steps) {
-		r[(head-steps-i+2*historyLen)%historyLen] = 0
+	s.ring[i] = v
+}
+
+// value returns slot i's value.
+func (s *hseries) value(i int) float32 {
+	if s.ring != nil {
+		return s.ring[i]
 	}
-	return r
+	if s.zeros[i/64]&(1<<(i%64)) != 0 {
+		return 0
+	}
+	return float32(math.NaN())
 }
 
 // get returns the series of each key (nil for a key with none) and the time of their
@@ -115,14 +120,9 @@ func (h *history) get(keys ...string) ([]Series, time.Time) {
 			continue
 		}
 		out[i] = make(Series, historyLen)
-		if s.ring == nil {
-			for j := range historyLen - s.zeros {
-				out[i][j] = float32(math.NaN())
-			}
-			continue
+		for j := range historyLen {
+			out[i][j] = s.value((h.head + 1 + j) % historyLen)
 		}
-		n := copy(out[i], s.ring[h.head+1:])
-		copy(out[i][n:], s.ring[:h.head+1])
 	}
 	return out, h.headAt
 }

@@ -41,7 +41,7 @@ func TestHistory(t *testing.T) {
 
 func isNaN(f float32) bool { return f != f }
 
-// TestHistoryFlatEqualsRing: series kept flat (unknown, then 0) read the same as rings, over
+// TestHistoryFlatEqualsRing: series kept flat (every value unknown or 0) read the same as rings, over
 // random records (same slot again, gaps, gaps past the whole history, series dropped and
 // back, values unknown, 0 and not): the reference keeps every value by its slot.
 func TestHistoryFlatEqualsRing(t *testing.T) {
