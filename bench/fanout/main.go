@@ -71,7 +71,7 @@ func run(args []string) error {
 	f.Register(fs)
 	n := fs.Int("agents", 1000, "agents (and nodes, and PortMaps of the class that changes)")
 	total := fs.Int("mappings", 0, "PortMaps in all (0: one per agent); those past --agents are of class "+extraClass+", which accepts the first 3 nodes (returnPath Vxlan), their pods spread over every node")
-	profile := fs.String("profile", "", "directory to write the controller's profiles to (it runs with --pprof): cpu.pprof over the change (--profile-seconds), heap.pprof after the last ack")
+	profile := fs.String("profile", "", "directory to write the controller's profiles to (it runs with --pprof): cpu.pprof over the change (--profile-seconds), heap.pprof, heap.txt (with runtime.MemStats) and goroutine.pprof after the last ack")
 	profileSeconds := fs.Int("profile-seconds", 5, "length of cpu.pprof")
 	settle := fs.Duration("settle", 30*time.Minute, "the longest wait for every agent to connect and every PortMap to be Programmed, and for the change's acks")
 	if err := fs.Parse(args); err != nil {
@@ -225,6 +225,8 @@ func run(args []string) error {
 	log.Info("change acknowledged by all", "controller_cpu_s", cpu1-cpu0)
 	if *profile != "" {
 		saveProfile(log, *profile, "heap.pprof", "heap?gc=1")
+		saveProfile(log, *profile, "heap.txt", "heap?debug=1") // ends with runtime.MemStats: stacks, idle and released
+		saveProfile(log, *profile, "goroutine.pprof", "goroutine")
 		profiled.Wait()
 	}
 	fmt.Printf("BENCH fanout agents=%d ack_ms_p50=%.1f ack_ms_p99=%.1f controller_rss_mb=%.1f\n",

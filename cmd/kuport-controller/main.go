@@ -35,6 +35,11 @@
 // the start's unix seconds as its epoch (never mix it with elected replicas: their
 // lease-derived epochs are lower, so agents would refuse them until restarted).
 //
+// The Go runtime's soft memory limit (GOMEMLIMIT) is 90% of the container's cgroup memory
+// limit, read at the start (none without one); GOMEMLIMIT in the environment replaces it,
+// AUTOMEMLIMIT=<ratio> changes the share and AUTOMEMLIMIT=off leaves the runtime's default
+// (docs/sizing.md).
+//
 // SIGTERM or SIGINT stops it gracefully (a leader stops serving, then releases the Lease).
 // Exit status: 0 after a signal, 1 on an error, including the loss of the leadership: a
 // supervisor restarts the process as a follower.
@@ -56,6 +61,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/hashicorp/go-hclog"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -138,6 +144,7 @@ func run(args []string) error {
 		return fmt.Errorf("unknown --log-level %q", *level)
 	}
 	log := hclog.New(&hclog.LoggerOptions{Name: "kuport-controller", Level: lvl, Output: os.Stderr})
+	setMemoryLimit(log, memlimit.FromCgroup)
 
 	cfg, err := restConfig(*kubeconfig)
 	if err != nil {

@@ -143,9 +143,29 @@ type node struct {
 type mappingVersion struct {
 	version uint64
 	digest  [sha256.Size]byte
-	ids     map[string]bool // entry ids, link names and return path ids the mapping uses
-	// index is compile's index of the mapping the digest was taken of.
+	// index is compile's index of the mapping the digest was taken of: the entry ids, link
+	// names and return path ids the mapping uses (uses), never nil.
 	index *compile.MappingIndex
+}
+
+// uses reports whether id is one of the mapping's entry ids, link names or return path ids
+// on the node (a handful: a scan of the index, which holds them once for every node).
+func (mv *mappingVersion) uses(id string) bool {
+	mi := mv.index
+	return slices.ContainsFunc(mi.Entries, func(e compile.Entry) bool { return e.ID == id }) ||
+		slices.Contains(mi.Links, id) || slices.Contains(mi.ReturnPaths, id)
+}
+
+// idList returns what uses accepts, sorted and without repeats.
+func (mv *mappingVersion) idList() []string {
+	mi := mv.index
+	out := make([]string, 0, len(mi.Entries)+len(mi.Links)+len(mi.ReturnPaths))
+	for _, e := range mi.Entries {
+		out = append(out, e.ID)
+	}
+	out = append(append(out, mi.Links...), mi.ReturnPaths...)
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // session is one open Connect stream.
@@ -320,7 +340,7 @@ func (r *Registry) storeLocked(name string, n *node, p *kuportv1.NodeProgram, in
 		}
 		d := digestMapping(next, mi)
 		if old != nil && old.digest == d.digest {
-			old.ids, old.index = d.ids, mi
+			old.index = mi
 			continue
 		}
 		d.version = next.Version
@@ -365,10 +385,9 @@ func isEmpty(p *kuportv1.NodeProgram) bool {
 // digestMapping digests one mapping of a program's index: its entries, links and return
 // paths as compile indexed them, so a change to any of them gives the mapping a new version.
 func digestMapping(p *kuportv1.NodeProgram, mi *compile.MappingIndex) *mappingVersion {
-	mv := &mappingVersion{ids: map[string]bool{}, index: mi}
+	mv := &mappingVersion{index: mi}
 	h := sha256.New()
 	add := func(id string, m proto.Message) {
-		mv.ids[id] = true
 		// Deterministic marshalling of one message cannot fail for a valid message; a
 		// failure still changes the digest, so it is never mistaken for "unchanged".
 		b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
@@ -516,7 +535,7 @@ func (n *node) acks(nodeName, mapping string) programmed.Node {
 	out.Version = mv.version
 	for _, e := range n.ackErrors {
 		switch {
-		case mv.ids[e.Id]:
+		case mv.uses(e.Id):
 			out.Failed = e.Id + ": " + e.Message
 			return out
 		case !n.hasEntry(e.Id):
@@ -530,7 +549,7 @@ func (n *node) acks(nodeName, mapping string) programmed.Node {
 // hasEntry reports whether id names an entry of some mapping in n's current program.
 func (n *node) hasEntry(id string) bool {
 	for _, mv := range n.mappings {
-		if mv.ids[id] {
+		if mv.uses(id) {
 			return true
 		}
 	}
@@ -602,7 +621,7 @@ func (r *Registry) Stats(nodeName string) ([]*kuportv1.Counter, []*kuportv1.Link
 func (mv *mappingVersion) counters(n *node) []*kuportv1.Counter {
 	var out []*kuportv1.Counter
 	for _, c := range n.counters {
-		if mv.ids[c.Id] {
+		if mv.uses(c.Id) {
 			out = append(out, c)
 		}
 	}
@@ -624,7 +643,7 @@ func (r *Registry) Mapping(mapping string) []*kuportv1.MappingNode {
 		}
 		mn := &kuportv1.MappingNode{
 			Node:     name,
-			EntryIds: slices.Sorted(maps.Keys(mv.ids)),
+			EntryIds: mv.idList(),
 			Version:  mv.version,
 			Acked:    n.ackedVersion >= mv.version,
 			Counters: mv.counters(n),
@@ -645,7 +664,7 @@ func (r *Registry) Mapping(mapping string) []*kuportv1.MappingNode {
 			slices.Sort(mn.UnansweredInterfaces)
 		}
 		for _, l := range n.linkStats {
-			if mv.ids[l.Name] {
+			if mv.uses(l.Name) {
 				mn.Links = append(mn.Links, l)
 			}
 		}

@@ -113,7 +113,7 @@ func BenchmarkDashboard(b *testing.B) {
 			// The history alone: the same series in a history of their own.
 			snap := readSnapshot(src.Agents)
 			snap.count(nil)
-			values := historyValues(snap, s.rates)
+			values := historyValues(snap, s.series.rate)
 			snap = nil
 			var h history
 			runtime.GC()

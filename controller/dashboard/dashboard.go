@@ -82,9 +82,10 @@ type Server struct {
 	lastSample time.Time // Run's latest
 	// gap is how long after lastSample the next sample is due while the page is read:
 	// sampleMaxShare of the time goes to sampling, at most one every sampleInterval.
-	gap   time.Duration
-	rates map[string]Rate // of Run's latest sample, by counterKey and linkRateKey
+	gap time.Duration
 
+	// series holds Run's latest sample: rates.rate gives its rates, by counterKey and
+	// linkRateKey.
 	series rates
 	hist   history
 }
@@ -149,10 +150,10 @@ func (s *Server) sample(now time.Time) {
 			}
 		}
 	}
-	rates := s.series.observe(readings, now)
-	s.hist.record(historyValues(snap, rates), now)
+	s.series.observe(readings, now)
+	s.hist.record(historyValues(snap, s.series.rate), now)
 	s.mu.Lock()
-	s.rates, s.lastSample = rates, now
+	s.lastSample = now
 	s.gap = min(max(sampleMaxShare*time.Since(start), sampleInterval), historyStep)
 	s.mu.Unlock()
 }
@@ -207,14 +208,14 @@ func (s *Server) Query(now time.Time, q Query) *State {
 	q = q.withDefaults()
 	st := &State{Time: now.UTC(), Classes: []Class{}, Nodes: []Node{}, Links: []Link{}, Mappings: []Mapping{}, Query: q,
 		Overview: Overview{Refused: map[string]int{}, Problems: []Problem{}}}
-	src, rates := s.read(now)
+	src, rate := s.read(now)
 	if src == nil {
 		return st
 	}
 	st.Leader = true
 	snap := readSnapshot(src.Agents)
 	st.Nodes = snap.nodeRows()
-	st.Links = s.linkRows(snap, rates)
+	st.Links = s.linkRows(snap, rate)
 	for _, c := range src.Classes() {
 		st.Classes = append(st.Classes, class(c))
 	}
@@ -231,17 +232,18 @@ func (s *Server) Query(now time.Time, q Query) *State {
 	}
 	snap.count(wanted)
 	for _, m := range page {
-		st.Mappings = append(st.Mappings, s.withCounters(m, snap, rates))
+		st.Mappings = append(st.Mappings, s.withCounters(m, snap, rate))
 	}
 	return st
 }
 
-// read returns the source and the latest rates, and marks the state read at now.
-func (s *Server) read(now time.Time) (*Source, map[string]Rate) {
+// read returns the source and the rates of the latest sample, and marks the state read at
+// now.
+func (s *Server) read(now time.Time) (*Source, func(key string) Rate) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.lastRead = now
-	return s.src, s.rates
+	return s.src, s.series.rate
 }
 
 // allMappings lists every cached PortMap with what the snapshot holds of it, but not its
@@ -273,11 +275,11 @@ func allMappings(src *Source, snap *snapshot) []Mapping {
 }
 
 // withCounters adds m's counters, with their rates, and its history.
-func (s *Server) withCounters(m Mapping, snap *snapshot, rates map[string]Rate) Mapping {
+func (s *Server) withCounters(m Mapping, snap *snapshot, rate func(string) Rate) Mapping {
 	key := types.NamespacedName{Namespace: m.Namespace, Name: m.Name}
 	m.Counters = slices.Clone(snap.counters[key])
 	for i := range m.Counters {
-		m.Counters[i].Rate = rates[counterKey(key, m.Counters[i])]
+		m.Counters[i].Rate = rate(counterKey(key, m.Counters[i]))
 	}
 	slices.SortFunc(m.Counters, func(a, b Counter) int {
 		return cmp.Or(strings.Compare(a.Node, b.Node), strings.Compare(a.Rule, b.Rule), strings.Compare(a.Direction, b.Direction))
@@ -299,15 +301,15 @@ func (s *Server) history(in, out string) *History {
 }
 
 // linkRows lists snap's links with their rates and history.
-func (s *Server) linkRows(snap *snapshot, rates map[string]Rate) []Link {
+func (s *Server) linkRows(snap *snapshot, rate func(string) Rate) []Link {
 	out := make([]Link, 0, len(snap.links))
 	for _, l := range snap.links {
 		l.Ends = slices.Clone(l.Ends)
 		for i := range l.Ends {
 			e := &l.Ends[i]
-			e.RxPerSecond = rates[linkRateKey(*e, "rx")].PacketsPerSecond
-			e.TxPerSecond = rates[linkRateKey(*e, "tx")].PacketsPerSecond
-			e.TxErrorsPerSecond = rates[linkRateKey(*e, "txErrors")].PacketsPerSecond
+			e.RxPerSecond = rate(linkRateKey(*e, "rx")).PacketsPerSecond
+			e.TxPerSecond = rate(linkRateKey(*e, "tx")).PacketsPerSecond
+			e.TxErrorsPerSecond = rate(linkRateKey(*e, "txErrors")).PacketsPerSecond
 			e.History = s.history(linkHistoryKey(*e, "in"), linkHistoryKey(*e, "out"))
 		}
 		out = append(out, l)
@@ -335,7 +337,7 @@ func linkHistoryKey(e LinkEnd, dir string) string { return "l " + e.Node + " " +
 // historyValues sums each mapping's rates of the packets its accepting interfaces forward
 // in (from clients) and out (to them), and takes each link end's rx and tx packet rates;
 // a sum of no known rate is unknown (NaN).
-func historyValues(snap *snapshot, rates map[string]Rate) map[string]float64 {
+func historyValues(snap *snapshot, rate func(string) Rate) map[string]float64 {
 	out := map[string]float64{}
 	if snap == nil {
 		return out
@@ -346,7 +348,7 @@ func historyValues(snap *snapshot, rates map[string]Rate) map[string]float64 {
 			if !c.forwarded || c.overLink {
 				continue
 			}
-			if r := rates[counterKey(m, c)].PacketsPerSecond; r != nil {
+			if r := rate(counterKey(m, c)).PacketsPerSecond; r != nil {
 				sum[c.Direction] = ptr(deref(sum[c.Direction]) + *r)
 			}
 		}
@@ -356,8 +358,8 @@ func historyValues(snap *snapshot, rates map[string]Rate) map[string]float64 {
 	}
 	for _, l := range snap.links {
 		for _, e := range l.Ends {
-			out[linkHistoryKey(e, "in")] = orNaN(rates[linkRateKey(e, "rx")].PacketsPerSecond)
-			out[linkHistoryKey(e, "out")] = orNaN(rates[linkRateKey(e, "tx")].PacketsPerSecond)
+			out[linkHistoryKey(e, "in")] = orNaN(rate(linkRateKey(e, "rx")).PacketsPerSecond)
+			out[linkHistoryKey(e, "out")] = orNaN(rate(linkRateKey(e, "tx")).PacketsPerSecond)
 		}
 	}
 	return out

@@ -262,6 +262,10 @@ func TestRates(t *testing.T) {
 	read := func(packets uint64) map[string]reading {
 		return map[string]reading{"k": {packets: packets, bytes: 100 * packets}}
 	}
+	obs := func(packets uint64, now time.Time) Rate {
+		r.observe(read(packets), now)
+		return r.rate("k")
+	}
 	pps := func(rt Rate) any {
 		if rt.PacketsPerSecond == nil {
 			return nil
@@ -269,23 +273,23 @@ func TestRates(t *testing.T) {
 		return *rt.PacketsPerSecond
 	}
 
-	assert.Nil(t, pps(r.observe(read(10), at(0))["k"]), "first reading")
-	assert.Nil(t, pps(r.observe(read(10), at(1))["k"]), "unchanged")
+	assert.Nil(t, pps(obs(10, at(0))), "first reading")
+	assert.Nil(t, pps(obs(10, at(1))), "unchanged")
 	// The first change is timed by when it appeared, but the reading before it was taken at
 	// an unknown time after its own report: no rate until a second change.
-	assert.Nil(t, pps(r.observe(read(30), at(2))["k"]))
-	assert.Nil(t, pps(r.observe(read(30), at(3))["k"]), "the page polls faster than the agent reports")
-	got := r.observe(read(70), at(4))["k"]
+	assert.Nil(t, pps(obs(30, at(2))))
+	assert.Nil(t, pps(obs(30, at(3))), "the page polls faster than the agent reports")
+	got := obs(70, at(4))
 	assert.Equal(t, 20.0, pps(got), "40 packets between changes 2 s apart")
 	assert.Equal(t, 2000.0, *got.BytesPerSecond)
-	assert.Equal(t, 20.0, pps(r.observe(read(70), at(5))["k"]), "between reports the rate holds")
-	assert.Equal(t, 17.5, pps(r.observe(read(100), at(6))["k"]), "(100-30)/(6-2): over every change in the window")
+	assert.Equal(t, 20.0, pps(obs(70, at(5))), "between reports the rate holds")
+	assert.Equal(t, 17.5, pps(obs(100, at(6))), "(100-30)/(6-2): over every change in the window")
 
 	// Traffic stops: the changes age out of the window and the rate falls to 0.
-	assert.Equal(t, 0.0, pps(r.observe(read(100), at(6+rateWindow.Seconds()+1))["k"]))
+	assert.Equal(t, 0.0, pps(obs(100, at(6+rateWindow.Seconds()+1))))
 
 	// A counter that went down was re-created: it starts over.
-	assert.Nil(t, pps(r.observe(read(5), at(100))["k"]))
+	assert.Nil(t, pps(obs(5, at(100))))
 	// A counter no longer read is forgotten.
 	r.observe(map[string]reading{}, at(101))
 	assert.Empty(t, r.series)

@@ -90,7 +90,7 @@ type Hop struct {
 // Mapping reads one mapping's page at now; Mapping is nil when there is no such PortMap.
 func (s *Server) Mapping(now time.Time, key types.NamespacedName) *MappingDetail {
 	d := &MappingDetail{Time: now.UTC(), Links: []Link{}}
-	src, rates := s.read(now)
+	src, rate := s.read(now)
 	if src == nil {
 		return d
 	}
@@ -99,7 +99,7 @@ func (s *Server) Mapping(now time.Time, key types.NamespacedName) *MappingDetail
 	snap.count(map[types.NamespacedName]bool{key: true})
 	for _, m := range allMappings(src, snap) {
 		if m.Namespace == key.Namespace && m.Name == key.Name {
-			m = s.withCounters(m, snap, rates)
+			m = s.withCounters(m, snap, rate)
 			d.Mapping = &m
 			break
 		}
@@ -107,7 +107,7 @@ func (s *Server) Mapping(now time.Time, key types.NamespacedName) *MappingDetail
 	if d.Mapping == nil {
 		return d
 	}
-	links := s.linkRows(snap, rates)
+	links := s.linkRows(snap, rate)
 	d.Path = path(*d.Mapping, snap.index[key], links)
 	for _, l := range links {
 		if slices.ContainsFunc(l.Ends, func(e LinkEnd) bool {

@@ -16,19 +16,22 @@ const rateWindow = 30 * time.Second
 // between two samples (most see no change) but across the changes seen within rateWindow,
 // each timed by the sample that first saw it. Safe for concurrent use.
 type rates struct {
-	mu     sync.Mutex
-	series map[string]*series
+	mu sync.Mutex
+	// series by counter, by value: one per counter the registry holds (48 bytes each; an
+	// idle counter's changes stay nil).
+	series map[string]series
+	at     int64 // unix nanoseconds of the latest observe
 }
 
-// series is one counter's history.
+// series is one counter's history; times are unix nanoseconds.
 type series struct {
-	since   time.Time // first reading
-	last    reading   // latest value
-	changes []reading // the values first seen after since, within rateWindow, oldest first
+	since          int64     // first reading
+	packets, bytes uint64    // latest value
+	changes        []reading // the values first seen after since, within rateWindow, oldest first
 }
 
 type reading struct {
-	at             time.Time
+	at             int64 // unix nanoseconds (observe sets it)
 	packets, bytes uint64
 }
 
@@ -39,48 +42,58 @@ type Rate struct {
 	BytesPerSecond   *float64 `json:"bytesPerSecond"`
 }
 
-// observe records the readings taken at now, keyed by counter, and returns each one's
+// observe records the readings taken at now, keyed by counter; rate then gives each one's
 // rate. Counters absent from readings are forgotten.
-func (r *rates) observe(readings map[string]reading, now time.Time) map[string]Rate {
+func (r *rates) observe(readings map[string]reading, now time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	next := make(map[string]*series, len(readings))
-	out := make(map[string]Rate, len(readings))
+	next := make(map[string]series, len(readings))
+	at := now.UnixNano()
 	for key, v := range readings {
-		v.at = now
-		s := r.series[key]
+		v.at = at
+		s, ok := r.series[key]
 		switch {
-		case s == nil || v.packets < s.last.packets || v.bytes < s.last.bytes:
+		case !ok || v.packets < s.packets || v.bytes < s.bytes:
 			// New, or reset (its rule was re-created, its agent restarted).
-			s = &series{since: now, last: v}
-		case v.packets != s.last.packets || v.bytes != s.last.bytes:
+			s = series{since: at, packets: v.packets, bytes: v.bytes}
+		case v.packets != s.packets || v.bytes != s.bytes:
 			s.changes = append(s.changes, v)
-			s.last = v
+			s.packets, s.bytes = v.packets, v.bytes
 		}
 		old := 0
-		for old < len(s.changes) && now.Sub(s.changes[old].at) > rateWindow {
+		for old < len(s.changes) && time.Duration(at-s.changes[old].at) > rateWindow {
 			old++
 		}
 		// In place: reslicing from the front made every append reallocate, each window
 		// growing to twice its length (most of the sampler's heap at 10,000 mappings).
 		s.changes = slices.Delete(s.changes, 0, old)
 		next[key] = s
-		out[key] = s.rate(now)
 	}
-	r.series = next
-	return out
+	r.series, r.at = next, at
 }
 
-func (s *series) rate(now time.Time) Rate {
+// rate returns the rate of counter key as of the latest observe: unknown for a counter it
+// was not given. Computed when asked, not kept: a page reads a few of them.
+func (r *rates) rate(key string) Rate {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s, ok := r.series[key]
+	if !ok {
+		return Rate{}
+	}
+	return s.rate(r.at)
+}
+
+func (s *series) rate(now int64) Rate {
 	if len(s.changes) < 2 {
-		if now.Sub(s.since) < rateWindow {
+		if time.Duration(now-s.since) < rateWindow {
 			return Rate{}
 		}
 		zero := 0.0
 		return Rate{PacketsPerSecond: &zero, BytesPerSecond: &zero}
 	}
 	first, last := s.changes[0], s.changes[len(s.changes)-1]
-	secs := last.at.Sub(first.at).Seconds()
+	secs := time.Duration(last.at - first.at).Seconds()
 	pps := float64(last.packets-first.packets) / secs
 	bps := float64(last.bytes-first.bytes) / secs
 	return Rate{PacketsPerSecond: &pps, BytesPerSecond: &bps}

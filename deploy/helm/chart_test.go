@@ -194,7 +194,7 @@ func TestValuesLand(t *testing.T) {
 			"image":     map[string]any{"repository": "registry.example/kuport-controller", "tag": "v0.2.0", "pullPolicy": "Always"},
 			"replicas":  3,
 			"logLevel":  "debug",
-			"resources": map[string]any{"limits": map[string]any{"memory": "1Gi"}},
+			"resources": map[string]any{"limits": map[string]any{"memory": "2Gi"}},
 			"extraArgs": []any{"--link-retention=48h"},
 		},
 		"agent": map[string]any{
@@ -218,8 +218,8 @@ func TestValuesLand(t *testing.T) {
 		"controller image":      "registry.example/kuport-controller:v0.2.0",
 		"controller pullPolicy": "Always",
 		// Helm merges maps with the defaults: the requests stay.
-		"controller resources": map[string]any{"limits": map[string]any{"memory": "1Gi"},
-			"requests": map[string]any{"cpu": "50m", "memory": "64Mi"}},
+		"controller resources": map[string]any{"limits": map[string]any{"memory": "2Gi"},
+			"requests": map[string]any{"cpu": "50m", "memory": "256Mi"}},
 		"controller command": []any{"/kuport-controller", "--grpc-listen=0.0.0.0:7443", "--http-listen=0.0.0.0:9090",
 			"--health-listen=0.0.0.0:8081", "--lease-namespace=$(POD_NAMESPACE)",
 			"--agent-service-account=$(POD_NAMESPACE):kuport-agent",
