@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
@@ -155,14 +156,12 @@ func (l *Lab) ApplyClass(ctx context.Context, c *v1alpha1.PortMapClass) error {
 	return nil
 }
 
-// UpdateClass updates a PortMapClass's spec (with its resourceVersion).
-func (l *Lab) UpdateClass(ctx context.Context, c *v1alpha1.PortMapClass) error {
-	u, err := toUnstructured(c, "PortMapClass")
-	if err != nil {
-		return err
-	}
-	if _, err := l.Dyn.Resource(v1alpha1.PortMapClassesResource).Update(ctx, u, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("lab: update portmapclass %s: %w", c.Name, err)
+// PatchClass applies a JSON merge patch to a PortMapClass, as `kubectl patch --type merge`
+// and `kubectl apply` send one: no resourceVersion, so it never conflicts with the
+// controller's status writes, and only what changes goes on the wire.
+func (l *Lab) PatchClass(ctx context.Context, name string, patch []byte) error {
+	if _, err := l.Dyn.Resource(v1alpha1.PortMapClassesResource).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("lab: patch portmapclass %s: %w", name, err)
 	}
 	return nil
 }
