@@ -1164,6 +1164,26 @@ func TestClaimKeepsItsSubnetWhileTheClassHasNone(t *testing.T) {
 	}
 }
 
+// A recorded claim whose VNI no longer fits once the class's base VNI is raised is dropped,
+// and the pair takes a slot whose VNI does.
+func TestClaimDroppedWhenItsVNIPassesTheMaximum(t *testing.T) {
+	s := world(mkPortMap("remote", 0, 3000))
+	s.Classes["public"].Spec.ReturnPath.Vxlan.VNI = maxVNI
+	s.Classes["public"].Status.Links = []v1alpha1.LinkStatus{
+		claimOf("edge-a", "worker-b", 1, "169.254.77.2/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 201}),
+	}
+	r := Compile(s)
+	want := []v1alpha1.LinkStatus{
+		claimOf("edge-a", "worker-b", 0, "169.254.77.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 201}),
+	}
+	if d := cmp.Diff(want, r.Classes["public"].Links); d != "" {
+		t.Errorf("links (-want +got):\n%s", d)
+	}
+	if l := r.Programs["worker-b"].Links[0]; l.Vni != maxVNI {
+		t.Errorf("worker-b link vni %d, want %d", l.Vni, maxVNI)
+	}
+}
+
 // A slice port that cannot serve the mapping says why in NoReadyEndpoint's message: a pod
 // range past 65535, a shift wider than MaxShiftedRange (the datapath's per-port map), or the
 // named port being of the other protocol.

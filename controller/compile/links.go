@@ -94,6 +94,9 @@ func slotFits(subnet netip.Prefix, s int32) bool {
 	return s >= 0 && int64(s)*2+1 < int64(1)<<(32-subnet.Bits())
 }
 
+// vniFits reports whether slot s's VNI, base + s, is a VXLAN network identifier.
+func vniFits(base uint32, s int32) bool { return s >= 0 && uint64(base)+uint64(s) <= maxVNI }
+
 // linkName is the device a node names after its peer: "kup-" + the first 8 hex digits of
 // sha256("<class>/<peer node>") (API.md).
 func linkName(class, peer string) string {
@@ -102,7 +105,8 @@ func linkName(class, peer string) string {
 }
 
 // loadClaims reads the previous allocations from class status. A claim that is malformed,
-// repeats a pair or slot, or whose slot no longer fits the class's subnet is dropped.
+// repeats a pair or slot, or whose slot no longer fits the class's subnet or VNI range (the
+// base VNI was raised) is dropped.
 func (c *compiler) loadClaims() {
 	for _, ci := range c.classOrder {
 		links := slices.Clone(ci.obj.Status.Links)
@@ -114,7 +118,7 @@ func (c *compiler) loadClaims() {
 			if len(ls.Peers) != 2 || ls.Peers[0] == "" || ls.Peers[0] == ls.Peers[1] || ls.Slot < 0 || slots[ls.Slot] {
 				continue
 			}
-			if ci.subnet.IsValid() && !slotFits(ci.subnet, ls.Slot) {
+			if ci.subnet.IsValid() && !slotFits(ci.subnet, ls.Slot) || !vniFits(ci.vni, ls.Slot) {
 				continue
 			}
 			cl := &claim{class: ci, peers: pairOf(ls.Peers[0], ls.Peers[1]), slot: ls.Slot, ends: map[string]int32{},
@@ -210,7 +214,7 @@ func (c *compiler) claimFor(ci *classInfo, pair [2]string) *claim {
 			}
 		}
 	}
-	for s := int32(0); slotFits(ci.subnet, s) && uint64(ci.vni)+uint64(s) <= maxVNI; s++ {
+	for s := int32(0); slotFits(ci.subnet, s) && vniFits(ci.vni, s); s++ {
 		if taken[s] || foreign[ci.vni+uint32(s)] {
 			continue
 		}
