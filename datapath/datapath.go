@@ -41,8 +41,7 @@ type Config struct {
 }
 
 // Datapath applies NodePrograms to one namespace's kernel and reads its state back. Its
-// methods are safe for concurrent use; they are serialised, but for Counters' reads of the
-// kernel's elements.
+// methods are safe for concurrent use; they are serialised, Counters giving way to the others.
 type Datapath struct {
 	mu    sync.Mutex
 	nft   nftConn
@@ -51,10 +50,13 @@ type Datapath struct {
 	netns netns.NsHandle
 	log   hclog.Logger
 	// counting serialises Counters, which reads the kernel's elements through counterSocket
-	// into counted without holding mu (counters.go).
+	// and drains a dump it stopped without holding mu; waiting is the number of callers
+	// waiting for mu, for whom Counters gives way, and turn orders the next Counters after
+	// them (counters.go).
 	counting      sync.Mutex
 	counterSocket ownSockets
-	counted       counted
+	waiting       atomic.Int32
+	turn          sync.Mutex
 	// lastChanges is the number of kernel writes the last Apply made (0 when the kernel
 	// already held the program).
 	lastChanges int
@@ -155,7 +157,7 @@ func EntryErrors(err error) []*kuportv1.EntryError {
 // The Datapath keeps p's entries to compare the next program with (incremental.go): p must
 // not be modified after the call (apply a changed copy, proto.Clone).
 func (d *Datapath) Apply(p *kuportv1.NodeProgram) error {
-	d.mu.Lock()
+	d.lock()
 	defer d.mu.Unlock()
 	changes := 0
 	start := time.Now()
@@ -241,7 +243,7 @@ func (d *Datapath) Cleanup() error {
 // through the nftables library. A set, chain or rule in no kuport form appears as a "# ..."
 // line.
 func (d *Datapath) Dump() (string, error) {
-	d.mu.Lock()
+	d.lock()
 	defer d.mu.Unlock()
 	kt, err := d.readKernel()
 	if err != nil || kt == nil {
@@ -255,7 +257,7 @@ func (d *Datapath) Dump() (string, error) {
 // resolved to the device of the main table's IPv4 default route ("" when there is none).
 // It reads only.
 func (d *Datapath) NodeState(underlay string) (*kuportv1.NodeState, error) {
-	d.mu.Lock()
+	d.lock()
 	defer d.mu.Unlock()
 	links, err := d.nl.LinkList()
 	if err != nil {

@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 
 	"github.com/google/nftables"
@@ -21,9 +22,16 @@ import (
 // (the kernel sends NFTA_SET_ELEM_EXPR when there is one).
 const nftaSetElemExpressions = 0x11
 
+// errYielded is setCounters' answer when its yield stopped the read.
+var errYielded = errors.New("the element read gave way")
+
 // setCounters calls fn with the key and counter of every element of set that has a counter.
-// key is valid during the call only.
-func (d *sockets) setCounters(fam nftables.TableFamily, table, set string, fn func(key []byte, packets, bytes uint64)) error {
+// key is valid during the call only. yield is asked between two reads of the answer: when it
+// says so, setCounters returns errYielded, the answer's rest left on the socket for drain.
+func (d *sockets) setCounters(fam nftables.TableFamily, table, set string, fn func(key []byte, packets, bytes uint64), yield func() bool) error {
+	if err := d.drain(); err != nil {
+		return err
+	}
 	c, err := d.nftSocket()
 	if err != nil {
 		return err
@@ -42,35 +50,68 @@ func (d *sockets) setCounters(fam nftables.TableFamily, table, set string, fn fu
 	if err != nil {
 		return fmt.Errorf("list elements of set %s: %w", set, err)
 	}
-	// The answer is read into one buffer kept for the next read (a dump's messages are at
-	// most 32 KiB each, the kernel's cap), where the library would allocate every message.
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return err
-	}
-	if d.dumpBuf == nil {
-		d.dumpBuf = make([]byte, 64<<10)
-	}
+	d.dumping, d.dumpSeq = true, req.Header.Sequence
 	for {
-		var n int
-		var rerr error
-		if err := rc.Read(func(fd uintptr) bool {
-			n, _, rerr = unix.Recvfrom(int(fd), d.dumpBuf, 0)
-			return rerr != unix.EAGAIN
-		}); err != nil {
-			return fmt.Errorf("list elements of set %s: %w", set, err)
-		}
-		if rerr != nil {
-			return fmt.Errorf("list elements of set %s: %w", set, rerr)
-		}
-		done, err := dumpMessages(d.dumpBuf[:n], req.Header.Sequence, fn)
+		done, err := d.readDump(fn)
 		if err != nil {
 			return fmt.Errorf("list elements of set %s: %w", set, err)
 		}
 		if done {
 			return nil
 		}
+		if yield() {
+			return errYielded
+		}
 	}
+}
+
+// drain reads and drops the rest of a dump setCounters stopped: the kernel takes no other
+// dump on the socket before one ends.
+func (d *sockets) drain() error {
+	for d.dumping {
+		if _, err := d.readDump(nil); err != nil {
+			return fmt.Errorf("drain an element dump: %w", err)
+		}
+	}
+	return nil
+}
+
+// readDump reads once from the socket of the dump in progress and calls fn (nil: none) for
+// its elements: whether the dump ended. The answer is read into one buffer kept for the next
+// read (a dump's messages are at most 32 KiB each, the kernel's cap), where the library
+// would allocate every message. A read that fails before the dump's end leaves the socket
+// in no known state: it is closed, and the next use opens another.
+func (d *sockets) readDump(fn func(key []byte, packets, bytes uint64)) (done bool, err error) {
+	defer func() {
+		if err != nil && !done {
+			d.dumping = false
+			d.nfConn.Close()
+			d.nfConn = nil
+		}
+	}()
+	rc, err := d.nfConn.SyscallConn()
+	if err != nil {
+		return false, err
+	}
+	if d.dumpBuf == nil {
+		d.dumpBuf = make([]byte, 64<<10)
+	}
+	var n int
+	var rerr error
+	if err := rc.Read(func(fd uintptr) bool {
+		n, _, rerr = unix.Recvfrom(int(fd), d.dumpBuf, 0)
+		return rerr != unix.EAGAIN
+	}); err != nil {
+		return false, err
+	}
+	if rerr != nil {
+		return false, rerr
+	}
+	done, err = dumpMessages(d.dumpBuf[:n], d.dumpSeq, fn)
+	if done {
+		d.dumping = false
+	}
+	return done, err
 }
 
 // dumpMessages reads the netlink messages of one read of an element dump (sequence seq):
@@ -104,7 +145,7 @@ func dumpMessages(b []byte, seq uint32, fn func(key []byte, packets, bytes uint6
 				}
 				eachAttr(b, func(typ uint16, b []byte) {
 					if typ == unix.NFTA_LIST_ELEM {
-						if key, packets, bytes, ok := elemCounter(b); ok {
+						if key, packets, bytes, ok := elemCounter(b); ok && fn != nil {
 							fn(key, packets, bytes)
 						}
 					}

@@ -335,7 +335,7 @@ func (k *fakeKernel) GetSetElements(s *nftables.Set) ([]nftables.SetElement, err
 
 // Own sockets.
 
-func (k *fakeKernel) setCounters(fam nftables.TableFamily, table, set string, fn func(key []byte, packets, bytes uint64)) error {
+func (k *fakeKernel) setCounters(fam nftables.TableFamily, table, set string, fn func(key []byte, packets, bytes uint64), _ func() bool) error {
 	elems, err := k.GetSetElements(&nftables.Set{Table: &nftables.Table{Name: table, Family: fam}, Name: set})
 	if err != nil {
 		return err
@@ -347,6 +347,9 @@ func (k *fakeKernel) setCounters(fam nftables.TableFamily, table, set string, fn
 	}
 	return nil
 }
+
+// drain: the fake's element reads end in one call.
+func (k *fakeKernel) drain() error { return nil }
 
 func (k *fakeKernel) rpFilter(ifindex int) (uint32, error) { return k.rp[ifindex], nil }
 

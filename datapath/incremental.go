@@ -224,8 +224,7 @@ func diff[T entryMsg](k entryKind[T], fam family, es entryList[T], list []T) (ch
 
 // compiler is the incremental state: the table, the errors of its compile, the entries it
 // was compiled from, the elements two or more entries need (shared), and the elements
-// changed since the last write (sync.go). edits counts the changes of tab's elements (a new
-// tab counts one), for Counters.
+// changed since the last write (sync.go).
 type compiler struct {
 	tab    *table
 	errs   []error
@@ -234,7 +233,6 @@ type compiler struct {
 	mark   entryList[*kuportv1.MarkRule]
 	shared map[setKey]bool
 	dirty  map[setKey]prior
-	edits  uint64
 }
 
 // compile returns the table p compiles to and its refused entries, entry by entry where it
@@ -250,7 +248,7 @@ func (d *Datapath) compile(p *kuportv1.NodeProgram) (*table, []error) {
 		c.revert()
 	}
 	t, errs, shared := compileEntries(p)
-	*c = compiler{tab: t, errs: errs, shared: shared, edits: c.edits + 1,
+	*c = compiler{tab: t, errs: errs, shared: shared,
 		dnat: newEntryList(p.GetDnatRules()), snat: newEntryList(p.GetSnatRules()), mark: newEntryList(p.GetMarkRules())}
 	return t, errs
 }
@@ -380,7 +378,6 @@ func (c *compiler) earlier(id string, ch change) bool {
 
 // touch records what the element is before its first change since the last write.
 func (c *compiler) touch(k setKey) {
-	c.edits++
 	if _, ok := c.dirty[k]; ok {
 		return
 	}
@@ -393,7 +390,6 @@ func (c *compiler) touch(k setKey) {
 
 // revert puts the dirty elements back as they were at the last write.
 func (c *compiler) revert() {
-	c.edits++
 	for k, b := range c.dirty {
 		if b.present {
 			c.tab.elems[k.set][k.key] = b.e

@@ -56,7 +56,8 @@ type ownSockets interface {
 	setRPFilter(ifindex int, value uint32) error
 	ipForward() (bool, error)
 	generation() (uint32, error)
-	setCounters(fam nftables.TableFamily, table, set string, fn func(key []byte, packets, bytes uint64)) error
+	setCounters(fam nftables.TableFamily, table, set string, fn func(key []byte, packets, bytes uint64), yield func() bool) error
+	drain() error
 }
 
 var (
@@ -74,6 +75,9 @@ type sockets struct {
 	// nftables socket after a transaction that deleted elements waits for the kernel
 	// (Config.NFT).
 	nfConn *mdnetlink.Conn
-	// dumpBuf receives element dumps (elemcounters.go).
+	// dumpBuf receives element dumps (elemcounters.go); dumping is set while one of sequence
+	// dumpSeq has not ended.
 	dumpBuf []byte
+	dumping bool
+	dumpSeq uint32
 }

@@ -191,7 +191,7 @@ func (d *Datapath) pruneLinks(keep map[string]bool, changes *int) []error {
 
 // LinkStats returns the kernel statistics of every kup-* device, by name.
 func (d *Datapath) LinkStats() ([]*kuportv1.LinkStats, error) {
-	d.mu.Lock()
+	d.lock()
 	defer d.mu.Unlock()
 	owned, err := d.ownedLinks()
 	if err != nil {

@@ -28,7 +28,7 @@ func Validate(p *kuportv1.NodeProgram) error {
 // of it that follows renders nothing again. The agent validates with it. As with Apply, p
 // must not be modified after the call.
 func (d *Datapath) Validate(p *kuportv1.NodeProgram) error {
-	d.mu.Lock()
+	d.lock()
 	defer d.mu.Unlock()
 	_, errs := d.compile(p)
 	return validation(p, errs)
