@@ -18,6 +18,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"math"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -234,6 +235,10 @@ func (b *bench) waitProgrammed(ctx context.Context, want int) error {
 // request's return (what the controller and the agent add after the API server has them all).
 func (b *bench) bulk(ctx context.Context, n int) error {
 	b.log.Info("bulk: applying PortMaps at once", "n", n)
+	cpu0, err := b.cpu()
+	if err != nil {
+		return err
+	}
 	start := time.Now()
 	if err := labbench.Parallel(0, n, func(i int) error { return b.portMap(fmt.Sprintf("bulk-%05d", i), bulkBase+i) }); err != nil {
 		return err
@@ -247,11 +252,17 @@ func (b *bench) bulk(ctx context.Context, n int) error {
 		return err
 	}
 	programmed := time.Now()
+	cpu1, err := b.cpu()
+	if err != nil {
+		return err
+	}
 	b.log.Info("bulk: created", "created_s", created.Sub(start).Seconds(),
 		"to_kernel_after_last_create_s", inKernel.Sub(created).Seconds(),
-		"to_programmed_after_last_create_s", programmed.Sub(created).Seconds())
+		"to_programmed_after_last_create_s", programmed.Sub(created).Seconds(),
+		"cpu_s_controller", round2(cpu1.controller-cpu0.controller), "cpu_s_api_server_etcd", round2(cpu1.plane-cpu0.plane),
+		"cpu_s_agents", round2(cpu1.agents-cpu0.agents), "cpu_s_bench", round2(cpu1.bench-cpu0.bench))
 	dstart := time.Now()
-	err := labbench.Parallel(0, n, func(i int) error { return b.l.DeletePortMap(ctx, kuportNS, fmt.Sprintf("bulk-%05d", i)) })
+	err = labbench.Parallel(0, n, func(i int) error { return b.l.DeletePortMap(ctx, kuportNS, fmt.Sprintf("bulk-%05d", i)) })
 	if err != nil {
 		return err
 	}
@@ -265,6 +276,35 @@ func (b *bench) bulk(ctx context.Context, n int) error {
 	fmt.Printf("BENCH bulk n=%d to_kernel_s=%.2f to_programmed_s=%.2f delete_to_kernel_s=%.2f\n",
 		n, inKernel.Sub(start).Seconds(), programmed.Sub(start).Seconds(), gone.Sub(dstart).Seconds())
 	return nil
+}
+
+// cpuUse is the CPU seconds so far of the lab's processes: kuport's controller, the API
+// server with etcd, kuport's agents, and this process (the bench's own clients).
+type cpuUse struct{ controller, plane, agents, bench float64 }
+
+// round2 rounds CPU seconds to hundredths (the clock's tick) for the log.
+func round2(s float64) float64 { return math.Round(s*100) / 100 }
+
+func (b *bench) cpu() (cpuUse, error) {
+	var u cpuUse
+	var err error
+	agents := []int{}
+	for _, n := range b.l.Net.Nodes() {
+		if p := b.l.AgentPid(n.Name); p > 0 {
+			agents = append(agents, p)
+		}
+	}
+	if u.controller, err = labbench.CPUSeconds(b.l.ReplicaPid(0)); err != nil {
+		return u, err
+	}
+	if u.plane, err = labbench.CPUOf(b.l.Cluster.Pids()...); err != nil {
+		return u, err
+	}
+	if u.agents, err = labbench.CPUOf(agents...); err != nil {
+		return u, err
+	}
+	u.bench, err = labbench.CPUSeconds(os.Getpid())
+	return u, err
 }
 
 // size grows both systems to n and measures them.

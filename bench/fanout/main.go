@@ -191,17 +191,7 @@ func run(args []string) error {
 	pid := l.ReplicaPid(0)
 	// The control plane's CPU over the change too (etcd and kube-apiserver): on the lab's
 	// shared cores it is taken from the controller and the agents.
-	planeCPU := func() (float64, error) {
-		var sum float64
-		for _, p := range l.Cluster.Pids() {
-			s, err := labbench.CPUSeconds(p)
-			if err != nil {
-				return 0, err
-			}
-			sum += s
-		}
-		return sum, nil
-	}
+	planeCPU := func() (float64, error) { return labbench.CPUOf(l.Cluster.Pids()...) }
 	// Every PortMap Programmed is not yet a steady state: the controller still writes the
 	// agents' connection Events (1,000 of them, one at a time) and the API server serves
 	// them. The change is measured once they are done.

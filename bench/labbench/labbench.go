@@ -181,6 +181,19 @@ func CPUSeconds(pid int) (float64, error) {
 	return st.CPUTime(), nil
 }
 
+// CPUOf is the user and system CPU time the processes pids have used, summed.
+func CPUOf(pids ...int) (float64, error) {
+	var sum float64
+	for _, p := range pids {
+		s, err := CPUSeconds(p)
+		if err != nil {
+			return 0, err
+		}
+		sum += s
+	}
+	return sum, nil
+}
+
 // Programmed reports whether a PortMap (as the dynamic client returns it) has condition
 // Programmed=True for its current generation.
 func Programmed(u *unstructured.Unstructured) bool {
