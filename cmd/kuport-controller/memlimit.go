@@ -36,9 +36,11 @@ func setMemoryLimit(log hclog.Logger, limit memlimit.Provider) int64 {
 // gcPercent is the controller's GOGC. Most of its heap lives as long as the cluster's state
 // (compile's programs and index, the informer caches, the agents' latest reports, the
 // dashboard's history), and the default GOGC (100) lets the heap grow to twice that between
-// collections, which the runtime then keeps from the system: at 10,000 mappings with 1,000
-// agents, 628-672 MiB resident for a live heap of about 200 MB (BENCHMARKS.md, "Issue 13:
-// controller memory at 10,000 mappings and 1,000 agents", has this figure's runs).
+// collections, which the runtime then keeps from the system. At 10,000 mappings with 1,000
+// agents (bench/fanout), 25 took the resident memory from 638 to 367-375 MiB (heap goal 546
+// to 246 MB) for three times the collections: the collector's share of the two cores from
+// 8 to 27 % over the run, most of it while 10,000 PortMaps arrive (BENCHMARKS.md, "Issue 13:
+// controller memory at 10,000 mappings and 1,000 agents").
 const gcPercent = 25
 
 // setGCPercent sets the process's GOGC to gcPercent, unless the environment sets GOGC, and
