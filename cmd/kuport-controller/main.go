@@ -145,6 +145,7 @@ func run(args []string) error {
 	}
 	log := hclog.New(&hclog.LoggerOptions{Name: "kuport-controller", Level: lvl, Output: os.Stderr})
 	setMemoryLimit(log, memlimit.FromCgroup)
+	setGCPercent(log)
 
 	cfg, err := restConfig(*kubeconfig)
 	if err != nil {

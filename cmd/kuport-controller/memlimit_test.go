@@ -32,3 +32,17 @@ func TestMemoryLimitFromContainer(t *testing.T) {
 	require.EqualValues(t, 300<<20, setMemoryLimit(log, memlimit.Limit(500<<20)))
 	require.EqualValues(t, 300<<20, debug.SetMemoryLimit(-1))
 }
+
+// TestGCPercent: the controller's GOGC is gcPercent, unless the environment sets GOGC.
+func TestGCPercent(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	log := hclog.NewNullLogger()
+	t.Setenv("GOGC", "")
+	require.NoError(t, os.Unsetenv("GOGC"))
+	setGCPercent(log)
+	require.Equal(t, gcPercent, debug.SetGCPercent(100))
+
+	t.Setenv("GOGC", "200") // the runtime read it at the start; this test's process set 100
+	setGCPercent(log)
+	require.Equal(t, 100, debug.SetGCPercent(100), "GOGC in the environment wins")
+}

@@ -49,9 +49,10 @@ type Incremental struct {
 	svcSet          map[*corev1.Service]types.NamespacedName
 	sliceSet        map[*discoveryv1.EndpointSlice]types.NamespacedName
 	changedServices map[types.NamespacedName]bool
-	// byService: the PortMaps whose serviceRef names each Service; byClass: whose className
-	// names each class.
-	byService map[types.NamespacedName]map[types.NamespacedName]bool
+	// byService: the PortMaps whose serviceRef names each Service (nearly always one: a list,
+	// where a set per Service took 10,000 small maps); byClass: whose className names each
+	// class.
+	byService map[types.NamespacedName][]types.NamespacedName
 	byClass   map[string]map[types.NamespacedName]bool
 	// needers counts the plans needing each link ("<class>/<pair>").
 	needers map[string]int
@@ -119,7 +120,7 @@ func (inc *Incremental) CompileChanges(s *Snapshot, ch *Changes) *Result {
 func (inc *Incremental) reset(s *Snapshot, c *compiler, r *Result) {
 	*inc = Incremental{prev: s, c: c, res: r, recompiled: len(c.plans),
 		portMaps: map[types.NamespacedName]*v1alpha1.PortMap{}, plans: map[types.NamespacedName]*plan{},
-		byService: map[types.NamespacedName]map[types.NamespacedName]bool{}, byClass: map[string]map[types.NamespacedName]bool{},
+		byService: map[types.NamespacedName][]types.NamespacedName{}, byClass: map[string]map[types.NamespacedName]bool{},
 		needers: map[string]int{},
 		users:   map[string]map[string]int{}, stamped: map[types.NamespacedName]bool{},
 		conflicted: map[types.NamespacedName]*plan{}}
@@ -148,10 +149,9 @@ func (inc *Incremental) reset(s *Snapshot, c *compiler, r *Result) {
 func (inc *Incremental) track(k types.NamespacedName, p *plan, r *PortMapResult) {
 	inc.plans[k] = p
 	svc := nsName(p.pm.Namespace, p.pm.Spec.ServiceRef.Name)
-	if inc.byService[svc] == nil {
-		inc.byService[svc] = map[types.NamespacedName]bool{}
+	if !slices.Contains(inc.byService[svc], k) {
+		inc.byService[svc] = append(inc.byService[svc], k)
 	}
-	inc.byService[svc][k] = true
 	if inc.byClass[p.pm.Spec.ClassName] == nil {
 		inc.byClass[p.pm.Spec.ClassName] = map[types.NamespacedName]bool{}
 	}
@@ -170,8 +170,9 @@ func (inc *Incremental) track(k types.NamespacedName, p *plan, r *PortMapResult)
 func (inc *Incremental) untrack(k types.NamespacedName, p *plan) {
 	delete(inc.plans, k)
 	svc := nsName(p.pm.Namespace, p.pm.Spec.ServiceRef.Name)
-	delete(inc.byService[svc], k)
-	if len(inc.byService[svc]) == 0 {
+	if rest := slices.DeleteFunc(inc.byService[svc], func(x types.NamespacedName) bool { return x == k }); len(rest) > 0 {
+		inc.byService[svc] = rest
+	} else {
 		delete(inc.byService, svc)
 	}
 	delete(inc.byClass[p.pm.Spec.ClassName], k)
@@ -319,7 +320,7 @@ func (inc *Incremental) hinted(ch *Changes) ([]types.NamespacedName, map[types.N
 		pms = map[types.NamespacedName]*v1alpha1.PortMap{}
 	}
 	for svc := range ch.Services {
-		for k := range inc.byService[svc] {
+		for _, k := range inc.byService[svc] {
 			if _, ok := pms[k]; !ok {
 				pms[k] = inc.portMaps[k]
 			}
@@ -463,7 +464,7 @@ func (inc *Incremental) dirty(s *Snapshot) ([]types.NamespacedName, map[types.Na
 		}
 	}
 	for svc := range svcs {
-		for k := range inc.byService[svc] {
+		for _, k := range inc.byService[svc] {
 			set[k] = true
 			if pms[k] == nil && !deleted[k] {
 				pms[k] = inc.portMaps[k]

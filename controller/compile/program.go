@@ -99,9 +99,13 @@ func (b *programBuilder) program() *kuportv1.NodeProgram {
 	return b.p
 }
 
-// nodeIndex returns the program's index with every list sorted.
+// nodeIndex returns the program's index with every list sorted, its entries without the
+// spare room appending left (a result lives until the next compile: 8 MB at 10,000 mappings).
 func (b *programBuilder) nodeIndex() NodeIndex {
 	for _, mi := range b.index {
+		if cap(mi.Entries) > len(mi.Entries) {
+			mi.Entries = slices.Clone(mi.Entries)
+		}
 		slices.SortFunc(mi.Entries, func(x, y Entry) int { return cmp.Compare(x.ID, y.ID) })
 		slices.Sort(mi.Links)
 		slices.Sort(mi.ReturnPaths)

@@ -135,17 +135,20 @@ func (s *Server) sample(now time.Time) {
 	if src != nil {
 		snap = readSnapshot(src.Agents)
 		snap.count(nil)
+		// Counters at 0 keep no series (rates): their keys are not even made.
 		for m, cs := range snap.counters {
 			for _, c := range cs {
-				readings[counterKey(m, c)] = reading{packets: c.Packets, bytes: c.Bytes}
+				if v := c.reading(); !v.zero() {
+					readings[counterKey(m, c)] = v
+				}
 			}
 		}
 		for _, l := range snap.links {
 			for _, e := range l.Ends {
-				if e.Reported {
-					readings[linkRateKey(e, "rx")] = reading{packets: e.RxPackets}
-					readings[linkRateKey(e, "tx")] = reading{packets: e.TxPackets}
-					readings[linkRateKey(e, "txErrors")] = reading{packets: e.TxErrors}
+				for _, stat := range linkStats {
+					if v := e.reading(stat); e.Reported && !v.zero() {
+						readings[linkRateKey(e, stat)] = v
+					}
 				}
 			}
 		}
@@ -239,7 +242,7 @@ func (s *Server) Query(now time.Time, q Query) *State {
 
 // read returns the source and the rates of the latest sample, and marks the state read at
 // now.
-func (s *Server) read(now time.Time) (*Source, func(key string) Rate) {
+func (s *Server) read(now time.Time) (*Source, rateFunc) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.lastRead = now
@@ -275,11 +278,11 @@ func allMappings(src *Source, snap *snapshot) []Mapping {
 }
 
 // withCounters adds m's counters, with their rates, and its history.
-func (s *Server) withCounters(m Mapping, snap *snapshot, rate func(string) Rate) Mapping {
+func (s *Server) withCounters(m Mapping, snap *snapshot, rate rateFunc) Mapping {
 	key := types.NamespacedName{Namespace: m.Namespace, Name: m.Name}
 	m.Counters = slices.Clone(snap.counters[key])
 	for i := range m.Counters {
-		m.Counters[i].Rate = rate(counterKey(key, m.Counters[i]))
+		m.Counters[i].Rate = rate(counterKey(key, m.Counters[i]), m.Counters[i].reading())
 	}
 	slices.SortFunc(m.Counters, func(a, b Counter) int {
 		return cmp.Or(strings.Compare(a.Node, b.Node), strings.Compare(a.Rule, b.Rule), strings.Compare(a.Direction, b.Direction))
@@ -301,15 +304,15 @@ func (s *Server) history(in, out string) *History {
 }
 
 // linkRows lists snap's links with their rates and history.
-func (s *Server) linkRows(snap *snapshot, rate func(string) Rate) []Link {
+func (s *Server) linkRows(snap *snapshot, rate rateFunc) []Link {
 	out := make([]Link, 0, len(snap.links))
 	for _, l := range snap.links {
 		l.Ends = slices.Clone(l.Ends)
 		for i := range l.Ends {
 			e := &l.Ends[i]
-			e.RxPerSecond = rate(linkRateKey(*e, "rx")).PacketsPerSecond
-			e.TxPerSecond = rate(linkRateKey(*e, "tx")).PacketsPerSecond
-			e.TxErrorsPerSecond = rate(linkRateKey(*e, "txErrors")).PacketsPerSecond
+			e.RxPerSecond = linkRate(rate, *e, "rx")
+			e.TxPerSecond = linkRate(rate, *e, "tx")
+			e.TxErrorsPerSecond = linkRate(rate, *e, "txErrors")
 			e.History = s.history(linkHistoryKey(*e, "in"), linkHistoryKey(*e, "out"))
 		}
 		out = append(out, l)
@@ -328,6 +331,34 @@ func linkRateKey(e LinkEnd, stat string) string {
 	return "link " + e.Node + " " + e.Device + " " + stat
 }
 
+// linkStats are the statistics of a link end that have rates.
+var linkStats = []string{"rx", "tx", "txErrors"}
+
+// reading is the end's statistic stat (one of linkStats) as a counter of packets.
+func (e LinkEnd) reading(stat string) reading {
+	switch stat {
+	case "rx":
+		return reading{packets: e.RxPackets}
+	case "tx":
+		return reading{packets: e.TxPackets}
+	default:
+		return reading{packets: e.TxErrors}
+	}
+}
+
+// linkRate is the packet rate of the end's statistic stat: unknown until its node reports it.
+func linkRate(rate rateFunc, e LinkEnd, stat string) *float64 {
+	if !e.Reported {
+		return nil
+	}
+	return rate(linkRateKey(e, stat), e.reading(stat)).PacketsPerSecond
+}
+
+func (c Counter) reading() reading { return reading{packets: c.Packets, bytes: c.Bytes} }
+
+// rateFunc is rates.rate of the latest sample.
+type rateFunc func(key string, now reading) Rate
+
 // mappingHistoryKey and linkHistoryKey name the history's series: dir is "in" or "out".
 func mappingHistoryKey(m types.NamespacedName, dir string) string {
 	return "m " + m.String() + " " + dir
@@ -337,7 +368,7 @@ func linkHistoryKey(e LinkEnd, dir string) string { return "l " + e.Node + " " +
 // historyValues sums each mapping's rates of the packets its accepting interfaces forward
 // in (from clients) and out (to them), and takes each link end's rx and tx packet rates;
 // a sum of no known rate is unknown (NaN).
-func historyValues(snap *snapshot, rate func(string) Rate) map[string]float64 {
+func historyValues(snap *snapshot, rate rateFunc) map[string]float64 {
 	out := map[string]float64{}
 	if snap == nil {
 		return out
@@ -348,7 +379,7 @@ func historyValues(snap *snapshot, rate func(string) Rate) map[string]float64 {
 			if !c.forwarded || c.overLink {
 				continue
 			}
-			if r := rate(counterKey(m, c)).PacketsPerSecond; r != nil {
+			if r := rate(counterKey(m, c), c.reading()).PacketsPerSecond; r != nil {
 				sum[c.Direction] = ptr(deref(sum[c.Direction]) + *r)
 			}
 		}
@@ -358,8 +389,8 @@ func historyValues(snap *snapshot, rate func(string) Rate) map[string]float64 {
 	}
 	for _, l := range snap.links {
 		for _, e := range l.Ends {
-			out[linkHistoryKey(e, "in")] = orNaN(rate(linkRateKey(e, "rx")).PacketsPerSecond)
-			out[linkHistoryKey(e, "out")] = orNaN(rate(linkRateKey(e, "tx")).PacketsPerSecond)
+			out[linkHistoryKey(e, "in")] = orNaN(linkRate(rate, e, "rx"))
+			out[linkHistoryKey(e, "out")] = orNaN(linkRate(rate, e, "tx"))
 		}
 	}
 	return out

@@ -153,7 +153,8 @@ func TestState(t *testing.T) {
 		{Name: "worker-b", Connected: true, AgentVersion: "v1", UnderlayInterface: "wt0", UnderlayMTU: 1400, ProgramVersion: 5, AckedVersion: 4},
 	}, st.Nodes)
 	assert.Equal(t, []Link{{Class: "public", Ends: []LinkEnd{
-		{Node: "edge-a", Device: "kup-5e30a797", PeerNode: "worker-b", Address: "169.254.77.0", MTU: 1350, Reported: true, TxPackets: 40, RxPackets: 38},
+		{Node: "edge-a", Device: "kup-5e30a797", PeerNode: "worker-b", Address: "169.254.77.0", MTU: 1350, Reported: true, TxPackets: 40, RxPackets: 38,
+			TxErrorsPerSecond: ptr(0.0)}, // no error counted yet: none a second, known at once
 		{Node: "worker-b", Device: "kup-dcc4266d", PeerNode: "edge-a", Address: "169.254.77.1", MTU: 1350},
 	}}}, st.Links)
 
@@ -264,7 +265,7 @@ func TestRates(t *testing.T) {
 	}
 	obs := func(packets uint64, now time.Time) Rate {
 		r.observe(read(packets), now)
-		return r.rate("k")
+		return r.rate("k", read(packets)["k"])
 	}
 	pps := func(rt Rate) any {
 		if rt.PacketsPerSecond == nil {
@@ -272,6 +273,11 @@ func TestRates(t *testing.T) {
 		}
 		return *rt.PacketsPerSecond
 	}
+
+	// A counter at 0 has counted nothing since its rule was made: 0 at once, and no series.
+	assert.Equal(t, 0.0, pps(obs(0, at(0))), "a counter at 0")
+	assert.Empty(t, r.series, "a counter at 0 keeps no series")
+	assert.Nil(t, pps(r.rate("other", reading{packets: 3})), "a counter the sample did not see above 0")
 
 	assert.Nil(t, pps(obs(10, at(0))), "first reading")
 	assert.Nil(t, pps(obs(10, at(1))), "unchanged")
@@ -290,6 +296,8 @@ func TestRates(t *testing.T) {
 
 	// A counter that went down was re-created: it starts over.
 	assert.Nil(t, pps(obs(5, at(100))))
+	assert.Equal(t, 0.0, pps(obs(0, at(100.5))), "re-created and not counted since")
+	assert.Empty(t, r.series)
 	// A counter no longer read is forgotten.
 	r.observe(map[string]reading{}, at(101))
 	assert.Empty(t, r.series)

@@ -14,11 +14,13 @@ const rateWindow = 30 * time.Second
 // rates turns successive readings of cumulative counters (Server.Run's samples) into
 // per-second rates. A counter only moves when its agent reports, so a rate is not taken
 // between two samples (most see no change) but across the changes seen within rateWindow,
-// each timed by the sample that first saw it. Safe for concurrent use.
+// each timed by the sample that first saw it. A counter that reads 0 has counted nothing
+// since its rule was made: its rate is 0, known at once, and it keeps no series (an idle
+// cluster's counters, 70,000 at 10,000 mappings, held 17-30 MB of series and keys).
+// Safe for concurrent use.
 type rates struct {
 	mu sync.Mutex
-	// series by counter, by value: one per counter the registry holds (48 bytes each; an
-	// idle counter's changes stay nil).
+	// series by counter, by value: one per counter that read above 0 (48 bytes each).
 	series map[string]series
 	at     int64 // unix nanoseconds of the latest observe
 }
@@ -43,13 +45,16 @@ type Rate struct {
 }
 
 // observe records the readings taken at now, keyed by counter; rate then gives each one's
-// rate. Counters absent from readings are forgotten.
+// rate. Counters absent from readings are forgotten; readings need not hold those at 0.
 func (r *rates) observe(readings map[string]reading, now time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	next := make(map[string]series, len(readings))
 	at := now.UnixNano()
 	for key, v := range readings {
+		if v.zero() {
+			continue
+		}
 		v.at = at
 		s, ok := r.series[key]
 		switch {
@@ -72,9 +77,15 @@ func (r *rates) observe(readings map[string]reading, now time.Time) {
 	r.series, r.at = next, at
 }
 
-// rate returns the rate of counter key as of the latest observe: unknown for a counter it
-// was not given. Computed when asked, not kept: a page reads a few of them.
-func (r *rates) rate(key string) Rate {
+func (v reading) zero() bool { return v.packets == 0 && v.bytes == 0 }
+
+// rate returns the rate of counter key, which reads v now, as of the latest observe: 0 for
+// a counter at 0, unknown for another observe was not given above 0. Computed when asked,
+// not kept: a page reads a few of them.
+func (r *rates) rate(key string, v reading) Rate {
+	if v.zero() {
+		return zeroRate()
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s, ok := r.series[key]
@@ -89,12 +100,16 @@ func (s *series) rate(now int64) Rate {
 		if time.Duration(now-s.since) < rateWindow {
 			return Rate{}
 		}
-		zero := 0.0
-		return Rate{PacketsPerSecond: &zero, BytesPerSecond: &zero}
+		return zeroRate()
 	}
 	first, last := s.changes[0], s.changes[len(s.changes)-1]
 	secs := time.Duration(last.at - first.at).Seconds()
 	pps := float64(last.packets-first.packets) / secs
 	bps := float64(last.bytes-first.bytes) / secs
 	return Rate{PacketsPerSecond: &pps, BytesPerSecond: &bps}
+}
+
+func zeroRate() Rate {
+	zero := 0.0
+	return Rate{PacketsPerSecond: &zero, BytesPerSecond: &zero}
 }
