@@ -114,6 +114,7 @@ func TestPrivilegedInstall(t *testing.T) {
 	applied := time.Now()
 	e.runReadme("install", readmeArgs{deploy: overlay(t, curTag)})
 	e.assertAgentUnprivileged()
+	e.assertControllerSoftLimit()
 	e.kubectlIn(mappings, "apply", "-f", "-")
 	e.waitProgrammed("demo", "local", "remote", "remote-udp")
 	e.assertAnswers("tcp", 3000, "web-a")
@@ -165,6 +166,20 @@ func (e *env) exec(node string, args ...string) string {
 	out, err := e.l.Net.Exec(context.Background(), node, args...)
 	require.NoError(e.t, err, "%s: %v", node, args)
 	return out
+}
+
+// assertControllerSoftLimit checks, in each controller replica's log, that the Go runtime's
+// soft memory limit is 90% of the container's 1Gi limit (deploy/controller.yaml), read from
+// the cgroup the kubelet and containerd made for it.
+func (e *env) assertControllerSoftLimit() {
+	e.t.Helper()
+	pods, err := e.l.Kube.CoreV1().Pods(kuportNS).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=kuport-controller"})
+	require.NoError(e.t, err)
+	require.NotEmpty(e.t, pods.Items)
+	for _, p := range pods.Items {
+		log := e.kubectl("-n", kuportNS, "logs", p.Name)
+		assert.Contains(e.t, log, "Go runtime's soft memory limit: bytes=966367641 mib=921", "controller pod %s", p.Name)
+	}
 }
 
 // assertAnswers probes publicAddr:port from the client and asserts the pod (a real pod of
