@@ -91,10 +91,12 @@ func (k *kernel) countElements(table, set string) (int, error) {
 		return 0, fmt.Errorf("set %s of %s: %w", set, table, err)
 	}
 	elems, err := k.nft.GetSetElements(s)
-	if errors.Is(err, unix.ENOENT) {
-		return 0, nil
-	}
 	if err != nil {
+		// The set went between the two reads (an empty program deletes the table): the
+		// library's error for it does not wrap ENOENT, so look again.
+		if _, gone := k.nft.GetSetByName(s.Table, set); errors.Is(gone, unix.ENOENT) {
+			return 0, nil
+		}
 		return 0, fmt.Errorf("elements of %s: %w", set, err)
 	}
 	return len(elems), nil
