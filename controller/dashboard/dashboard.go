@@ -131,30 +131,12 @@ func (s *Server) sample(now time.Time) {
 	}
 	start := time.Now()
 	readings := map[string]reading{}
-	var snap *snapshot
+	var rows *sampleRows
 	if src != nil {
-		snap = readSnapshot(src.Agents)
-		snap.count(nil)
-		// Counters at 0 keep no series (rates): their keys are not even made.
-		for m, cs := range snap.counters {
-			for _, c := range cs {
-				if v := c.reading(); !v.zero() {
-					readings[counterKey(m, c)] = v
-				}
-			}
-		}
-		for _, l := range snap.links {
-			for _, e := range l.Ends {
-				for _, stat := range linkStats {
-					if v := e.reading(stat); e.Reported && !v.zero() {
-						readings[linkRateKey(e, stat)] = v
-					}
-				}
-			}
-		}
+		rows = readSampleRows(src.Agents, readings)
 	}
 	s.series.observe(readings, now)
-	s.hist.record(historyValues(snap, s.series.rate), now)
+	s.hist.record(rows.historyValues(s.series.rate), now)
 	s.mu.Lock()
 	s.lastSample = now
 	s.gap = min(max(sampleMaxShare*time.Since(start), sampleInterval), historyStep)
@@ -365,29 +347,93 @@ func mappingHistoryKey(m types.NamespacedName, dir string) string {
 }
 func linkHistoryKey(e LinkEnd, dir string) string { return "l " + e.Node + " " + e.Device + " " + dir }
 
+// sampleRows is what a sample keeps of one read of the counters for the history, once
+// their readings are observed: each mapping's client-facing forwarded rows (forwarded, not
+// over a link) by direction, and the link ends. A row at 0 keeps no key (its rate is 0):
+// a sample of an idle cluster makes no string nor row per counter.
+type sampleRows struct {
+	mappings map[types.NamespacedName]*[2]forwardedRows // [0] in, [1] out
+	links    []Link
+}
+
+// forwardedRows are one direction's rows of a mapping: the keys and readings of those above
+// 0, and whether any read 0.
+type forwardedRows struct {
+	moving []keyedReading
+	idle   bool
+}
+
+type keyedReading struct {
+	key string
+	reading
+}
+
+// readSampleRows reads every node's counters (readCounts, counted) once: each counter and
+// link statistic above 0 goes into readings by its rate key, and sampleRows keeps what
+// historyValues sums.
+func readSampleRows(a Agents, readings map[string]reading) *sampleRows {
+	snap := readCounts(a)
+	rows := &sampleRows{mappings: map[types.NamespacedName]*[2]forwardedRows{}, links: snap.links}
+	snap.counted(nil, func(m types.NamespacedName, c Counter) {
+		dirs := rows.mappings[m]
+		if dirs == nil {
+			dirs = &[2]forwardedRows{}
+			rows.mappings[m] = dirs
+		}
+		v := c.reading()
+		var key string
+		if !v.zero() {
+			key = counterKey(m, c)
+			readings[key] = v
+		}
+		if !c.forwarded || c.overLink {
+			return
+		}
+		d := &dirs[0]
+		if c.Direction == metrics.DirectionOut {
+			d = &dirs[1]
+		}
+		if v.zero() {
+			d.idle = true
+		} else {
+			d.moving = append(d.moving, keyedReading{key, v})
+		}
+	})
+	for _, l := range snap.links {
+		for _, e := range l.Ends {
+			for _, stat := range linkStats {
+				if v := e.reading(stat); e.Reported && !v.zero() {
+					readings[linkRateKey(e, stat)] = v
+				}
+			}
+		}
+	}
+	return rows
+}
+
 // historyValues sums each mapping's rates of the packets its accepting interfaces forward
 // in (from clients) and out (to them), and takes each link end's rx and tx packet rates;
-// a sum of no known rate is unknown (NaN).
-func historyValues(snap *snapshot, rate rateFunc) map[string]float64 {
+// a sum of no known rate is unknown (NaN). None for nil rows (no source).
+func (rows *sampleRows) historyValues(rate rateFunc) map[string]float64 {
 	out := map[string]float64{}
-	if snap == nil {
+	if rows == nil {
 		return out
 	}
-	for m, cs := range snap.counters {
-		sum := map[string]*float64{}
-		for _, c := range cs {
-			if !c.forwarded || c.overLink {
-				continue
+	for m, dirs := range rows.mappings {
+		for i, dir := range []string{metrics.DirectionIn, metrics.DirectionOut} {
+			var sum *float64
+			if dirs[i].idle {
+				sum = ptr(0.0)
 			}
-			if r := rate(counterKey(m, c), c.reading()).PacketsPerSecond; r != nil {
-				sum[c.Direction] = ptr(deref(sum[c.Direction]) + *r)
+			for _, r := range dirs[i].moving {
+				if pps := rate(r.key, r.reading).PacketsPerSecond; pps != nil {
+					sum = ptr(deref(sum) + *pps)
+				}
 			}
-		}
-		for _, dir := range []string{metrics.DirectionIn, metrics.DirectionOut} {
-			out[mappingHistoryKey(m, dir)] = orNaN(sum[dir])
+			out[mappingHistoryKey(m, dir)] = orNaN(sum)
 		}
 	}
-	for _, l := range snap.links {
+	for _, l := range rows.links {
 		for _, e := range l.Ends {
 			out[linkHistoryKey(e, "in")] = orNaN(linkRate(rate, e, "rx"))
 			out[linkHistoryKey(e, "out")] = orNaN(linkRate(rate, e, "tx"))

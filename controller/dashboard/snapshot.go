@@ -17,56 +17,67 @@ import (
 type snapshot struct {
 	nodes  []*kuportv1.NodeInfo
 	agents map[string]*compile.AgentState
-	// index by mapping, then node: what the node's program holds for it.
+	// index by mapping, then node: what the node's program holds for it (readSnapshot).
 	index map[types.NamespacedName]map[string]*compile.MappingIndex
 	// nodeIndex and stats by node: the index of its program and its latest report's counters.
 	nodeIndex map[string]compile.NodeIndex
 	stats     map[string][]*kuportv1.Counter
-	// counters by mapping, of the mappings count was asked for.
+	// counters by mapping, of the mappings count was asked for (readSnapshot).
 	counters map[types.NamespacedName][]Counter
-	// unanswered by mapping.
+	// unanswered by mapping (readSnapshot).
 	unanswered map[types.NamespacedName][]Unanswered
 	// links sorted by class and nodes, each end with its latest statistics.
 	links []Link
 }
 
-// readSnapshot reads a: for every node, its program's index and links, its latest report,
-// and the unanswered verdicts when a judges (Judge). Its counters are read by count.
+// readSnapshot reads a for a page: what readCounts reads, each mapping's index by node, and
+// the unanswered verdicts when a judges (Judge).
 func readSnapshot(a Agents) *snapshot {
-	s := &snapshot{nodes: a.Nodes(), agents: a.Agents(),
-		index:     map[types.NamespacedName]map[string]*compile.MappingIndex{},
-		nodeIndex: map[string]compile.NodeIndex{}, stats: map[string][]*kuportv1.Counter{},
-		counters: map[types.NamespacedName][]Counter{}, unanswered: map[types.NamespacedName][]Unanswered{}}
+	s := readCounts(a)
+	s.index = map[types.NamespacedName]map[string]*compile.MappingIndex{}
+	s.counters, s.unanswered = map[types.NamespacedName][]Counter{}, map[types.NamespacedName][]Unanswered{}
 	judge, _ := a.(Judge)
-	links := map[string]*Link{}
 	for _, n := range s.nodes {
-		index := a.Index(n.Node)
+		index := s.nodeIndex[n.Node]
 		for _, mi := range index {
 			if s.index[mi.Mapping] == nil {
 				s.index[mi.Mapping] = map[string]*compile.MappingIndex{}
 			}
 			s.index[mi.Mapping][n.Node] = mi
 		}
+		if judge == nil {
+			continue
+		}
+		// The verdicts are by compile's mapping key (cut for long names): the index names the
+		// mapping.
+		for k, vs := range judge.Unanswered(n.Node) {
+			mi := index[k]
+			if mi == nil {
+				continue
+			}
+			for _, v := range vs {
+				if v.Unanswered {
+					s.unanswered[mi.Mapping] = append(s.unanswered[mi.Mapping], Unanswered{Node: n.Node, Interface: v.Interface,
+						Since: v.Since.UTC(), Requests: v.Requests})
+				}
+			}
+		}
+	}
+	return s
+}
+
+// readCounts reads what a sample needs of a: for every node, its program's index and
+// links and its latest report. Its counters are read by counted.
+func readCounts(a Agents) *snapshot {
+	s := &snapshot{nodes: a.Nodes(), agents: a.Agents(),
+		nodeIndex: map[string]compile.NodeIndex{}, stats: map[string][]*kuportv1.Counter{}}
+	links := map[string]*Link{}
+	for _, n := range s.nodes {
+		index := a.Index(n.Node)
 		ctrs, stats := a.Stats(n.Node)
 		s.nodeIndex[n.Node], s.stats[n.Node] = index, ctrs
 		program, _, _ := a.Program(n.Node)
 		addLinkEnds(links, n.Node, program.GetLinks(), stats)
-		if judge != nil {
-			// The verdicts are by compile's mapping key (cut for long names): the index names
-			// the mapping.
-			for k, vs := range judge.Unanswered(n.Node) {
-				mi := index[k]
-				if mi == nil {
-					continue
-				}
-				for _, v := range vs {
-					if v.Unanswered {
-						s.unanswered[mi.Mapping] = append(s.unanswered[mi.Mapping], Unanswered{Node: n.Node, Interface: v.Interface,
-							Since: v.Since.UTC(), Requests: v.Requests})
-					}
-				}
-			}
-		}
 	}
 	for _, l := range links {
 		slices.SortFunc(l.Ends, func(a, b LinkEnd) int { return strings.Compare(a.Node, b.Node) })
@@ -76,9 +87,9 @@ func readSnapshot(a Agents) *snapshot {
 	return s
 }
 
-// count reads the counters of the wanted mappings (all for nil) that measure a rule of
-// their node's current program (metrics.Counted).
-func (s *snapshot) count(wanted map[types.NamespacedName]bool) {
+// counted calls f with each counter of the wanted mappings (all for nil) that measures a
+// rule of its node's current program (metrics.Counted), and its mapping.
+func (s *snapshot) counted(wanted map[types.NamespacedName]bool, f func(types.NamespacedName, Counter)) {
 	for _, n := range s.nodes {
 		index := s.nodeIndex[n.Node]
 		if wanted != nil {
@@ -91,12 +102,15 @@ func (s *snapshot) count(wanted map[types.NamespacedName]bool) {
 			index = sub
 		}
 		for r, c := range metrics.Counted(index, s.stats[n.Node]) {
-			s.counters[r.Mapping] = append(s.counters[r.Mapping], Counter{Node: n.Node, Rule: r.Name,
-				Unit: r.Unit, Direction: r.Direction, Packets: c.Packets, Bytes: c.Bytes,
-				interfaceName: r.Interface, forwarded: r.Forwarded,
-				overLink: slices.Contains(s.index[r.Mapping][n.Node].Links, r.Interface)})
+			f(r.Mapping, Counter{Node: n.Node, Rule: r.Name, Unit: r.Unit, Direction: r.Direction,
+				Packets: c.Packets, Bytes: c.Bytes, interfaceName: r.Interface, forwarded: r.Forwarded, overLink: r.OverLink})
 		}
 	}
+}
+
+// count keeps the counters of the wanted mappings (readSnapshot's snapshots only).
+func (s *snapshot) count(wanted map[types.NamespacedName]bool) {
+	s.counted(wanted, func(m types.NamespacedName, c Counter) { s.counters[m] = append(s.counters[m], c) })
 }
 
 // carriers returns the nodes whose programs carry m, sorted.

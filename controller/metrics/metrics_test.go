@@ -118,7 +118,8 @@ func labSource() *fakeSource {
 func TestRules(t *testing.T) {
 	remote := types.NamespacedName{Namespace: "demo", Name: "remote-udp"}
 	rules := Rules(labSource().index["worker-b"])
-	assert.Equal(t, Rule{Mapping: remote, Name: "dnat/kup-dcc4266d", Unit: UnitFlows, Direction: DirectionIn, Interface: "kup-dcc4266d"},
+	// worker-b's DNAT rule matches arrivals over the mapping's link: OverLink.
+	assert.Equal(t, Rule{Mapping: remote, Name: "dnat/kup-dcc4266d", Unit: UnitFlows, Direction: DirectionIn, Interface: "kup-dcc4266d", OverLink: true},
 		rules["demo/remote-udp/dnat/kup-dcc4266d"])
 	assert.Equal(t, Rule{Mapping: remote, Name: "snat-reply", Unit: UnitFlows, Direction: DirectionOut},
 		rules["demo/remote-udp/snat-reply"])
@@ -127,6 +128,9 @@ func TestRules(t *testing.T) {
 	assert.Equal(t, Rule{Mapping: types.NamespacedName{Namespace: "demo", Name: "shared"}, Name: "ct-save/kup-2", Unit: UnitPackets, Direction: DirectionIn},
 		rules["demo/shared/ct-save/kup-2"])
 	assert.Len(t, rules, 9)
+	// edge-a's accepting interface faces clients.
+	assert.Equal(t, Rule{Mapping: remote, Name: "dnat/enp1s0", Unit: UnitFlows, Direction: DirectionIn, Interface: "enp1s0"},
+		Rules(labSource().index["edge-a"])["demo/remote-udp/dnat/enp1s0"])
 	assert.Empty(t, Rules(nil))
 }
 
