@@ -152,6 +152,9 @@ type Controller struct {
 	holding bool
 	// compiled is when the last compile started (compile worker only; compileWindow).
 	compiled time.Time
+	// classSettled remembers, by class, the cached object and compiled status last found
+	// settled (compile worker only): see settledClasses.
+	classSettled settledClasses
 	// waits are the status writes put off for an acknowledgement (programmed.Verdict.MayWait).
 	waits ackWaits
 	// stopping is set once Run's context ends.
@@ -610,13 +613,21 @@ func (c *Controller) writeStatus(ctx context.Context, key types.NamespacedName) 
 }
 
 // claimsRecorded reports whether every class's compiled link claims are those its cached
-// status records.
+// object records.
 func (c *Controller) claimsRecorded(res *compile.Result) bool {
 	for name, st := range res.Classes {
 		obj, ok, err := c.classes.GetByKey(name)
-		if err != nil || !ok || !equality.Semantic.DeepEqual(obj.(*v1alpha1.PortMapClass).Status.Links, st.Links) {
+		if err != nil || !ok {
 			return false
 		}
+		cls := obj.(*v1alpha1.PortMapClass)
+		if c.classSettled.known(name, cls, st, claimsEqual) {
+			continue
+		}
+		if !equality.Semantic.DeepEqual(cls.Status.Links, st.Links) {
+			return false
+		}
+		c.classSettled.set(name, cls, st, claimsEqual)
 	}
 	return true
 }
@@ -624,15 +635,22 @@ func (c *Controller) claimsRecorded(res *compile.Result) bool {
 // writeClassStatuses writes every PortMapClass status of res that differs from the cached
 // object; errors (conflicts included) are joined so the key retries.
 func (c *Controller) writeClassStatuses(ctx context.Context, res *compile.Result) error {
+	c.classSettled.keep(res.Classes)
 	var errs []error
 	for name, st := range res.Classes {
 		obj, ok, err := c.classes.GetByKey(name)
 		if err != nil || !ok {
 			continue
 		}
-		if _, err := c.writer.Class(ctx, obj.(*v1alpha1.PortMapClass), st); err != nil {
-			errs = append(errs, err)
+		cls := obj.(*v1alpha1.PortMapClass)
+		if c.classSettled.known(name, cls, st, statusWritten) {
+			continue
 		}
+		if _, err := c.writer.Class(ctx, cls, st); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		c.classSettled.set(name, cls, st, statusWritten)
 	}
 	return errors.Join(errs...)
 }
