@@ -193,7 +193,7 @@ func New(cfg Config) (*Controller, error) {
 		statuses: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](5*time.Millisecond, 10*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[types.NamespacedName]{Name: "kuport-status"}),
-		core: informers.NewSharedInformerFactoryWithOptions(cfg.Kube, 0, informers.WithTransform(stripManagedFields)),
+		core: informers.NewSharedInformerFactoryWithOptions(cfg.Kube, 0, informers.WithTransform(lean)),
 		dyn:  dynamicinformer.NewDynamicSharedInformerFactory(cfg.Dynamic, 0),
 	}
 	recorder := broadcaster.NewRecorder(scheme, corev1.EventSource{Component: "kuport-controller"})
@@ -229,17 +229,31 @@ func New(cfg Config) (*Controller, error) {
 			DeleteFunc: func(o any) { record(o); c.queue.Add(keyCompile) },
 		}
 	}
-	handler := on(func(any) { c.changes.other() })
+	other := func(any) { c.changes.other() }
+	// The core objects are lean (lean): an update that changed none of what the cache keeps
+	// (a Node's status, a Service's spec, an EndpointSlice's hints) changes nothing compile
+	// reads. A Node's alone listed and compiled everything: its kubelet writes its status
+	// every few minutes, 1,000 Nodes a few times a second.
+	onLean := func(record func(any)) cache.ResourceEventHandlerFuncs {
+		h := on(record)
+		update := h.UpdateFunc
+		h.UpdateFunc = func(old, o any) {
+			if !sameButVersion(old, o) {
+				update(old, o)
+			}
+		}
+		return h
+	}
 	slicesInf := c.core.Discovery().V1().EndpointSlices().Informer()
 	if err := slicesInf.AddIndexers(cache.Indexers{sliceByService: serviceOfSlice}); err != nil {
 		return nil, fmt.Errorf("endpointslice indexer: %w", err)
 	}
 	c.sliceIndex = slicesInf.GetIndexer()
 	for inf, h := range map[cache.SharedIndexInformer]cache.ResourceEventHandler{
-		c.core.Core().V1().Services().Informer():   on(c.changes.service),
-		c.core.Core().V1().Namespaces().Informer(): handler,
-		c.core.Core().V1().Nodes().Informer():      handler,
-		slicesInf:                                  on(c.changes.slice),
+		c.core.Core().V1().Services().Informer():   onLean(c.changes.service),
+		c.core.Core().V1().Namespaces().Informer(): onLean(other),
+		c.core.Core().V1().Nodes().Informer():      onLean(other),
+		slicesInf:                                  onLean(c.changes.slice),
 	} {
 		if _, err := inf.AddEventHandler(h); err != nil {
 			return nil, fmt.Errorf("event handler: %w", err)
@@ -333,7 +347,7 @@ func (c *Controller) typedInformer(gvr schema.GroupVersionResource, transform ca
 }
 
 // toTyped converts an unstructured kuport object into *T, without its managedFields
-// (stripManagedFields); anything else passes unchanged (tombstones, already converted objects).
+// (as lean); anything else passes unchanged (tombstones, already converted objects).
 func toTyped[T any](obj any) (any, error) {
 	u, ok := obj.(*unstructured.Unstructured)
 	if !ok {
@@ -345,16 +359,6 @@ func toTyped[T any](obj any) (any, error) {
 		return nil, fmt.Errorf("convert %s %s: %w", u.GetKind(), u.GetName(), err)
 	}
 	return out, nil
-}
-
-// stripManagedFields drops an object's managedFields before a cache holds it: nothing here
-// reads them, they are much of a small object's size (with 10,000 Services and EndpointSlices
-// cached), and a status write without them leaves the server's as they are.
-func stripManagedFields(obj any) (any, error) {
-	if m, err := meta.Accessor(obj); err == nil {
-		m.SetManagedFields(nil)
-	}
-	return obj, nil
 }
 
 // Registry returns the agent registry the gRPC server serves.

@@ -31,6 +31,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	watchtools "k8s.io/client-go/tools/watch"
+	"k8s.io/utils/ptr"
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/controller/agents"
@@ -368,13 +369,46 @@ func TestPrivilegedBulkCreate(t *testing.T) {
 	}
 }
 
-// TestCachesHoldNoManagedFields: what the informers cache has no managedFields, typed or not.
-func TestCachesHoldNoManagedFields(t *testing.T) {
+// TestCachesHoldLeanObjects: what the informers cache has no managedFields, typed or not,
+// and of the core objects only what the controller reads (lean).
+func TestCachesHoldLeanObjects(t *testing.T) {
 	mf := []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationUpdate}}
-	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", ManagedFields: mf}}
-	out, err := stripManagedFields(svc)
+	objMeta := metav1.ObjectMeta{Name: "web", Namespace: "games", UID: "u1", ResourceVersion: "7", ManagedFields: mf,
+		Labels: map[string]string{"app": "web"}, Annotations: map[string]string{"note": "big"}, Generation: 3}
+	want := metav1.ObjectMeta{Name: "web", Namespace: "games", UID: "u1", ResourceVersion: "7"}
+
+	svc := &corev1.Service{ObjectMeta: objMeta, Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80}}, ClusterIP: "10.96.0.9"}}
+	out, err := lean(svc)
 	require.NoError(t, err)
-	assert.Empty(t, out.(*corev1.Service).ManagedFields)
+	assert.Equal(t, &corev1.Service{ObjectMeta: want}, out, "a Service: whether it exists")
+
+	node := &corev1.Node{ObjectMeta: objMeta, Status: corev1.NodeStatus{Images: []corev1.ContainerImage{{Names: []string{"a"}}}}}
+	out, err = lean(node)
+	require.NoError(t, err)
+	assert.Equal(t, &corev1.Node{ObjectMeta: want}, out, "a Node: whether it exists")
+
+	out, err = lean(&corev1.Namespace{ObjectMeta: objMeta, Status: corev1.NamespaceStatus{Phase: corev1.NamespaceActive}})
+	require.NoError(t, err)
+	wantNs := want
+	wantNs.Labels = objMeta.Labels
+	assert.Equal(t, &corev1.Namespace{ObjectMeta: wantNs}, out, "a Namespace: its labels")
+
+	sliceMeta := objMeta
+	sliceMeta.Labels = map[string]string{discoveryv1.LabelServiceName: "web", discoveryv1.LabelManagedBy: "x"}
+	es := &discoveryv1.EndpointSlice{ObjectMeta: sliceMeta, AddressType: discoveryv1.AddressTypeIPv4,
+		Ports: []discoveryv1.EndpointPort{{Name: ptr.To("p"), Port: ptr.To[int32](80)}},
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.244.0.5"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)},
+			Hostname: ptr.To("web-0"), NodeName: ptr.To("worker-b"), Zone: ptr.To("z"),
+			TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: "games", Name: "web-0", UID: "p1"}}}}
+	out, err = lean(es)
+	require.NoError(t, err)
+	wantSlice := want
+	wantSlice.Labels = map[string]string{discoveryv1.LabelServiceName: "web"}
+	assert.Equal(t, &discoveryv1.EndpointSlice{ObjectMeta: wantSlice, AddressType: discoveryv1.AddressTypeIPv4, Ports: es.Ports,
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.244.0.5"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)},
+			NodeName: ptr.To("worker-b"), TargetRef: &corev1.ObjectReference{Name: "web-0"}}}}, out,
+		"an EndpointSlice: what compile chooses the endpoint by")
+
 	u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMap",
 		"metadata": map[string]any{"name": "web", "namespace": "games",
 			"managedFields": []any{map[string]any{"manager": "kubectl", "operation": "Update"}}}}}
@@ -383,9 +417,35 @@ func TestCachesHoldNoManagedFields(t *testing.T) {
 	assert.Empty(t, typed.(*v1alpha1.PortMap).ManagedFields)
 	assert.Equal(t, "web", typed.(*v1alpha1.PortMap).Name)
 	tomb := cache.DeletedFinalStateUnknown{Key: "games/web"}
-	out, err = stripManagedFields(tomb)
+	out, err = lean(tomb)
 	require.NoError(t, err)
 	assert.Equal(t, tomb, out, "a tombstone passes")
+}
+
+// TestSameButVersion: an update of lean objects that changed only the resourceVersion is
+// no change; any other difference is.
+func TestSameButVersion(t *testing.T) {
+	node := func(rv string) any {
+		out, _ := lean(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "worker-b", ResourceVersion: rv},
+			Status: corev1.NodeStatus{Phase: corev1.NodePhase(rv)}})
+		return out
+	}
+	assert.True(t, sameButVersion(node("1"), node("2")), "a Node's status update")
+	ns := func(rv, team string) any {
+		out, _ := lean(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "games", ResourceVersion: rv, Labels: map[string]string{"team": team}}})
+		return out
+	}
+	assert.True(t, sameButVersion(ns("1", "a"), ns("2", "a")))
+	assert.False(t, sameButVersion(ns("1", "a"), ns("2", "b")), "a Namespace's labels changed")
+	slice := func(rv string, ready bool) any {
+		out, _ := lean(&discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: "web-x", ResourceVersion: rv},
+			Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.244.0.5"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(ready)},
+				Zone: ptr.To(rv)}}})
+		return out
+	}
+	assert.True(t, sameButVersion(slice("1", true), slice("2", true)), "only the zone changed, which the cache does not keep")
+	assert.False(t, sameButVersion(slice("1", true), slice("2", false)), "the endpoint's readiness changed")
+	assert.False(t, sameButVersion(cache.DeletedFinalStateUnknown{}, node("1")), "not an object")
 }
 
 // TestPrivilegedAgentRestartWritesNoStatus: an agent that restarts (its stream ends, and a new
