@@ -6,7 +6,10 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,6 +38,7 @@ import (
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/controller/agents"
+	"kuport.wlz.li/kuport/controller/metrics"
 	"kuport.wlz.li/kuport/controller/programmed"
 	"kuport.wlz.li/kuport/controller/servingcert"
 	"kuport.wlz.li/kuport/lab/cluster"
@@ -536,4 +540,55 @@ func TestPrivilegedAgentRestartWritesNoStatus(t *testing.T) {
 			t.Fatalf("%d of %d PortMaps written NodeNotReady", len(notReady), n)
 		}
 	}
+}
+
+// TestPrivilegedNodeStatusCompilesNothing: a Node's status update (its kubelet's, every
+// few minutes from every node) changes nothing the cache keeps of a Node, so it compiles
+// nothing; a Namespace's labels, which a class's namespaceSelector reads, do compile.
+func TestPrivilegedNodeStatusCompilesNothing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	l := startAPILab(t, ctx)
+	create(t, ctx, l.dyn, v1alpha1.PortMapsResource, portMap("local", "public", 8080))
+	compiles := func() int {
+		rec := httptest.NewRecorder()
+		metrics.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+		m := regexp.MustCompile(`(?m)^kuport_compile_duration_seconds_count (\d+)$`).FindStringSubmatch(rec.Body.String())
+		require.NotNil(t, m, "no compile count in /metrics")
+		n, err := strconv.Atoi(m[1])
+		require.NoError(t, err)
+		return n
+	}
+	// Quiet: no compile for a few compile windows.
+	settled := func() int {
+		t.Helper()
+		last := compiles()
+		for quiet := 0; quiet < 10; {
+			time.Sleep(100 * time.Millisecond)
+			if n := compiles(); n != last {
+				last, quiet = n, 0
+			} else {
+				quiet++
+			}
+		}
+		return last
+	}
+	before := settled()
+	for i := range 3 {
+		node, err := l.kube.CoreV1().Nodes().Get(ctx, "edge-a", metav1.GetOptions{})
+		require.NoError(t, err)
+		node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue,
+			LastHeartbeatTime: metav1.Now(), Reason: "KubeletReady", Message: "heartbeat " + strconv.Itoa(i)}}
+		_, err = l.kube.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
+		require.NoError(t, err)
+	}
+	assert.Equal(t, before, settled(), "a Node's status updates compiled")
+
+	ns, err := l.kube.CoreV1().Namespaces().Get(ctx, "games", metav1.GetOptions{})
+	require.NoError(t, err)
+	ns.Labels["team"] = "red"
+	_, err = l.kube.CoreV1().Namespaces().Update(ctx, ns, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return compiles() > before }, 10*time.Second, 50*time.Millisecond,
+		"a Namespace's labels changed and nothing compiled")
 }
