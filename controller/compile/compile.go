@@ -50,7 +50,11 @@ func compileFull(s *Snapshot) (*compiler, *Result) {
 	for _, p := range c.plans {
 		c.emit(p)
 	}
-	return c, c.result()
+	r := c.result()
+	// The result holds the programs and indexes; Incremental keeps c, and the builders' own
+	// sets of links and return paths would stay live with it.
+	c.programs = nil
+	return c, r
 }
 
 // compiler holds one compilation's working state.
@@ -74,7 +78,8 @@ type compiler struct {
 	held map[kuportv1.Protocol]*holdings
 	// crossings: the dialed port ranges that accepted mappings send over each link.
 	crossings map[crossing]*holdings
-	programs  map[string]*programBuilder
+	// programs being built (nil once the result is: an update builds its own).
+	programs map[string]*programBuilder
 }
 
 func newCompiler(s *Snapshot) *compiler {

@@ -41,19 +41,19 @@ type Incremental struct {
 	recompiled int
 	changed    []types.NamespacedName
 
-	portMaps map[types.NamespacedName]*v1alpha1.PortMap
-	plans    map[types.NamespacedName]*plan
-	// pmSet, svcSet and sliceSet hold the previous snapshot's objects by identity; changedServices
-	// are the Services whose object or slices the last dirty found changed.
+	// plans by PortMap: each plan's pm is the PortMap compiled.
+	plans map[types.NamespacedName]*plan
+	// pmSet, svcSet and sliceSet hold the previous snapshot's objects by identity, built by
+	// the first compile that compares objects (nil until then: the controller, which names
+	// its changes, never needs them, 2.3 MB at 10,000 mappings); changedServices are the
+	// Services whose object or slices the last dirty found changed.
 	pmSet           map[*v1alpha1.PortMap]types.NamespacedName
 	svcSet          map[*corev1.Service]types.NamespacedName
 	sliceSet        map[*discoveryv1.EndpointSlice]types.NamespacedName
 	changedServices map[types.NamespacedName]bool
 	// byService: the PortMaps whose serviceRef names each Service (nearly always one: a list,
-	// where a set per Service took 10,000 small maps); byClass: whose className names each
-	// class.
+	// where a set per Service took 10,000 small maps).
 	byService map[types.NamespacedName][]types.NamespacedName
-	byClass   map[string]map[types.NamespacedName]bool
 	// needers counts the plans needing each link ("<class>/<pair>").
 	needers map[string]int
 	// users counts, per node, the mappings whose index names each link device or return path.
@@ -64,8 +64,9 @@ type Incremental struct {
 	// status); classStamped: some class's does. A new second recompiles them.
 	stamped      map[types.NamespacedName]bool
 	classStamped bool
-	// identity: pmSet, svcSet and sliceSet hold the previous snapshot's objects (false after
-	// a compile from Changes, whose snapshot maps may be the previous ones updated in place).
+	// identity: the previous snapshot's maps hold the objects compiled, to compare by
+	// identity (false after a compile from Changes, whose snapshot maps may be the previous
+	// ones updated in place).
 	identity bool
 	// settled: every class's status records the link claims compile left (after a compile
 	// that allocated a slot or a table, the next full compile allocates again, in mapping
@@ -119,17 +120,17 @@ func (inc *Incremental) CompileChanges(s *Snapshot, ch *Changes) *Result {
 // reset records a full compile's state.
 func (inc *Incremental) reset(s *Snapshot, c *compiler, r *Result) {
 	*inc = Incremental{prev: s, c: c, res: r, recompiled: len(c.plans),
-		portMaps: map[types.NamespacedName]*v1alpha1.PortMap{}, plans: map[types.NamespacedName]*plan{},
-		byService: map[types.NamespacedName][]types.NamespacedName{}, byClass: map[string]map[types.NamespacedName]bool{},
-		needers: map[string]int{},
-		users:   map[string]map[string]int{}, stamped: map[types.NamespacedName]bool{},
+		plans:     map[types.NamespacedName]*plan{},
+		byService: map[types.NamespacedName][]types.NamespacedName{},
+		needers:   map[string]int{},
+		users:     map[string]map[string]int{}, stamped: map[types.NamespacedName]bool{},
 		conflicted: map[types.NamespacedName]*plan{}}
 	for _, p := range c.plans {
 		k := nsName(p.pm.Namespace, p.pm.Name)
-		inc.portMaps[k] = p.pm
 		inc.track(k, p, r.PortMaps[k])
 	}
-	inc.indexObjects(s)
+	// inc.plans holds them by key: the list would keep the plans an update replaces live.
+	c.plans = nil
 	inc.identity = true
 	for name, idx := range r.Index {
 		u := map[string]int{}
@@ -152,10 +153,6 @@ func (inc *Incremental) track(k types.NamespacedName, p *plan, r *PortMapResult)
 	if !slices.Contains(inc.byService[svc], k) {
 		inc.byService[svc] = append(inc.byService[svc], k)
 	}
-	if inc.byClass[p.pm.Spec.ClassName] == nil {
-		inc.byClass[p.pm.Spec.ClassName] = map[types.NamespacedName]bool{}
-	}
-	inc.byClass[p.pm.Spec.ClassName][k] = true
 	for _, n := range p.needs {
 		inc.needers[n]++
 	}
@@ -167,6 +164,14 @@ func (inc *Incremental) track(k types.NamespacedName, p *plan, r *PortMapResult)
 	}
 }
 
+// portMap is the PortMap compiled as k (nil: none).
+func (inc *Incremental) portMap(k types.NamespacedName) *v1alpha1.PortMap {
+	if p := inc.plans[k]; p != nil {
+		return p.pm
+	}
+	return nil
+}
+
 func (inc *Incremental) untrack(k types.NamespacedName, p *plan) {
 	delete(inc.plans, k)
 	svc := nsName(p.pm.Namespace, p.pm.Spec.ServiceRef.Name)
@@ -174,10 +179,6 @@ func (inc *Incremental) untrack(k types.NamespacedName, p *plan) {
 		inc.byService[svc] = rest
 	} else {
 		delete(inc.byService, svc)
-	}
-	delete(inc.byClass[p.pm.Spec.ClassName], k)
-	if len(inc.byClass[p.pm.Spec.ClassName]) == 0 {
-		delete(inc.byClass, p.pm.Spec.ClassName)
 	}
 	for _, n := range p.needs {
 		inc.needers[n]--
@@ -228,6 +229,9 @@ func (inc *Incremental) update(s *Snapshot, ch *Changes) *Result {
 	}
 	dirty, pms, ok := inc.hinted(ch)
 	if ch == nil {
+		if inc.pmSet == nil {
+			inc.indexObjects(prev)
+		}
 		dirty, pms, ok = inc.dirty(s)
 	}
 	if !ok {
@@ -236,17 +240,17 @@ func (inc *Incremental) update(s *Snapshot, ch *Changes) *Result {
 	if extra := inc.classMappings(edits); len(extra) > 0 {
 		for _, k := range extra {
 			if !slices.Contains(dirty, k) {
-				dirty, pms[k] = append(dirty, k), inc.portMaps[k]
+				dirty, pms[k] = append(dirty, k), inc.portMap(k)
 			}
 		}
 		slices.SortFunc(dirty, compareKeys)
 	}
-	if len(dirty)*maxDirtyShare > len(inc.portMaps)+maxDirtyShare {
+	if len(dirty)*maxDirtyShare > len(inc.plans)+maxDirtyShare {
 		return nil
 	}
 	olds := make([]*v1alpha1.PortMap, len(dirty))
 	for i, k := range dirty {
-		olds[i] = inc.portMaps[k]
+		olds[i] = inc.portMap(k)
 	}
 	c.s, c.stamp = s, stamp
 	r := &Result{Programs: maps.Clone(inc.res.Programs), PortMaps: maps.Clone(inc.res.PortMaps),
@@ -274,7 +278,6 @@ func (inc *Incremental) update(s *Snapshot, ch *Changes) *Result {
 				ed.keys()
 				delete(r.Keys, Key(k.Namespace, k.Name))
 			}
-			delete(inc.portMaps, k)
 			delete(r.PortMaps, k)
 			continue
 		}
@@ -306,6 +309,7 @@ func (inc *Incremental) update(s *Snapshot, ch *Changes) *Result {
 		inc.reindex(prev, s, dirty, olds)
 	} else {
 		inc.identity = false
+		inc.pmSet, inc.svcSet, inc.sliceSet = nil, nil, nil
 	}
 	return r
 }
@@ -322,7 +326,7 @@ func (inc *Incremental) hinted(ch *Changes) ([]types.NamespacedName, map[types.N
 	for svc := range ch.Services {
 		for _, k := range inc.byService[svc] {
 			if _, ok := pms[k]; !ok {
-				pms[k] = inc.portMaps[k]
+				pms[k] = inc.portMap(k)
 			}
 		}
 	}
@@ -390,7 +394,7 @@ func (inc *Incremental) dirty(s *Snapshot) ([]types.NamespacedName, map[types.Na
 			return nil, nil, false
 		}
 		pms[k], set[k] = pm, true
-		if inc.portMaps[k] != nil {
+		if inc.plans[k] != nil {
 			replaced++
 		}
 	}
@@ -467,7 +471,7 @@ func (inc *Incremental) dirty(s *Snapshot) ([]types.NamespacedName, map[types.Na
 		for _, k := range inc.byService[svc] {
 			set[k] = true
 			if pms[k] == nil && !deleted[k] {
-				pms[k] = inc.portMaps[k]
+				pms[k] = inc.portMap(k)
 			}
 		}
 	}
@@ -477,9 +481,9 @@ func (inc *Incremental) dirty(s *Snapshot) ([]types.NamespacedName, map[types.Na
 
 // indexObjects records s's PortMaps, Services and EndpointSlices by identity (dirty reads them).
 func (inc *Incremental) indexObjects(s *Snapshot) {
-	inc.pmSet = make(map[*v1alpha1.PortMap]types.NamespacedName, len(inc.portMaps))
-	for k, pm := range inc.portMaps {
-		inc.pmSet[pm] = k
+	inc.pmSet = make(map[*v1alpha1.PortMap]types.NamespacedName, len(inc.plans))
+	for k, p := range inc.plans {
+		inc.pmSet[p.pm] = k
 	}
 	inc.svcSet = make(map[*corev1.Service]types.NamespacedName, len(s.Services))
 	for k, svc := range s.Services {
@@ -500,7 +504,7 @@ func (inc *Incremental) reindex(prev, s *Snapshot, dirty []types.NamespacedName,
 		if olds[i] != nil {
 			delete(inc.pmSet, olds[i])
 		}
-		if pm := inc.portMaps[k]; pm != nil {
+		if pm := inc.portMap(k); pm != nil {
 			inc.pmSet[pm] = k
 		}
 	}
@@ -611,15 +615,14 @@ func (ed *edit) add(k types.NamespacedName, pm *v1alpha1.PortMap) *plan {
 		p.needs = append(p.needs, n)
 	}
 	// emit writes into builders of its own, so they hold pm's entries alone.
-	kept := c.programs
 	c.programs = map[string]*programBuilder{}
 	for _, n := range append(targetNodes(p), epNode(p)) {
-		if _, ok := kept[n]; ok {
+		if _, ok := ed.r.Programs[n]; ok {
 			c.programs[n] = ed.node(n).added
 		}
 	}
 	c.emit(p)
-	c.programs = kept
+	c.programs = nil
 	for _, name := range p.nodes {
 		pe := ed.programs[name]
 		if pe == nil {
@@ -638,7 +641,6 @@ func (ed *edit) add(k types.NamespacedName, pm *v1alpha1.PortMap) *plan {
 		countUses(u, mi, 1)
 	}
 	res := c.portMapResult(p)
-	inc.portMaps[k] = pm
 	inc.track(k, p, res)
 	if ed.r.Keys[p.key] != k {
 		ed.keys()
