@@ -49,6 +49,8 @@ type classInfo struct {
 	claims map[string]*claim
 	// spots are the mappings' holds by protocol and interfaces (plan.holds).
 	spots map[string]*spots
+	// devices are its link devices by the peer they are named after (device).
+	devices map[string]*linkDevice
 }
 
 func newClassInfo(name string, obj *v1alpha1.PortMapClass, nodes map[string]*nodeView) *classInfo {
@@ -66,6 +68,7 @@ func newClassInfo(name string, obj *v1alpha1.PortMapClass, nodes map[string]*nod
 		subnetText: cmp.Or(spec.ReturnPath.Vxlan.Subnet, defaultSubnet),
 		claims:     map[string]*claim{},
 		spots:      map[string]*spots{},
+		devices:    map[string]*linkDevice{},
 	}
 	for n, cn := range spec.Nodes {
 		if v, ok := nodes[n]; !ok || !v.exists {
