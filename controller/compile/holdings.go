@@ -20,12 +20,12 @@ type holdings struct {
 // link crossing).
 type holding struct {
 	ports portRange
-	by    string
+	by    *plan
 	seq   int
 	on    *spots
 }
 
-func (h *holdings) add(ports portRange, by string, on *spots) {
+func (h *holdings) add(ports portRange, by *plan, on *spots) {
 	if h.buckets == nil {
 		h.buckets = map[uint32][]holding{}
 	}
@@ -122,7 +122,7 @@ func (s *spots) firstShared(o *spots) int {
 }
 
 // remove drops by's holding of ports.
-func (h *holdings) remove(ports portRange, by string) {
+func (h *holdings) remove(ports portRange, by *plan) {
 	if h == nil {
 		return
 	}
