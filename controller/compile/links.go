@@ -185,7 +185,7 @@ func (c *compiler) allocate() {
 				needed[p.class] = map[string]bool{}
 			}
 			needed[p.class][pairKey(p.pair(t))] = true
-			p.needs = append(p.needs, p.class.name+"/"+pairKey(p.pair(t)))
+			p.needs = append(p.needs, c.intern(p.class.name+"/"+pairKey(p.pair(t))))
 		}
 	}
 	for _, ci := range c.classOrder {

@@ -317,7 +317,7 @@ func (c *compiler) hold(p *plan) {
 		return
 	}
 	for _, t := range p.remoteTargets() {
-		k := crossing{class: p.class.name, pair: pairKey(p.pair(t)), proto: p.proto}
+		k := crossing{class: p.class.name, pair: c.intern(pairKey(p.pair(t))), proto: p.proto}
 		holdingsOf(c.crossings, k).add(p.ports, p, nil)
 		p.crossed = append(p.crossed, k)
 	}
