@@ -121,8 +121,12 @@ func linkName(class, peer string) string {
 
 // linkDevice is the device of a class's links that nodes name after one peer, with the entry
 // names and return path id it gives the pod's node: made once per peer, not per mapping (a
-// string each took 1.5 MB at 10,000 mappings over links).
-type linkDevice struct{ name, dnat, ctSave, returnPath string }
+// string each took 1.5 MB at 10,000 mappings over links). links and returnPaths are name and
+// returnPath alone, the index lists of a mapping using only it (withOne).
+type linkDevice struct {
+	name, dnat, ctSave, returnPath string
+	links, returnPaths             []string
+}
 
 // device returns the class's linkDevice named after peer.
 func (ci *classInfo) device(peer string) *linkDevice {
@@ -130,6 +134,7 @@ func (ci *classInfo) device(peer string) *linkDevice {
 	if d == nil {
 		n := linkName(ci.name, peer)
 		d = &linkDevice{name: n, dnat: "dnat/" + n, ctSave: "ct-save/" + n, returnPath: n + "/return"}
+		d.links, d.returnPaths = []string{d.name}, []string{d.returnPath}
 		ci.devices[peer] = d
 	}
 	return d

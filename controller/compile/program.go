@@ -63,16 +63,27 @@ func (b *programBuilder) addMark(p *plan, name, dir string, r *kuportv1.MarkRule
 	b.p.MarkRules = append(b.p.MarkRules, r)
 }
 
-// uses indexes the link device and, when returnPath is not "", the return path p's entries
-// use in the program.
-func (b *programBuilder) uses(p *plan, link, returnPath string) {
+// uses indexes the link device d and, when withReturn, its return path as p's entries use
+// them in the program.
+func (b *programBuilder) uses(p *plan, d *linkDevice, withReturn bool) {
 	mi := b.of(p)
-	if !slices.Contains(mi.Links, link) {
-		mi.Links = append(mi.Links, link)
+	mi.Links = withOne(mi.Links, d.links)
+	if withReturn {
+		mi.ReturnPaths = withOne(mi.ReturnPaths, d.returnPaths)
 	}
-	if returnPath != "" && !slices.Contains(mi.ReturnPaths, returnPath) {
-		mi.ReturnPaths = append(mi.ReturnPaths, returnPath)
+}
+
+// withOne returns list with one's element added once. An empty list becomes one itself, shared
+// by every mapping (one list each of the one link most use took 0.4 MB at 10,000 mappings):
+// its capacity is its length, so an append copies it.
+func withOne(list, one []string) []string {
+	switch {
+	case len(list) == 0:
+		return one
+	case slices.Contains(list, one[0]):
+		return list
 	}
+	return append(list, one[0])
 }
 
 func (b *programBuilder) addLink(l *kuportv1.Link) {
@@ -213,12 +224,7 @@ func (c *compiler) emit(p *plan) {
 	}
 	ep := p.ep
 	podPorts := p.ports.startingAt(ep.port)
-	// The rules match the dialed ports or the pod's: one message each, shared by the rules
-	// (one per rule took 3 MB at 10,000 mappings).
-	w := wirePorts{dialed: p.ports.wire(), pod: podPorts.wire()}
-	if podPorts == p.ports {
-		w.pod = w.dialed
-	}
+	w := wirePorts{dialed: c.wire(p.ports), pod: c.wire(podPorts)}
 	carriers := map[string]bool{ep.node: true}
 	var links []*target
 	for _, t := range built {
@@ -230,12 +236,12 @@ func (c *compiler) emit(p *plan) {
 		if t.link != nil {
 			to, toPorts, toWire = t.link.addressText(ep.node), p.ports, w.dialed
 			links = append(links, t)
-			dev := p.class.device(ep.node).name
-			b.addSnat(p, "snat", DirectionIn, requestSnat(p, dev, to, toWire))
-			b.uses(p, dev, "")
+			d := p.class.device(ep.node)
+			b.addSnat(p, "snat", DirectionIn, requestSnat(p, d.name, to, toWire))
+			b.uses(p, d, false)
 		}
 		for _, i := range t.ifaces {
-			b.addDnat(p, "dnat/"+i, &kuportv1.DnatRule{
+			b.addDnat(p, c.intern("dnat/"+i), &kuportv1.DnatRule{
 				InInterface: i, Protocol: p.proto, Ports: w.dialed, ToAddress: to, ToPort: toPorts.first,
 				StandIn: to,
 			})
@@ -317,7 +323,7 @@ func (c *compiler) emitPodEnd(p *plan, links []*target, w wirePorts) {
 			PeerUnderlay: peerUnderlay, PeerLinkAddress: cl.addressText(t.node),
 		}
 		b.addReturnPath(rp)
-		b.uses(p, dev, rp.Id)
+		b.uses(p, d, true)
 	}
 	b.addSnat(p, "snat-reply", DirectionOut, &kuportv1.SnatRule{
 		Kind:         kuportv1.SnatKind_SNAT_KIND_REPLY,
