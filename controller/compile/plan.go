@@ -64,8 +64,6 @@ type plan struct {
 	// nodes whose programs carry the mapping's entries, and the addresses it answers on.
 	nodes     []string
 	published []v1alpha1.PublishedAddress
-	// serving is the serving node (API.md), set with ep.
-	serving string
 	// needs are the links ("<class>/<pair>") it needed when allocate ran.
 	needs []string
 	// crossed: the crossings hold took (the plan may fail later, in allocate or emit, and
@@ -79,6 +77,15 @@ type target struct {
 	node   string
 	ifaces []string
 	link   *claim
+}
+
+// serving is the serving node (API.md) of a plan with an endpoint, in a class with an
+// accepting node: derived, not kept (16 bytes a plan put it in the next size class).
+func (p *plan) serving() string {
+	if p.class.accepts(p.ep.node) {
+		return p.ep.node
+	}
+	return p.class.accepting[0]
 }
 
 // name is "<namespace>/<name>", for messages.
@@ -161,14 +168,9 @@ func (c *compiler) route(p *plan) {
 		p.fail(v1alpha1.ReasonNodeNotReady, fmt.Sprintf("class %q has no accepting node with a Node object", ci.name))
 		return
 	}
-	serving := ci.accepting[0]
-	if ci.accepts(ep.node) {
-		serving = ep.node
-	}
-	p.serving = serving
 	// Under Multi an accepting node the narrowing leaves no interface carries nothing
 	// (API.md, interfaces resolve per node).
-	candidates := ci.programmingNodes(serving)
+	candidates := ci.programmingNodes(p.serving())
 	for _, n := range candidates {
 		if ifs := narrow(ci.ifaces[n], pm.Spec.Interfaces); len(ifs) > 0 {
 			p.targets = append(p.targets, &target{node: n, ifaces: ifs})

@@ -31,7 +31,7 @@ func newProgramBuilder(node string) *programBuilder {
 func (b *programBuilder) of(p *plan) *MappingIndex {
 	mi := b.index[p.key]
 	if mi == nil {
-		mi = &MappingIndex{Mapping: types.NamespacedName{Namespace: p.pm.Namespace, Name: p.pm.Name}, ServingNode: p.serving}
+		mi = &MappingIndex{Mapping: types.NamespacedName{Namespace: p.pm.Namespace, Name: p.pm.Name}, ServingNode: p.serving()}
 		b.index[p.key] = mi
 	}
 	return mi
