@@ -114,6 +114,9 @@ func (inc *Incremental) CompileChanges(s *Snapshot, ch *Changes) *Result {
 		inc.prev, inc.res = s, r
 		return r
 	}
+	// The previous state (8 MB at 10,000 mappings, besides the result the caller holds) is
+	// no use to a full compile: it goes before the new one is built, not after.
+	*inc = Incremental{}
 	c, r := compileFull(s)
 	inc.reset(s, c, r)
 	return r
