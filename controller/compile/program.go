@@ -102,22 +102,28 @@ func (b *programBuilder) addReturnPath(r *kuportv1.ReturnPath) {
 
 // program returns the node's program with every list sorted by id (links by name).
 func (b *programBuilder) program() *kuportv1.NodeProgram {
-	slices.SortFunc(b.p.DnatRules, func(x, y *kuportv1.DnatRule) int { return cmp.Compare(x.Id, y.Id) })
-	slices.SortFunc(b.p.SnatRules, func(x, y *kuportv1.SnatRule) int { return cmp.Compare(x.Id, y.Id) })
-	slices.SortFunc(b.p.MarkRules, func(x, y *kuportv1.MarkRule) int { return cmp.Compare(x.Id, y.Id) })
-	slices.SortFunc(b.p.Links, func(x, y *kuportv1.Link) int { return cmp.Compare(x.Name, y.Name) })
-	slices.SortFunc(b.p.ReturnPaths, func(x, y *kuportv1.ReturnPath) int { return cmp.Compare(x.Id, y.Id) })
+	b.p.DnatRules = sortedBy(b.p.DnatRules, (*kuportv1.DnatRule).GetId)
+	b.p.SnatRules = sortedBy(b.p.SnatRules, (*kuportv1.SnatRule).GetId)
+	b.p.MarkRules = sortedBy(b.p.MarkRules, (*kuportv1.MarkRule).GetId)
+	b.p.Links = sortedBy(b.p.Links, (*kuportv1.Link).GetName)
+	b.p.ReturnPaths = sortedBy(b.p.ReturnPaths, (*kuportv1.ReturnPath).GetId)
 	return b.p
 }
 
-// nodeIndex returns the program's index with every list sorted, its entries without the
-// spare room appending left (a result lives until the next compile: 8 MB at 10,000 mappings).
+// sortedBy returns list sorted by key, without the spare room appending left: a result lives
+// until the next compile (8 MB of index entries and 0.3 MB of rule lists at 10,000 mappings).
+func sortedBy[T any](list []T, key func(T) string) []T {
+	if cap(list) > len(list) {
+		list = slices.Clone(list)
+	}
+	slices.SortFunc(list, func(x, y T) int { return cmp.Compare(key(x), key(y)) })
+	return list
+}
+
+// nodeIndex returns the program's index with every list sorted.
 func (b *programBuilder) nodeIndex() NodeIndex {
 	for _, mi := range b.index {
-		if cap(mi.Entries) > len(mi.Entries) {
-			mi.Entries = slices.Clone(mi.Entries)
-		}
-		slices.SortFunc(mi.Entries, func(x, y Entry) int { return cmp.Compare(x.ID, y.ID) })
+		mi.Entries = sortedBy(mi.Entries, func(e Entry) string { return e.ID })
 		slices.Sort(mi.Links)
 		slices.Sort(mi.ReturnPaths)
 	}
