@@ -28,7 +28,9 @@ const (
 // classInfo is a PortMapClass with its defaults applied and its accepting nodes resolved.
 type classInfo struct {
 	name string
-	obj  *v1alpha1.PortMapClass
+	// acceptedMsg is the Accepted condition's message of its mappings, made once.
+	acceptedMsg string
+	obj         *v1alpha1.PortMapClass
 	// accepting nodes: spec.nodes names that have a Node object, sorted.
 	accepting []string
 	// ifaces are the class's interfaces per accepting node, sorted and deduplicated.
@@ -49,23 +51,27 @@ type classInfo struct {
 	claims map[string]*claim
 	// spots are the mappings' holds by protocol and interfaces (plan.holds).
 	spots map[string]*spots
+	// devices are its link devices by the peer they are named after (device).
+	devices map[string]*linkDevice
 }
 
 func newClassInfo(name string, obj *v1alpha1.PortMapClass, nodes map[string]*nodeView) *classInfo {
 	spec := obj.Spec
 	ci := &classInfo{
-		name:       name,
-		obj:        obj,
-		ifaces:     map[string][]string{},
-		portMin:    max(cmp.Or(spec.Ports.Min, defaultPortMin), 1),
-		portMax:    min(cmp.Or(spec.Ports.Max, defaultPortMax), 65535),
-		multi:      spec.ServingMode == v1alpha1.ServingModeMulti,
-		mode:       cmp.Or(spec.ReturnPath.Mode, v1alpha1.ReturnPathVxlan),
-		vni:        uint32(max(cmp.Or(spec.ReturnPath.Vxlan.VNI, defaultVNI), 0)),
-		port:       uint32(max(cmp.Or(spec.ReturnPath.Vxlan.Port, defaultVxlanPort), 0)),
-		subnetText: cmp.Or(spec.ReturnPath.Vxlan.Subnet, defaultSubnet),
-		claims:     map[string]*claim{},
-		spots:      map[string]*spots{},
+		name:        name,
+		acceptedMsg: fmt.Sprintf("accepted by class %q", name),
+		obj:         obj,
+		ifaces:      map[string][]string{},
+		portMin:     max(cmp.Or(spec.Ports.Min, defaultPortMin), 1),
+		portMax:     min(cmp.Or(spec.Ports.Max, defaultPortMax), 65535),
+		multi:       spec.ServingMode == v1alpha1.ServingModeMulti,
+		mode:        cmp.Or(spec.ReturnPath.Mode, v1alpha1.ReturnPathVxlan),
+		vni:         uint32(max(cmp.Or(spec.ReturnPath.Vxlan.VNI, defaultVNI), 0)),
+		port:        uint32(max(cmp.Or(spec.ReturnPath.Vxlan.Port, defaultVxlanPort), 0)),
+		subnetText:  cmp.Or(spec.ReturnPath.Vxlan.Subnet, defaultSubnet),
+		claims:      map[string]*claim{},
+		spots:       map[string]*spots{},
+		devices:     map[string]*linkDevice{},
 	}
 	for n, cn := range spec.Nodes {
 		if v, ok := nodes[n]; !ok || !v.exists {

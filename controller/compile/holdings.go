@@ -1,15 +1,24 @@
 package compile
 
-import "slices"
+import (
+	"iter"
+	"slices"
+)
 
 // bucketBits: holdings are found by the 256-port bucket of each port they span, so checking a
 // mapping against 10,000 others reads a few, not every one (a list made a compile of 10,000
 // mappings quadratic: 270 ms of its 1 s, issue 13).
 const bucketBits = 8
 
-// holdings are the port ranges accepted mappings hold on one key (a protocol, or a link), each
-// in the buckets it spans.
+// fewHoldings: up to this many holdings are one list, read whole. Most links carry a few
+// mappings, each in buckets of its own: a map of buckets per link took 0.8 MB at 10,000
+// mappings over 1,000 links.
+const fewHoldings = 16
+
+// holdings are the port ranges accepted mappings hold on one key (a protocol, or a link): in
+// few while they are few, then each in the buckets it spans.
 type holdings struct {
+	few     []holding
 	buckets map[uint32][]holding
 	// next numbers holdings in holding order: the earliest of several overlapping ranges is
 	// the one a conflict names.
@@ -20,19 +29,55 @@ type holdings struct {
 // link crossing).
 type holding struct {
 	ports portRange
-	by    string
+	by    *plan
 	seq   int
 	on    *spots
 }
 
-func (h *holdings) add(ports portRange, by string, on *spots) {
-	if h.buckets == nil {
-		h.buckets = map[uint32][]holding{}
-	}
+func (h *holdings) add(ports portRange, by *plan, on *spots) {
 	x := holding{ports: ports, by: by, seq: h.next, on: on}
 	h.next++
-	for b := ports.first >> bucketBits; b <= ports.last>>bucketBits; b++ {
+	if h.buckets == nil && len(h.few) < fewHoldings {
+		h.few = append(h.few, x)
+		return
+	}
+	if h.buckets == nil {
+		h.buckets = map[uint32][]holding{}
+		for _, y := range h.few {
+			h.bucket(y)
+		}
+		h.few = nil
+	}
+	h.bucket(x)
+}
+
+func (h *holdings) bucket(x holding) {
+	for b := x.ports.first >> bucketBits; b <= x.ports.last>>bucketBits; b++ {
 		h.buckets[b] = append(h.buckets[b], x)
+	}
+}
+
+// near yields the holdings that may overlap r (one spanning several buckets once per bucket).
+func (h *holdings) near(r portRange) iter.Seq[holding] {
+	return func(yield func(holding) bool) {
+		if h == nil {
+			return
+		}
+		if h.buckets == nil {
+			for _, x := range h.few {
+				if !yield(x) {
+					return
+				}
+			}
+			return
+		}
+		for b := r.first >> bucketBits; b <= r.last>>bucketBits; b++ {
+			for _, x := range h.buckets[b] {
+				if !yield(x) {
+					return
+				}
+			}
+		}
 	}
 }
 
@@ -40,14 +85,9 @@ func (h *holdings) add(ports portRange, by string, on *spots) {
 func (h *holdings) first(r portRange) (holding, bool) {
 	var found holding
 	ok := false
-	if h == nil {
-		return found, false
-	}
-	for b := r.first >> bucketBits; b <= r.last>>bucketBits; b++ {
-		for _, x := range h.buckets[b] {
-			if x.ports.overlaps(r) && (!ok || x.seq < found.seq) {
-				found, ok = x, true
-			}
+	for x := range h.near(r) {
+		if x.ports.overlaps(r) && (!ok || x.seq < found.seq) {
+			found, ok = x, true
 		}
 	}
 	return found, ok
@@ -58,17 +98,12 @@ func (h *holdings) first(r portRange) (holding, bool) {
 func (h *holdings) firstOn(r portRange, s *spots) (hold, holding, bool) {
 	var found holding
 	at := -1
-	if h == nil {
-		return hold{}, found, false
-	}
-	for b := r.first >> bucketBits; b <= r.last>>bucketBits; b++ {
-		for _, x := range h.buckets[b] {
-			if !x.ports.overlaps(r) {
-				continue
-			}
-			if i := s.firstShared(x.on); i >= 0 && (at < 0 || i < at || i == at && x.seq < found.seq) {
-				at, found = i, x
-			}
+	for x := range h.near(r) {
+		if !x.ports.overlaps(r) {
+			continue
+		}
+		if i := s.firstShared(x.on); i >= 0 && (at < 0 || i < at || i == at && x.seq < found.seq) {
+			at, found = i, x
 		}
 	}
 	if at < 0 {
@@ -122,8 +157,12 @@ func (s *spots) firstShared(o *spots) int {
 }
 
 // remove drops by's holding of ports.
-func (h *holdings) remove(ports portRange, by string) {
+func (h *holdings) remove(ports portRange, by *plan) {
 	if h == nil {
+		return
+	}
+	if h.buckets == nil {
+		h.few = slices.DeleteFunc(h.few, func(x holding) bool { return x.by == by })
 		return
 	}
 	for b := ports.first >> bucketBits; b <= ports.last>>bucketBits; b++ {

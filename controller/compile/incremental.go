@@ -2,6 +2,7 @@ package compile
 
 import (
 	"cmp"
+	"iter"
 	"maps"
 	"slices"
 	"strings"
@@ -41,19 +42,20 @@ type Incremental struct {
 	recompiled int
 	changed    []types.NamespacedName
 
-	portMaps map[types.NamespacedName]*v1alpha1.PortMap
-	plans    map[types.NamespacedName]*plan
-	// pmSet, svcSet and sliceSet hold the previous snapshot's objects by identity; changedServices
-	// are the Services whose object or slices the last dirty found changed.
+	// plans by PortMap: each plan's pm is the PortMap compiled.
+	plans map[types.NamespacedName]*plan
+	// pmSet, svcSet and sliceSet hold the previous snapshot's objects by identity, built by
+	// the first compile that compares objects (nil until then: the controller, which names
+	// its changes, never needs them, 2.3 MB at 10,000 mappings); changedServices are the
+	// Services whose object or slices the last dirty found changed.
 	pmSet           map[*v1alpha1.PortMap]types.NamespacedName
 	svcSet          map[*corev1.Service]types.NamespacedName
 	sliceSet        map[*discoveryv1.EndpointSlice]types.NamespacedName
 	changedServices map[types.NamespacedName]bool
-	// byService: the PortMaps whose serviceRef names each Service (nearly always one: a list,
-	// where a set per Service took 10,000 small maps); byClass: whose className names each
-	// class.
+	// byService: the PortMaps whose serviceRef names each Service, but one named after it
+	// (bench/fanout's every one: 1.3 MB at 10,000), which plans has by that key (mappingsOf).
+	// Nearly always one: a list, where a set per Service took 10,000 small maps.
 	byService map[types.NamespacedName][]types.NamespacedName
-	byClass   map[string]map[types.NamespacedName]bool
 	// needers counts the plans needing each link ("<class>/<pair>").
 	needers map[string]int
 	// users counts, per node, the mappings whose index names each link device or return path.
@@ -64,8 +66,9 @@ type Incremental struct {
 	// status); classStamped: some class's does. A new second recompiles them.
 	stamped      map[types.NamespacedName]bool
 	classStamped bool
-	// identity: pmSet, svcSet and sliceSet hold the previous snapshot's objects (false after
-	// a compile from Changes, whose snapshot maps may be the previous ones updated in place).
+	// identity: the previous snapshot's maps hold the objects compiled, to compare by
+	// identity (false after a compile from Changes, whose snapshot maps may be the previous
+	// ones updated in place).
 	identity bool
 	// settled: every class's status records the link claims compile left (after a compile
 	// that allocated a slot or a table, the next full compile allocates again, in mapping
@@ -111,6 +114,9 @@ func (inc *Incremental) CompileChanges(s *Snapshot, ch *Changes) *Result {
 		inc.prev, inc.res = s, r
 		return r
 	}
+	// The previous state (8 MB at 10,000 mappings, besides the result the caller holds) is
+	// no use to a full compile: it goes before the new one is built, not after.
+	*inc = Incremental{}
 	c, r := compileFull(s)
 	inc.reset(s, c, r)
 	return r
@@ -119,17 +125,17 @@ func (inc *Incremental) CompileChanges(s *Snapshot, ch *Changes) *Result {
 // reset records a full compile's state.
 func (inc *Incremental) reset(s *Snapshot, c *compiler, r *Result) {
 	*inc = Incremental{prev: s, c: c, res: r, recompiled: len(c.plans),
-		portMaps: map[types.NamespacedName]*v1alpha1.PortMap{}, plans: map[types.NamespacedName]*plan{},
-		byService: map[types.NamespacedName][]types.NamespacedName{}, byClass: map[string]map[types.NamespacedName]bool{},
-		needers: map[string]int{},
-		users:   map[string]map[string]int{}, stamped: map[types.NamespacedName]bool{},
+		plans:     map[types.NamespacedName]*plan{},
+		byService: map[types.NamespacedName][]types.NamespacedName{},
+		needers:   map[string]int{},
+		users:     map[string]map[string]int{}, stamped: map[types.NamespacedName]bool{},
 		conflicted: map[types.NamespacedName]*plan{}}
 	for _, p := range c.plans {
 		k := nsName(p.pm.Namespace, p.pm.Name)
-		inc.portMaps[k] = p.pm
 		inc.track(k, p, r.PortMaps[k])
 	}
-	inc.indexObjects(s)
+	// inc.plans holds them by key: the list would keep the plans an update replaces live.
+	c.plans = nil
 	inc.identity = true
 	for name, idx := range r.Index {
 		u := map[string]int{}
@@ -149,13 +155,9 @@ func (inc *Incremental) reset(s *Snapshot, c *compiler, r *Result) {
 func (inc *Incremental) track(k types.NamespacedName, p *plan, r *PortMapResult) {
 	inc.plans[k] = p
 	svc := nsName(p.pm.Namespace, p.pm.Spec.ServiceRef.Name)
-	if !slices.Contains(inc.byService[svc], k) {
+	if svc != k && !slices.Contains(inc.byService[svc], k) {
 		inc.byService[svc] = append(inc.byService[svc], k)
 	}
-	if inc.byClass[p.pm.Spec.ClassName] == nil {
-		inc.byClass[p.pm.Spec.ClassName] = map[types.NamespacedName]bool{}
-	}
-	inc.byClass[p.pm.Spec.ClassName][k] = true
 	for _, n := range p.needs {
 		inc.needers[n]++
 	}
@@ -167,23 +169,43 @@ func (inc *Incremental) track(k types.NamespacedName, p *plan, r *PortMapResult)
 	}
 }
 
+// portMap is the PortMap compiled as k (nil: none).
+func (inc *Incremental) portMap(k types.NamespacedName) *v1alpha1.PortMap {
+	if p := inc.plans[k]; p != nil {
+		return p.pm
+	}
+	return nil
+}
+
 func (inc *Incremental) untrack(k types.NamespacedName, p *plan) {
 	delete(inc.plans, k)
 	svc := nsName(p.pm.Namespace, p.pm.Spec.ServiceRef.Name)
-	if rest := slices.DeleteFunc(inc.byService[svc], func(x types.NamespacedName) bool { return x == k }); len(rest) > 0 {
-		inc.byService[svc] = rest
-	} else {
-		delete(inc.byService, svc)
-	}
-	delete(inc.byClass[p.pm.Spec.ClassName], k)
-	if len(inc.byClass[p.pm.Spec.ClassName]) == 0 {
-		delete(inc.byClass, p.pm.Spec.ClassName)
+	if svc != k {
+		if rest := slices.DeleteFunc(inc.byService[svc], func(x types.NamespacedName) bool { return x == k }); len(rest) > 0 {
+			inc.byService[svc] = rest
+		} else {
+			delete(inc.byService, svc)
+		}
 	}
 	for _, n := range p.needs {
 		inc.needers[n]--
 	}
 	delete(inc.conflicted, k)
 	delete(inc.stamped, k)
+}
+
+// mappingsOf yields the PortMaps whose serviceRef names svc.
+func (inc *Incremental) mappingsOf(svc types.NamespacedName) iter.Seq[types.NamespacedName] {
+	return func(yield func(types.NamespacedName) bool) {
+		if p := inc.plans[svc]; p != nil && p.pm.Spec.ServiceRef.Name == svc.Name && !yield(svc) {
+			return
+		}
+		for _, k := range inc.byService[svc] {
+			if !yield(k) {
+				return
+			}
+		}
+	}
 }
 
 // countUses adds d to each link device and return path mi names.
@@ -228,6 +250,9 @@ func (inc *Incremental) update(s *Snapshot, ch *Changes) *Result {
 	}
 	dirty, pms, ok := inc.hinted(ch)
 	if ch == nil {
+		if inc.pmSet == nil {
+			inc.indexObjects(prev)
+		}
 		dirty, pms, ok = inc.dirty(s)
 	}
 	if !ok {
@@ -236,17 +261,17 @@ func (inc *Incremental) update(s *Snapshot, ch *Changes) *Result {
 	if extra := inc.classMappings(edits); len(extra) > 0 {
 		for _, k := range extra {
 			if !slices.Contains(dirty, k) {
-				dirty, pms[k] = append(dirty, k), inc.portMaps[k]
+				dirty, pms[k] = append(dirty, k), inc.portMap(k)
 			}
 		}
 		slices.SortFunc(dirty, compareKeys)
 	}
-	if len(dirty)*maxDirtyShare > len(inc.portMaps)+maxDirtyShare {
+	if len(dirty)*maxDirtyShare > len(inc.plans)+maxDirtyShare {
 		return nil
 	}
 	olds := make([]*v1alpha1.PortMap, len(dirty))
 	for i, k := range dirty {
-		olds[i] = inc.portMaps[k]
+		olds[i] = inc.portMap(k)
 	}
 	c.s, c.stamp = s, stamp
 	r := &Result{Programs: maps.Clone(inc.res.Programs), PortMaps: maps.Clone(inc.res.PortMaps),
@@ -274,7 +299,6 @@ func (inc *Incremental) update(s *Snapshot, ch *Changes) *Result {
 				ed.keys()
 				delete(r.Keys, Key(k.Namespace, k.Name))
 			}
-			delete(inc.portMaps, k)
 			delete(r.PortMaps, k)
 			continue
 		}
@@ -306,6 +330,7 @@ func (inc *Incremental) update(s *Snapshot, ch *Changes) *Result {
 		inc.reindex(prev, s, dirty, olds)
 	} else {
 		inc.identity = false
+		inc.pmSet, inc.svcSet, inc.sliceSet = nil, nil, nil
 	}
 	return r
 }
@@ -320,9 +345,9 @@ func (inc *Incremental) hinted(ch *Changes) ([]types.NamespacedName, map[types.N
 		pms = map[types.NamespacedName]*v1alpha1.PortMap{}
 	}
 	for svc := range ch.Services {
-		for _, k := range inc.byService[svc] {
+		for k := range inc.mappingsOf(svc) {
 			if _, ok := pms[k]; !ok {
-				pms[k] = inc.portMaps[k]
+				pms[k] = inc.portMap(k)
 			}
 		}
 	}
@@ -390,7 +415,7 @@ func (inc *Incremental) dirty(s *Snapshot) ([]types.NamespacedName, map[types.Na
 			return nil, nil, false
 		}
 		pms[k], set[k] = pm, true
-		if inc.portMaps[k] != nil {
+		if inc.plans[k] != nil {
 			replaced++
 		}
 	}
@@ -464,10 +489,10 @@ func (inc *Incremental) dirty(s *Snapshot) ([]types.NamespacedName, map[types.Na
 		}
 	}
 	for svc := range svcs {
-		for _, k := range inc.byService[svc] {
+		for k := range inc.mappingsOf(svc) {
 			set[k] = true
 			if pms[k] == nil && !deleted[k] {
-				pms[k] = inc.portMaps[k]
+				pms[k] = inc.portMap(k)
 			}
 		}
 	}
@@ -477,9 +502,9 @@ func (inc *Incremental) dirty(s *Snapshot) ([]types.NamespacedName, map[types.Na
 
 // indexObjects records s's PortMaps, Services and EndpointSlices by identity (dirty reads them).
 func (inc *Incremental) indexObjects(s *Snapshot) {
-	inc.pmSet = make(map[*v1alpha1.PortMap]types.NamespacedName, len(inc.portMaps))
-	for k, pm := range inc.portMaps {
-		inc.pmSet[pm] = k
+	inc.pmSet = make(map[*v1alpha1.PortMap]types.NamespacedName, len(inc.plans))
+	for k, p := range inc.plans {
+		inc.pmSet[p.pm] = k
 	}
 	inc.svcSet = make(map[*corev1.Service]types.NamespacedName, len(s.Services))
 	for k, svc := range s.Services {
@@ -500,7 +525,7 @@ func (inc *Incremental) reindex(prev, s *Snapshot, dirty []types.NamespacedName,
 		if olds[i] != nil {
 			delete(inc.pmSet, olds[i])
 		}
-		if pm := inc.portMaps[k]; pm != nil {
+		if pm := inc.portMap(k); pm != nil {
 			inc.pmSet[pm] = k
 		}
 	}
@@ -611,15 +636,14 @@ func (ed *edit) add(k types.NamespacedName, pm *v1alpha1.PortMap) *plan {
 		p.needs = append(p.needs, n)
 	}
 	// emit writes into builders of its own, so they hold pm's entries alone.
-	kept := c.programs
 	c.programs = map[string]*programBuilder{}
 	for _, n := range append(targetNodes(p), epNode(p)) {
-		if _, ok := kept[n]; ok {
+		if _, ok := ed.r.Programs[n]; ok {
 			c.programs[n] = ed.node(n).added
 		}
 	}
 	c.emit(p)
-	c.programs = kept
+	c.programs = nil
 	for _, name := range p.nodes {
 		pe := ed.programs[name]
 		if pe == nil {
@@ -638,7 +662,6 @@ func (ed *edit) add(k types.NamespacedName, pm *v1alpha1.PortMap) *plan {
 		countUses(u, mi, 1)
 	}
 	res := c.portMapResult(p)
-	inc.portMaps[k] = pm
 	inc.track(k, p, res)
 	if ed.r.Keys[p.key] != k {
 		ed.keys()
@@ -701,7 +724,8 @@ func (ed *edit) commit() bool {
 // as a scan hashing every id of 10,000 mappings took most of an incremental update.
 func merge[T any](old, add []T, removed map[string]bool, id func(T) string) []T {
 	byID := func(e T, t string) int { return strings.Compare(id(e), t) }
-	out := slices.Clone(old)
+	// Room for every insert: one past a full copy doubled a node's list of 10,000 rules.
+	out := append(make([]T, 0, len(old)+len(add)), old...)
 	for r := range removed {
 		if i, found := slices.BinarySearchFunc(out, r, byID); found {
 			out = slices.Delete(out, i, i+1)
@@ -719,9 +743,9 @@ func merge[T any](old, add []T, removed map[string]bool, id func(T) string) []T 
 
 // release takes an accepted plan's holdings back (hold's inverse).
 func (c *compiler) release(p *plan) {
-	c.held[p.proto].remove(p.ports, p.name)
+	c.held[p.proto].remove(p.ports, p)
 	for _, k := range p.crossed {
-		c.crossings[k].remove(p.ports, p.name)
+		c.crossings[k].remove(p.ports, p)
 	}
 }
 

@@ -54,9 +54,13 @@ func linkless(cl *v1alpha1.PortMapClass) bool {
 
 // classMappings are the PortMaps of the edited classes, for dirty.
 func (inc *Incremental) classMappings(edits classEdits) []types.NamespacedName {
+	if len(edits) == 0 {
+		// Most updates edit no class: no scan of every plan.
+		return nil
+	}
 	var out []types.NamespacedName
-	for name := range edits {
-		for k := range inc.byClass[name] {
+	for k, p := range inc.plans {
+		if _, ok := edits[p.pm.Spec.ClassName]; ok {
 			out = append(out, k)
 		}
 	}

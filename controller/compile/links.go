@@ -34,6 +34,8 @@ type claim struct {
 	// recordedSubnet is the /31 the class status recorded, kept while the class has no
 	// usable subnet.
 	recordedSubnet string
+	// texts are the peers' addresses as programs carry them (addressText).
+	texts [2]string
 }
 
 func pairOf(a, b string) [2]string {
@@ -57,6 +59,19 @@ func (cl *claim) address(node string) netip.Addr {
 		return low
 	}
 	return low.Next()
+}
+
+// addressText is address(node) as text, made once per claim: every mapping over the link
+// carries it, in up to four rules.
+func (cl *claim) addressText(node string) string {
+	i := 0
+	if node != cl.peers[0] {
+		i = 1
+	}
+	if cl.texts[i] == "" {
+		cl.texts[i] = cl.address(node).String()
+	}
+	return cl.texts[i]
 }
 
 // status is the claim as recorded in class status.links.
@@ -102,6 +117,27 @@ func vniFits(base uint32, s int32) bool { return s >= 0 && uint64(base)+uint64(s
 func linkName(class, peer string) string {
 	sum := sha256.Sum256([]byte(class + "/" + peer))
 	return "kup-" + hex.EncodeToString(sum[:4])
+}
+
+// linkDevice is the device of a class's links that nodes name after one peer, with the entry
+// names and return path id it gives the pod's node: made once per peer, not per mapping (a
+// string each took 1.5 MB at 10,000 mappings over links). links and returnPaths are name and
+// returnPath alone, the index lists of a mapping using only it (withOne).
+type linkDevice struct {
+	name, dnat, ctSave, returnPath string
+	links, returnPaths             []string
+}
+
+// device returns the class's linkDevice named after peer.
+func (ci *classInfo) device(peer string) *linkDevice {
+	d := ci.devices[peer]
+	if d == nil {
+		n := linkName(ci.name, peer)
+		d = &linkDevice{name: n, dnat: "dnat/" + n, ctSave: "ct-save/" + n, returnPath: n + "/return"}
+		d.links, d.returnPaths = []string{d.name}, []string{d.returnPath}
+		ci.devices[peer] = d
+	}
+	return d
 }
 
 // loadClaims reads the previous allocations from class status. A claim that is malformed,
@@ -154,7 +190,7 @@ func (c *compiler) allocate() {
 				needed[p.class] = map[string]bool{}
 			}
 			needed[p.class][pairKey(p.pair(t))] = true
-			p.needs = append(p.needs, p.class.name+"/"+pairKey(p.pair(t)))
+			p.needs = append(p.needs, c.intern(p.class.name+"/"+pairKey(p.pair(t))))
 		}
 	}
 	for _, ci := range c.classOrder {

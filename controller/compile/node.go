@@ -32,6 +32,12 @@ func (v *nodeView) iface(name string) *kuportv1.Interface {
 func (v *nodeView) address(iface string) string {
 	for _, a := range v.iface(iface).GetAddresses() {
 		if ip, err := netip.ParseAddr(a); err == nil && ip.Is4() {
+			// The reported text, when it is the canonical form, is shared rather than made
+			// again for every mapping publishing it.
+			var buf [len("255.255.255.255")]byte
+			if string(ip.AppendTo(buf[:0])) == a {
+				return a
+			}
 			return ip.String()
 		}
 	}

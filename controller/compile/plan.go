@@ -50,11 +50,11 @@ func (r portRange) wire() *kuportv1.PortRange {
 // and targets, then what was emitted.
 type plan struct {
 	pm *v1alpha1.PortMap
-	// key names its entries (MappingKey); name is "<namespace>/<name>", for messages.
-	key, name string
-	class     *classInfo // nil when the class does not exist
-	proto     kuportv1.Protocol
-	ports     portRange
+	// key names its entries (MappingKey).
+	key   string
+	class *classInfo // nil when the class does not exist
+	proto kuportv1.Protocol
+	ports portRange
 	// acceptReason is ReasonValid when accepted.
 	acceptReason, acceptMsg string
 	// progReason is "" until programming fails.
@@ -64,8 +64,6 @@ type plan struct {
 	// nodes whose programs carry the mapping's entries, and the addresses it answers on.
 	nodes     []string
 	published []v1alpha1.PublishedAddress
-	// serving is the serving node (API.md), set with ep.
-	serving string
 	// needs are the links ("<class>/<pair>") it needed when allocate ran.
 	needs []string
 	// crossed: the crossings hold took (the plan may fail later, in allocate or emit, and
@@ -80,6 +78,18 @@ type target struct {
 	ifaces []string
 	link   *claim
 }
+
+// serving is the serving node (API.md) of a plan with an endpoint, in a class with an
+// accepting node: derived, not kept (16 bytes a plan put it in the next size class).
+func (p *plan) serving() string {
+	if p.class.accepts(p.ep.node) {
+		return p.ep.node
+	}
+	return p.class.accepting[0]
+}
+
+// name is "<namespace>/<name>", for messages.
+func (p *plan) name() string { return p.pm.Namespace + "/" + p.pm.Name }
 
 func (p *plan) accepted() bool { return p.acceptReason == v1alpha1.ReasonValid }
 
@@ -121,7 +131,7 @@ type hold struct {
 // pod in a class that builds no links fails the mapping with ReturnPathUnavailable (founding
 // document, refusal table).
 func (c *compiler) plan(pm *v1alpha1.PortMap) *plan {
-	p := &plan{pm: pm, key: MappingKey(pm), name: pm.Namespace + "/" + pm.Name}
+	p := &plan{pm: pm, key: MappingKey(pm)}
 	first := uint32(max(pm.Spec.Port, 0))
 	last := first
 	if pm.Spec.EndPort != nil {
@@ -158,14 +168,9 @@ func (c *compiler) route(p *plan) {
 		p.fail(v1alpha1.ReasonNodeNotReady, fmt.Sprintf("class %q has no accepting node with a Node object", ci.name))
 		return
 	}
-	serving := ci.accepting[0]
-	if ci.accepts(ep.node) {
-		serving = ep.node
-	}
-	p.serving = serving
 	// Under Multi an accepting node the narrowing leaves no interface carries nothing
 	// (API.md, interfaces resolve per node).
-	candidates := ci.programmingNodes(serving)
+	candidates := ci.programmingNodes(p.serving())
 	for _, n := range candidates {
 		if ifs := narrow(ci.ifaces[n], pm.Spec.Interfaces); len(ifs) > 0 {
 			p.targets = append(p.targets, &target{node: n, ifaces: ifs})
@@ -247,7 +252,7 @@ func (c *compiler) accept(p *plan) (string, string) {
 	}
 	if h, other, ok := c.held[p.proto].firstOn(p.ports, p.holds()); ok {
 		return v1alpha1.ReasonPortConflict, fmt.Sprintf("%s ports %s on %s interface %s are held by %s",
-			pm.Spec.Protocol, other.ports, h.node, h.iface, other.by)
+			pm.Spec.Protocol, other.ports, h.node, h.iface, other.by.name())
 	}
 	for _, want := range pm.Spec.Interfaces {
 		if !slices.ContainsFunc(ci.accepting, func(n string) bool { return slices.Contains(ci.ifaces[n], want) }) {
@@ -255,7 +260,7 @@ func (c *compiler) accept(p *plan) (string, string) {
 				"interface %s is not an interface of any accepting node of class %q", want, ci.name)
 		}
 	}
-	return v1alpha1.ReasonValid, fmt.Sprintf("accepted by class %q", ci.name)
+	return v1alpha1.ReasonValid, ci.acceptedMsg
 }
 
 // holds are the (node, interface, protocol) an accepted mapping holds its ports on: every one
@@ -298,7 +303,7 @@ func (c *compiler) wayTaken(p *plan) (string, string) {
 		pair := pairKey(p.pair(t))
 		if other, ok := c.crossings[crossing{class: p.class.name, pair: pair, proto: p.proto}].first(p.ports); ok {
 			return v1alpha1.ReasonPortConflict, fmt.Sprintf("%s ports %s cross link %s of class %q, which already carries them for %s",
-				p.pm.Spec.Protocol, other.ports, pair, p.class.name, other.by)
+				p.pm.Spec.Protocol, other.ports, pair, p.class.name, other.by.name())
 		}
 	}
 	return "", ""
@@ -309,13 +314,13 @@ func (c *compiler) wayTaken(p *plan) (string, string) {
 // not (so a link whose forwarder is not ready yet, or that finds no free slot, stays the
 // older mapping's).
 func (c *compiler) hold(p *plan) {
-	holdingsOf(c.held, p.proto).add(p.ports, p.name, p.holds())
+	holdingsOf(c.held, p.proto).add(p.ports, p, p.holds())
 	if !p.ok() {
 		return
 	}
 	for _, t := range p.remoteTargets() {
-		k := crossing{class: p.class.name, pair: pairKey(p.pair(t)), proto: p.proto}
-		holdingsOf(c.crossings, k).add(p.ports, p.name, nil)
+		k := crossing{class: p.class.name, pair: c.intern(pairKey(p.pair(t))), proto: p.proto}
+		holdingsOf(c.crossings, k).add(p.ports, p, nil)
 		p.crossed = append(p.crossed, k)
 	}
 }

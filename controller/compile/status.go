@@ -43,7 +43,7 @@ func (c *compiler) portMapResult(p *plan) *PortMapResult {
 	case !p.accepted():
 		progReason, progMsg = v1alpha1.ReasonNotAccepted, "the mapping is not accepted: "+p.acceptReason
 	case progReason == "":
-		progReason, progMsg = v1alpha1.ReasonAllNodesReady, "rules compiled for nodes "+strings.Join(p.nodes, ", ")
+		progReason, progMsg = v1alpha1.ReasonAllNodesReady, c.intern("rules compiled for nodes "+strings.Join(p.nodes, ", "))
 	}
 	st.Conditions = []metav1.Condition{
 		c.condition(pm.Status.Conditions, v1alpha1.ConditionAccepted, p.accepted(), p.acceptReason, p.acceptMsg, pm.Generation),
