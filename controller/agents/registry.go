@@ -835,7 +835,8 @@ func (r *Registry) touchAckLocked(n *node, a *kuportv1.Ack) {
 	}
 }
 
-// report records a Report; a different NodeState makes compile run again.
+// report records a Report: its counters as Counters (countLocked), its link statistics and
+// state; the message itself is not kept. A different NodeState makes compile run again.
 func (r *Registry) report(s *session, rep *kuportv1.Report) {
 	r.mu.Lock()
 	n := r.nodes[s.node]

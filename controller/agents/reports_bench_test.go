@@ -78,8 +78,9 @@ func heapMB() float64 {
 
 // BenchmarkReportsRetained measures what the latest Reports of bench/fanout's 1,000 agents
 // keep in a real Registry (retained_MB: the live heap with every node's report taken, less
-// the heap before, counters and unanswered trackers included) and the time of one report
-// call of an accepting node (ns/op).
+// the heap before, counters and unanswered trackers included), the Trackers kept
+// (trackers), and the time and allocations of one report call of an accepting node (ns/op,
+// B/op).
 func BenchmarkReportsRetained(b *testing.B) {
 	r := NewRegistry(Config{Epoch: 1, Start: t0})
 	programs := map[string]*kuportv1.NodeProgram{}
@@ -104,13 +105,19 @@ func BenchmarkReportsRetained(b *testing.B) {
 		r.report(s, received(b, wires[name]))
 	}
 	retained := heapMB() - before
+	trackers := 0
+	for _, n := range r.nodes {
+		trackers += len(n.answers)
+	}
 
 	big, rep := sessions["node-0000"], received(b, wires["node-0000"])
+	b.ReportAllocs()
 	for b.Loop() {
 		clock = clock.Add(10 * time.Second)
 		r.report(big, rep)
 	}
 	// After the loop: b.Loop's start resets the metrics reported before it.
 	b.ReportMetric(retained, "retained_MB")
+	b.ReportMetric(float64(trackers), "trackers")
 	runtime.KeepAlive(r)
 }

@@ -54,8 +54,8 @@ type Tracker struct {
 }
 
 // restTracker is the state of an entry seen at rest: counts of 0 in and 0 out since a
-// baseline, nothing pending, no verdict. Every Tracker that atRest accepts steps as it does,
-// to the same verdicts (Step reads neither last.At nor, while nothing is pending, first,
+// baseline, nothing pending, no verdict. Every Tracker that atRest accepts steps as
+// restTracker does, to the same verdicts (Step reads neither last.At nor, while nothing is pending, first,
 // base and reports), so the Registry keeps none of them (countLocked). It is not the zero
 // Tracker, which has seen nothing: there a first sample is a baseline, here a first request
 // after the rest starts the window.
