@@ -194,19 +194,31 @@ func TestFirstReportIsBaseline(t *testing.T) {
 }
 
 // TestReportKeepsIndexStrings: the counters a report leaves are the index's ids, not the
-// report's copies; a counter of an id the index lacks keeps its own.
+// report's copies; a counter of an id the index lacks keeps its own. Mapping gives them
+// back as the agent reported them, forwarded counts present or absent as they were.
 func TestReportKeepsIndexStrings(t *testing.T) {
 	r := newTestRegistry(nil)
 	index := restIndex([]bool{true})
 	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": {}}, map[string]compile.NodeIndex{"edge-a": index})
 	s := r.connect(&kuportv1.Hello{Node: "edge-a"})
-	r.report(s, &kuportv1.Report{Counters: []*kuportv1.Counter{
+	sent := []*kuportv1.Counter{
 		{Id: string([]byte("ns/m0/dnat/enp1s0")), Packets: 3, Bytes: 180, ForwardedIn: &kuportv1.Traffic{Packets: 4, Bytes: 240}},
+		{Id: "ns/m0/snat", Packets: 2, Bytes: 120, ForwardedOut: &kuportv1.Traffic{}},
 		{Id: "gone/x/snat", Packets: 1},
-	}})
+	}
+	r.report(s, &kuportv1.Report{Counters: sent})
 	counters, _ := r.Stats("edge-a")
-	require.Len(t, counters, 2)
+	require.Len(t, counters, 3)
 	assert.Equal(t, unsafe.StringData(index["ns/m0"].Entries[0].ID), unsafe.StringData(counters[0].ID))
+	assert.Equal(t, unsafe.StringData(index["ns/m0"].Entries[1].ID), unsafe.StringData(counters[1].ID))
 	assert.Equal(t, Counter{ID: "ns/m0/dnat/enp1s0", Packets: 3, Bytes: 180, ForwardedIn: Traffic{4, 240}, HasIn: true, judged: true}, counters[0])
-	assert.Equal(t, Counter{ID: "gone/x/snat", Packets: 1}, counters[1])
+	assert.Equal(t, Counter{ID: "ns/m0/snat", Packets: 2, Bytes: 120, HasOut: true}, counters[1])
+	assert.Equal(t, Counter{ID: "gone/x/snat", Packets: 1}, counters[2])
+
+	m := r.Mapping("ns/m0")
+	require.Len(t, m, 1)
+	require.Len(t, m[0].Counters, 2)
+	for i, c := range m[0].Counters {
+		assert.True(t, proto.Equal(sent[i], c), "%v", c)
+	}
 }
