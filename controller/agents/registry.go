@@ -132,10 +132,12 @@ type node struct {
 	ackErrors      []*kuportv1.EntryError
 	// held is the highest version an ended stream of this epoch acknowledged without errors
 	// (programmed.Node.Held); 0 if none.
-	held      uint64
-	counters  []*kuportv1.Counter
+	held uint64
+	// counters are the latest Report's, in its order (countLocked).
+	counters  []Counter
 	linkStats []*kuportv1.LinkStats
-	// answers folds each DNAT entry's forwarded counters over the reports (Judge), by id.
+	// answers folds each DNAT entry's forwarded counters over the reports (Judge), by id; an
+	// entry of the index it lacks is at rest or unseen (countLocked).
 	answers map[string]Tracker
 }
 
@@ -607,27 +609,6 @@ func (r *Registry) Nodes() []*kuportv1.NodeInfo {
 	return out
 }
 
-// Stats returns the counters and link statistics of node's latest Report.
-func (r *Registry) Stats(nodeName string) ([]*kuportv1.Counter, []*kuportv1.LinkStats) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if n := r.nodes[nodeName]; n != nil {
-		return n.counters, n.linkStats
-	}
-	return nil, nil
-}
-
-// counters returns the counters of n's latest Report whose id is one of mv's, in report order.
-func (mv *mappingVersion) counters(n *node) []*kuportv1.Counter {
-	var out []*kuportv1.Counter
-	for _, c := range n.counters {
-		if mv.uses(c.Id) {
-			out = append(out, c)
-		}
-	}
-	return out
-}
-
 // Mapping returns mapping's ("<namespace>/<name>") state on every node whose current program
 // carries entries of it, sorted by node: the entry ids, the version where they last changed,
 // whether the agent acknowledged it, its programmed.Node's Ready verdict, and the entries' counters and
@@ -685,31 +666,6 @@ func dnatEntries(index compile.NodeIndex) map[string]dnatEntry {
 			if e.Kind == compile.KindDNAT {
 				out[e.ID] = dnatEntry{key, e.Interface}
 			}
-		}
-	}
-	return out
-}
-
-// judgeLocked steps each DNAT entry's Tracker with n's latest counters and returns the
-// entries whose verdict changed; trackers of entries no longer in n's index are dropped.
-func (r *Registry) judgeLocked(name string, n *node, now time.Time) []UnansweredChange {
-	entries := dnatEntries(n.index)
-	for id := range n.answers {
-		if _, ok := entries[id]; !ok {
-			delete(n.answers, id)
-		}
-	}
-	var out []UnansweredChange
-	for _, c := range n.counters {
-		e, ok := entries[c.Id]
-		if !ok || c.ForwardedIn == nil && c.ForwardedOut == nil {
-			continue
-		}
-		was := n.answers[c.Id]
-		t := was.Step(Sample{At: now, Requests: c.ForwardedIn.GetPackets(), Replies: c.ForwardedOut.GetPackets()}, r.window)
-		n.answers[c.Id] = t
-		if t.Verdict.Unanswered != was.Verdict.Unanswered {
-			out = append(out, UnansweredChange{Mapping: e.mapping, Node: name, Interface: e.iface, Verdict: t.Verdict, Was: was.Verdict})
 		}
 	}
 	return out
@@ -879,7 +835,8 @@ func (r *Registry) touchAckLocked(n *node, a *kuportv1.Ack) {
 	}
 }
 
-// report records a Report; a different NodeState makes compile run again.
+// report records a Report: its counters as Counters (countLocked), its link statistics and
+// state; the message itself is not kept. A different NodeState makes compile run again.
 func (r *Registry) report(s *session, rep *kuportv1.Report) {
 	r.mu.Lock()
 	n := r.nodes[s.node]
@@ -887,14 +844,13 @@ func (r *Registry) report(s *session, rep *kuportv1.Report) {
 		r.mu.Unlock()
 		return
 	}
-	n.counters = rep.Counters
 	n.linkStats = rep.Links
 	n.lastReport = r.now()
 	changed := rep.State != nil && !proto.Equal(rep.State, n.state)
 	if changed {
 		n.state = rep.State
 	}
-	answers := r.judgeLocked(s.node, n, n.lastReport)
+	answers := r.countLocked(s.node, n, rep.Counters, n.lastReport)
 	r.mu.Unlock()
 	for _, a := range answers {
 		if a.Verdict.Unanswered {

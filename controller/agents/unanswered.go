@@ -53,6 +53,19 @@ type Tracker struct {
 	Verdict Verdict
 }
 
+// restTracker is the state of an entry seen at rest: counts of 0 in and 0 out since a
+// baseline, nothing pending, no verdict. Every Tracker that atRest accepts steps as
+// restTracker does, to the same verdicts (Step reads neither last.At nor, while nothing is pending, first,
+// base and reports), so the Registry keeps none of them (countLocked). It is not the zero
+// Tracker, which has seen nothing: there a first sample is a baseline, here a first request
+// after the rest starts the window.
+var restTracker = Tracker{have: true}
+
+// atRest reports whether t is restTracker's state.
+func (t Tracker) atRest() bool {
+	return t.have && !t.pending && t.Verdict == (Verdict{}) && t.last.Requests == 0 && t.last.Replies == 0
+}
+
 // Judge folds an entry's counter history, oldest first, into its verdict: the one pure
 // decision of "unanswered". Requests with replies are answered; requests with no reply over
 // w are unanswered (until a reply arrives); no requests is answered (idle). A counter that

@@ -12,7 +12,8 @@ import (
 
 // TestLongNameFitsIDs: a PortMap name may have 253 bytes, an nftables comment 127. The key of
 // a long one is cut and hashed so that every id of the mapping fits, and the program passes
-// the agent's validation (which refuses a program with one bad id whole).
+// the agent's validation (which refuses a program with one bad id whole); NodeIndex.Entry
+// finds each entry by its id.
 func TestLongNameFitsIDs(t *testing.T) {
 	long := strings.Repeat("n", 253)
 	ns := strings.Repeat("s", 63)
@@ -42,6 +43,21 @@ func TestLongNameFitsIDs(t *testing.T) {
 	assert.Equal(t, long, wb[keyA].Mapping.Name)
 	for _, e := range wb[keyA].Entries {
 		assert.LessOrEqual(t, len(e.ID), 127, e.ID)
+	}
+	// Every entry, long keys' included, is found by its id alone, with its mapping's key.
+	for node, index := range r.Index {
+		for key, mi := range index {
+			for i := range mi.Entries {
+				k, e := index.Entry(strings.Clone(mi.Entries[i].ID))
+				assert.Equal(t, key, k, node)
+				assert.Same(t, &mi.Entries[i], e, node)
+			}
+		}
+	}
+	for _, id := range []string{"demo/remote/nothing", "demo/remote", "demo", "", keyA + "/dnat/nowhere", "demo/gone/snat"} {
+		k, e := wb.Entry(id)
+		assert.Empty(t, k, id)
+		assert.Nil(t, e, id)
 	}
 }
 

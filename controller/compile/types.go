@@ -8,6 +8,7 @@ package compile
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -75,6 +76,29 @@ type Result struct {
 // NodeIndex is one node's index: by MappingKey, what the node's program holds for the
 // mapping. A mapping with no entry in the program (refused, or carried elsewhere) is absent.
 type NodeIndex map[string]*MappingIndex
+
+// Entry returns the entry of ix whose id is id, and its mapping's key; nil when ix has none.
+// An entry's id is its mapping's key, "/" and its name, and every key is
+// "<namespace>/<name>" (Key, cut past its "/" when long): the key is the id up to its
+// second "/", and one lookup finds the entry without an index of ix by id.
+func (ix NodeIndex) Entry(id string) (string, *Entry) {
+	i := strings.IndexByte(id, '/')
+	if i < 0 {
+		return "", nil
+	}
+	j := strings.IndexByte(id[i+1:], '/')
+	if j < 0 {
+		return "", nil
+	}
+	if mi := ix[id[:i+1+j]]; mi != nil {
+		for k := range mi.Entries {
+			if e := &mi.Entries[k]; e.ID == id {
+				return e.ID[:i+1+j], e
+			}
+		}
+	}
+	return "", nil
+}
 
 // MappingIndex is what one node's program holds for one mapping, by the ids compile gave.
 type MappingIndex struct {

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
+	"kuport.wlz.li/kuport/controller/agents"
 	"kuport.wlz.li/kuport/controller/compile"
 	"kuport.wlz.li/kuport/controller/dashboard/dashboardtest"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
@@ -25,12 +26,12 @@ import (
 type scaleAgents struct {
 	*fakeAgents
 	index    map[string]compile.NodeIndex
-	counters map[string][]*kuportv1.Counter
+	counters map[string][]agents.Counter
 }
 
 func newScaleAgents(n int) *scaleAgents {
 	s := &scaleAgents{fakeAgents: &fakeAgents{}, index: map[string]compile.NodeIndex{"edge-a": {}, "worker-b": {}},
-		counters: map[string][]*kuportv1.Counter{}}
+		counters: map[string][]agents.Counter{}}
 	for i := range n {
 		key := fmt.Sprintf("bench/m%05d", i)
 		m := types.NamespacedName{Namespace: "bench", Name: fmt.Sprintf("m%05d", i)}
@@ -42,13 +43,14 @@ func newScaleAgents(n int) *scaleAgents {
 			Entries: []compile.Entry{
 				{ID: key + "/dnat/kup-dcc4266d", Name: "dnat/kup-dcc4266d", Kind: compile.KindDNAT, Direction: compile.DirectionIn, Interface: "kup-dcc4266d"},
 				{ID: key + "/mark", Name: "mark", Kind: compile.KindMark, Direction: compile.DirectionOut}}}
-		fwd := func(p uint64) *kuportv1.Traffic { return &kuportv1.Traffic{Packets: p, Bytes: 100 * p} }
 		s.counters["edge-a"] = append(s.counters["edge-a"],
-			&kuportv1.Counter{Id: key + "/dnat/enp1s0", Packets: 1, ForwardedIn: fwd(10), ForwardedOut: fwd(10)},
-			&kuportv1.Counter{Id: key + "/snat", Packets: 1})
+			agents.Counter{ID: key + "/dnat/enp1s0", Packets: 1,
+				ForwardedIn: agents.Traffic{Packets: 10, Bytes: 1000}, HasIn: true, ForwardedOut: agents.Traffic{Packets: 10, Bytes: 1000}, HasOut: true},
+			agents.Counter{ID: key + "/snat", Packets: 1})
 		s.counters["worker-b"] = append(s.counters["worker-b"],
-			&kuportv1.Counter{Id: key + "/dnat/kup-dcc4266d", Packets: 1, ForwardedIn: fwd(10), ForwardedOut: fwd(10)},
-			&kuportv1.Counter{Id: key + "/mark", Packets: 10})
+			agents.Counter{ID: key + "/dnat/kup-dcc4266d", Packets: 1,
+				ForwardedIn: agents.Traffic{Packets: 10, Bytes: 1000}, HasIn: true, ForwardedOut: agents.Traffic{Packets: 10, Bytes: 1000}, HasOut: true},
+			agents.Counter{ID: key + "/mark", Packets: 10})
 	}
 	return s
 }
@@ -56,11 +58,12 @@ func newScaleAgents(n int) *scaleAgents {
 func (s *scaleAgents) Index(node string) compile.NodeIndex { return s.index[node] }
 
 // Stats is a new report each call: every counter moved on.
-func (s *scaleAgents) Stats(node string) ([]*kuportv1.Counter, []*kuportv1.LinkStats) {
+func (s *scaleAgents) Stats(node string) ([]agents.Counter, []*kuportv1.LinkStats) {
 	_, links := s.fakeAgents.Stats(node)
-	for _, c := range s.counters[node] {
+	for i := range s.counters[node] {
+		c := &s.counters[node][i]
 		c.Packets += 10
-		if c.ForwardedIn != nil {
+		if c.HasIn {
 			c.ForwardedIn.Packets += 10
 			c.ForwardedOut.Packets += 10
 		}
@@ -190,14 +193,10 @@ func BenchmarkSample(b *testing.B) {
 			src := scaleSource(10000)
 			if idle {
 				a := src.Agents.(*scaleAgents)
-				for node, cs := range a.counters {
+				for _, cs := range a.counters {
 					for i, c := range cs {
-						cs[i] = &kuportv1.Counter{Id: c.Id}
-						if c.ForwardedIn != nil {
-							cs[i].ForwardedIn, cs[i].ForwardedOut = &kuportv1.Traffic{}, &kuportv1.Traffic{}
-						}
+						cs[i] = agents.Counter{ID: c.ID, HasIn: c.HasIn, HasOut: c.HasOut}
 					}
-					a.counters[node] = cs
 				}
 				src.Agents = idleAgents{a}
 			}
@@ -216,7 +215,7 @@ func BenchmarkSample(b *testing.B) {
 // idleAgents reports scaleAgents' counters without moving them.
 type idleAgents struct{ *scaleAgents }
 
-func (a idleAgents) Stats(node string) ([]*kuportv1.Counter, []*kuportv1.LinkStats) {
+func (a idleAgents) Stats(node string) ([]agents.Counter, []*kuportv1.LinkStats) {
 	_, links := a.fakeAgents.Stats(node)
 	return a.counters[node], links
 }

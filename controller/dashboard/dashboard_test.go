@@ -85,16 +85,16 @@ func (f *fakeAgents) Index(node string) compile.NodeIndex {
 	return nil
 }
 
-func (f *fakeAgents) Stats(node string) ([]*kuportv1.Counter, []*kuportv1.LinkStats) {
+func (f *fakeAgents) Stats(node string) ([]agents.Counter, []*kuportv1.LinkStats) {
 	switch node {
 	case "edge-a":
-		return []*kuportv1.Counter{{Id: remote + "/dnat/enp1s0", Packets: 1, Bytes: 60}, {Id: remote + "/snat", Packets: 1, Bytes: 60}},
+		return []agents.Counter{{ID: remote + "/dnat/enp1s0", Packets: 1, Bytes: 60}, {ID: remote + "/snat", Packets: 1, Bytes: 60}},
 			[]*kuportv1.LinkStats{{Name: "kup-5e30a797", TxPackets: 40, RxPackets: 38}}
 	case "worker-b":
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		f.mark += f.step
-		return []*kuportv1.Counter{{Id: remote + "/dnat/kup-dcc4266d", Packets: 1, Bytes: 60}, {Id: remote + "/mark", Packets: f.mark, Bytes: 60 * f.mark}},
+		return []agents.Counter{{ID: remote + "/dnat/kup-dcc4266d", Packets: 1, Bytes: 60}, {ID: remote + "/mark", Packets: f.mark, Bytes: 60 * f.mark}},
 			nil
 	}
 	return nil, nil

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"kuport.wlz.li/kuport/controller/agents"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -20,7 +21,7 @@ type erringAgents struct {
 	stopped bool
 }
 
-func (e *erringAgents) Stats(node string) ([]*kuportv1.Counter, []*kuportv1.LinkStats) {
+func (e *erringAgents) Stats(node string) ([]agents.Counter, []*kuportv1.LinkStats) {
 	ctrs, links := e.fakeAgents.Stats(node)
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -42,7 +42,7 @@ func (f *flowingAgents) setAnswering(v bool) {
 	f.answering, f.replies = v, f.requests()
 }
 
-func (f *flowingAgents) Stats(node string) ([]*kuportv1.Counter, []*kuportv1.LinkStats) {
+func (f *flowingAgents) Stats(node string) ([]agents.Counter, []*kuportv1.LinkStats) {
 	ctrs, links := f.fakeAgents.Stats(node)
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -50,10 +50,10 @@ func (f *flowingAgents) Stats(node string) ([]*kuportv1.Counter, []*kuportv1.Lin
 	if f.answering {
 		replies = requests
 	}
-	for _, c := range ctrs {
-		if strings.Contains(c.Id, "/dnat/") {
-			c.ForwardedIn = &kuportv1.Traffic{Packets: requests, Bytes: 100 * requests}
-			c.ForwardedOut = &kuportv1.Traffic{Packets: replies, Bytes: 100 * replies}
+	for i := range ctrs {
+		if c := &ctrs[i]; strings.Contains(c.ID, "/dnat/") {
+			c.ForwardedIn, c.HasIn = agents.Traffic{Packets: requests, Bytes: 100 * requests}, true
+			c.ForwardedOut, c.HasOut = agents.Traffic{Packets: replies, Bytes: 100 * replies}, true
 		}
 	}
 	for _, l := range links {
@@ -154,7 +154,7 @@ func (multiAgents) Index(node string) compile.NodeIndex {
 	return nil
 }
 
-func (multiAgents) Stats(string) ([]*kuportv1.Counter, []*kuportv1.LinkStats) { return nil, nil }
+func (multiAgents) Stats(string) ([]agents.Counter, []*kuportv1.LinkStats) { return nil, nil }
 
 // TestPathMulti: a Multi mapping's path has one branch per forwarder, each over its own
 // link to the pod's node and arriving there on that link's peer device.

@@ -6,6 +6,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
+	"kuport.wlz.li/kuport/controller/agents"
 	"kuport.wlz.li/kuport/controller/compile"
 	"kuport.wlz.li/kuport/controller/metrics"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
@@ -21,7 +22,7 @@ type snapshot struct {
 	index map[types.NamespacedName]map[string]*compile.MappingIndex
 	// nodeIndex and stats by node: the index of its program and its latest report's counters.
 	nodeIndex map[string]compile.NodeIndex
-	stats     map[string][]*kuportv1.Counter
+	stats     map[string][]agents.Counter
 	// counters by mapping, of the mappings count was asked for (readSnapshot).
 	counters map[types.NamespacedName][]Counter
 	// unanswered by mapping (readSnapshot).
@@ -70,7 +71,7 @@ func readSnapshot(a Agents) *snapshot {
 // links and its latest report. Its counters are read by counted.
 func readCounts(a Agents) *snapshot {
 	s := &snapshot{nodes: a.Nodes(), agents: a.Agents(),
-		nodeIndex: map[string]compile.NodeIndex{}, stats: map[string][]*kuportv1.Counter{}}
+		nodeIndex: map[string]compile.NodeIndex{}, stats: map[string][]agents.Counter{}}
 	links := map[string]*Link{}
 	for _, n := range s.nodes {
 		index := a.Index(n.Node)

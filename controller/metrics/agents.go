@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/types"
 
+	"kuport.wlz.li/kuport/controller/agents"
 	"kuport.wlz.li/kuport/controller/compile"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
@@ -23,7 +24,7 @@ type Source interface {
 	// what each counts.
 	Index(node string) compile.NodeIndex
 	// Stats returns the rule counters and link statistics of a node's latest Report.
-	Stats(node string) ([]*kuportv1.Counter, []*kuportv1.LinkStats)
+	Stats(node string) ([]agents.Counter, []*kuportv1.LinkStats)
 }
 
 // UnansweredSource is a Source that also judges, per node, whether each mapping's requests go
@@ -119,11 +120,11 @@ func rule(mi *compile.MappingIndex, e compile.Entry) Rule {
 // a rule the agent is about to remove: it is left out. It looks the counters up by id, not
 // the rules: a map of a node's Rules was most of what a sample of the dashboard allocated
 // (15 MB at 40,000 counters, every 5 s).
-func Counted(index compile.NodeIndex, counters []*kuportv1.Counter) iter.Seq2[Rule, Count] {
+func Counted(index compile.NodeIndex, counters []agents.Counter) iter.Seq2[Rule, Count] {
 	return func(yield func(Rule, Count) bool) {
-		byID := make(map[string]*kuportv1.Counter, len(counters))
-		for _, c := range counters {
-			byID[c.Id] = c
+		byID := make(map[string]*agents.Counter, len(counters))
+		for i := range counters {
+			byID[counters[i].ID] = &counters[i]
 		}
 		for _, mi := range index {
 			for _, e := range mi.Entries {
@@ -137,11 +138,12 @@ func Counted(index compile.NodeIndex, counters []*kuportv1.Counter) iter.Seq2[Ru
 				}
 				for _, f := range []struct {
 					dir string
-					t   *kuportv1.Traffic
-				}{{DirectionIn, c.ForwardedIn}, {DirectionOut, c.ForwardedOut}} {
+					t   agents.Traffic
+					has bool
+				}{{DirectionIn, c.ForwardedIn, c.HasIn}, {DirectionOut, c.ForwardedOut, c.HasOut}} {
 					fwd := Rule{Mapping: r.Mapping, Name: "forwarded/" + r.Interface, Unit: UnitPackets,
 						Direction: f.dir, Interface: r.Interface, Forwarded: true, OverLink: r.OverLink}
-					if f.t != nil && !yield(fwd, Count{f.t.Packets, f.t.Bytes}) {
+					if f.has && !yield(fwd, Count{f.t.Packets, f.t.Bytes}) {
 						return
 					}
 				}

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
+	"kuport.wlz.li/kuport/controller/agents"
 	"kuport.wlz.li/kuport/controller/compile"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
@@ -25,7 +26,7 @@ type fakeSource struct {
 	nodes    []*kuportv1.NodeInfo
 	programs map[string]*kuportv1.NodeProgram
 	index    map[string]compile.NodeIndex
-	counters map[string][]*kuportv1.Counter
+	counters map[string][]agents.Counter
 	links    map[string][]*kuportv1.LinkStats
 }
 
@@ -38,7 +39,7 @@ func (f *fakeSource) Program(node string) (*kuportv1.NodeProgram, uint64, bool) 
 
 func (f *fakeSource) Index(node string) compile.NodeIndex { return f.index[node] }
 
-func (f *fakeSource) Stats(node string) ([]*kuportv1.Counter, []*kuportv1.LinkStats) {
+func (f *fakeSource) Stats(node string) ([]agents.Counter, []*kuportv1.LinkStats) {
 	return f.counters[node], f.links[node]
 }
 
@@ -87,25 +88,25 @@ func labSource() *fakeSource {
 				}},
 			},
 		},
-		counters: map[string][]*kuportv1.Counter{
+		counters: map[string][]agents.Counter{
 			"edge-a": {
-				{Id: m + "/dnat/enp1s0", Packets: 3, Bytes: 180,
-					ForwardedIn: &kuportv1.Traffic{Packets: 503, Bytes: 30180}, ForwardedOut: &kuportv1.Traffic{Packets: 500, Bytes: 30000}},
-				{Id: m + "/dnat/wt0", Packets: 0, ForwardedIn: &kuportv1.Traffic{}, ForwardedOut: &kuportv1.Traffic{}},
-				{Id: m + "/snat", Packets: 3, Bytes: 180},
-				{Id: "demo/gone/dnat/enp1s0", Packets: 9, Bytes: 9}, // no longer in the program
+				{ID: m + "/dnat/enp1s0", Packets: 3, Bytes: 180,
+					ForwardedIn: agents.Traffic{Packets: 503, Bytes: 30180}, HasIn: true, ForwardedOut: agents.Traffic{Packets: 500, Bytes: 30000}, HasOut: true},
+				{ID: m + "/dnat/wt0", Packets: 0, ForwardedIn: agents.Traffic{}, HasIn: true, ForwardedOut: agents.Traffic{}, HasOut: true},
+				{ID: m + "/snat", Packets: 3, Bytes: 180},
+				{ID: "demo/gone/dnat/enp1s0", Packets: 9, Bytes: 9}, // no longer in the program
 			},
 			"worker-b": {
-				{Id: m + "/dnat/kup-dcc4266d", Packets: 3, Bytes: 180,
-					ForwardedIn: &kuportv1.Traffic{Packets: 503, Bytes: 30180}, ForwardedOut: &kuportv1.Traffic{Packets: 500, Bytes: 30000}},
-				{Id: m + "/snat", Packets: 3, Bytes: 180},
-				{Id: m + "/snat-reply", Packets: 0},
-				{Id: m + "/mark", Packets: 500, Bytes: 30000},
-				{Id: s + "/dnat/kup-1", Packets: 1, Bytes: 60, ForwardedIn: &kuportv1.Traffic{Packets: 10, Bytes: 600}, ForwardedOut: &kuportv1.Traffic{Packets: 9, Bytes: 540}},
-				{Id: s + "/dnat/kup-2", Packets: 1, Bytes: 60, ForwardedIn: &kuportv1.Traffic{Packets: 5, Bytes: 300}, ForwardedOut: &kuportv1.Traffic{Packets: 6, Bytes: 360}},
-				{Id: s + "/ct-save/kup-1", Packets: 10, Bytes: 600},
-				{Id: s + "/ct-save/kup-2", Packets: 5, Bytes: 300},
-				{Id: s + "/ct-restore", Packets: 15, Bytes: 900},
+				{ID: m + "/dnat/kup-dcc4266d", Packets: 3, Bytes: 180,
+					ForwardedIn: agents.Traffic{Packets: 503, Bytes: 30180}, HasIn: true, ForwardedOut: agents.Traffic{Packets: 500, Bytes: 30000}, HasOut: true},
+				{ID: m + "/snat", Packets: 3, Bytes: 180},
+				{ID: m + "/snat-reply", Packets: 0},
+				{ID: m + "/mark", Packets: 500, Bytes: 30000},
+				{ID: s + "/dnat/kup-1", Packets: 1, Bytes: 60, ForwardedIn: agents.Traffic{Packets: 10, Bytes: 600}, HasIn: true, ForwardedOut: agents.Traffic{Packets: 9, Bytes: 540}, HasOut: true},
+				{ID: s + "/dnat/kup-2", Packets: 1, Bytes: 60, ForwardedIn: agents.Traffic{Packets: 5, Bytes: 300}, HasIn: true, ForwardedOut: agents.Traffic{Packets: 6, Bytes: 360}, HasOut: true},
+				{ID: s + "/ct-save/kup-1", Packets: 10, Bytes: 600},
+				{ID: s + "/ct-save/kup-2", Packets: 5, Bytes: 300},
+				{ID: s + "/ct-restore", Packets: 15, Bytes: 900},
 			},
 		},
 		links: map[string][]*kuportv1.LinkStats{
