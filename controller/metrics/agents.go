@@ -116,36 +116,31 @@ func rule(mi *compile.MappingIndex, e compile.Entry) Rule {
 
 // Counted pairs each of a node's reported counters with the Rule of index (compile's index
 // of the node's current program) it measures, and a DNAT entry's forwarded counts with their
-// Forwarded rows, in index order. A counter of an entry the index no longer holds belongs to
-// a rule the agent is about to remove: it is left out. It looks the counters up by id, not
-// the rules: a map of a node's Rules was most of what a sample of the dashboard allocated
-// (15 MB at 40,000 counters, every 5 s).
+// Forwarded rows, in report order. A counter of an entry the index no longer holds belongs to
+// a rule the agent is about to remove: it is left out. It finds each counter's entry in the
+// index (compile.NodeIndex.Entry) and builds no map: a map of a node's Rules was most of
+// what a sample of the dashboard allocated (15 MB at 40,000 counters, every 5 s).
 func Counted(index compile.NodeIndex, counters []agents.Counter) iter.Seq2[Rule, Count] {
 	return func(yield func(Rule, Count) bool) {
-		byID := make(map[string]*agents.Counter, len(counters))
 		for i := range counters {
-			byID[counters[i].ID] = &counters[i]
-		}
-		for _, mi := range index {
-			for _, e := range mi.Entries {
-				c := byID[e.ID]
-				if c == nil {
-					continue
-				}
-				r := rule(mi, e)
-				if !yield(r, Count{c.Packets, c.Bytes}) {
+			c := &counters[i]
+			key, e := index.Entry(c.ID)
+			if e == nil {
+				continue
+			}
+			r := rule(index[key], *e)
+			if !yield(r, Count{c.Packets, c.Bytes}) {
+				return
+			}
+			for _, f := range []struct {
+				dir string
+				t   agents.Traffic
+				has bool
+			}{{DirectionIn, c.ForwardedIn, c.HasIn}, {DirectionOut, c.ForwardedOut, c.HasOut}} {
+				fwd := Rule{Mapping: r.Mapping, Name: "forwarded/" + r.Interface, Unit: UnitPackets,
+					Direction: f.dir, Interface: r.Interface, Forwarded: true, OverLink: r.OverLink}
+				if f.has && !yield(fwd, Count{f.t.Packets, f.t.Bytes}) {
 					return
-				}
-				for _, f := range []struct {
-					dir string
-					t   agents.Traffic
-					has bool
-				}{{DirectionIn, c.ForwardedIn, c.HasIn}, {DirectionOut, c.ForwardedOut, c.HasOut}} {
-					fwd := Rule{Mapping: r.Mapping, Name: "forwarded/" + r.Interface, Unit: UnitPackets,
-						Direction: f.dir, Interface: r.Interface, Forwarded: true, OverLink: r.OverLink}
-					if f.has && !yield(fwd, Count{f.t.Packets, f.t.Bytes}) {
-						return
-					}
 				}
 			}
 		}
