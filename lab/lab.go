@@ -302,6 +302,17 @@ func (l *Lab) ReplicaPid(i int) int {
 	return l.controllers[i].Pid()
 }
 
+// ReplicaDone is closed once controller replica i's process has exited (nil while it is
+// stopped).
+func (l *Lab) ReplicaDone(i int) <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if i < 0 || i >= len(l.controllers) || l.controllers[i] == nil {
+		return nil
+	}
+	return l.controllers[i].Done()
+}
+
 // AgentPid is the pid of node's agent, 0 while it is stopped.
 func (l *Lab) AgentPid(node string) int {
 	l.mu.Lock()

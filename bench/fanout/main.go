@@ -103,6 +103,17 @@ func run(args []string) error {
 		return err
 	}
 	defer func() { _ = l.Close() }()
+	// A controller that exits (one that lost its Lease on a loaded machine does) ends every
+	// wait at once, not after --settle.
+	ctx, exited := context.WithCancelCause(ctx)
+	defer exited(nil)
+	go func() {
+		select {
+		case <-l.ReplicaDone(0):
+			exited(fmt.Errorf("the controller exited; see %s", l.ReplicaLog(0)))
+		case <-ctx.Done():
+		}
+	}()
 
 	log.Info("creating nodes, agent identities, services and the class", "n", *n)
 	start := time.Now()

@@ -8,6 +8,7 @@ package labbench
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"math"
@@ -295,6 +296,9 @@ func WaitFor(ctx context.Context, what string, interval, timeout time.Duration, 
 		}
 		select {
 		case <-ctx.Done():
+			if cause := context.Cause(ctx); !errors.Is(cause, context.DeadlineExceeded) {
+				return fmt.Errorf("%s: %w", what, cause)
+			}
 			return fmt.Errorf("%s: not within %s", what, timeout)
 		case <-t.C:
 		}
