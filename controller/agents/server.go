@@ -62,10 +62,6 @@ type Server struct {
 	stopOnce sync.Once
 }
 
-// writeBufferSize is each agent connection's write buffer (grpc.WriteBufferSize), taken from
-// gRPC's pool while the connection writes (NewServer).
-const writeBufferSize = 16 << 10
-
 // NewServer returns a follower's Server (see Server); nothing listens until Serve. auth nil
 // turns authentication off (development only: any client may then claim any node). tlsConfig
 // holds the serving certificate (package controller/servingcert) and must not be nil.
@@ -88,11 +84,12 @@ func NewServer(log hclog.Logger, auth Authenticator, tlsConfig *tls.Config) *Ser
 		// No read buffer of gRPC's own per connection (32 KB, 27 MB with 1,000 agents): the
 		// framer reads from the TLS connection, which holds each record it decrypted anyway.
 		grpc.ReadBufferSize(0),
-		// A stream holds a write buffer from gRPC's pool while it writes: a change for every
-		// node has 1,000 streams write at once, and the pool keeps their buffers until the
-		// collector clears it (18 MB of 32 KB buffers at 1,000 agents). 16 KB is one TLS
-		// record's payload: each flush is still one record, half the memory.
-		grpc.WriteBufferSize(writeBufferSize),
+		// No write buffer either: a stream took one from gRPC's pool while it wrote, a change
+		// for every node has 1,000 streams write at once, and the pool kept their buffers
+		// until two collections had passed (12 MB of 16 KB buffers in the heap right after a
+		// change acknowledged by 1,000 agents; 18 MB at 32 KB). Each frame goes to the TLS
+		// connection as it is written: a program change is one frame a stream.
+		grpc.WriteBufferSize(0),
 	)
 	kuportv1.RegisterAgentServiceServer(s.grpc, s)
 	kuportv1.RegisterProgramServiceServer(s.grpc, s)
