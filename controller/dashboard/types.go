@@ -127,7 +127,7 @@ type Unanswered struct {
 }
 
 // Counter is one rule of a mapping on one node: its cumulative values from the node's
-// latest report and their rates (see metrics.Rules for what each rule counts).
+// latest report and their rates (see metrics.Rule and metrics.Counted for what each rule counts).
 type Counter struct {
 	Node      string       `json:"node"`
 	Rule      string       `json:"rule"`

@@ -81,7 +81,7 @@ type Rule struct {
 // Count is a counter's cumulative packets and bytes (IP lengths).
 type Count struct{ Packets, Bytes uint64 }
 
-// Rules indexes a program's counted entries by id, from compile's index of it:
+// rule is what entry e of mapping mi (compile's index of a node's program) measures:
 //
 //	dnat/<if>      kup-pre    flows   in   a new flow arriving on <if> translated
 //	snat           kup-post   flows   in   the same flow leaving towards the pod or the link
@@ -94,17 +94,6 @@ type Count struct{ Packets, Bytes uint64 }
 //
 //	forwarded/<if> kup-steer      packets in   a packet of its flows arriving on <if>, by dialed port
 //	forwarded/<if> kup-count-out  packets out  a packet of its flows leaving by <if>, by dialed port
-func Rules(index compile.NodeIndex) map[string]Rule {
-	out := map[string]Rule{}
-	for _, mi := range index {
-		for _, e := range mi.Entries {
-			out[e.ID] = rule(mi, e)
-		}
-	}
-	return out
-}
-
-// rule is what entry e of mapping mi measures.
 func rule(mi *compile.MappingIndex, e compile.Entry) Rule {
 	unit := UnitFlows
 	if e.Kind == compile.KindMark {

@@ -116,23 +116,34 @@ func labSource() *fakeSource {
 	}
 }
 
+// rules is rule for every entry of index, by id.
+func rules(index compile.NodeIndex) map[string]Rule {
+	out := map[string]Rule{}
+	for _, mi := range index {
+		for _, e := range mi.Entries {
+			out[e.ID] = rule(mi, e)
+		}
+	}
+	return out
+}
+
 func TestRules(t *testing.T) {
 	remote := types.NamespacedName{Namespace: "demo", Name: "remote-udp"}
-	rules := Rules(labSource().index["worker-b"])
+	byID := rules(labSource().index["worker-b"])
 	// worker-b's DNAT rule matches arrivals over the mapping's link: OverLink.
 	assert.Equal(t, Rule{Mapping: remote, Name: "dnat/kup-dcc4266d", Unit: UnitFlows, Direction: DirectionIn, Interface: "kup-dcc4266d", OverLink: true},
-		rules["demo/remote-udp/dnat/kup-dcc4266d"])
+		byID["demo/remote-udp/dnat/kup-dcc4266d"])
 	assert.Equal(t, Rule{Mapping: remote, Name: "snat-reply", Unit: UnitFlows, Direction: DirectionOut},
-		rules["demo/remote-udp/snat-reply"])
+		byID["demo/remote-udp/snat-reply"])
 	assert.Equal(t, Rule{Mapping: remote, Name: "mark", Unit: UnitPackets, Direction: DirectionOut},
-		rules["demo/remote-udp/mark"])
+		byID["demo/remote-udp/mark"])
 	assert.Equal(t, Rule{Mapping: types.NamespacedName{Namespace: "demo", Name: "shared"}, Name: "ct-save/kup-2", Unit: UnitPackets, Direction: DirectionIn},
-		rules["demo/shared/ct-save/kup-2"])
-	assert.Len(t, rules, 9)
+		byID["demo/shared/ct-save/kup-2"])
+	assert.Len(t, byID, 9)
 	// edge-a's accepting interface faces clients.
 	assert.Equal(t, Rule{Mapping: remote, Name: "dnat/enp1s0", Unit: UnitFlows, Direction: DirectionIn, Interface: "enp1s0"},
-		Rules(labSource().index["edge-a"])["demo/remote-udp/dnat/enp1s0"])
-	assert.Empty(t, Rules(nil))
+		rules(labSource().index["edge-a"])["demo/remote-udp/dnat/enp1s0"])
+	assert.Empty(t, rules(nil))
 }
 
 func TestAgentCollector(t *testing.T) {
