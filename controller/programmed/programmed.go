@@ -169,7 +169,8 @@ func Decide(in Input) Verdict {
 const (
 	// AckGrace: a Programmed=False that only awaits connected agents' acknowledgement of the
 	// version carrying the mapping. A thousand PortMaps created at once are then written once
-	// each, not False and then True a few milliseconds later.
+	// each, not False and then True a few milliseconds later, and a change to a thousand
+	// mappings from outside their objects writes none.
 	AckGrace = time.Second
 	// ResumeGrace: a recorded Programmed=True taken back only because the stream of a node
 	// that acknowledged the mapping ended, or its new stream has not acknowledged yet (Held).
@@ -184,30 +185,36 @@ const (
 // MayWait is how long writing v (Decide's verdict on in) may wait for the acknowledgements
 // it awaits, counted from when its PortMap first had such a verdict; 0: write it now. Only a
 // Programmed=False of reason NodeNotReady waits:
-//   - AckGrace when it takes back no Programmed=True of the object's generation and only
-//     awaits connected agents (Quiet);
-//   - ResumeGrace when it takes back a True of the generation and every node missing is
-//     resuming (Node.Held): the mapping is as its nodes last acknowledged it;
-//   - else not at all: a True of the generation whose mapping changed since its nodes
-//     acknowledged it is taken back at once (it is not in the kernel yet), and so is one a
-//     node failed to apply.
+//   - ResumeGrace when it takes back a True of the object's generation and every node
+//     missing is resuming (Node.Held): the mapping is as its nodes last acknowledged it;
+//   - else AckGrace when it only awaits connected agents' acknowledgement (Quiet): of a new
+//     object or generation, or of a mapping changed from outside its object (its class, its
+//     endpoints), whose True of the generation then stays while the agents apply the change.
+//     A class change at 1,000 nodes otherwise wrote each of its PortMaps twice (False, then
+//     True again a moment later), beside the push (issue 13);
+//   - else not at all: a node disconnected, failed the mapping or is not ready.
 func (v Verdict) MayWait(in Input) time.Duration {
 	p, r := v.Programmed, in.Recorded
 	if v.Hold || p == nil || p.Status != metav1.ConditionFalse || p.Reason != v1alpha1.ReasonNodeNotReady {
 		return 0
 	}
-	if r == nil || r.Status != metav1.ConditionTrue || r.ObservedGeneration != in.Generation {
-		if v.Quiet {
-			return AckGrace
-		}
-		return 0
+	if r != nil && r.Status == metav1.ConditionTrue && r.ObservedGeneration == in.Generation && allResuming(in.Nodes) {
+		return ResumeGrace
 	}
-	for _, n := range in.Nodes {
+	if v.Quiet {
+		return AckGrace
+	}
+	return 0
+}
+
+// allResuming reports whether every node of nodes that is not ready is resuming.
+func allResuming(nodes []Node) bool {
+	for _, n := range nodes {
 		if ok, _ := n.Ready(); !ok && !n.resuming() {
-			return 0
+			return false
 		}
 	}
-	return ResumeGrace
+	return true
 }
 
 // Unheard are the nodes the startup hold waits for that s has no agent state from: every
