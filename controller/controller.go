@@ -61,7 +61,17 @@ const (
 	keyStatus = "status"
 	// keyStatusAll: decide every PortMap's status again (the term's settling ended).
 	keyStatusAll = "status-all"
+	// keyClassStatus: write the class statuses put off behind a push (DefaultClassStatusWait).
+	keyClassStatus = "class-status"
 )
+
+// DefaultClassStatusWait is the longest a class status write is put off behind the push of
+// the compile it comes from (when its link claims are already recorded, nothing waits for it):
+// the write goes out once every connected agent acknowledged, or after this long. A class
+// of 1,000 nodes is a large write the API server and etcd take hundreds of milliseconds of
+// CPU for; sent beside the push, it delayed 1,000 agents' acknowledgements of a class change
+// on a 2-core machine (issue 13).
+const DefaultClassStatusWait = time.Second
 
 // Status writes: by default at most DefaultStatusQPS a second (bursts of DefaultStatusBurst),
 // by statusWorkers in parallel. client-go's default (5 a second) made 1,000 PortMaps applied
@@ -102,6 +112,9 @@ type Config struct {
 	// Unanswered is how long a node's requests must go without a reply before the mapping is
 	// unanswered there (agents.DefaultUnansweredWindow when zero).
 	Unanswered agents.Window
+	// ClassStatusWait is the longest a class status write waits for the acknowledgements of
+	// the push before it (DefaultClassStatusWait when zero).
+	ClassStatusWait time.Duration
 	// StatusQPS and StatusBurst limit the status writes (DefaultStatusQPS and
 	// DefaultStatusBurst when zero); the clients' own limit must not be lower.
 	StatusQPS   float32
@@ -112,12 +125,13 @@ type Config struct {
 
 // Controller runs the informers, the work queue and its worker.
 type Controller struct {
-	log           hclog.Logger
-	linkRetention time.Duration
-	reg           *agents.Registry
-	writer        *status.Writer
-	broadcaster   record.EventBroadcaster
-	queue         workqueue.TypedRateLimitingInterface[string]
+	log             hclog.Logger
+	linkRetention   time.Duration
+	classStatusWait time.Duration
+	reg             *agents.Registry
+	writer          *status.Writer
+	broadcaster     record.EventBroadcaster
+	queue           workqueue.TypedRateLimitingInterface[string]
 	// statuses holds the PortMaps whose status must be decided again; its workers write.
 	statuses workqueue.TypedRateLimitingInterface[types.NamespacedName]
 
@@ -157,6 +171,9 @@ type Controller struct {
 	classSettled settledClasses
 	// waits are the status writes put off for an acknowledgement (programmed.Verdict.MayWait).
 	waits ackWaits
+	// classStatusDue is when the class statuses of last, put off behind its push, are written
+	// even if agents have not acknowledged it; zero when none is put off (compile worker only).
+	classStatusDue time.Time
 	// stopping is set once Run's context ends.
 	stopping atomic.Bool
 	// pushes measures each program version's time from store to acknowledgement.
@@ -183,9 +200,10 @@ func New(cfg Config) (*Controller, error) {
 	}
 	broadcaster := record.NewBroadcaster()
 	c := &Controller{
-		log:           log,
-		linkRetention: retention,
-		broadcaster:   broadcaster,
+		log:             log,
+		linkRetention:   retention,
+		classStatusWait: cmp.Or(cfg.ClassStatusWait, DefaultClassStatusWait),
+		broadcaster:     broadcaster,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "kuport"}),
 		// Per PortMap backoff alone: the writes' own limiter bounds the rate, and the default
@@ -419,8 +437,11 @@ func (c *Controller) processNext(ctx context.Context) bool {
 		err = c.compile(ctx)
 	case keyStatus:
 		c.decideAgain(c.reg.Touched())
+		err = c.writePutOffClassStatuses(ctx, time.Now())
 	case keyStatusAll:
 		c.decideAll()
+	case keyClassStatus:
+		err = c.writePutOffClassStatuses(ctx, time.Now())
 	}
 	if err != nil {
 		// A conflict only means the cache had not yet seen our own last write: routine.
@@ -466,8 +487,9 @@ func (c *Controller) compile(ctx context.Context) error {
 	// Claims are persisted before any kernel may use them, so a restart or a failed write
 	// can never renumber a live link: no program leaves until its claims are recorded. When
 	// the class statuses carry no claim the classes do not record already, the programs
-	// leave first (a class status of 1,000 node rows took the API server most of a second
-	// to write). While the startup hold keeps programs back, nothing is written either:
+	// leave first and the statuses follow their acknowledgement (DefaultClassStatusWait: a
+	// class status of 1,000 node rows took the API server most of a second to write). While
+	// the startup hold keeps programs back, nothing is written either:
 	// compile has not heard every node, so its statuses would say "no agent has connected"
 	// of nodes whose kernels still hold the previous leader's programs.
 	unheard := programmed.Unheard(snap)
@@ -484,15 +506,25 @@ func (c *Controller) compile(ctx context.Context) error {
 		}
 	}
 	stored := time.Now()
-	if nodes := c.reg.SetPrograms(res.Programs, res.Index); len(nodes) > 0 {
+	nodes := c.reg.SetPrograms(res.Programs, res.Index)
+	if len(nodes) > 0 {
 		c.log.Debug("compiled", "whole", c.inc.Changed() == nil, "recompiled", c.inc.Recompiled(), "programs_changed", len(nodes),
 			"claims_first", writeFirst, "compile_ms", compiled.Sub(start).Milliseconds(),
 			"store_ms", time.Since(stored).Milliseconds(), "from_compile_ms", time.Since(compiled).Milliseconds())
 	}
 	if !c.holding && !writeFirst {
-		if err := c.writeClassStatuses(ctx, res); err != nil {
-			c.snap = nil
-			return err
+		// The push goes first: the acknowledgements (keyStatus) or the wait write the
+		// statuses, the latest compile's then. A write already put off keeps its time, so a
+		// stream of pushes cannot starve it.
+		if len(nodes) > 0 && c.classStatusDue.IsZero() {
+			c.classStatusDue = time.Now().Add(c.classStatusWait)
+			c.queue.AddAfter(keyClassStatus, c.classStatusWait)
+		}
+		if c.classStatusDue.IsZero() {
+			if err := c.writeClassStatuses(ctx, res); err != nil {
+				c.snap = nil
+				return err
+			}
 		}
 	}
 	c.pushes.Observe(c.reg.Nodes(), time.Now())
@@ -636,8 +668,23 @@ func (c *Controller) claimsRecorded(res *compile.Result) bool {
 	return true
 }
 
+// writePutOffClassStatuses writes the class statuses of the last compile that were put off
+// behind its push, once no connected agent has the push unacknowledged or at classStatusDue.
+func (c *Controller) writePutOffClassStatuses(ctx context.Context, now time.Time) error {
+	if c.classStatusDue.IsZero() {
+		return nil
+	}
+	if now.Before(c.classStatusDue) && c.reg.Unacknowledged() > 0 {
+		// The queue keeps a key's earliest time only: an earlier put-off's may have been it.
+		c.queue.AddAfter(keyClassStatus, c.classStatusDue.Sub(now))
+		return nil
+	}
+	return c.writeClassStatuses(ctx, c.last)
+}
+
 // writeClassStatuses writes every PortMapClass status of res that differs from the cached
-// object; errors (conflicts included) are joined so the key retries.
+// object; errors (conflicts included) are joined so the key retries. Nothing stays put off
+// after it succeeds.
 func (c *Controller) writeClassStatuses(ctx context.Context, res *compile.Result) error {
 	c.classSettled.keep(res.Classes)
 	var errs []error
@@ -650,13 +697,21 @@ func (c *Controller) writeClassStatuses(ctx context.Context, res *compile.Result
 		if c.classSettled.known(name, cls, st, statusWritten) {
 			continue
 		}
-		if _, err := c.writer.Class(ctx, cls, st); err != nil {
+		written, err := c.writer.Class(ctx, cls, st)
+		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
+		if written {
+			c.log.Debug("class status written", "class", name, "put_off", !c.classStatusDue.IsZero())
+		}
 		c.classSettled.set(name, cls, st, statusWritten)
 	}
-	return errors.Join(errs...)
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	c.classStatusDue = time.Time{}
+	return nil
 }
 
 // PortMaps lists the cached PortMaps.

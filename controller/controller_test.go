@@ -69,7 +69,7 @@ type apiLab struct {
 
 type agentStream = grpc.BidiStreamingClient[kuportv1.ConnectRequest, kuportv1.ConnectResponse]
 
-func startAPILab(t *testing.T, ctx context.Context) *apiLab {
+func startAPILab(t *testing.T, ctx context.Context, configure ...func(*Config)) *apiLab {
 	t.Helper()
 	binDir := labtest.K8sBin(t)
 	log := hclog.New(&hclog.LoggerOptions{Name: "test", Level: hclog.Debug, Output: t.Output()})
@@ -84,7 +84,11 @@ func startAPILab(t *testing.T, ctx context.Context) *apiLab {
 	dyn, err := dynamic.NewForConfig(rc)
 	require.NoError(t, err)
 
-	ctl, err := New(Config{Kube: kube, Dynamic: dyn, Epoch: 1000, Hold: time.Second, Log: log.Named("controller")})
+	cfg := Config{Kube: kube, Dynamic: dyn, Epoch: 1000, Hold: time.Second, Log: log.Named("controller")}
+	for _, f := range configure {
+		f(&cfg)
+	}
+	ctl, err := New(cfg)
 	require.NoError(t, err)
 	runCtx, stopRun := context.WithCancel(ctx)
 	ran := make(chan error, 1)

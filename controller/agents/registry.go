@@ -571,6 +571,20 @@ func (r *Registry) Program(nodeName string) (program *kuportv1.NodeProgram, acke
 	return n.program, n.ackedVersion, true
 }
 
+// Unacknowledged counts the nodes whose agent's stream is open and has not yet acknowledged
+// the node's current program version: the push still under way.
+func (r *Registry) Unacknowledged() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	count := 0
+	for _, n := range r.nodes {
+		if n.session != nil && n.program != nil && n.ackedVersion < n.program.Version {
+			count++
+		}
+	}
+	return count
+}
+
 // Index returns compile's index of node's current program (nil when it has none).
 func (r *Registry) Index(nodeName string) compile.NodeIndex {
 	r.mu.Lock()

@@ -516,3 +516,30 @@ func TestNextSendsDeltasToAgentsThatTakeThem(t *testing.T) {
 	assert.True(t, proto.Equal(want, got))
 	assert.NotNil(t, r.next(old).GetProgram(), "an agent that takes no deltas gets programs whole")
 }
+
+// TestUnacknowledged: a node counts while its agent's stream is open and its acknowledged
+// version is below its program's; an agent without a stream, or without a program, never.
+func TestUnacknowledged(t *testing.T) {
+	r := newTestRegistry(nil)
+	assert.Zero(t, r.Unacknowledged(), "no node")
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false), "worker-b": {}}, edgeIndex(false)) // v1 each
+	assert.Zero(t, r.Unacknowledged(), "no agent connected: nobody to wait for")
+
+	a := r.connect(&kuportv1.Hello{Node: "edge-a"})
+	b := r.connect(&kuportv1.Hello{Node: "worker-b"})
+	assert.Equal(t, 2, r.Unacknowledged())
+	r.ack(a, &kuportv1.Ack{Epoch: 77, Version: 1})
+	assert.Equal(t, 1, r.Unacknowledged())
+	r.ack(b, &kuportv1.Ack{Epoch: 76, Version: 1})
+	assert.Equal(t, 1, r.Unacknowledged(), "another epoch's ack is not this program's")
+
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", true), "worker-b": {}}, edgeIndex(true)) // edge-a v2
+	assert.Equal(t, 2, r.Unacknowledged())
+	r.disconnect(b)
+	assert.Equal(t, 1, r.Unacknowledged(), "a closed stream is not waited for")
+	r.ack(a, &kuportv1.Ack{Epoch: 77, Version: 2})
+	assert.Zero(t, r.Unacknowledged())
+
+	r.connect(&kuportv1.Hello{Node: "db-c"})
+	assert.Zero(t, r.Unacknowledged(), "an agent compile names no program for")
+}
