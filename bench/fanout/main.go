@@ -28,6 +28,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -74,7 +75,7 @@ func run(args []string) error {
 	f.Register(fs)
 	n := fs.Int("agents", 1000, "agents (and nodes, and PortMaps of the class that changes)")
 	total := fs.Int("mappings", 0, "PortMaps in all (0: one per agent); those past --agents are of class "+extraClass+", which accepts the first 3 nodes (returnPath Vxlan), their pods spread over every node")
-	profile := fs.String("profile", "", "directory to write the controller's profiles to (it runs with --pprof): cpu.pprof over the change (--profile-seconds), heap.pprof, heap.txt (with runtime.MemStats) and goroutine.pprof after the last ack")
+	profile := fs.String("profile", "", "directory to write profiles to (the controller runs with --pprof, kube-apiserver with --profiling): the controller's cpu.pprof and kube-apiserver's apiserver-cpu.pprof over the change (--profile-seconds), the controller's heap.pprof, heap.txt (with runtime.MemStats) and goroutine.pprof after the last ack")
 	profileSeconds := fs.Int("profile-seconds", 5, "length of cpu.pprof")
 	settle := fs.Duration("settle", 30*time.Minute, "the longest wait for every agent to connect and every PortMap to be Programmed, and for the change's acks")
 	quiet := fs.Duration("quiet", time.Minute, "then the longest wait for the controller, kube-apiserver and etcd to be done with the connections (under 0.1 s of CPU in a second): the change is measured alone")
@@ -98,7 +99,11 @@ func run(args []string) error {
 	defer stop()
 
 	log.Info("starting the lab")
-	l, err := labbench.Up(ctx, f, log)
+	var apiserverArgs []string
+	if *profile != "" {
+		apiserverArgs = []string{"--profiling=true"}
+	}
+	l, err := labbench.Up(ctx, f, log, apiserverArgs...)
 	if err != nil {
 		return err
 	}
@@ -255,7 +260,12 @@ func run(args []string) error {
 	}
 	var profiled sync.WaitGroup
 	if *profile != "" {
-		profiled.Go(func() { saveProfile(log, *profile, "cpu.pprof", fmt.Sprintf("profile?seconds=%d", *profileSeconds)) })
+		profiled.Go(func() {
+			saveProfile(log, *profile, "cpu.pprof", controllerProfile(fmt.Sprintf("profile?seconds=%d", *profileSeconds)))
+		})
+		profiled.Go(func() {
+			saveProfile(log, *profile, "apiserver-cpu.pprof", apiServerCPUProfile(ctx, l, *profileSeconds))
+		})
 		time.Sleep(100 * time.Millisecond) // the profile runs before the update
 	}
 	change := time.Now()
@@ -287,9 +297,9 @@ func run(args []string) error {
 	log.Info("change acknowledged by all", "controller_cpu_s", ctl1-ctl0, "apiserver_etcd_cpu_s", plane1-plane0,
 		"bench_cpu_s", self1-self0)
 	if *profile != "" {
-		saveProfile(log, *profile, "heap.pprof", "heap?gc=1")
-		saveProfile(log, *profile, "heap.txt", "heap?debug=1") // ends with runtime.MemStats: stacks, idle and released
-		saveProfile(log, *profile, "goroutine.pprof", "goroutine")
+		saveProfile(log, *profile, "heap.pprof", controllerProfile("heap?gc=1"))
+		saveProfile(log, *profile, "heap.txt", controllerProfile("heap?debug=1")) // ends with runtime.MemStats: stacks, idle and released
+		saveProfile(log, *profile, "goroutine.pprof", controllerProfile("goroutine"))
 		profiled.Wait()
 	}
 	fmt.Printf("BENCH fanout agents=%d ack_ms_p50=%.1f ack_ms_p99=%.1f controller_rss_mb=%.1f\n",
@@ -389,18 +399,38 @@ func createExtra(ctx context.Context, l *lab.Lab, n, total int) error {
 	})
 }
 
-// saveProfile writes the controller's /debug/pprof/<query> to dir/file; a failure is logged,
-// not the bench's.
-func saveProfile(log hclog.Logger, dir, file, query string) {
-	err := func() error {
+// controllerProfile reads the controller's /debug/pprof/<query>.
+func controllerProfile(query string) func() (io.ReadCloser, error) {
+	return func() (io.ReadCloser, error) {
 		resp, err := http.Get("http://" + lab.ReplicaHTTPAddr(0) + "/debug/pprof/" + query)
+		if err != nil {
+			return nil, err
+		}
+		if resp.StatusCode != http.StatusOK {
+			_ = resp.Body.Close()
+			return nil, fmt.Errorf("%s", resp.Status)
+		}
+		return resp.Body, nil
+	}
+}
+
+// apiServerCPUProfile reads kube-apiserver's CPU profile over the next seconds (the lab
+// starts it with --profiling when --profile is set).
+func apiServerCPUProfile(ctx context.Context, l *lab.Lab, seconds int) func() (io.ReadCloser, error) {
+	return func() (io.ReadCloser, error) {
+		return l.Kube.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").
+			Param("seconds", strconv.Itoa(seconds)).Timeout(time.Duration(seconds+30) * time.Second).Stream(ctx)
+	}
+}
+
+// saveProfile writes what read returns to dir/file; a failure is logged, not the bench's.
+func saveProfile(log hclog.Logger, dir, file string, read func() (io.ReadCloser, error)) {
+	err := func() error {
+		body, err := read()
 		if err != nil {
 			return err
 		}
-		defer func() { _ = resp.Body.Close() }()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("%s", resp.Status)
-		}
+		defer func() { _ = body.Close() }()
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return err
 		}
@@ -408,15 +438,15 @@ func saveProfile(log hclog.Logger, dir, file, query string) {
 		if err != nil {
 			return err
 		}
-		if _, err := io.Copy(out, resp.Body); err != nil {
+		if _, err := io.Copy(out, body); err != nil {
 			_ = out.Close()
 			return err
 		}
 		return out.Close()
 	}()
 	if err != nil {
-		log.Warn("controller profile", "file", file, "error", err)
+		log.Warn("profile", "file", file, "error", err)
 		return
 	}
-	log.Info("controller profile written", "file", filepath.Join(dir, file))
+	log.Info("profile written", "file", filepath.Join(dir, file))
 }
