@@ -19,7 +19,7 @@ import (
 // acknowledged them, not beside the push; when an agent does not acknowledge, once
 // ClassStatusWait is over.
 func TestPrivilegedClassStatusFollowsTheAcks(t *testing.T) {
-	const wait = 20 * time.Second
+	const wait = 10 * time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	l := startAPILab(t, ctx, func(c *Config) { c.ClassStatusWait = wait })
