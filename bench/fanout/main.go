@@ -29,6 +29,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -249,6 +250,10 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
+	writes0, err := statusWrites(ctx, l)
+	if err != nil {
+		return err
+	}
 	// The change as an operator's kubectl sends it: a merge patch of the nodes' interfaces.
 	both := map[string]v1alpha1.ClassNode{}
 	for i := range *n {
@@ -294,8 +299,21 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
+	writes1, err := statusWrites(ctx, l)
+	if err != nil {
+		return err
+	}
 	log.Info("change acknowledged by all", "controller_cpu_s", ctl1-ctl0, "apiserver_etcd_cpu_s", plane1-plane0,
-		"bench_cpu_s", self1-self0)
+		"bench_cpu_s", self1-self0, "portmap_status_writes", writes1.portMaps-writes0.portMaps,
+		"class_status_writes", writes1.classes-writes0.classes)
+	defer func() {
+		// The writes the change brought after its acks too.
+		time.Sleep(5 * time.Second)
+		if w, err := statusWrites(ctx, l); err == nil {
+			log.Info("status writes 5 s after the last ack", "portmap_status_writes", w.portMaps-writes0.portMaps,
+				"class_status_writes", w.classes-writes0.classes)
+		}
+	}()
 	if *profile != "" {
 		saveProfile(log, *profile, "heap.pprof", controllerProfile("heap?gc=1"))
 		saveProfile(log, *profile, "heap.txt", controllerProfile("heap?debug=1")) // ends with runtime.MemStats: stacks, idle and released
@@ -397,6 +415,36 @@ func createExtra(ctx context.Context, l *lab.Lab, n, total int) error {
 				ServiceRef: v1alpha1.ServiceRef{Name: name, Port: "p"}},
 		})
 	})
+}
+
+// writeCounts are kube-apiserver's status updates so far (apiserver_request_total), by kind.
+type writeCounts struct{ portMaps, classes float64 }
+
+// statusWrites reads kube-apiserver's /metrics for the status updates of PortMaps and
+// PortMapClasses it has served.
+func statusWrites(ctx context.Context, l *lab.Lab) (writeCounts, error) {
+	var w writeCounts
+	raw, err := l.Kube.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return w, fmt.Errorf("kube-apiserver metrics: %w", err)
+	}
+	for line := range strings.SplitSeq(string(raw), "\n") {
+		if !strings.HasPrefix(line, "apiserver_request_total{") || !strings.Contains(line, `subresource="status"`) ||
+			!strings.Contains(line, `verb="PUT"`) {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		if err != nil {
+			return w, fmt.Errorf("kube-apiserver metrics: %q: %w", line, err)
+		}
+		switch {
+		case strings.Contains(line, `resource="portmaps"`):
+			w.portMaps += v
+		case strings.Contains(line, `resource="portmapclasses"`):
+			w.classes += v
+		}
+	}
+	return w, nil
 }
 
 // controllerProfile reads the controller's /debug/pprof/<query>.
