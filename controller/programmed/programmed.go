@@ -190,8 +190,9 @@ const (
 //   - else AckGrace when it only awaits connected agents' acknowledgement (Quiet): of a new
 //     object or generation, or of a mapping changed from outside its object (its class, its
 //     endpoints), whose True of the generation then stays while the agents apply the change.
-//     A class change at 1,000 nodes otherwise wrote each of its PortMaps twice (False, then
-//     True again a moment later), beside the push (issue 13);
+//     Otherwise a change to many mappings whose acknowledgements come slower than the status
+//     writer reaches them writes each PortMap twice (False, then True again a moment later),
+//     beside the push;
 //   - else not at all: a node disconnected, failed the mapping or is not ready.
 func (v Verdict) MayWait(in Input) time.Duration {
 	p, r := v.Programmed, in.Recorded
