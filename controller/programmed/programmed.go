@@ -169,8 +169,8 @@ func Decide(in Input) Verdict {
 const (
 	// AckGrace: a Programmed=False that only awaits connected agents' acknowledgement of the
 	// version carrying the mapping. A thousand PortMaps created at once are then written once
-	// each, not False and then True a few milliseconds later, and a change to a thousand
-	// mappings from outside their objects writes none.
+	// each, not False and then True a few milliseconds later, and a change to mappings from
+	// outside their objects writes no False between two Trues.
 	AckGrace = time.Second
 	// ResumeGrace: a recorded Programmed=True taken back only because the stream of a node
 	// that acknowledged the mapping ended, or its new stream has not acknowledged yet (Held).
