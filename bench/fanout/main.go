@@ -29,12 +29,13 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -299,6 +300,7 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
+	acked := time.Now()
 	writes1, err := statusWrites(ctx, l)
 	if err != nil {
 		return err
@@ -306,20 +308,20 @@ func run(args []string) error {
 	log.Info("change acknowledged by all", "controller_cpu_s", ctl1-ctl0, "apiserver_etcd_cpu_s", plane1-plane0,
 		"bench_cpu_s", self1-self0, "portmap_status_writes", writes1.portMaps-writes0.portMaps,
 		"class_status_writes", writes1.classes-writes0.classes)
-	defer func() {
-		// The writes the change brought after its acks too.
-		time.Sleep(5 * time.Second)
-		if w, err := statusWrites(ctx, l); err == nil {
-			log.Info("status writes 5 s after the last ack", "portmap_status_writes", w.portMaps-writes0.portMaps,
-				"class_status_writes", w.classes-writes0.classes)
-		}
-	}()
 	if *profile != "" {
 		saveProfile(log, *profile, "heap.pprof", controllerProfile("heap?gc=1"))
 		saveProfile(log, *profile, "heap.txt", controllerProfile("heap?debug=1")) // ends with runtime.MemStats: stacks, idle and released
 		saveProfile(log, *profile, "goroutine.pprof", controllerProfile("goroutine"))
 		profiled.Wait()
 	}
+	// The writes the change brought after its acks too.
+	time.Sleep(time.Until(acked.Add(5 * time.Second)))
+	writes2, err := statusWrites(ctx, l)
+	if err != nil {
+		return err
+	}
+	log.Info("status writes 5 s after the last ack", "portmap_status_writes", writes2.portMaps-writes0.portMaps,
+		"class_status_writes", writes2.classes-writes0.classes)
 	fmt.Printf("BENCH fanout agents=%d ack_ms_p50=%.1f ack_ms_p99=%.1f controller_rss_mb=%.1f\n",
 		*n, labbench.Percentile(acks, 50), labbench.Percentile(acks, 99), rss)
 	return nil
@@ -424,24 +426,29 @@ type writeCounts struct{ portMaps, classes float64 }
 // PortMapClasses it has served.
 func statusWrites(ctx context.Context, l *lab.Lab) (writeCounts, error) {
 	var w writeCounts
-	raw, err := l.Kube.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	body, err := l.Kube.CoreV1().RESTClient().Get().AbsPath("/metrics").Stream(ctx)
 	if err != nil {
 		return w, fmt.Errorf("kube-apiserver metrics: %w", err)
 	}
-	for line := range strings.SplitSeq(string(raw), "\n") {
-		if !strings.HasPrefix(line, "apiserver_request_total{") || !strings.Contains(line, `subresource="status"`) ||
-			!strings.Contains(line, `verb="PUT"`) {
+	defer func() { _ = body.Close() }()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(body)
+	if err != nil {
+		return w, fmt.Errorf("kube-apiserver metrics: %w", err)
+	}
+	for _, m := range families["apiserver_request_total"].GetMetric() {
+		labels := map[string]string{}
+		for _, lp := range m.GetLabel() {
+			labels[lp.GetName()] = lp.GetValue()
+		}
+		if labels["subresource"] != "status" || labels["verb"] != "PUT" {
 			continue
 		}
-		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
-		if err != nil {
-			return w, fmt.Errorf("kube-apiserver metrics: %q: %w", line, err)
-		}
-		switch {
-		case strings.Contains(line, `resource="portmaps"`):
-			w.portMaps += v
-		case strings.Contains(line, `resource="portmapclasses"`):
-			w.classes += v
+		switch labels["resource"] {
+		case "portmaps":
+			w.portMaps += m.GetCounter().GetValue()
+		case "portmapclasses":
+			w.classes += m.GetCounter().GetValue()
 		}
 	}
 	return w, nil
