@@ -34,8 +34,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -251,7 +249,7 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	writes0, err := statusWrites(ctx, l)
+	writes0, err := labbench.StatusWrites(ctx, l)
 	if err != nil {
 		return err
 	}
@@ -301,13 +299,13 @@ func run(args []string) error {
 		return err
 	}
 	acked := time.Now()
-	writes1, err := statusWrites(ctx, l)
+	writes1, err := labbench.StatusWrites(ctx, l)
 	if err != nil {
 		return err
 	}
 	log.Info("change acknowledged by all", "controller_cpu_s", ctl1-ctl0, "apiserver_etcd_cpu_s", plane1-plane0,
-		"bench_cpu_s", self1-self0, "portmap_status_writes", writes1.portMaps-writes0.portMaps,
-		"class_status_writes", writes1.classes-writes0.classes)
+		"bench_cpu_s", self1-self0, "portmap_status_writes", writes1.PortMaps-writes0.PortMaps,
+		"class_status_writes", writes1.Classes-writes0.Classes)
 	if *profile != "" {
 		saveProfile(log, *profile, "heap.pprof", controllerProfile("heap?gc=1"))
 		saveProfile(log, *profile, "heap.txt", controllerProfile("heap?debug=1")) // ends with runtime.MemStats: stacks, idle and released
@@ -316,12 +314,12 @@ func run(args []string) error {
 	}
 	// The writes the change brought after its acks too.
 	time.Sleep(time.Until(acked.Add(5 * time.Second)))
-	writes2, err := statusWrites(ctx, l)
+	writes2, err := labbench.StatusWrites(ctx, l)
 	if err != nil {
 		return err
 	}
-	log.Info("status writes 5 s after the last ack", "portmap_status_writes", writes2.portMaps-writes0.portMaps,
-		"class_status_writes", writes2.classes-writes0.classes)
+	log.Info("status writes 5 s after the last ack", "portmap_status_writes", writes2.PortMaps-writes0.PortMaps,
+		"class_status_writes", writes2.Classes-writes0.Classes)
 	fmt.Printf("BENCH fanout agents=%d ack_ms_p50=%.1f ack_ms_p99=%.1f controller_rss_mb=%.1f\n",
 		*n, labbench.Percentile(acks, 50), labbench.Percentile(acks, 99), rss)
 	return nil
@@ -417,41 +415,6 @@ func createExtra(ctx context.Context, l *lab.Lab, n, total int) error {
 				ServiceRef: v1alpha1.ServiceRef{Name: name, Port: "p"}},
 		})
 	})
-}
-
-// writeCounts are kube-apiserver's status updates so far (apiserver_request_total), by kind.
-type writeCounts struct{ portMaps, classes float64 }
-
-// statusWrites reads kube-apiserver's /metrics for the status updates of PortMaps and
-// PortMapClasses it has served.
-func statusWrites(ctx context.Context, l *lab.Lab) (writeCounts, error) {
-	var w writeCounts
-	body, err := l.Kube.CoreV1().RESTClient().Get().AbsPath("/metrics").Stream(ctx)
-	if err != nil {
-		return w, fmt.Errorf("kube-apiserver metrics: %w", err)
-	}
-	defer func() { _ = body.Close() }()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(body)
-	if err != nil {
-		return w, fmt.Errorf("kube-apiserver metrics: %w", err)
-	}
-	for _, m := range families["apiserver_request_total"].GetMetric() {
-		labels := map[string]string{}
-		for _, lp := range m.GetLabel() {
-			labels[lp.GetName()] = lp.GetValue()
-		}
-		if labels["subresource"] != "status" || labels["verb"] != "PUT" {
-			continue
-		}
-		switch labels["resource"] {
-		case "portmaps":
-			w.portMaps += m.GetCounter().GetValue()
-		case "portmapclasses":
-			w.classes += m.GetCounter().GetValue()
-		}
-	}
-	return w, nil
 }
 
 // controllerProfile reads the controller's /debug/pprof/<query>.
