@@ -63,6 +63,9 @@ const (
 	keyStatusAll = "status-all"
 	// keyClassStatus: write the class statuses put off behind a push (DefaultClassStatusWait).
 	keyClassStatus = "class-status"
+	// keyBurstHeld: queue the PortMap statuses put off behind a burst once it is over or they
+	// waited burstHold (bursts.release).
+	keyBurstHeld = "burst-held"
 )
 
 // DefaultClassStatusWait is the longest a class status write is put off behind the push of
@@ -171,6 +174,8 @@ type Controller struct {
 	classSettled settledClasses
 	// waits are the status writes put off for an acknowledgement (programmed.Verdict.MayWait).
 	waits ackWaits
+	// bursts are the PortMaps' arrivals and the status writes put off behind a burst of them.
+	bursts bursts
 	// classStatusDue is when the class statuses of last, put off behind its push, are written
 	// even if agents have not acknowledged it; zero when none is put off (compile worker only).
 	classStatusDue time.Time
@@ -288,16 +293,30 @@ func New(cfg Config) (*Controller, error) {
 		return nil, err
 	}
 	// A PortMap's own event also decides its status again: its recorded status or its
-	// generation, which Decide reads, may be what changed.
+	// generation, which Decide reads, may be what changed. One created, deleted or whose spec
+	// changed has arrived (bursts); the echo of a status write has not.
 	pmHandler := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { c.changes.portMap(o); c.portMapEvent(o) },
-		UpdateFunc: func(_, o any) { c.changes.portMap(o); c.portMapEvent(o) },
-		DeleteFunc: func(o any) { c.changes.portMap(o); c.queue.Add(keyCompile) },
+		AddFunc: func(o any) { c.bursts.arrived(time.Now()); c.changes.portMap(o); c.portMapEvent(o) },
+		UpdateFunc: func(old, o any) {
+			if generationChanged(old, o) {
+				c.bursts.arrived(time.Now())
+			}
+			c.changes.portMap(o)
+			c.portMapEvent(o)
+		},
+		DeleteFunc: func(o any) { c.bursts.arrived(time.Now()); c.changes.portMap(o); c.queue.Add(keyCompile) },
 	}
 	if c.pms, err = c.typedInformer(v1alpha1.PortMapsResource, toTyped[v1alpha1.PortMap], pmHandler); err != nil {
 		return nil, err
 	}
 	return c, nil
+}
+
+// generationChanged reports whether an update of a PortMap changed its generation (its spec).
+func generationChanged(old, o any) bool {
+	a, okA := old.(*v1alpha1.PortMap)
+	b, okB := o.(*v1alpha1.PortMap)
+	return !okA || !okB || a.Generation != b.Generation
 }
 
 // portMapEvent recompiles and decides the PortMap's status again.
@@ -442,6 +461,17 @@ func (c *Controller) processNext(ctx context.Context) bool {
 		c.decideAll()
 	case keyClassStatus:
 		err = c.writePutOffClassStatuses(ctx, time.Now())
+	case keyBurstHeld:
+		keys, over := c.bursts.release(time.Now())
+		if !over {
+			c.queue.AddAfter(keyBurstHeld, compileWindow)
+		}
+		if len(keys) > 0 {
+			c.log.Debug("writing the statuses put off behind a burst", "portmaps", len(keys), "burst_over", over)
+		}
+		for _, k := range keys {
+			c.statuses.Add(k)
+		}
 	}
 	if err != nil {
 		// A conflict only means the cache had not yet seen our own last write: routine.
@@ -628,6 +658,10 @@ func (c *Controller) writeStatus(ctx context.Context, key types.NamespacedName) 
 	}
 	pm := obj.(*v1alpha1.PortMap)
 	now := time.Now()
+	if c.bursts.hold(key, now) {
+		c.queue.AddAfter(keyBurstHeld, compileWindow) // which queues key again
+		return nil
+	}
 	in := programmed.Input{
 		Term:       c.reg.Term(unheard, now),
 		Compiled:   meta.FindStatusCondition(res.Status.Conditions, v1alpha1.ConditionProgrammed),

@@ -60,3 +60,93 @@ func (w *ackWaits) forget(key types.NamespacedName) {
 	defer w.mu.Unlock()
 	delete(w.since, key)
 }
+
+// A burst of PortMaps arriving (created, deleted, their spec changed) puts their status
+// writes off until it is over: each write costs the API server about as much as a create
+// (bench/control's bulk: 1,000 PortMaps applied at once took it 3.1-3.5 s to accept beside
+// their 1,000 status writes, 1.8 s with none, and reached the kernel that much later).
+const (
+	// burstArrivals PortMaps arriving within one compileWindow start a burst.
+	burstArrivals = 10
+	// burstQuiet without an arrival ends it. Longer than the gaps an API server busy with a
+	// burst leaves between the events it sends.
+	burstQuiet = 250 * time.Millisecond
+	// burstHold is the longest a PortMap's status write waits behind a burst: one that lasts
+	// longer has its statuses trail it by this much.
+	burstHold = 2 * time.Second
+)
+
+// bursts tells a burst of PortMap arrivals from the arrivals themselves and remembers since
+// when each status write has been put off behind it.
+type bursts struct {
+	mu sync.Mutex
+	// at holds the last burstArrivals arrivals' times, next the oldest's index.
+	at   [burstArrivals]time.Time
+	next int
+	// burst is whether arrivals started a burst; it lasts until burstQuiet after the last.
+	burst bool
+	// held are the PortMaps whose write the burst puts off, with since when; spent, those
+	// held burstHold already, whose writes it puts off no more.
+	held  map[types.NamespacedName]time.Time
+	spent map[types.NamespacedName]bool
+}
+
+// arrived records a PortMap's arrival at now.
+func (b *bursts) arrived(now time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.burst = b.on(now) // a burst over (burstQuiet since the last) ends here if not released
+	b.at[b.next] = now
+	b.next = (b.next + 1) % burstArrivals
+	if oldest := b.at[b.next]; !oldest.IsZero() && now.Sub(oldest) < compileWindow {
+		b.burst = true
+	}
+}
+
+// on reports whether a burst is on at now: started, and the last arrival less than
+// burstQuiet before now. The caller holds mu.
+func (b *bursts) on(now time.Time) bool {
+	last := b.at[(b.next+burstArrivals-1)%burstArrivals]
+	return b.burst && now.Sub(last) < burstQuiet
+}
+
+// hold reports whether key's status write is put off at now: while a burst is on, for
+// burstHold at most. release hands it back.
+func (b *bursts) hold(key types.NamespacedName, now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.on(now) || b.spent[key] {
+		return false
+	}
+	if b.held == nil {
+		b.held = map[types.NamespacedName]time.Time{}
+	}
+	if _, ok := b.held[key]; !ok {
+		b.held[key] = now
+	}
+	return true
+}
+
+// release returns the PortMaps to write at now: every one held once the burst is over
+// (over: true), else those held burstHold.
+func (b *bursts) release(now time.Time) (keys []types.NamespacedName, over bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	over = !b.on(now)
+	for k, since := range b.held {
+		if over || now.Sub(since) >= burstHold {
+			keys = append(keys, k)
+			delete(b.held, k)
+			if !over {
+				if b.spent == nil {
+					b.spent = map[types.NamespacedName]bool{}
+				}
+				b.spent[k] = true
+			}
+		}
+	}
+	if over {
+		b.burst, b.held, b.spent = false, nil, nil
+	}
+	return keys, over
+}

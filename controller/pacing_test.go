@@ -31,3 +31,66 @@ func TestAckWaits(t *testing.T) {
 	w.forget(b)
 	assert.Equal(t, time.Second, w.delay(b, t0.Add(5*time.Second), time.Second), "forgotten")
 }
+
+func TestBursts(t *testing.T) {
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	a, b, c := types.NamespacedName{Namespace: "n", Name: "a"}, types.NamespacedName{Namespace: "n", Name: "b"}, types.NamespacedName{Namespace: "n", Name: "c"}
+	var bs bursts
+	for i := range burstArrivals - 1 {
+		bs.arrived(ms(i))
+	}
+	assert.False(t, bs.hold(a, ms(10)), "one arrival short of a burst: written")
+	keys, over := bs.release(ms(10))
+	assert.True(t, over)
+	assert.Empty(t, keys, "nothing held")
+
+	bs.arrived(ms(10))
+	assert.True(t, bs.hold(a, ms(20)), "a burst: put off")
+	assert.True(t, bs.hold(a, ms(30)), "and again")
+	assert.True(t, bs.hold(b, ms(30)), "any PortMap")
+	keys, over = bs.release(ms(30))
+	assert.False(t, over, "the burst is on")
+	assert.Empty(t, keys, "none held burstHold")
+
+	// Arrivals slower than a burst starts keep it on while they are less than burstQuiet
+	// apart, past a's and b's burstHold.
+	last := 10
+	for last < 2200 {
+		last += 200
+		bs.arrived(ms(last))
+	}
+	assert.True(t, bs.hold(c, ms(last-100)), "still a burst")
+	keys, over = bs.release(ms(20).Add(burstHold))
+	assert.False(t, over)
+	assert.Equal(t, []types.NamespacedName{a}, keys, "a held burstHold (counted from its first hold): handed back")
+	assert.False(t, bs.hold(a, ms(20).Add(burstHold)), "and written from now on though the burst is on")
+	keys, _ = bs.release(ms(30).Add(burstHold))
+	assert.Equal(t, []types.NamespacedName{b}, keys, "b held burstHold")
+	assert.True(t, bs.hold(c, ms(last)), "c still held")
+
+	keys, over = bs.release(ms(last).Add(burstQuiet - time.Millisecond))
+	assert.False(t, over, "within burstQuiet of the last arrival")
+	assert.Empty(t, keys)
+	keys, over = bs.release(ms(last).Add(burstQuiet))
+	assert.True(t, over)
+	assert.Equal(t, []types.NamespacedName{c}, keys, "the burst over: every PortMap still held")
+	assert.False(t, bs.hold(c, ms(last).Add(burstQuiet)), "no burst: written")
+	keys, _ = bs.release(ms(last).Add(burstQuiet))
+	assert.Empty(t, keys, "released once")
+
+	// The next burst holds a again.
+	for i := range burstArrivals {
+		bs.arrived(ms(5000 + i))
+	}
+	assert.True(t, bs.hold(a, ms(5010)), "a new burst puts a off again")
+
+	// A burst nothing released (no status was put off behind it) is over all the same: one
+	// arrival a second later is not a burst.
+	var quiet bursts
+	for i := range burstArrivals {
+		quiet.arrived(ms(i))
+	}
+	quiet.arrived(ms(1000))
+	assert.False(t, quiet.hold(a, ms(1001)), "one create after a burst: written")
+}
