@@ -281,12 +281,18 @@ func (b *bench) bulk(ctx context.Context, n int) error {
 		return err
 	}
 	deleted := time.Now()
+	cpuDeleted, err := b.cpu()
+	if err != nil {
+		return err
+	}
 	if err := b.waitCount(ctx, "bulk gone from the kernel", b.kuportCount, 0, 5*time.Millisecond); err != nil {
 		return err
 	}
 	gone := time.Now()
 	b.log.Info("bulk: deleted", "deleted_s", deleted.Sub(dstart).Seconds(),
-		"delete_to_kernel_after_last_delete_s", gone.Sub(deleted).Seconds())
+		"delete_to_kernel_after_last_delete_s", gone.Sub(deleted).Seconds(),
+		"cpu_s_api_server_etcd_deleting", round2(cpuDeleted.plane-cpu1.plane), "cpu_s_controller_deleting", round2(cpuDeleted.controller-cpu1.controller),
+		"cpu_s_agents_deleting", round2(cpuDeleted.agents-cpu1.agents), "cpu_s_bench_deleting", round2(cpuDeleted.bench-cpu1.bench))
 	if err := b.bulkFloor(n); err != nil {
 		return err
 	}
@@ -324,9 +330,13 @@ func (b *bench) bulkFloor(n int) error {
 		return err
 	}
 	deleted := time.Now()
+	plane2, err := labbench.CPUOf(b.l.Cluster.Pids()...)
+	if err != nil {
+		return err
+	}
 	b.log.Info("bulk floor: the same creates and deletes with the controller stopped",
 		"created_s", created.Sub(start).Seconds(), "deleted_s", deleted.Sub(created).Seconds(),
-		"cpu_s_api_server_etcd_creating", round2(plane1-plane0))
+		"cpu_s_api_server_etcd_creating", round2(plane1-plane0), "cpu_s_api_server_etcd_deleting", round2(plane2-plane1))
 	return b.l.StartController()
 }
 
