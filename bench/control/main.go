@@ -244,7 +244,7 @@ func (b *bench) bulk(ctx context.Context, n int) error {
 		return err
 	}
 	start := time.Now()
-	if err := labbench.Parallel(0, n, func(i int) error { return b.portMap(fmt.Sprintf("bulk-%05d", i), bulkBase+i) }); err != nil {
+	if err := b.createAtOnce("bulk", n); err != nil {
 		return err
 	}
 	created := time.Now()
@@ -276,8 +276,7 @@ func (b *bench) bulk(ctx context.Context, n int) error {
 		"cpu_s_controller", round2(cpu1.controller-cpu0.controller), "cpu_s_api_server_etcd", round2(cpu1.plane-cpu0.plane),
 		"cpu_s_agents", round2(cpu1.agents-cpu0.agents), "cpu_s_bench", round2(cpu1.bench-cpu0.bench))
 	dstart := time.Now()
-	err = labbench.Parallel(0, n, func(i int) error { return b.l.DeletePortMap(ctx, kuportNS, fmt.Sprintf("bulk-%05d", i)) })
-	if err != nil {
+	if err := b.deleteAtOnce("bulk", n); err != nil {
 		return err
 	}
 	deleted := time.Now()
@@ -301,6 +300,18 @@ func (b *bench) bulk(ctx context.Context, n int) error {
 	return nil
 }
 
+// createAtOnce creates PortMaps <prefix>-00000 to n-1 on the bulk's ports, labbench.Workers
+// at a time; deleteAtOnce deletes them so.
+func (b *bench) createAtOnce(prefix string, n int) error {
+	return labbench.Parallel(0, n, func(i int) error { return b.portMap(fmt.Sprintf("%s-%05d", prefix, i), bulkBase+i) })
+}
+
+func (b *bench) deleteAtOnce(prefix string, n int) error {
+	return labbench.Parallel(0, n, func(i int) error {
+		return b.l.DeletePortMap(context.Background(), kuportNS, fmt.Sprintf("%s-%05d", prefix, i))
+	})
+}
+
 // bulkFloor is the API server's own pace for the bulk: the same n creates and deletes, issued
 // the same way, with kuport's controller stopped (no watch of them, no status writes, none of
 // its CPU beside the API server's). It logs how long each took and starts the controller
@@ -315,7 +326,7 @@ func (b *bench) bulkFloor(n int) error {
 		return err
 	}
 	start := time.Now()
-	if err := labbench.Parallel(0, n, func(i int) error { return b.portMap(fmt.Sprintf("floor-%05d", i), bulkBase+i) }); err != nil {
+	if err := b.createAtOnce("floor", n); err != nil {
 		return err
 	}
 	created := time.Now()
@@ -323,10 +334,7 @@ func (b *bench) bulkFloor(n int) error {
 	if err != nil {
 		return err
 	}
-	err = labbench.Parallel(0, n, func(i int) error {
-		return b.l.DeletePortMap(context.Background(), kuportNS, fmt.Sprintf("floor-%05d", i))
-	})
-	if err != nil {
+	if err := b.deleteAtOnce("floor", n); err != nil {
 		return err
 	}
 	deleted := time.Now()
