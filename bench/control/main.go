@@ -25,6 +25,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -82,6 +83,9 @@ type bench struct {
 	// portMaps and services are how many of each exist (names pm-<i>, svc-<i>).
 	portMaps, services int
 	changes            int
+	// profile is where the bulk's profiles go ("" none), each over profileSeconds.
+	profile        string
+	profileSeconds int
 	// moved counts endpoint moves, so each gets a fresh address.
 	moved int
 }
@@ -94,6 +98,8 @@ func run(args []string) error {
 	changes := fs.Int("changes", 10, "changes measured per system and size (p50 and p99 over them)")
 	bulk := fs.Int("bulk", 1000, "PortMaps applied at once for the bulk line; 0 skips it")
 	settle := fs.Duration("settle", 45*time.Minute, "the longest wait for all PortMaps to be Programmed, or for a change or sync to reach the kernel")
+	profile := fs.String("profile", "", "directory to write the bulk's CPU profiles to (the controller runs with --pprof, kube-apiserver with --profiling): kube-apiserver's and the controller's from the first create and from the first delete, kube-apiserver's from the floor's (--profile-seconds each)")
+	profileSeconds := fs.Int("profile-seconds", 3, "length of each profile")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -108,17 +114,22 @@ func run(args []string) error {
 	if ns[len(ns)-1]+*changes*len(ns) > bulkBase-sizeBase || *bulk > 65535-bulkBase || *changes < 1 {
 		return fmt.Errorf("sizes, changes or bulk out of range")
 	}
+	apiserverArgs := []string{"--service-node-port-range=" + nodePortRange}
+	if *profile != "" {
+		f.ControllerArgs = []string{"--pprof"}
+		apiserverArgs = append(apiserverArgs, "--profiling=true")
+	}
 	log := hclog.New(&hclog.LoggerOptions{Name: "bench", Output: os.Stderr, Level: hclog.Info})
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
 	log.Info("starting the lab")
-	l, err := labbench.Up(ctx, f, log, "--service-node-port-range="+nodePortRange)
+	l, err := labbench.Up(ctx, f, log, apiserverArgs...)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = l.Close() }()
-	b := &bench{l: l, log: log, flags: f, settle: *settle, changes: *changes}
+	b := &bench{l: l, log: log, flags: f, settle: *settle, changes: *changes, profile: *profile, profileSeconds: *profileSeconds}
 	if b.k, err = openKernel(node); err != nil {
 		return err
 	}
@@ -243,6 +254,7 @@ func (b *bench) bulk(ctx context.Context, n int) error {
 	if err != nil {
 		return err
 	}
+	profiled := b.profileFrom(ctx, "create", true)
 	start := time.Now()
 	if err := b.createAtOnce("bulk", n); err != nil {
 		return err
@@ -282,6 +294,13 @@ func (b *bench) bulk(ctx context.Context, n int) error {
 		"cpu_s_api_server_etcd_creating", round2(cpuCreated.plane-cpu0.plane), "cpu_s_controller_creating", round2(cpuCreated.controller-cpu0.controller),
 		"cpu_s_controller", round2(cpu1.controller-cpu0.controller), "cpu_s_api_server_etcd", round2(cpu1.plane-cpu0.plane),
 		"cpu_s_agents", round2(cpu1.agents-cpu0.agents), "cpu_s_bench", round2(cpu1.bench-cpu0.bench))
+	profiled()
+	profiled = b.profileFrom(ctx, "delete", true)
+	// The status the controller wrote, for the floor's PortMaps that carry one.
+	written, err := b.l.Dyn.Resource(v1alpha1.PortMapsResource).Namespace(kuportNS).Get(ctx, "bulk-00000", metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
 	dstart := time.Now()
 	if err := b.deleteAtOnce("bulk", n); err != nil {
 		return err
@@ -295,11 +314,12 @@ func (b *bench) bulk(ctx context.Context, n int) error {
 		return err
 	}
 	gone := time.Now()
+	profiled()
 	b.log.Info("bulk: deleted", "deleted_s", deleted.Sub(dstart).Seconds(),
 		"delete_to_kernel_after_last_delete_s", gone.Sub(deleted).Seconds(),
 		"cpu_s_api_server_etcd_deleting", round2(cpuDeleted.plane-cpu1.plane), "cpu_s_controller_deleting", round2(cpuDeleted.controller-cpu1.controller),
 		"cpu_s_agents_deleting", round2(cpuDeleted.agents-cpu1.agents), "cpu_s_bench_deleting", round2(cpuDeleted.bench-cpu1.bench))
-	if err := b.bulkFloor(n); err != nil {
+	if err := b.bulkFloor(ctx, n, written.Object["status"]); err != nil {
 		return err
 	}
 	fmt.Printf("BENCH bulk n=%d to_kernel_s=%.2f to_programmed_s=%.2f delete_to_kernel_s=%.2f\n",
@@ -321,38 +341,99 @@ func (b *bench) deleteAtOnce(prefix string, n int) error {
 
 // bulkFloor is the API server's own pace for the bulk: the same n creates and deletes, issued
 // the same way, with kuport's controller stopped (no watch of them, no status writes, none of
-// its CPU beside the API server's). It logs how long each took and starts the controller
-// again; the sizes after it wait for their PortMaps to be Programmed, which waits out the
-// agent's reconnection.
-func (b *bench) bulkFloor(n int) error {
+// its CPU beside the API server's), then floorWithStatus with status. It logs how long each
+// took and starts the controller again; the sizes after it wait for their PortMaps to be
+// Programmed, which waits out the agent's reconnection.
+func (b *bench) bulkFloor(ctx context.Context, n int, status any) error {
 	if err := b.l.StopController(false); err != nil {
 		return err
 	}
-	plane0, err := labbench.CPUOf(b.l.Cluster.Pids()...)
+	created, cpuCreating, err := b.floorTimed(ctx, "floor-create", func() error { return b.createAtOnce("floor", n) })
 	if err != nil {
 		return err
 	}
-	start := time.Now()
-	if err := b.createAtOnce("floor", n); err != nil {
-		return err
-	}
-	created := time.Now()
-	plane1, err := labbench.CPUOf(b.l.Cluster.Pids()...)
-	if err != nil {
-		return err
-	}
-	if err := b.deleteAtOnce("floor", n); err != nil {
-		return err
-	}
-	deleted := time.Now()
-	plane2, err := labbench.CPUOf(b.l.Cluster.Pids()...)
+	deleted, cpuDeleting, err := b.floorTimed(ctx, "floor-delete", func() error { return b.deleteAtOnce("floor", n) })
 	if err != nil {
 		return err
 	}
 	b.log.Info("bulk floor: the same creates and deletes with the controller stopped",
-		"created_s", created.Sub(start).Seconds(), "deleted_s", deleted.Sub(created).Seconds(),
-		"cpu_s_api_server_etcd_creating", round2(plane1-plane0), "cpu_s_api_server_etcd_deleting", round2(plane2-plane1))
+		"created_s", created, "deleted_s", deleted,
+		"cpu_s_api_server_etcd_creating", cpuCreating, "cpu_s_api_server_etcd_deleting", cpuDeleting)
+	if err := b.floorWithStatus(ctx, n, status); err != nil {
+		return err
+	}
 	return b.l.StartController()
+}
+
+// floorWithStatus is the floor's deletes of PortMaps that carry the status the controller
+// wrote (status, written as kuport-controller, so the stored objects are as large as the
+// bulk's, managedFields included), with the controller still stopped: what the API server
+// alone needs to delete kuport's objects, against the floor's status-less ones.
+func (b *bench) floorWithStatus(ctx context.Context, n int, status any) error {
+	res := b.l.Dyn.Resource(v1alpha1.PortMapsResource).Namespace(kuportNS)
+	err := labbench.Parallel(0, n, func(i int) error {
+		name := fmt.Sprintf("floor-status-%05d", i)
+		if err := b.portMap(name, bulkBase+i); err != nil {
+			return err
+		}
+		u, err := res.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		u.Object["status"] = status
+		_, err = res.UpdateStatus(ctx, u, metav1.UpdateOptions{FieldManager: "kuport-controller"})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("floor PortMaps with a status: %w", err)
+	}
+	deleted, cpu, err := b.floorTimed(ctx, "floor-status-delete", func() error { return b.deleteAtOnce("floor-status", n) })
+	if err != nil {
+		return err
+	}
+	b.log.Info("bulk floor: the same deletes of PortMaps carrying the controller's status, the controller stopped",
+		"deleted_s", deleted, "cpu_s_api_server_etcd_deleting", cpu)
+	return nil
+}
+
+// floorTimed runs fn under kube-apiserver's profile what (profileFrom) and returns how long
+// it took and the CPU seconds the API server and etcd spent meanwhile.
+func (b *bench) floorTimed(ctx context.Context, what string, fn func() error) (seconds, cpu float64, err error) {
+	cpu0, err := labbench.CPUOf(b.l.Cluster.Pids()...)
+	if err != nil {
+		return 0, 0, err
+	}
+	profiled := b.profileFrom(ctx, what, false)
+	start := time.Now()
+	err = fn()
+	seconds = time.Since(start).Seconds()
+	defer profiled()
+	if err != nil {
+		return 0, 0, err
+	}
+	cpu1, err := labbench.CPUOf(b.l.Cluster.Pids()...)
+	return seconds, round2(cpu1 - cpu0), err
+}
+
+// profileFrom starts, when --profile is set, kube-apiserver's CPU profile (and the
+// controller's, with controller) over the next profileSeconds, written to
+// <what>-apiserver-cpu.pprof and <what>-controller-cpu.pprof; the function it returns waits
+// for them. It returns once the profiles have begun.
+func (b *bench) profileFrom(ctx context.Context, what string, controller bool) (wait func()) {
+	if b.profile == "" {
+		return func() {}
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		labbench.SaveProfile(b.log, b.profile, what+"-apiserver-cpu.pprof", labbench.APIServerCPUProfile(ctx, b.l, b.profileSeconds))
+	})
+	if controller {
+		wg.Go(func() {
+			labbench.SaveProfile(b.log, b.profile, what+"-controller-cpu.pprof", labbench.ControllerProfile(fmt.Sprintf("profile?seconds=%d", b.profileSeconds)))
+		})
+	}
+	time.Sleep(100 * time.Millisecond) // the profiles run before the first request
+	return wg.Wait
 }
 
 // cpuUse is the CPU seconds so far of the lab's processes: kuport's controller, the API

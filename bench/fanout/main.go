@@ -22,13 +22,10 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
 	"math"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -265,10 +262,10 @@ func run(args []string) error {
 	var profiled sync.WaitGroup
 	if *profile != "" {
 		profiled.Go(func() {
-			saveProfile(log, *profile, "cpu.pprof", controllerProfile(fmt.Sprintf("profile?seconds=%d", *profileSeconds)))
+			labbench.SaveProfile(log, *profile, "cpu.pprof", labbench.ControllerProfile(fmt.Sprintf("profile?seconds=%d", *profileSeconds)))
 		})
 		profiled.Go(func() {
-			saveProfile(log, *profile, "apiserver-cpu.pprof", apiServerCPUProfile(ctx, l, *profileSeconds))
+			labbench.SaveProfile(log, *profile, "apiserver-cpu.pprof", labbench.APIServerCPUProfile(ctx, l, *profileSeconds))
 		})
 		time.Sleep(100 * time.Millisecond) // the profile runs before the update
 	}
@@ -307,9 +304,9 @@ func run(args []string) error {
 		"bench_cpu_s", self1-self0, "portmap_status_writes", writes1.PortMaps-writes0.PortMaps,
 		"class_status_writes", writes1.Classes-writes0.Classes)
 	if *profile != "" {
-		saveProfile(log, *profile, "heap.pprof", controllerProfile("heap?gc=1"))
-		saveProfile(log, *profile, "heap.txt", controllerProfile("heap?debug=1")) // ends with runtime.MemStats: stacks, idle and released
-		saveProfile(log, *profile, "goroutine.pprof", controllerProfile("goroutine"))
+		labbench.SaveProfile(log, *profile, "heap.pprof", labbench.ControllerProfile("heap?gc=1"))
+		labbench.SaveProfile(log, *profile, "heap.txt", labbench.ControllerProfile("heap?debug=1")) // ends with runtime.MemStats: stacks, idle and released
+		labbench.SaveProfile(log, *profile, "goroutine.pprof", labbench.ControllerProfile("goroutine"))
 		profiled.Wait()
 	}
 	// The writes the change brought after its acks too.
@@ -415,56 +412,4 @@ func createExtra(ctx context.Context, l *lab.Lab, n, total int) error {
 				ServiceRef: v1alpha1.ServiceRef{Name: name, Port: "p"}},
 		})
 	})
-}
-
-// controllerProfile reads the controller's /debug/pprof/<query>.
-func controllerProfile(query string) func() (io.ReadCloser, error) {
-	return func() (io.ReadCloser, error) {
-		resp, err := http.Get("http://" + lab.ReplicaHTTPAddr(0) + "/debug/pprof/" + query)
-		if err != nil {
-			return nil, err
-		}
-		if resp.StatusCode != http.StatusOK {
-			_ = resp.Body.Close()
-			return nil, fmt.Errorf("%s", resp.Status)
-		}
-		return resp.Body, nil
-	}
-}
-
-// apiServerCPUProfile reads kube-apiserver's CPU profile over the next seconds (the lab
-// starts it with --profiling when --profile is set).
-func apiServerCPUProfile(ctx context.Context, l *lab.Lab, seconds int) func() (io.ReadCloser, error) {
-	return func() (io.ReadCloser, error) {
-		return l.Kube.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").
-			Param("seconds", strconv.Itoa(seconds)).Timeout(time.Duration(seconds+30) * time.Second).Stream(ctx)
-	}
-}
-
-// saveProfile writes what read returns to dir/file; a failure is logged, not the bench's.
-func saveProfile(log hclog.Logger, dir, file string, read func() (io.ReadCloser, error)) {
-	err := func() error {
-		body, err := read()
-		if err != nil {
-			return err
-		}
-		defer func() { _ = body.Close() }()
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return err
-		}
-		out, err := os.Create(filepath.Join(dir, file))
-		if err != nil {
-			return err
-		}
-		if _, err := io.Copy(out, body); err != nil {
-			_ = out.Close()
-			return err
-		}
-		return out.Close()
-	}()
-	if err != nil {
-		log.Warn("profile", "file", file, "error", err)
-		return
-	}
-	log.Info("profile written", "file", filepath.Join(dir, file))
 }
