@@ -25,7 +25,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -295,12 +294,12 @@ func (b *bench) bulk(ctx context.Context, n int) error {
 		"cpu_s_controller", round2(cpu1.controller-cpu0.controller), "cpu_s_api_server_etcd", round2(cpu1.plane-cpu0.plane),
 		"cpu_s_agents", round2(cpu1.agents-cpu0.agents), "cpu_s_bench", round2(cpu1.bench-cpu0.bench))
 	profiled()
-	profiled = b.profileFrom(ctx, "delete", true)
 	// The status the controller wrote, for the floor's PortMaps that carry one.
 	written, err := b.l.Dyn.Resource(v1alpha1.PortMapsResource).Namespace(kuportNS).Get(ctx, "bulk-00000", metav1.GetOptions{})
 	if err != nil {
 		return err
 	}
+	profiled = b.profileFrom(ctx, "delete", true)
 	dstart := time.Now()
 	if err := b.deleteAtOnce("bulk", n); err != nil {
 		return err
@@ -372,20 +371,24 @@ func (b *bench) bulkFloor(ctx context.Context, n int, status any) error {
 // accept kuport's 1,000 status writes and to delete objects of their size, against the bulk's
 // to_programmed_after_last_create_s and the floor's status-less deletes.
 func (b *bench) floorWithStatus(ctx context.Context, n int, status any) error {
-	res := b.l.Dyn.Resource(v1alpha1.PortMapsResource).Namespace(kuportNS)
-	created := make([]*unstructured.Unstructured, n)
-	err := labbench.Parallel(0, n, func(i int) error {
-		u, err := res.Create(ctx, &unstructured.Unstructured{Object: map[string]any{
-			"apiVersion": v1alpha1.GroupVersion.String(), "kind": "PortMap",
-			"metadata": map[string]any{"name": fmt.Sprintf("floor-status-%05d", i)},
-			"spec": map[string]any{"className": class, "protocol": string(v1alpha1.ProtocolTCP), "port": int64(bulkBase + i),
-				"serviceRef": map[string]any{"name": "pod", "port": "p"}},
-		}}, metav1.CreateOptions{})
-		created[i] = u
+	const prefix = "floor-status"
+	if err := labbench.Parallel(0, n, func(i int) error { return b.portMap(fmt.Sprintf("%s-%05d", prefix, i), bulkBase+i) }); err != nil {
 		return err
-	})
+	}
+	// One list gives every one's resourceVersion, for the writes.
+	res := b.l.Dyn.Resource(v1alpha1.PortMapsResource).Namespace(kuportNS)
+	list, err := res.List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return fmt.Errorf("floor PortMaps to carry a status: %w", err)
+		return err
+	}
+	var created []*unstructured.Unstructured
+	for i := range list.Items {
+		if strings.HasPrefix(list.Items[i].GetName(), prefix+"-") {
+			created = append(created, &list.Items[i])
+		}
+	}
+	if len(created) != n {
+		return fmt.Errorf("floor: listed %d of the %d PortMaps to carry a status", len(created), n)
 	}
 	written, cpuWriting, err := b.floorTimed(ctx, "floor-status-write", func() error {
 		return labbench.Parallel(0, n, func(i int) error {
@@ -397,7 +400,7 @@ func (b *bench) floorWithStatus(ctx context.Context, n int, status any) error {
 	if err != nil {
 		return fmt.Errorf("floor status writes: %w", err)
 	}
-	deleted, cpuDeleting, err := b.floorTimed(ctx, "floor-status-delete", func() error { return b.deleteAtOnce("floor-status", n) })
+	deleted, cpuDeleting, err := b.floorTimed(ctx, "floor-status-delete", func() error { return b.deleteAtOnce(prefix, n) })
 	if err != nil {
 		return err
 	}
@@ -428,23 +431,17 @@ func (b *bench) floorTimed(ctx context.Context, what string, fn func() error) (s
 
 // profileFrom starts, when --profile is set, kube-apiserver's CPU profile (and the
 // controller's, with controller) over the next profileSeconds, written to
-// <what>-apiserver-cpu.pprof and <what>-controller-cpu.pprof; the function it returns waits
-// for them. It returns once the profiles have begun.
+// <what>-apiserver-cpu.pprof and <what>-controller-cpu.pprof (labbench.ProfileFrom); the
+// function it returns waits for them.
 func (b *bench) profileFrom(ctx context.Context, what string, controller bool) (wait func()) {
 	if b.profile == "" {
 		return func() {}
 	}
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		labbench.SaveProfile(b.log, b.profile, what+"-apiserver-cpu.pprof", labbench.APIServerCPUProfile(ctx, b.l, b.profileSeconds))
-	})
+	controllerFile := ""
 	if controller {
-		wg.Go(func() {
-			labbench.SaveProfile(b.log, b.profile, what+"-controller-cpu.pprof", labbench.ControllerProfile(fmt.Sprintf("profile?seconds=%d", b.profileSeconds)))
-		})
+		controllerFile = what + "-controller-cpu.pprof"
 	}
-	time.Sleep(100 * time.Millisecond) // the profiles run before the first request
-	return wg.Wait
+	return labbench.ProfileFrom(ctx, b.log, b.l, b.profile, b.profileSeconds, what+"-apiserver-cpu.pprof", controllerFile)
 }
 
 // cpuUse is the CPU seconds so far of the lab's processes: kuport's controller, the API

@@ -259,15 +259,9 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	var profiled sync.WaitGroup
+	profiled := func() {}
 	if *profile != "" {
-		profiled.Go(func() {
-			labbench.SaveProfile(log, *profile, "cpu.pprof", labbench.ControllerProfile(fmt.Sprintf("profile?seconds=%d", *profileSeconds)))
-		})
-		profiled.Go(func() {
-			labbench.SaveProfile(log, *profile, "apiserver-cpu.pprof", labbench.APIServerCPUProfile(ctx, l, *profileSeconds))
-		})
-		time.Sleep(100 * time.Millisecond) // the profile runs before the update
+		profiled = labbench.ProfileFrom(ctx, log, l, *profile, *profileSeconds, "apiserver-cpu.pprof", "cpu.pprof")
 	}
 	change := time.Now()
 	if err := l.PatchClass(ctx, class, patch); err != nil {
@@ -307,7 +301,7 @@ func run(args []string) error {
 		labbench.SaveProfile(log, *profile, "heap.pprof", labbench.ControllerProfile("heap?gc=1"))
 		labbench.SaveProfile(log, *profile, "heap.txt", labbench.ControllerProfile("heap?debug=1")) // ends with runtime.MemStats: stacks, idle and released
 		labbench.SaveProfile(log, *profile, "goroutine.pprof", labbench.ControllerProfile("goroutine"))
-		profiled.Wait()
+		profiled()
 	}
 	// The writes the change brought after its acks too.
 	time.Sleep(time.Until(acked.Add(5 * time.Second)))

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -66,4 +67,19 @@ func SaveProfile(log hclog.Logger, dir, file string, read func() (io.ReadCloser,
 		return
 	}
 	log.Info("profile written", "file", filepath.Join(dir, file))
+}
+
+// ProfileFrom starts kube-apiserver's CPU profile over the next seconds, written to
+// dir/apiserverFile, and the controller's, written to dir/controllerFile unless that is "",
+// and returns once they have begun; the function it returns waits for them to be written.
+func ProfileFrom(ctx context.Context, log hclog.Logger, l *lab.Lab, dir string, seconds int, apiserverFile, controllerFile string) (wait func()) {
+	var wg sync.WaitGroup
+	wg.Go(func() { SaveProfile(log, dir, apiserverFile, APIServerCPUProfile(ctx, l, seconds)) })
+	if controllerFile != "" {
+		wg.Go(func() {
+			SaveProfile(log, dir, controllerFile, ControllerProfile(fmt.Sprintf("profile?seconds=%d", seconds)))
+		})
+	}
+	time.Sleep(100 * time.Millisecond) // the profiles run before what they are taken over
+	return wg.Wait
 }
