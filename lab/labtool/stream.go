@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -84,7 +85,8 @@ func (g *gapClock) tick(now time.Time) {
 // [--duration 10s]`: it sends one request every interval for duration and then writes one
 // line, StreamResult.String(), to stdout. UDP sends each datagram from one unconnected
 // socket and counts the replies whose source is the dialed address (a reply from another
-// source is a datapath failure, not a success). TCP holds one connection, writes a line
+// source is a datapath failure, not a success), waiting up to 5 s once it stops sending for
+// those still in flight. TCP holds one connection, writes a line
 // and waits up to 5 s for its reply before sending the next, so TCP's own retransmission
 // counts as a gap, not a loss; a broken connection ends the stream with Error set. Errors:
 // ErrUsage, failing to open the UDP socket, failing to write stdout.
@@ -112,7 +114,10 @@ func Stream(ctx context.Context, args []string, stdout io.Writer) error {
 		func() (StreamResult, error) { return streamUDP(ctx, dst, *interval) })
 }
 
-// streamUDP sends until ctx ends, then waits one second for replies still in flight.
+// streamUDP sends until ctx ends, then waits for the replies still in flight: until every
+// datagram is answered or replyWait has passed. A late reply is not a lost one: a pod's
+// server starved of CPU by a rollout beside it was seen here answering 0.9 s late, and a
+// shorter wait counted such replies at a stream's end as lost.
 func streamUDP(ctx context.Context, dst netip.AddrPort, interval time.Duration) (StreamResult, error) {
 	pc, err := net.ListenPacket("udp4", "0.0.0.0:0")
 	if err != nil {
@@ -120,19 +125,26 @@ func streamUDP(ctx context.Context, dst netip.AddrPort, interval time.Duration) 
 	}
 	defer func() { _ = pc.Close() }()
 	g := &gapClock{last: time.Now()}
-	var received int
+	// want is the number of replies to wait for, unknown (-1) while sending. The reader
+	// stops once it has them; if it already had them when want was set, the main loop
+	// ends its read at once. Each side writes before it reads the other's, so one sees both.
+	var received, want atomic.Int64
+	want.Store(-1)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		buf := make([]byte, 64<<10)
 		for {
+			if w := want.Load(); w >= 0 && received.Load() >= w {
+				return
+			}
 			_, from, err := pc.ReadFrom(buf)
 			if err != nil {
 				return
 			}
 			if from.(*net.UDPAddr).AddrPort() == dst {
 				g.tick(time.Now())
-				received++
+				received.Add(1)
 			}
 		}
 	}()
@@ -149,15 +161,23 @@ func streamUDP(ctx context.Context, dst netip.AddrPort, interval time.Duration) 
 		case <-tick.C:
 		}
 	}
-	time.Sleep(time.Second)
-	_ = pc.Close()
+	stopped := time.Now()
+	want.Store(int64(sent))
+	deadline := stopped.Add(replyWait)
+	if received.Load() >= int64(sent) {
+		deadline = stopped
+	}
+	if err := pc.SetReadDeadline(deadline); err != nil {
+		return StreamResult{}, fmt.Errorf("udp read deadline: %w", err)
+	}
 	<-done
-	g.tick(time.Now().Add(-time.Second))
-	return StreamResult{Sent: sent, Received: received, MaxGapMillis: g.maxGap.Milliseconds()}, nil
+	g.tick(stopped)
+	return StreamResult{Sent: sent, Received: int(received.Load()), MaxGapMillis: g.maxGap.Milliseconds()}, nil
 }
 
-// tcpReplyWait bounds the wait for one reply on a TCP stream.
-const tcpReplyWait = 5 * time.Second
+// replyWait bounds the wait for one reply on a TCP stream, and for the replies in flight
+// when a UDP stream stops sending.
+const replyWait = 5 * time.Second
 
 func streamTCP(ctx context.Context, dst netip.AddrPort, interval time.Duration) StreamResult {
 	var res StreamResult
@@ -174,7 +194,7 @@ func streamTCP(ctx context.Context, dst netip.AddrPort, interval time.Duration) 
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for ctx.Err() == nil {
-		if err := c.SetDeadline(time.Now().Add(tcpReplyWait)); err != nil {
+		if err := c.SetDeadline(time.Now().Add(replyWait)); err != nil {
 			res.Error = err.Error()
 			break
 		}

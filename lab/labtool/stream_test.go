@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -56,6 +57,57 @@ func TestStreamAgainstServe(t *testing.T) {
 			assert.Positive(t, res.Sent)
 			assert.Zero(t, res.Lost(), out.String())
 			assert.Empty(t, res.Error)
+		})
+	}
+}
+
+// A UDP stream counts a reply that comes after it stopped sending, within replyWait, and
+// one that never comes as lost; it stops waiting as soon as every datagram is answered.
+func TestStreamUDPLateReplies(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		delay    time.Duration
+		answer   bool
+		wantLost bool
+		atLeast  time.Duration
+		lessThan time.Duration
+	}{
+		// Every reply lands 1.5 s after its datagram, so all arrive after the 200 ms of
+		// sending: a one-second wait counted them all lost.
+		{name: "late", delay: 1500 * time.Millisecond, answer: true, atLeast: 1500 * time.Millisecond, lessThan: replyWait},
+		{name: "never", answer: false, wantLost: true, atLeast: replyWait, lessThan: 2 * replyWait},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
+			require.NoError(t, err)
+			defer pc.Close()
+			go func() {
+				buf := make([]byte, 1500)
+				for {
+					_, from, err := pc.ReadFrom(buf)
+					if err != nil {
+						return
+					}
+					if tc.answer {
+						time.AfterFunc(tc.delay, func() { _, _ = pc.WriteTo(reply(netip.MustParseAddr("127.0.0.1")), from) })
+					}
+				}
+			}()
+			start := time.Now()
+			var out bytes.Buffer
+			require.NoError(t, Stream(context.Background(), []string{"--proto", "udp", "--to", pc.LocalAddr().String(),
+				"--interval", "20ms", "--duration", "200ms"}, &out))
+			took := time.Since(start)
+			res, err := ParseStreamResult(out.String())
+			require.NoError(t, err)
+			require.Positive(t, res.Sent)
+			if tc.wantLost {
+				assert.Equal(t, res.Sent, res.Lost(), out.String())
+			} else {
+				assert.Zero(t, res.Lost(), out.String())
+			}
+			assert.GreaterOrEqual(t, took, tc.atLeast, "the stream waited for the replies in flight")
+			assert.Less(t, took, tc.lessThan, "the stream stopped waiting")
 		})
 	}
 }
