@@ -85,11 +85,11 @@ func (g *gapClock) tick(now time.Time) {
 // [--duration 10s]`: it sends one request every interval for duration and then writes one
 // line, StreamResult.String(), to stdout. UDP sends each datagram from one unconnected
 // socket and counts the replies whose source is the dialed address (a reply from another
-// source is a datapath failure, not a success), waiting up to 5 s once it stops sending for
-// those still in flight. TCP holds one connection, writes a line
-// and waits up to 5 s for its reply before sending the next, so TCP's own retransmission
-// counts as a gap, not a loss; a broken connection ends the stream with Error set. Errors:
-// ErrUsage, failing to open the UDP socket, failing to write stdout.
+// source is a datapath failure, not a success), waiting up to 5 s after its last datagram
+// for the replies still in flight. TCP holds one connection, writes a line and waits up to
+// 5 s for its reply before sending the next, so TCP's own retransmission counts as a gap,
+// not a loss; a broken connection ends the stream with Error set. Errors: ErrUsage,
+// failing to open the UDP socket, failing to write stdout.
 func Stream(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("stream", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -115,9 +115,8 @@ func Stream(ctx context.Context, args []string, stdout io.Writer) error {
 }
 
 // streamUDP sends until ctx ends, then waits for the replies still in flight: until every
-// datagram is answered or replyWait has passed. A late reply is not a lost one: a pod's
-// server starved of CPU by a rollout beside it was seen here answering 0.9 s late, and a
-// shorter wait counted such replies at a stream's end as lost.
+// datagram is answered or replyWait has passed. A late reply is not a lost one: a server
+// starved of CPU on a loaded machine answers late.
 func streamUDP(ctx context.Context, dst netip.AddrPort, interval time.Duration) (StreamResult, error) {
 	pc, err := net.ListenPacket("udp4", "0.0.0.0:0")
 	if err != nil {
