@@ -2,9 +2,7 @@ package datapath
 
 import (
 	"fmt"
-	"maps"
 	"net/netip"
-	"slices"
 	"strings"
 
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
@@ -60,7 +58,6 @@ func compileEntries(p *kuportv1.NodeProgram) (*table, []error, map[setKey]bool) 
 		puts     []put
 	}
 	entries := make([]entry, 0, n)
-	prefixes := map[string]bool{}
 	add := func(kind, id string, puts []put, err error) {
 		if err == nil && seen[id] {
 			err = fmt.Errorf("id used by another entry")
@@ -72,9 +69,6 @@ func compileEntries(p *kuportv1.NodeProgram) (*table, []error, map[setKey]bool) 
 		seen[id] = true
 		for i := range puts {
 			puts[i].id = id
-			if name, ok := strings.CutPrefix(puts[i].set, replySetPrefix); ok {
-				prefixes[name] = true
-			}
 		}
 		entries = append(entries, entry{kind, id, puts})
 	}
@@ -82,7 +76,7 @@ func compileEntries(p *kuportv1.NodeProgram) (*table, []error, map[setKey]bool) 
 	snatKind.each(fam, p, add)
 	markKind.each(fam, p, add)
 
-	t := newTable(newLayout(fam, slices.Sorted(maps.Keys(prefixes))))
+	t := newTable(newLayout(fam))
 	// Each set's map made for its elements, which spares growing it element by element.
 	sizes := map[string]int{}
 	for _, en := range entries {
@@ -221,26 +215,12 @@ func snatPuts(fam family, e *kuportv1.SnatRule) ([]put, error) {
 	var puts []put
 	switch e.GetKind() {
 	case kuportv1.SnatKind_SNAT_KIND_REQUEST:
-		if err := checkIfname(e.GetOutInterface()); err != nil {
-			return nil, err
-		}
 		pr.each(func(port, _ uint16) {
-			puts = append(puts, put{set: "snat-request",
-				elem: elem{key: pack(ifnameBytes(e.GetOutInterface()), addr.AsSlice(), []byte{proto}, portBytes(port))}})
+			puts = append(puts, put{set: "snat-request", elem: elem{key: pack(addr.AsSlice(), []byte{proto}, portBytes(port))}})
 		})
 	case kuportv1.SnatKind_SNAT_KIND_REPLY:
-		prefix := e.GetOutInterface()
-		if err := checkIfname(prefix); err != nil {
-			return nil, err
-		}
-		// The prefix names its set, so it must be a word nft reads as a name.
-		if strings.IndexFunc(prefix, func(c rune) bool {
-			return !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.')
-		}) >= 0 {
-			return nil, fmt.Errorf("device prefix %q has characters other than letters, digits, _, - and .", prefix)
-		}
 		pr.each(func(port, _ uint16) {
-			puts = append(puts, put{set: replySetPrefix + prefix, elem: elem{key: pack(addr.AsSlice(), []byte{proto}, portBytes(port))}})
+			puts = append(puts, put{set: "snat-reply", elem: elem{key: pack(addr.AsSlice(), []byte{proto}, portBytes(port))}})
 		})
 	default:
 		return nil, fmt.Errorf("unknown snat kind %v", e.GetKind())

@@ -27,7 +27,7 @@ func TestCompileRejectsInvalidEntries(t *testing.T) {
 			{Id: "ifname", InInterface: "a-name-longer-than-15", Protocol: tcp, Ports: one, ToAddress: "10.0.0.1", ToPort: 3000},
 			{Id: "quote\"", InInterface: "enp1s0", Protocol: tcp, Ports: one, ToAddress: "10.0.0.1", ToPort: 3000},
 		},
-		SnatRules: []*kuportv1.SnatRule{{Id: "kind", OutInterface: "cilium_host", Address: "10.0.0.1", Protocol: tcp, Ports: one}},
+		SnatRules: []*kuportv1.SnatRule{{Id: "kind", Address: "10.0.0.1", Protocol: tcp, Ports: one}},
 		MarkRules: []*kuportv1.MarkRule{{Id: "mark0", Address: "10.0.0.1", Protocol: tcp, Ports: one}},
 	}
 	tbl, errs := compileTable(p)
@@ -122,7 +122,7 @@ func TestElementConflicts(t *testing.T) {
 		return &kuportv1.DnatRule{Id: id, InInterface: "enp1s0", Protocol: tcp, Ports: &kuportv1.PortRange{First: port, Last: port + 1}, ToAddress: to, ToPort: port}
 	}
 	snat := func(id string) *kuportv1.SnatRule {
-		return &kuportv1.SnatRule{Id: id, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST, OutInterface: "cilium_host", Address: "10.0.0.1", Protocol: tcp,
+		return &kuportv1.SnatRule{Id: id, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST, Address: "10.0.0.1", Protocol: tcp,
 			Ports: &kuportv1.PortRange{First: 3000, Last: 3000}}
 	}
 	tbl, errs := compileTable(&kuportv1.NodeProgram{
@@ -138,14 +138,14 @@ func TestElementConflicts(t *testing.T) {
 		`"enp1s0" . tcp . 4002 counter comment "c" : 10.0.0.1 . 4002, `+
 		`"enp1s0" . tcp . 4003 counter comment "c" : 10.0.0.1 . 4003`,
 		strings.Split(elementsText(tbl), "\n")[0])
-	assert.Contains(t, elementsText(tbl), `snat-request: "cilium_host" . 10.0.0.1 . tcp . 3000 counter comment "s1"`)
+	assert.Contains(t, elementsText(tbl), `snat-request: 10.0.0.1 . tcp . 3000 counter comment "s1"`)
 }
 
 // TestRuleWireRoundTrip passes every rule of the layout through the library's netlink
 // encoding and back (what reading the kernel does): it must match what was written, or
 // every Apply would find the table damaged and rebuild it.
 func TestRuleWireRoundTrip(t *testing.T) {
-	l := newLayout(familyIPv4, []string{"cilium_", "lxc"})
+	l := newLayout(familyIPv4)
 	for _, r := range l.rules {
 		want := r.exprs(byName)
 		var wire []expr.Any

@@ -150,7 +150,7 @@ func mutateProgram(p *kuportv1.NodeProgram, edits []byte) {
 			}
 		case 7:
 			if s := at(p.SnatRules, entry); s != nil {
-				s.OutInterface, s.Kind = name, kuportv1.SnatKind(v%4)
+				s.Kind = kuportv1.SnatKind(v % 4)
 			}
 		case 8:
 			if s := at(p.SnatRules, entry); s != nil {

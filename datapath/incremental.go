@@ -1,8 +1,6 @@
 package datapath
 
 import (
-	"strings"
-
 	"google.golang.org/protobuf/proto"
 
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
@@ -81,7 +79,7 @@ func sameDnat(a, b *kuportv1.DnatRule) bool {
 
 func sameSnat(a, b *kuportv1.SnatRule) bool {
 	return a.GetId() == b.GetId() && a.GetMapping() == b.GetMapping() && a.GetKind() == b.GetKind() &&
-		a.GetOutInterface() == b.GetOutInterface() && a.GetAddress() == b.GetAddress() && a.GetProtocol() == b.GetProtocol() &&
+		a.GetAddress() == b.GetAddress() && a.GetProtocol() == b.GetProtocol() &&
 		samePorts(a.GetPorts(), b.GetPorts())
 }
 
@@ -285,7 +283,6 @@ func (c *compiler) step(p *kuportv1.NodeProgram) bool {
 	// holds for others, is compiled whole.
 	gone := map[setKey]bool{}
 	var drops []put
-	replies := map[string]int{} // the change in a reply exemption set's number of elements
 	for _, ch := range changes {
 		for _, pt := range ch.old {
 			k := setKey{pt.set, pt.key}
@@ -298,9 +295,6 @@ func (c *compiler) step(p *kuportv1.NodeProgram) bool {
 			}
 			gone[k] = true
 			drops = append(drops, pt)
-			if prefix, ok := strings.CutPrefix(pt.set, replySetPrefix); ok {
-				replies[prefix]--
-			}
 		}
 	}
 	comes := map[setKey]bool{}
@@ -322,9 +316,6 @@ func (c *compiler) step(p *kuportv1.NodeProgram) bool {
 				continue
 			}
 			puts = append(puts, pt)
-			if prefix, ok := strings.CutPrefix(pt.set, replySetPrefix); ok {
-				replies[prefix]++
-			}
 		}
 	}
 	// A program without elements has no table at all, which a whole compile and write make.
@@ -334,13 +325,6 @@ func (c *compiler) step(p *kuportv1.NodeProgram) bool {
 	}
 	if total == 0 {
 		return false
-	}
-	// The layout has a reply exemption set while an entry of its prefix is there, which
-	// (no changed element being shared) is while the set has elements.
-	for prefix, n := range replies {
-		if len(c.tab.elems[replySetPrefix+prefix])+n == 0 {
-			return false
-		}
 	}
 	for _, pt := range drops {
 		c.touch(setKey{pt.set, pt.key})

@@ -245,8 +245,7 @@ type ruleSpec struct {
 	exprs func(set func(name string) *nftables.Set) []expr.Any
 }
 
-// layout is the whole table but its elements. It is the same for every program but for the
-// reply exemptions: one set and rule per CNI device prefix the program names.
+// layout is the whole table but its elements: the same for every program.
 type layout struct {
 	fam    family
 	sets   []*setSpec
@@ -254,10 +253,15 @@ type layout struct {
 	rules  []ruleSpec
 }
 
-// replySetPrefix names a reply exemption's set after its CNI device prefix.
-const replySetPrefix = "snat-reply-"
+// translatedMark is the packet-mark bit kup-pre sets on the first packet of every flow it
+// translates and kup-post clears as it claims the flow with the identity SNAT: what kuport
+// did to the flow, not the device it leaves by, tells the request's SNAT which flows are
+// kuport's, so no CNI device is named. The bit lies outside the marks every CNI, mesh and
+// proxy in datapath/README.md (the priority contract) uses, and lives only between the two
+// NAT hooks of one packet.
+const translatedMark = 0x00000080
 
-func newLayout(fam family, replyPrefixes []string) *layout {
+func newLayout(fam family) *layout {
 	l := &layout{fam: fam, byName: map[string]*setSpec{}}
 	set := func(name string, role setRole, key, data []field) *setSpec {
 		s := &setSpec{name: name, key: key, data: data, role: role}
@@ -272,34 +276,47 @@ func newLayout(fam family, replyPrefixes []string) *layout {
 	dnat := set("dnat-ports", roleDNAT, []field{fieldIIF, fieldProto, fieldDport}, target)
 	outAddr := set("count-out-addr-ports", roleCountOut, []field{fieldOIF, fam.saddr, fieldProto, fieldSport}, nil)
 	out := set("count-out-ports", roleCountOut, []field{fieldOIF, fieldProto, fieldSport}, nil)
-	request := set("snat-request", roleSNAT, []field{fieldOIF, fam.daddr, fieldProto, fieldDport}, nil)
-	var replies []*setSpec
-	for _, prefix := range replyPrefixes {
-		replies = append(replies, set(replySetPrefix+prefix, roleSNAT, []field{fam.saddr, fieldProto, fieldSport}, nil))
-	}
+	request := set("snat-request", roleSNAT, []field{fam.daddr, fieldProto, fieldDport}, nil)
+	reply := set("snat-reply", roleSNAT, []field{fam.saddr, fieldProto, fieldSport}, nil)
 	static := set("mark-static", roleMark, []field{fam.saddr, fieldProto, fieldSport}, []field{fieldMark})
 	save := set("mark-ct-save", roleMark, []field{fieldIIF, fam.daddr, fieldProto, fieldDport}, []field{fieldMark})
 	restore := set("mark-ct-restore", roleMark, []field{fam.saddr, fieldProto, fieldSport}, nil)
 	steerAddr := set("steer-addr-ports", roleSteer, []field{fieldIIF, fam.daddr, fieldProto, fieldDport}, []field{{typ: fam.addr}})
 	steer := set("steer-ports", roleSteer, []field{fieldIIF, fieldProto, fieldDport}, []field{{typ: fam.addr}})
 
+	// The mark is worked on in a register past the lookup's result (the DNAT target).
+	markReg := register(4)
+	setMarkBits := func(mask, xor uint32) []expr.Any {
+		return []expr.Any{&expr.Meta{Key: expr.MetaKeyMARK, Register: markReg},
+			&expr.Bitwise{SourceRegister: markReg, DestRegister: markReg, Len: 4,
+				Mask: binaryutil.NativeEndian.PutUint32(mask), Xor: binaryutil.NativeEndian.PutUint32(xor)},
+			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: markReg}}
+	}
+	flag := binaryutil.NativeEndian.PutUint32(translatedMark)
 	dnatTo := func(s *setSpec) ruleSpec {
-		return l.rule("kup-pre", fmt.Sprintf("dnat %s to %s map @%s", fam.name, keyText(s), s.name), nil, s, true,
-			&expr.NAT{Type: expr.NATTypeDestNAT, Family: fam.nat, RegAddrMin: register(0), RegAddrMax: register(0),
-				RegProtoMin: register(fam.addr.Bytes / 4), RegProtoMax: register(fam.addr.Bytes / 4), Specified: true})
+		return l.rule("kup-pre", fmt.Sprintf("meta mark set meta mark | 0x%08x dnat %s to %s map @%s", translatedMark, fam.name, keyText(s), s.name), nil, s, true,
+			append(setMarkBits(^uint32(translatedMark), translatedMark),
+				&expr.NAT{Type: expr.NATTypeDestNAT, Family: fam.nat, RegAddrMin: register(0), RegAddrMax: register(0),
+					RegProtoMin: register(fam.addr.Bytes / 4), RegProtoMax: register(fam.addr.Bytes / 4), Specified: true})...)
 	}
 	// "snat to ip saddr": the address register is loaded from the packet's own source, so
 	// the translation is the identity and only claims the flow before the CNI's masquerade.
 	identity := []expr.Any{fam.saddr.load(register(0)),
 		&expr.NAT{Type: expr.NATTypeSourceNAT, Family: fam.nat, RegAddrMin: register(0), RegAddrMax: register(0)}}
+	// The request's claim: a flow kup-pre translated, whatever device it leaves by (the
+	// CNI's bridge, a pod's own veth, a link), its bit cleared before anything else sees it.
+	translated := append([]expr.Any{&expr.Meta{Key: expr.MetaKeyMARK, Register: markReg},
+		&expr.Bitwise{SourceRegister: markReg, DestRegister: markReg, Len: 4, Mask: flag, Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: markReg, Data: flag}},
+		setMarkBits(^uint32(translatedMark), 0)...)
+	// The reply's exemption: a packet the pod sends first and routes into a link, which every
+	// CNI would masquerade on its way out (datapath/README.md).
+	byLink := []expr.Any{fieldOIF.load(register(0)), &expr.Cmp{Op: expr.CmpOpEq, Register: register(0), Data: []byte(linkPrefix)}}
 	l.rules = append(l.rules, dnatTo(dnatAddr), dnatTo(dnat),
-		l.rule("kup-post", fmt.Sprintf("%s @%s snat to %s saddr", keyText(request), request.name, fam.name), nil, request, false, identity...))
-	for i, s := range replies {
-		prefix := replyPrefixes[i]
-		match := []expr.Any{fieldOIF.load(register(0)), &expr.Cmp{Op: expr.CmpOpNeq, Register: register(0), Data: []byte(prefix)}}
-		l.rules = append(l.rules, l.rule("kup-post", fmt.Sprintf("oifname != %q %s @%s snat to %s saddr", prefix+"*", keyText(s), s.name, fam.name),
-			match, s, false, identity...))
-	}
+		l.rule("kup-post", fmt.Sprintf("meta mark & 0x%08x == 0x%08x meta mark set meta mark & 0x%08x %s @%s snat to %s saddr",
+			translatedMark, translatedMark, ^uint32(translatedMark), keyText(request), request.name, fam.name), translated, request, false, identity...),
+		l.rule("kup-post", fmt.Sprintf("oifname %q %s @%s snat to %s saddr", linkPrefix+"*", keyText(reply), reply.name, fam.name),
+			byLink, reply, false, identity...))
 	dirIs := func(dir byte) []expr.Any {
 		return []expr.Any{&expr.Ct{Key: expr.CtKeyDIRECTION, Register: register(0)},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: register(0), Data: []byte{dir}}}

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
-	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -68,20 +67,8 @@ func (d *Datapath) kernelTableOf(fam family) (*nftables.Table, error) {
 	return nil, nil
 }
 
-// layoutOf is the layout sets name (their reply exemption prefixes).
-func layoutOf(fam family, sets []*nftables.Set) *layout {
-	var prefixes []string
-	for _, s := range sets {
-		if p, ok := strings.CutPrefix(s.Name, replySetPrefix); ok {
-			prefixes = append(prefixes, p)
-		}
-	}
-	slices.Sort(prefixes)
-	return newLayout(fam, prefixes)
-}
-
-// layout is the layout the kernel's sets name (their reply exemption prefixes).
-func (kt *kernelTable) layout() *layout { return layoutOf(kt.fam, kt.sets) }
+// layout is the layout of the kernel table's family.
+func (kt *kernelTable) layout() *layout { return newLayout(kt.fam) }
 
 // setMatches reports whether the kernel set is spec's. The library (v0.3.0) reads neither a
 // set's counter nor a verdict map's types back faithfully, so only name, key and data types

@@ -66,10 +66,9 @@ func (tn *testNS) kernelDump(t *testing.T) string {
 }
 
 // nftTable is the text `nft list table ip kuport` prints (elements sorted) for these
-// element lines, each "<set>\t<element>", in worker-b's layout (reply exemptions for
-// cilium_).
+// element lines, each "<set>\t<element>".
 func nftTable(elements ...[]string) string {
-	l := newLayout(familyIPv4, []string{"cilium_"})
+	l := newLayout(familyIPv4)
 	bySet := map[string][]string{}
 	for _, e := range slices.Concat(elements...) {
 		set, text, _ := strings.Cut(e, "\t")
@@ -113,9 +112,9 @@ func workerB(version uint64, ms ...podMapping) *kuportv1.NodeProgram {
 			StandIn: m.pod})
 		p.SnatRules = append(p.SnatRules,
 			&kuportv1.SnatRule{Id: m.key + "/snat", Mapping: m.key, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
-				OutInterface: "cilium_host", Address: m.pod, Protocol: m.proto, Ports: ports},
+				Address: m.pod, Protocol: m.proto, Ports: ports},
 			&kuportv1.SnatRule{Id: m.key + "/snat-reply", Mapping: m.key, Kind: kuportv1.SnatKind_SNAT_KIND_REPLY,
-				OutInterface: "cilium_", Address: m.pod, Protocol: m.proto, Ports: ports})
+				Address: m.pod, Protocol: m.proto, Ports: ports})
 		p.MarkRules = append(p.MarkRules, &kuportv1.MarkRule{Id: m.key + "/mark", Mapping: m.key, Kind: kuportv1.MarkKind_MARK_KIND_STATIC,
 			Address: m.pod, Protocol: m.proto, Ports: ports, Mark: m.mark})
 		if !seen[m.link.Name] {
@@ -173,8 +172,8 @@ func workerBStates() []stateStep {
 			fmt.Sprintf(`dnat-addr-ports	%q . %s . %s . %d counter comment "%s/dnat/%s" : %s . %d`, m.link.Name, m.pod, p, m.port, m.key, m.link.Name, m.pod, m.port),
 			fmt.Sprintf("steer-addr-ports\t%s : %s", dialed, m.pod),
 			"count-out-addr-ports\t" + dialed,
-			"snat-request\t" + fmt.Sprintf(`"cilium_host" . %s comment "%s/snat"`, pod, m.key),
-			"snat-reply-cilium_\t" + fmt.Sprintf(`%s comment "%s/snat-reply"`, pod, m.key),
+			"snat-request\t" + fmt.Sprintf(`%s comment "%s/snat"`, pod, m.key),
+			"snat-reply\t" + fmt.Sprintf(`%s comment "%s/snat-reply"`, pod, m.key),
 			"mark-static\t" + fmt.Sprintf(`%s comment "%s/mark" : 0x%08x`, pod, m.key, m.mark),
 		}
 	}

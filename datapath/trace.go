@@ -231,6 +231,8 @@ func (tr *tracer) rule(chain string, exprs []expr.Any, p *packet, f *flow, dir b
 				load(e.Register, ifnameBytes(p.oif))
 			case e.Key == expr.MetaKeyL4PROTO:
 				load(e.Register, []byte{p.l4proto})
+			case e.Key == expr.MetaKeyMARK:
+				load(e.Register, binaryutil.NativeEndian.PutUint32(p.mark))
 			default:
 				return false, fmt.Errorf("meta %v is not traced", e.Key)
 			}

@@ -118,7 +118,7 @@ func TestPrivilegedTraceAgrees(t *testing.T) {
 	mapping := func(key string, first, last, to uint32) (*kuportv1.DnatRule, *kuportv1.SnatRule) {
 		return &kuportv1.DnatRule{Id: key + "/dnat/enp1s0", Mapping: key, InInterface: "enp1s0", Protocol: udp,
 				Ports: &kuportv1.PortRange{First: first, Last: last}, ToAddress: "10.244.17.5", ToPort: to, StandIn: "10.244.17.5"},
-			&kuportv1.SnatRule{Id: key + "/snat", Mapping: key, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST, OutInterface: "cilium_host",
+			&kuportv1.SnatRule{Id: key + "/snat", Mapping: key, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
 				Address: "10.244.17.5", Protocol: udp, Ports: &kuportv1.PortRange{First: to, Last: to + last - first}}
 	}
 	p := &kuportv1.NodeProgram{Node: "edge-a", Version: 1}

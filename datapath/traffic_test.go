@@ -228,7 +228,7 @@ func TestPrivilegedSharedPodPortCounts(t *testing.T) {
 	mapping := func(key string, dialed uint32) (*kuportv1.DnatRule, *kuportv1.SnatRule) {
 		return &kuportv1.DnatRule{Id: key + "/dnat/enp1s0", Mapping: key, InInterface: "enp1s0", Protocol: kuportv1.Protocol_PROTOCOL_UDP,
 				Ports: &kuportv1.PortRange{First: dialed, Last: dialed}, ToAddress: "10.244.17.5", ToPort: 3000, StandIn: "10.244.17.5"},
-			&kuportv1.SnatRule{Id: key + "/snat", Mapping: key, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST, OutInterface: "cilium_host",
+			&kuportv1.SnatRule{Id: key + "/snat", Mapping: key, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
 				Address: "10.244.17.5", Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: &kuportv1.PortRange{First: 3000, Last: 3000}}
 	}
 	d1, s1 := mapping("g/four-thousand", 4000)

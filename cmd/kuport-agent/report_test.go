@@ -172,9 +172,9 @@ func TestPrivilegedAgentReportsCounters(t *testing.T) {
 				Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: udp(3000), ToAddress: "169.254.77.1", ToPort: 3000, StandIn: "169.254.77.1"},
 		},
 		SnatRules: []*kuportv1.SnatRule{
-			{Id: "games/local/snat", Mapping: "games/local", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST, OutInterface: "cilium_host",
+			{Id: "games/local/snat", Mapping: "games/local", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
 				Address: "10.244.17.5", Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: udp(27015)},
-			{Id: "games/remote/snat", Mapping: "games/remote", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST, OutInterface: "kup-5e30a797",
+			{Id: "games/remote/snat", Mapping: "games/remote", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
 				Address: "169.254.77.1", Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: udp(3000)},
 		},
 		Links: []*kuportv1.Link{{Name: "kup-5e30a797", ClassName: "public", PeerNode: "worker-b", Vni: 4242, Port: 4790,

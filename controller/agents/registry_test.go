@@ -30,7 +30,7 @@ func remoteProgram(podAddr string, withLocal bool) *kuportv1.NodeProgram {
 		}},
 		SnatRules: []*kuportv1.SnatRule{{
 			Id: "games/remote/snat", Mapping: "games/remote", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
-			OutInterface: "kup-1234abcd", Address: "169.254.77.1",
+			Address:  "169.254.77.1",
 			Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: &kuportv1.PortRange{First: 3000, Last: 3000},
 		}},
 		Links: []*kuportv1.Link{{

@@ -13,14 +13,6 @@ import (
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
-// The CNI's devices (DESIGN.md: Cilium, emulated by the lab). The identity SNAT of a request
-// to a local pod leaves by the host device; the reply exemption negates the device prefix,
-// which the renderer completes with "*".
-const (
-	cniHostDevice   = "cilium_host"
-	cniDevicePrefix = "cilium_"
-)
-
 // Compile turns a snapshot into one program per node and the status of every PortMap and
 // PortMapClass. It is pure and deterministic: it reads only s (never mutates it), uses s.Now
 // as its only time, and returns every slice sorted, so the same snapshot always yields an

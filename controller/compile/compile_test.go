@@ -726,7 +726,7 @@ func TestCompile(t *testing.T) {
 					t.Errorf("edge-a DNAT (-want +got):\n%s", d)
 				}
 				wantSnat := &kuportv1.SnatRule{Id: "demo/shifted/snat", Mapping: "demo/shifted", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
-					OutInterface: "cilium_host", Address: "10.244.17.8", Protocol: tcp, Ports: ports(7000, 7009)}
+					Address: "10.244.17.8", Protocol: tcp, Ports: ports(7000, 7009)}
 				if d := cmp.Diff(wantSnat, r.Programs["edge-a"].SnatRules[1], cmpOpts...); d != "" {
 					t.Errorf("edge-a shifted SNAT (-want +got):\n%s", d)
 				}

@@ -185,7 +185,7 @@ func localEdgeA() *kuportv1.NodeProgram {
 		},
 		SnatRules: []*kuportv1.SnatRule{
 			{Id: "demo/local/snat", Mapping: "demo/local", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
-				OutInterface: "cilium_host", Address: "10.244.17.7", Protocol: tcp, Ports: ports(3000, 3000)},
+				Address: "10.244.17.7", Protocol: tcp, Ports: ports(3000, 3000)},
 		},
 	}
 }
@@ -201,7 +201,7 @@ func remoteEdgeA() *kuportv1.NodeProgram {
 		},
 		SnatRules: []*kuportv1.SnatRule{
 			{Id: "demo/remote/snat", Mapping: "demo/remote", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
-				OutInterface: linkToWorkerB, Address: "169.254.77.1", Protocol: tcp, Ports: ports(3000, 3000)},
+				Address: "169.254.77.1", Protocol: tcp, Ports: ports(3000, 3000)},
 		},
 		Links: []*kuportv1.Link{
 			{Name: linkToWorkerB, ClassName: "public", PeerNode: "worker-b", Vni: 4242, Port: 4790,
@@ -221,9 +221,9 @@ func remoteWorkerB() *kuportv1.NodeProgram {
 		},
 		SnatRules: []*kuportv1.SnatRule{
 			{Id: "demo/remote/snat", Mapping: "demo/remote", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
-				OutInterface: "cilium_host", Address: "10.244.18.107", Protocol: tcp, Ports: ports(3000, 3000)},
+				Address: "10.244.18.107", Protocol: tcp, Ports: ports(3000, 3000)},
 			{Id: "demo/remote/snat-reply", Mapping: "demo/remote", Kind: kuportv1.SnatKind_SNAT_KIND_REPLY,
-				OutInterface: "cilium_", Address: "10.244.18.107", Protocol: tcp, Ports: ports(3000, 3000)},
+				Address: "10.244.18.107", Protocol: tcp, Ports: ports(3000, 3000)},
 		},
 		MarkRules: []*kuportv1.MarkRule{
 			{Id: "demo/remote/ct-restore", Mapping: "demo/remote", Kind: ctRestore, Address: "10.244.18.107", Protocol: tcp,
@@ -288,7 +288,7 @@ func multiEdgeA() *kuportv1.NodeProgram {
 		},
 		SnatRules: []*kuportv1.SnatRule{
 			{Id: "demo/remote/snat", Mapping: "demo/remote", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
-				OutInterface: intranetToWB, Address: "169.254.79.1", Protocol: tcp, Ports: ports(3000, 3000)},
+				Address: "169.254.79.1", Protocol: tcp, Ports: ports(3000, 3000)},
 		},
 		Links: []*kuportv1.Link{
 			{Name: intranetToWB, ClassName: "intranet", PeerNode: "worker-b", Vni: 4300, Port: 4790,
@@ -307,7 +307,7 @@ func multiWorkerC() *kuportv1.NodeProgram {
 		},
 		SnatRules: []*kuportv1.SnatRule{
 			{Id: "demo/remote/snat", Mapping: "demo/remote", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
-				OutInterface: intranetToWB, Address: "169.254.79.2", Protocol: tcp, Ports: ports(3000, 3000)},
+				Address: "169.254.79.2", Protocol: tcp, Ports: ports(3000, 3000)},
 		},
 		Links: []*kuportv1.Link{
 			{Name: intranetToWB, ClassName: "intranet", PeerNode: "worker-b", Vni: 4301, Port: 4790,
@@ -332,9 +332,9 @@ func multiWorkerB() *kuportv1.NodeProgram {
 		},
 		SnatRules: []*kuportv1.SnatRule{
 			{Id: "demo/remote/snat", Mapping: "demo/remote", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
-				OutInterface: "cilium_host", Address: "10.244.18.107", Protocol: tcp, Ports: ports(3000, 3000)},
+				Address: "10.244.18.107", Protocol: tcp, Ports: ports(3000, 3000)},
 			{Id: "demo/remote/snat-reply", Mapping: "demo/remote", Kind: kuportv1.SnatKind_SNAT_KIND_REPLY,
-				OutInterface: "cilium_", Address: "10.244.18.107", Protocol: tcp, Ports: ports(3000, 3000)},
+				Address: "10.244.18.107", Protocol: tcp, Ports: ports(3000, 3000)},
 		},
 		MarkRules: []*kuportv1.MarkRule{
 			{Id: "demo/remote/ct-restore", Mapping: "demo/remote", Kind: ctRestore, Address: "10.244.18.107",

@@ -60,9 +60,9 @@ func TestMulti(t *testing.T) {
 					},
 					SnatRules: []*kuportv1.SnatRule{
 						{Id: "demo/remote/snat", Mapping: "demo/remote", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
-							OutInterface: "cilium_host", Address: "10.244.19.7", Protocol: tcp, Ports: ports(3000, 3000)},
+							Address: "10.244.19.7", Protocol: tcp, Ports: ports(3000, 3000)},
 						{Id: "demo/remote/snat-reply", Mapping: "demo/remote", Kind: kuportv1.SnatKind_SNAT_KIND_REPLY,
-							OutInterface: "cilium_", Address: "10.244.19.7", Protocol: tcp, Ports: ports(3000, 3000)},
+							Address: "10.244.19.7", Protocol: tcp, Ports: ports(3000, 3000)},
 					},
 					MarkRules: []*kuportv1.MarkRule{
 						{Id: "demo/remote/ct-restore", Mapping: "demo/remote", Kind: ctRestore, Address: "10.244.19.7",

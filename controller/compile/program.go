@@ -243,7 +243,7 @@ func (c *compiler) emit(p *plan) {
 			to, toPorts, toWire = t.link.addressText(ep.node), p.ports, w.dialed
 			links = append(links, t)
 			d := p.class.device(ep.node)
-			b.addSnat(p, "snat", DirectionIn, requestSnat(p, d.name, to, toWire))
+			b.addSnat(p, "snat", DirectionIn, requestSnat(p, to, toWire))
 			b.uses(p, d, false)
 		}
 		for _, i := range t.ifaces {
@@ -256,20 +256,21 @@ func (c *compiler) emit(p *plan) {
 			})
 		}
 	}
-	// The pod's node delivers every request, local or off a link, through the CNI's device.
+	// The pod's node delivers every request, local or off a link, to the pod: the identity
+	// SNAT claims it whatever device the CNI gives the pod.
 	pod := c.programs[ep.node]
-	pod.addSnat(p, "snat", DirectionIn, requestSnat(p, cniHostDevice, ep.address, w.pod))
+	pod.addSnat(p, "snat", DirectionIn, requestSnat(p, ep.address, w.pod))
 	if len(links) > 0 {
 		c.emitPodEnd(p, links, w)
 	}
 	p.nodes = slices.Sorted(maps.Keys(carriers))
 }
 
-// requestSnat is the identity SNAT claiming a mapping's forwarded request as it leaves by
-// egress towards address:ports (founding document, kup-post).
-func requestSnat(p *plan, egress, address string, ports *kuportv1.PortRange) *kuportv1.SnatRule {
+// requestSnat is the identity SNAT claiming a mapping's forwarded request, translated
+// towards address:ports, before the CNI's masquerade (founding document, kup-post).
+func requestSnat(p *plan, address string, ports *kuportv1.PortRange) *kuportv1.SnatRule {
 	return &kuportv1.SnatRule{
-		Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST, OutInterface: egress, Address: address, Protocol: p.proto, Ports: ports,
+		Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST, Address: address, Protocol: p.proto, Ports: ports,
 	}
 }
 
@@ -332,8 +333,8 @@ func (c *compiler) emitPodEnd(p *plan, links []*target, w wirePorts) {
 		b.uses(p, d, true)
 	}
 	b.addSnat(p, "snat-reply", DirectionOut, &kuportv1.SnatRule{
-		Kind:         kuportv1.SnatKind_SNAT_KIND_REPLY,
-		OutInterface: cniDevicePrefix, Address: ep.address, Protocol: p.proto, Ports: w.pod,
+		Kind:    kuportv1.SnatKind_SNAT_KIND_REPLY,
+		Address: ep.address, Protocol: p.proto, Ports: w.pod,
 	})
 	b.addMark(p, "ct-restore", DirectionOut, &kuportv1.MarkRule{
 		Kind:    kuportv1.MarkKind_MARK_KIND_CT_RESTORE,

@@ -18,16 +18,23 @@ func mappingView(p *kuportv1.NodeProgram, mapping string) *kuportv1.NodeProgram 
 	v := &kuportv1.NodeProgram{Node: p.Node}
 	devs := map[string]bool{}
 	marks := map[uint32]bool{}
+	targets := map[string]bool{}
 	for _, d := range p.DnatRules {
 		if d.Mapping == mapping {
 			v.DnatRules = append(v.DnatRules, d)
 			devs[d.InInterface] = true
+			targets[d.ToAddress] = true
 		}
 	}
 	for _, s := range p.SnatRules {
 		if s.Mapping == mapping {
 			v.SnatRules = append(v.SnatRules, s)
-			devs[s.OutInterface] = true
+		}
+	}
+	// A link the mapping leaves by is the one whose far end its DNAT translates to.
+	for _, l := range p.Links {
+		if targets[l.PeerAddress] {
+			devs[l.Name] = true
 		}
 	}
 	for _, m := range p.MarkRules {

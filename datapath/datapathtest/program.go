@@ -11,7 +11,7 @@ import (
 // Program is edge-a's program for n same-node TCP mappings arriving on iface: ports 10000
 // up, each to its own pod address (PodAddr), a DNAT entry steered to its pod address (as the
 // compiler emits it: its translation, its steering, which counts its requests, and its reply
-// counting) and the request's identity SNAT out of cilium_host per mapping, 4n set elements.
+// counting) and the request's identity SNAT per mapping, 4n set elements.
 func Program(n int, iface string) *kuportv1.NodeProgram {
 	p := &kuportv1.NodeProgram{Node: "edge-a", Version: 1, Epoch: 1,
 		DnatRules: make([]*kuportv1.DnatRule, 0, n), SnatRules: make([]*kuportv1.SnatRule, 0, n)}
@@ -21,7 +21,7 @@ func Program(n int, iface string) *kuportv1.NodeProgram {
 		p.DnatRules = append(p.DnatRules, &kuportv1.DnatRule{Id: key + "/dnat/" + iface, Mapping: key, InInterface: iface,
 			Protocol: kuportv1.Protocol_PROTOCOL_TCP, Ports: ports, ToAddress: pod, ToPort: port, StandIn: pod})
 		p.SnatRules = append(p.SnatRules, &kuportv1.SnatRule{Id: key + "/snat", Mapping: key, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
-			OutInterface: "cilium_host", Address: pod, Protocol: kuportv1.Protocol_PROTOCOL_TCP, Ports: ports})
+			Address: pod, Protocol: kuportv1.Protocol_PROTOCOL_TCP, Ports: ports})
 	}
 	return p
 }

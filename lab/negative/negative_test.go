@@ -156,7 +156,7 @@ func forwarder(node, in string, l *kuportv1.Link) *kuportv1.NodeProgram {
 		p.DnatRules = append(p.DnatRules, &kuportv1.DnatRule{Id: "dnat/" + in + "/" + proto, InInterface: in,
 			Protocol: protoOf(proto), Ports: ports(), ToAddress: l.GetPeerAddress(), ToPort: port})
 		p.SnatRules = append(p.SnatRules, &kuportv1.SnatRule{Id: "snat/" + proto, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
-			OutInterface: l.GetName(), Address: l.GetPeerAddress(), Protocol: protoOf(proto), Ports: ports()})
+			Address: l.GetPeerAddress(), Protocol: protoOf(proto), Ports: ports()})
 	}
 	return p
 }
@@ -184,9 +184,9 @@ func podNodeProgram(links []*kuportv1.Link, marks []uint32, static bool) *kuport
 			}
 		}
 		p.SnatRules = append(p.SnatRules,
-			&kuportv1.SnatRule{Id: "snat/" + proto, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST, OutInterface: netlab.CNIDevice,
+			&kuportv1.SnatRule{Id: "snat/" + proto, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
 				Address: podAddr, Protocol: pr, Ports: ports()},
-			&kuportv1.SnatRule{Id: "snat-reply/" + proto, Kind: kuportv1.SnatKind_SNAT_KIND_REPLY, OutInterface: "cilium_",
+			&kuportv1.SnatRule{Id: "snat-reply/" + proto, Kind: kuportv1.SnatKind_SNAT_KIND_REPLY,
 				Address: podAddr, Protocol: pr, Ports: ports()})
 		restore := &kuportv1.MarkRule{Id: "ct-restore/" + proto, Kind: kuportv1.MarkKind_MARK_KIND_CT_RESTORE,
 			Address: podAddr, Protocol: pr, Ports: ports()}

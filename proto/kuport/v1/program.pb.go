@@ -79,16 +79,23 @@ func (Protocol) EnumDescriptor() ([]byte, []int) {
 	return file_kuport_v1_program_proto_rawDescGZIP(), []int{0}
 }
 
-// SnatKind selects the form of an identity SNAT ("snat to ip saddr") in kup-post.
+// SnatKind selects the form of an identity SNAT ("snat to ip saddr") in kup-post. Neither
+// form names a CNI device: what kuport did to a flow, or its own link, decides.
 type SnatKind int32
 
 const (
 	SnatKind_SNAT_KIND_UNSPECIFIED SnatKind = 0
-	// oifname "<out_interface>" ip daddr <address> <protocol> dport <ports> counter snat to ip saddr
-	// Claims a forwarded request before the CNI's masquerade (founding document, kup-post).
+	// meta mark & <translated> == <translated> ip daddr <address> <protocol> dport <ports>
+	//
+	//	counter snat to ip saddr
+	//
+	// Claims a request kup-pre translated (kup-pre sets the translated bit on its first
+	// packet) before the CNI's masquerade, whatever device it leaves by: the CNI's bridge, a
+	// pod's own veth, a link (founding document, kup-post).
 	SnatKind_SNAT_KIND_REQUEST SnatKind = 1
-	// oifname != "<out_interface>*" ip saddr <address> <protocol> sport <ports> counter snat to ip saddr
-	// Exempts the pod's reply from the CNI's egress masquerade; out_interface is the CNI device prefix.
+	// oifname "kup-*" ip saddr <address> <protocol> sport <ports> counter snat to ip saddr
+	// Exempts a packet the pod sends first into one of kuport's links from the CNI's
+	// masquerade; anything else the pod sends the CNI masquerades as usual.
 	SnatKind_SNAT_KIND_REPLY SnatKind = 2
 )
 
@@ -509,8 +516,6 @@ type SnatRule struct {
 	// PortMap the rule belongs to: "<namespace>/<name>".
 	Mapping string   `protobuf:"bytes,2,opt,name=mapping,proto3" json:"mapping,omitempty"`
 	Kind    SnatKind `protobuf:"varint,3,opt,name=kind,proto3,enum=kuport.v1.SnatKind" json:"kind,omitempty"`
-	// Egress device (REQUEST) or the CNI device name prefix matched negated with "*" (REPLY).
-	OutInterface string `protobuf:"bytes,4,opt,name=out_interface,json=outInterface,proto3" json:"out_interface,omitempty"`
 	// IPv4 address: the request's translated destination (REQUEST) or the pod's address (REPLY).
 	Address  string   `protobuf:"bytes,5,opt,name=address,proto3" json:"address,omitempty"`
 	Protocol Protocol `protobuf:"varint,6,opt,name=protocol,proto3,enum=kuport.v1.Protocol" json:"protocol,omitempty"`
@@ -569,13 +574,6 @@ func (x *SnatRule) GetKind() SnatKind {
 		return x.Kind
 	}
 	return SnatKind_SNAT_KIND_UNSPECIFIED
-}
-
-func (x *SnatRule) GetOutInterface() string {
-	if x != nil {
-		return x.OutInterface
-	}
-	return ""
 }
 
 func (x *SnatRule) GetAddress() string {
@@ -2499,15 +2497,14 @@ const file_kuport_v1_program_proto_rawDesc = "" +
 	"\n" +
 	"to_address\x18\a \x01(\tR\ttoAddress\x12\x17\n" +
 	"\ato_port\x18\b \x01(\rR\x06toPort\x12\x19\n" +
-	"\bstand_in\x18\t \x01(\tR\astandIn\"\xf9\x01\n" +
+	"\bstand_in\x18\t \x01(\tR\astandIn\"\xe9\x01\n" +
 	"\bSnatRule\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\amapping\x18\x02 \x01(\tR\amapping\x12'\n" +
-	"\x04kind\x18\x03 \x01(\x0e2\x13.kuport.v1.SnatKindR\x04kind\x12#\n" +
-	"\rout_interface\x18\x04 \x01(\tR\foutInterface\x12\x18\n" +
+	"\x04kind\x18\x03 \x01(\x0e2\x13.kuport.v1.SnatKindR\x04kind\x12\x18\n" +
 	"\aaddress\x18\x05 \x01(\tR\aaddress\x12/\n" +
 	"\bprotocol\x18\x06 \x01(\x0e2\x13.kuport.v1.ProtocolR\bprotocol\x12*\n" +
-	"\x05ports\x18\a \x01(\v2\x14.kuport.v1.PortRangeR\x05ports\"\x8b\x02\n" +
+	"\x05ports\x18\a \x01(\v2\x14.kuport.v1.PortRangeR\x05portsJ\x04\b\x04\x10\x05R\rout_interface\"\x8b\x02\n" +
 	"\bMarkRule\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\amapping\x18\x02 \x01(\tR\amapping\x12\x18\n" +
