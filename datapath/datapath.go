@@ -252,10 +252,10 @@ func (d *Datapath) Dump() (string, error) {
 	return kt.text(), nil
 }
 
-// NodeState reports every interface (name, IPv4 addresses in kernel order, MTU), the
-// underlay interface name and whether net.ipv4.ip_forward is 1. An empty underlay is
-// resolved to the device of the main table's IPv4 default route ("" when there is none).
-// It reads only.
+// NodeState reports every interface (name, IPv4 addresses in kernel order, MTU and, for a
+// vxlan or geneve device, its UDP port), the underlay interface name and whether
+// net.ipv4.ip_forward is 1. An empty underlay is resolved to the device of the main table's
+// IPv4 default route ("" when there is none). It reads only.
 func (d *Datapath) NodeState(underlay string) (*kuportv1.NodeState, error) {
 	d.lock()
 	defer d.mu.Unlock()
@@ -273,6 +273,7 @@ func (d *Datapath) NodeState(underlay string) (*kuportv1.NodeState, error) {
 			return nil, fmt.Errorf("list addresses of %s: %w", a.Name, err)
 		}
 		itf := &kuportv1.Interface{Name: a.Name, Mtu: uint32(a.MTU)}
+		itf.Tunnel, itf.UdpPort = tunnelOf(l)
 		for _, ad := range addrs {
 			itf.Addresses = append(itf.Addresses, ad.IP.String())
 		}
@@ -294,6 +295,19 @@ func (d *Datapath) NodeState(underlay string) (*kuportv1.NodeState, error) {
 		return nil, err
 	}
 	return st, nil
+}
+
+// tunnelOf is a device's UDP encapsulation and port: the controller checks a class's vxlan
+// port against the CNI's tunnels with it. A WireGuard device's listen port is not read: it
+// needs a generic netlink client (wgctrl) this module does not depend on.
+func tunnelOf(l netlink.Link) (kuportv1.TunnelKind, uint32) {
+	switch t := l.(type) {
+	case *netlink.Vxlan:
+		return kuportv1.TunnelKind_TUNNEL_KIND_VXLAN, uint32(t.Port)
+	case *netlink.Geneve:
+		return kuportv1.TunnelKind_TUNNEL_KIND_GENEVE, uint32(t.Dport)
+	}
+	return kuportv1.TunnelKind_TUNNEL_KIND_UNSPECIFIED, 0
 }
 
 func isDefault(dst *net.IPNet) bool {

@@ -260,3 +260,21 @@ func (tn *testNS) foreignState(t *testing.T) string {
 	}
 	return b.String()
 }
+
+// TestTunnelOf: vxlan and geneve devices report their kind and UDP destination port, any
+// other device neither.
+func TestTunnelOf(t *testing.T) {
+	for _, c := range []struct {
+		link netlink.Link
+		kind kuportv1.TunnelKind
+		port uint32
+	}{
+		{&netlink.Vxlan{VxlanId: 1, Port: 4789}, kuportv1.TunnelKind_TUNNEL_KIND_VXLAN, 4789},
+		{&netlink.Geneve{ID: 1, Dport: 6081}, kuportv1.TunnelKind_TUNNEL_KIND_GENEVE, 6081},
+		{&netlink.Veth{}, kuportv1.TunnelKind_TUNNEL_KIND_UNSPECIFIED, 0},
+	} {
+		kind, port := tunnelOf(c.link)
+		assert.Equal(t, c.kind, kind, "%T", c.link)
+		assert.Equal(t, c.port, port, "%T", c.link)
+	}
+}

@@ -110,7 +110,10 @@ type VxlanConfig struct {
 	// +kubebuilder:validation:Maximum=16777215
 	// +optional
 	VNI int32 `json:"vni,omitempty"`
-	// port is the UDP port of the encapsulation; must differ from the CNI's (8472 for Cilium).
+	// port is the UDP port of the encapsulation. It is checked against the tunnel devices
+	// (vxlan, geneve) each node's agent reports: no link is built to or from a node where a
+	// device other than kuport's own kup-* uses it, and the class's Ready condition and that
+	// node's row say VxlanPortConflict (Flannel and Calico use 4789, Cilium 8472 or 6081).
 	// +kubebuilder:default=4790
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=65535

@@ -3,6 +3,7 @@ package compile
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -21,8 +22,7 @@ const (
 	defaultVxlanPort   = 4790
 	defaultSubnet      = "169.254.77.0/24"
 	maxVNI             = 1<<24 - 1
-	ciliumVxlanPort    = 8472 // the CNI's own vxlan port (founding document, the link)
-	vxlanOverheadBytes = 50   // outer IPv4 + UDP + VXLAN + inner Ethernet
+	vxlanOverheadBytes = 50 // outer IPv4 + UDP + VXLAN + inner Ethernet
 )
 
 // classInfo is a PortMapClass with its defaults applied and its accepting nodes resolved.
@@ -47,6 +47,9 @@ type classInfo struct {
 	refusal, refusalMsg string
 	// exhausted lists the pairs that found no free slot in this compilation.
 	exhausted []string
+	// tunnelPods are the pods' nodes whose tunnel devices kept a link of the class off them
+	// in this compilation (checkNodes); accepting nodes are checked whole (tunnelConflicts).
+	tunnelPods map[string]bool
 	// claims are the class's link slot claims by pair key "<a>/<b>".
 	claims map[string]*claim
 	// spots are the mappings' holds by protocol and interfaces (plan.holds).
@@ -107,16 +110,12 @@ func (ci *classInfo) programmingNodes(serving string) []string {
 }
 
 // validateClasses decides, oldest class first, which Vxlan classes are refused before any
-// allocation: the CNI's vxlan port, an invalid subnet, or a subnet or base VNI (on the same
-// port) that collides with an older, valid Vxlan class sharing an accepting node (API.md).
+// allocation: an invalid subnet, or a subnet or base VNI (on the same port) that collides
+// with an older, valid Vxlan class sharing an accepting node (API.md). A CNI's tunnel on the
+// class's port refuses the class on that node only (tunnelConflict).
 func (c *compiler) validateClasses() {
 	for i, ci := range c.classOrder {
 		if ci.mode != v1alpha1.ReturnPathVxlan {
-			continue
-		}
-		if ci.port == ciliumVxlanPort {
-			ci.refusal = v1alpha1.ReasonVxlanPortConflict
-			ci.refusalMsg = fmt.Sprintf("vxlan port %d is the CNI's (Cilium)", ciliumVxlanPort)
 			continue
 		}
 		p, err := netip.ParsePrefix(ci.subnetText)
@@ -150,6 +149,34 @@ func (c *compiler) validateClasses() {
 	}
 }
 
+// tunnelConflict names the devices of another program that use a class's vxlan port on a
+// node ("" when none, or when the class builds no links). A link there would share the port's
+// packets with the CNI's device (a collect-metadata one, as Cilium's, takes every VNI, and a
+// geneve one keeps vxlan off the port), so no link of the class is built to or from the node.
+func (c *compiler) tunnelConflict(ci *classInfo, node string) string {
+	if !ci.buildsLinks() {
+		return ""
+	}
+	return c.node(node).tunnels[ci.port]
+}
+
+// tunnelConflicts are the class's nodes whose tunnel devices use its port, "<devices> on
+// <node>" sorted by node: its accepting nodes and the pods' nodes its links would have gone to.
+func (c *compiler) tunnelConflicts(ci *classInfo) []string {
+	nodes := slices.Collect(maps.Keys(ci.tunnelPods))
+	for _, n := range ci.accepting {
+		if c.tunnelConflict(ci, n) != "" && !ci.tunnelPods[n] {
+			nodes = append(nodes, n)
+		}
+	}
+	slices.Sort(nodes)
+	out := make([]string, len(nodes))
+	for i, n := range nodes {
+		out[i] = fmt.Sprintf("%s on %s", c.tunnelConflict(ci, n), n)
+	}
+	return out
+}
+
 // sharedAcceptingNode returns the first accepting node two classes share, or "".
 func sharedAcceptingNode(a, b *classInfo) string {
 	for _, n := range a.accepting {
@@ -164,9 +191,14 @@ func sharedAcceptingNode(a, b *classInfo) string {
 // node and its surviving link claims.
 func (c *compiler) classStatus(ci *classInfo) *v1alpha1.PortMapClassStatus {
 	reason, msg := v1alpha1.ReasonValid, "the class is valid"
+	tunnels := c.tunnelConflicts(ci)
 	switch {
 	case ci.refusal != "":
 		reason, msg = ci.refusal, ci.refusalMsg
+	case len(tunnels) > 0:
+		reason = v1alpha1.ReasonVxlanPortConflict
+		msg = fmt.Sprintf("vxlan port %d is used by %s: no link of the class is built to or from those nodes",
+			ci.port, strings.Join(tunnels, ", by "))
 	case len(ci.exhausted) > 0:
 		reason = v1alpha1.ReasonSubnetExhausted
 		msg = fmt.Sprintf("subnet %s has no free /31 for %s", ci.subnet, strings.Join(ci.exhausted, ", "))
@@ -186,7 +218,8 @@ func (c *compiler) classStatus(ci *classInfo) *v1alpha1.PortMapClassStatus {
 }
 
 // nodeRow reports whether every interface the class gives a node resolves to an IPv4 address
-// there, with the underlay and link MTU (API.md, class status).
+// there and no tunnel of another program uses the class's port, with the underlay and link
+// MTU (API.md, class status).
 func (c *compiler) nodeRow(ci *classInfo, name string) v1alpha1.ClassNodeStatus {
 	v := c.node(name)
 	row := v1alpha1.ClassNodeStatus{Name: name}
@@ -207,6 +240,10 @@ func (c *compiler) nodeRow(ci *classInfo, name string) v1alpha1.ClassNodeStatus 
 	}
 	if !v.state.GetIpForward() {
 		problems = append(problems, "net.ipv4.ip_forward is 0")
+	}
+	if dev := c.tunnelConflict(ci, name); dev != "" {
+		problems = append(problems, fmt.Sprintf("%s: UDP port %d is used by %s on this node",
+			v1alpha1.ReasonVxlanPortConflict, ci.port, dev))
 	}
 	if _, mtu := v.underlay(); mtu > 0 {
 		row.UnderlayMTU = int32(min(mtu, 1<<31-1))

@@ -129,7 +129,7 @@ func newCompiler(s *Snapshot) *compiler {
 			continue
 		}
 		v := c.node(name)
-		v.state = a.State
+		v.state, v.tunnels = a.State, tunnelsOf(a.State)
 		c.nodes[name] = v
 	}
 	for name, cl := range s.Classes {

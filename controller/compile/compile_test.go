@@ -520,22 +520,6 @@ func TestCompile(t *testing.T) {
 
 		// Class readiness.
 		{
-			name: "VxlanPortConflict: Cilium's port refuses links, a local pod still works",
-			snap: func() *Snapshot {
-				s := world(mkPortMap("local", 0, 3000), mkPortMap("remote", 1, 3001))
-				s.Classes["public"].Spec.ReturnPath.Vxlan.Port = 8472
-				return s
-			},
-			want: map[string]outcome{
-				"demo/local": served(epLocal, "edge-a"),
-				"demo/remote": unprogrammed(v1alpha1.ReasonReturnPathUnavailable, epRemote).msg(
-					`the pod is on worker-b, not on edge-a which holds the mapping, and class "public" builds no links: VxlanPortConflict`),
-			},
-			programs: map[string]*kuportv1.NodeProgram{"worker-b": empty("worker-b")},
-			classes: map[string]classOutcome{"public": {Ready: v1alpha1.ReasonVxlanPortConflict,
-				Message: "vxlan port 8472 is the CNI's (Cilium)"}},
-		},
-		{
 			name: "InvalidSubnet: a /32, an IPv6 prefix and nonsense",
 			snap: func() *Snapshot {
 				s := world(mkPortMap("remote", 0, 3000))

@@ -354,7 +354,22 @@ func (r *fuzzReader) snapshot() *Snapshot {
 	for range r.n(7) {
 		s.PortMaps = append(s.PortMaps, r.portMap())
 	}
+	// Tunnel devices last, so the committed corpus decodes to the snapshots it always did.
+	for range r.n(4) {
+		r.tunnel(s)
+	}
 	return s
+}
+
+// tunnel adds a tunnel device to a node's agent state: a CNI's, kuport's own, or one with no
+// kind or port, on a port classes use or not.
+func (r *fuzzReader) tunnel(s *Snapshot) {
+	node := pick(r, fuzzNodes)
+	dev := tunnel(pick(r, []string{"flannel.1", "cilium_geneve", linkToWorkerB, "wt0"}), kuportv1.TunnelKind(r.n(3)),
+		pick(r, []uint32{4790, 4789, 8472, 6081, 0}))
+	if a := s.Agents[node]; a != nil && a.State != nil {
+		withTunnel(s, node, dev)
+	}
 }
 
 func (r *fuzzReader) agent() *AgentState {

@@ -27,8 +27,9 @@ const maxDirtyShare = 8
 // else did and the change is isolated: the mapping shares no contested port, link crossing
 // or reply way with another, and needs only links other mappings keep. Any other change
 // (a class, a node, an agent's state, a namespace, a contested port, a link appearing or
-// going unused) compiles the whole snapshot. Objects are compared by identity: a snapshot's
-// objects are never mutated (informer caches replace an object on update).
+// going unused, a pod on a node whose tunnel uses its class's port) compiles the whole
+// snapshot. Objects are compared by identity: a snapshot's objects are never mutated
+// (informer caches replace an object on update).
 //
 // It keeps the last snapshot's compiler state, never mutates a snapshot and shares unchanged
 // parts of the previous Result (its programs, indexes and statuses), which the caller must
@@ -583,6 +584,9 @@ func (ed *edit) node(name string) *programEdit {
 func (ed *edit) remove(k types.NamespacedName, p *plan) bool {
 	inc, c := ed.inc, ed.inc.c
 	inc.untrack(k, p)
+	if c.podTunnel(p) {
+		return false
+	}
 	for _, n := range p.needs {
 		if inc.needers[n] == 0 {
 			return false
@@ -620,7 +624,7 @@ func (ed *edit) remove(k types.NamespacedName, p *plan) bool {
 func (ed *edit) add(k types.NamespacedName, pm *v1alpha1.PortMap) *plan {
 	inc, c := ed.inc, ed.inc.c
 	p := c.plan(pm)
-	if p.acceptReason == v1alpha1.ReasonPortConflict {
+	if p.acceptReason == v1alpha1.ReasonPortConflict || c.podTunnel(p) {
 		return nil
 	}
 	for _, t := range p.remoteTargets() {
@@ -669,6 +673,15 @@ func (ed *edit) add(k types.NamespacedName, pm *v1alpha1.PortMap) *plan {
 	}
 	ed.r.PortMaps[k] = res
 	return p
+}
+
+// podTunnel reports whether a plan's pod is on a node its class does not accept where a
+// tunnel of another program uses the class's port: the class's status names such a node
+// while a mapping's link would go to it (tunnelConflicts), so the plan's change may change
+// the class's status too. The link rules do not catch it: such a plan builds no link, and
+// one refused for want of a slot needs the same links without naming the node.
+func (c *compiler) podTunnel(p *plan) bool {
+	return p.class != nil && p.ep != nil && !p.class.accepts(p.ep.node) && c.tunnelConflict(p.class, p.ep.node) != ""
 }
 
 // keys makes the result's Keys its own before a change (the previous result's are shared

@@ -112,6 +112,15 @@ func (e *events) step() (*Snapshot, string) {
 	case n < 15:
 		s.Now = s.Now.Add(time.Duration(e.r.IntN(30)) * time.Hour)
 		return &s, "hours pass"
+	case n < 16 && s.Agents["worker-c"] != nil:
+		// Flannel on public's port on worker-c, a pod's node or (after a class edit) an
+		// accepting one: no link of public reaches it while it runs.
+		if len(s.Agents["worker-c"].State.Interfaces) > 2 {
+			s.Agents["worker-c"] = mkAgent(iface("wt0", "100.64.93.160", 1420), iface("eth0", "198.18.0.3", 1500))
+			return &s, "flannel gone from worker-c"
+		}
+		withTunnel(&s, "worker-c", tunnel("flannel.1", vxlan, 4790))
+		return &s, "flannel on worker-c"
 	}
 	return &s, "statuses written"
 }
@@ -140,7 +149,8 @@ func (e *events) writeBack(res *Result) {
 }
 
 // TestIncrementalEqualsFull: after every step of random event sequences (creates, deletes,
-// endpoint moves, port and class edits, node loss, time passing, statuses written back),
+// endpoint moves, port and class edits, node loss, a tunnel on a class's port coming and
+// going, time passing, statuses written back),
 // Incremental's result equals a full compile of the same snapshot, and most changes to one
 // mapping recompile that mapping alone.
 func TestIncrementalEqualsFull(t *testing.T) {
@@ -268,4 +278,30 @@ func changesBetween(a, b *Snapshot) *Changes {
 		}
 	}
 	return ch
+}
+
+// TestIncrementalTunnelPod: removing the one mapping whose link to a pod's node was refused
+// for a tunnel on the class's port changes the class's status (here to the subnet a later
+// mapping to that pod found exhausted), though the links it needed are still needed.
+func TestIncrementalTunnelPod(t *testing.T) {
+	s := multiWorld()
+	s.PortMaps = []*v1alpha1.PortMap{
+		mkPortMap("remote", 0, 3000, className("intranet"), interfaces("enp1s0")),
+		mkPortMap("late", 1, 3001, className("intranet"), service("remote")),
+	}
+	s.Classes["intranet"].Spec.ReturnPath.Vxlan.Subnet = "169.254.79.0/31"
+	withTunnel(s, "worker-b", tunnel("flannel.1", vxlan, 4790))
+	var inc Incremental
+	e := &events{s: s}
+	e.writeBack(inc.Compile(s))
+	settled := inc.Compile(e.s)
+	require.Equal(t, v1alpha1.ReasonVxlanPortConflict, settled.Classes["intranet"].Conditions[0].Reason)
+
+	next := *e.s
+	next.PortMaps = next.PortMaps[1:]
+	want := Compile(&next)
+	require.Equal(t, v1alpha1.ReasonSubnetExhausted, want.Classes["intranet"].Conditions[0].Reason)
+	if got := inc.Compile(&next); !same(t, want, got) {
+		t.Fatalf("incremental differs from full (-full +incremental):\n%s", cmp.Diff(canonicalResult(want), canonicalResult(got), cmpOpts...))
+	}
 }

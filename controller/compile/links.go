@@ -112,11 +112,14 @@ func slotFits(subnet netip.Prefix, s int32) bool {
 // vniFits reports whether slot s's VNI, base + s, is a VXLAN network identifier.
 func vniFits(base uint32, s int32) bool { return s >= 0 && uint64(base)+uint64(s) <= maxVNI }
 
+// linkPrefix begins the name of every link device kuport makes.
+const linkPrefix = "kup-"
+
 // linkName is the device a node names after its peer: "kup-" + the first 8 hex digits of
 // sha256("<class>/<peer node>") (API.md).
 func linkName(class, peer string) string {
 	sum := sha256.Sum256([]byte(class + "/" + peer))
-	return "kup-" + hex.EncodeToString(sum[:4])
+	return linkPrefix + hex.EncodeToString(sum[:4])
 }
 
 // linkDevice is the device of a class's links that nodes name after one peer, with the entry

@@ -3,6 +3,7 @@ package compile
 import (
 	"fmt"
 	"net/netip"
+	"strings"
 
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
@@ -13,6 +14,30 @@ type nodeView struct {
 	name   string
 	exists bool
 	state  *kuportv1.NodeState
+	// tunnels are the node's tunnel devices by UDP port (tunnelsOf).
+	tunnels map[uint32]string
+}
+
+// tunnelsOf maps each UDP port a tunnel device of another program (the CNI's) uses on a node
+// to those devices, "flannel.1 (vxlan)"; nil when there is none. kuport's own links are left
+// out: two classes on one port are told apart by their VNIs (validateClasses).
+func tunnelsOf(st *kuportv1.NodeState) map[uint32]string {
+	var m map[uint32]string
+	for _, i := range st.GetInterfaces() {
+		port := i.GetUdpPort()
+		if i.GetTunnel() == kuportv1.TunnelKind_TUNNEL_KIND_UNSPECIFIED || port == 0 || strings.HasPrefix(i.GetName(), linkPrefix) {
+			continue
+		}
+		dev := fmt.Sprintf("%s (%s)", i.GetName(), strings.ToLower(strings.TrimPrefix(i.GetTunnel().String(), "TUNNEL_KIND_")))
+		if m == nil {
+			m = map[uint32]string{}
+		}
+		if m[port] != "" {
+			dev = m[port] + ", " + dev
+		}
+		m[port] = dev
+	}
+	return m
 }
 
 // iface returns the reported interface of that name, or nil.

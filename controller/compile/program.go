@@ -174,15 +174,22 @@ func (c *compiler) linkUnusable(forwarder, podNode string) string {
 }
 
 // checkNodes returns what the nodes a plan needs lack, one "node <name>: <what>" per node
-// sorted by name (NodeNotReady), and the targets whose entries can be built, in target
-// order. A forwarder that
-// cannot be built is left out and the other nodes still serve (under Multi); when the pod's
-// node cannot be built, nothing is.
-func (c *compiler) checkNodes(p *plan) (problems []string, built []*target) {
+// sorted by name (NodeNotReady), the link ends where a tunnel of another program uses the
+// class's port, likewise (tunnelConflict), and the targets whose entries can be built, in
+// target order. A forwarder that cannot be built, or whose link cannot, is left out and the
+// other nodes still serve (under Multi); when the pod's node cannot be built, nothing is.
+func (c *compiler) checkNodes(p *plan) (problems, tunnels []string, built []*target) {
 	missing := map[string][]string{}
 	// forwarders: the targets lacking the pod, each a link end, and whether it is left out.
 	forwarders := map[string]bool{}
 	var podIfaces []string
+	tunnelAt := func(node string) bool {
+		dev := c.tunnelConflict(p.class, node)
+		if dev != "" {
+			tunnels = append(tunnels, fmt.Sprintf("node %s: vxlan port %d of class %q is used by %s", node, p.class.port, p.class.name, dev))
+		}
+		return dev != ""
+	}
 	for _, t := range p.targets {
 		if t.node == p.ep.node {
 			podIfaces = t.ifaces
@@ -193,9 +200,20 @@ func (c *compiler) checkNodes(p *plan) (problems []string, built []*target) {
 		if why := c.linkUnusable(t.node, p.ep.node); why != "" && !blocking {
 			missing[t.node], blocking = append(missing[t.node], why), true
 		}
-		forwarders[t.node] = blocking
+		forwarders[t.node] = tunnelAt(t.node) || blocking
 	}
-	miss, blocking := c.lacks(p.ep.node, podIfaces, len(forwarders) > 0)
+	// A tunnel on the pod's node keeps every link off it; a local target still serves.
+	podTunnel := len(forwarders) > 0 && tunnelAt(p.ep.node)
+	if podTunnel {
+		if p.class.tunnelPods == nil {
+			p.class.tunnelPods = map[string]bool{}
+		}
+		p.class.tunnelPods[p.ep.node] = true
+		for n := range forwarders {
+			forwarders[n] = true
+		}
+	}
+	miss, blocking := c.lacks(p.ep.node, podIfaces, len(forwarders) > 0 && !podTunnel)
 	missing[p.ep.node] = miss
 	if !blocking {
 		for _, t := range p.targets {
@@ -209,7 +227,8 @@ func (c *compiler) checkNodes(p *plan) (problems []string, built []*target) {
 			problems = append(problems, fmt.Sprintf("node %s: %s", name, strings.Join(m, ", ")))
 		}
 	}
-	return problems, built
+	slices.Sort(tunnels)
+	return problems, tunnels, built
 }
 
 // emit writes a viable plan's entries into the programs of its nodes (founding document, the
@@ -221,8 +240,14 @@ func (c *compiler) emit(p *plan) {
 	if !p.ok() {
 		return
 	}
-	problems, built := c.checkNodes(p)
-	if len(problems) > 0 {
+	problems, tunnels, built := c.checkNodes(p)
+	// A tunnel on the class's port is no node waiting to be ready: the link it keeps off the
+	// node is missing until the class's port or the node's tunnels change, as a class that
+	// builds no links refuses it (route).
+	switch {
+	case len(tunnels) > 0:
+		p.fail(v1alpha1.ReasonReturnPathUnavailable, strings.Join(append(tunnels, problems...), "; "))
+	case len(problems) > 0:
 		p.fail(v1alpha1.ReasonNodeNotReady, strings.Join(problems, "; "))
 	}
 	if len(built) == 0 {

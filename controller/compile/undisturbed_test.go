@@ -140,7 +140,9 @@ func TestFailuresLeaveOthersUndisturbed(t *testing.T) {
 			return s
 		}, programmed: v1alpha1.ReasonNoInterfaceOnNode},
 		{name: "VxlanPortConflict", snap: func() *Snapshot {
-			return with(bad(3000, className("clash")), vxlanClass("clash", func(v *v1alpha1.VxlanConfig) { v.Port = 8472 }))
+			s := with(bad(3000, className("clash")), vxlanClass("clash", func(v *v1alpha1.VxlanConfig) { v.Port = 4789 }))
+			withTunnel(s, "worker-b", tunnel("flannel.1", vxlan, 4789))
+			return s
 		}, programmed: v1alpha1.ReasonReturnPathUnavailable, class: "clash", ready: v1alpha1.ReasonVxlanPortConflict},
 		{name: "InvalidSubnet", snap: func() *Snapshot {
 			return with(bad(3000, className("junk")), vxlanClass("junk", func(v *v1alpha1.VxlanConfig) { v.Subnet = "nonsense" }))

@@ -207,6 +207,59 @@ func (MarkKind) EnumDescriptor() ([]byte, []int) {
 	return file_kuport_v1_program_proto_rawDescGZIP(), []int{2}
 }
 
+// TunnelKind is the UDP encapsulation of a tunnel device.
+type TunnelKind int32
+
+const (
+	// Not a UDP tunnel device the agent reads (or an agent from before tunnels were reported).
+	TunnelKind_TUNNEL_KIND_UNSPECIFIED TunnelKind = 0
+	// A vxlan device (Flannel's flannel.1, Calico's vxlan.calico, Cilium's cilium_vxlan, kuport's kup-*).
+	TunnelKind_TUNNEL_KIND_VXLAN TunnelKind = 1
+	// A geneve device (Cilium's cilium_geneve).
+	TunnelKind_TUNNEL_KIND_GENEVE TunnelKind = 2
+)
+
+// Enum value maps for TunnelKind.
+var (
+	TunnelKind_name = map[int32]string{
+		0: "TUNNEL_KIND_UNSPECIFIED",
+		1: "TUNNEL_KIND_VXLAN",
+		2: "TUNNEL_KIND_GENEVE",
+	}
+	TunnelKind_value = map[string]int32{
+		"TUNNEL_KIND_UNSPECIFIED": 0,
+		"TUNNEL_KIND_VXLAN":       1,
+		"TUNNEL_KIND_GENEVE":      2,
+	}
+)
+
+func (x TunnelKind) Enum() *TunnelKind {
+	p := new(TunnelKind)
+	*p = x
+	return p
+}
+
+func (x TunnelKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TunnelKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_kuport_v1_program_proto_enumTypes[3].Descriptor()
+}
+
+func (TunnelKind) Type() protoreflect.EnumType {
+	return &file_kuport_v1_program_proto_enumTypes[3]
+}
+
+func (x TunnelKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TunnelKind.Descriptor instead.
+func (TunnelKind) EnumDescriptor() ([]byte, []int) {
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{3}
+}
+
 // PortRange is an inclusive range of transport ports; first == last for a single port.
 type PortRange struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1240,7 +1293,14 @@ type Interface struct {
 	// IPv4 addresses without prefix length, in kernel order.
 	Addresses []string `protobuf:"bytes,2,rep,name=addresses,proto3" json:"addresses,omitempty"`
 	// MTU in bytes.
-	Mtu           uint32 `protobuf:"varint,3,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	Mtu uint32 `protobuf:"varint,3,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	// Encapsulation of a tunnel device; UNSPECIFIED for any other device. The controller
+	// refuses a Vxlan class's links on a node where a device not named kup-* uses the
+	// class's port.
+	Tunnel TunnelKind `protobuf:"varint,4,opt,name=tunnel,proto3,enum=kuport.v1.TunnelKind" json:"tunnel,omitempty"`
+	// UDP port the tunnel device encapsulates to and receives on (the kernel's dstport), 0
+	// when tunnel is UNSPECIFIED.
+	UdpPort       uint32 `protobuf:"varint,5,opt,name=udp_port,json=udpPort,proto3" json:"udp_port,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1292,6 +1352,20 @@ func (x *Interface) GetAddresses() []string {
 func (x *Interface) GetMtu() uint32 {
 	if x != nil {
 		return x.Mtu
+	}
+	return 0
+}
+
+func (x *Interface) GetTunnel() TunnelKind {
+	if x != nil {
+		return x.Tunnel
+	}
+	return TunnelKind_TUNNEL_KIND_UNSPECIFIED
+}
+
+func (x *Interface) GetUdpPort() uint32 {
+	if x != nil {
+		return x.UdpPort
 	}
 	return 0
 }
@@ -2553,11 +2627,13 @@ const file_kuport_v1_program_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12%\n" +
 	"\x05value\x18\x02 \x01(\v2\x0f.kuport.v1.KeysR\x05value:\x028\x01\"\x1a\n" +
 	"\x04Keys\x12\x12\n" +
-	"\x04keys\x18\x01 \x03(\tR\x04keys\"O\n" +
+	"\x04keys\x18\x01 \x03(\tR\x04keys\"\x99\x01\n" +
 	"\tInterface\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\taddresses\x18\x02 \x03(\tR\taddresses\x12\x10\n" +
-	"\x03mtu\x18\x03 \x01(\rR\x03mtu\"\x8f\x01\n" +
+	"\x03mtu\x18\x03 \x01(\rR\x03mtu\x12-\n" +
+	"\x06tunnel\x18\x04 \x01(\x0e2\x15.kuport.v1.TunnelKindR\x06tunnel\x12\x19\n" +
+	"\budp_port\x18\x05 \x01(\rR\audpPort\"\x8f\x01\n" +
 	"\tNodeState\x124\n" +
 	"\n" +
 	"interfaces\x18\x01 \x03(\v2\x14.kuport.v1.InterfaceR\n" +
@@ -2656,7 +2732,12 @@ const file_kuport_v1_program_proto_rawDesc = "" +
 	"\x15MARK_KIND_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10MARK_KIND_STATIC\x10\x01\x12\x15\n" +
 	"\x11MARK_KIND_CT_SAVE\x10\x02\x12\x18\n" +
-	"\x14MARK_KIND_CT_RESTORE\x10\x032T\n" +
+	"\x14MARK_KIND_CT_RESTORE\x10\x03*X\n" +
+	"\n" +
+	"TunnelKind\x12\x1b\n" +
+	"\x17TUNNEL_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11TUNNEL_KIND_VXLAN\x10\x01\x12\x16\n" +
+	"\x12TUNNEL_KIND_GENEVE\x10\x022T\n" +
 	"\fAgentService\x12D\n" +
 	"\aConnect\x12\x19.kuport.v1.ConnectRequest\x1a\x1a.kuport.v1.ConnectResponse(\x010\x012\xee\x01\n" +
 	"\x0eProgramService\x12I\n" +
@@ -2680,101 +2761,103 @@ func file_kuport_v1_program_proto_rawDescGZIP() []byte {
 	return file_kuport_v1_program_proto_rawDescData
 }
 
-var file_kuport_v1_program_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_kuport_v1_program_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
 var file_kuport_v1_program_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_kuport_v1_program_proto_goTypes = []any{
 	(Protocol)(0),                     // 0: kuport.v1.Protocol
 	(SnatKind)(0),                     // 1: kuport.v1.SnatKind
 	(MarkKind)(0),                     // 2: kuport.v1.MarkKind
-	(*PortRange)(nil),                 // 3: kuport.v1.PortRange
-	(*NodeProgram)(nil),               // 4: kuport.v1.NodeProgram
-	(*DnatRule)(nil),                  // 5: kuport.v1.DnatRule
-	(*SnatRule)(nil),                  // 6: kuport.v1.SnatRule
-	(*MarkRule)(nil),                  // 7: kuport.v1.MarkRule
-	(*Link)(nil),                      // 8: kuport.v1.Link
-	(*ReturnPath)(nil),                // 9: kuport.v1.ReturnPath
-	(*ConnectRequest)(nil),            // 10: kuport.v1.ConnectRequest
-	(*ConnectResponse)(nil),           // 11: kuport.v1.ConnectResponse
-	(*ProgramDelta)(nil),              // 12: kuport.v1.ProgramDelta
-	(*Keys)(nil),                      // 13: kuport.v1.Keys
-	(*Interface)(nil),                 // 14: kuport.v1.Interface
-	(*NodeState)(nil),                 // 15: kuport.v1.NodeState
-	(*Hello)(nil),                     // 16: kuport.v1.Hello
-	(*EntryError)(nil),                // 17: kuport.v1.EntryError
-	(*Ack)(nil),                       // 18: kuport.v1.Ack
-	(*Counter)(nil),                   // 19: kuport.v1.Counter
-	(*Traffic)(nil),                   // 20: kuport.v1.Traffic
-	(*LinkStats)(nil),                 // 21: kuport.v1.LinkStats
-	(*Report)(nil),                    // 22: kuport.v1.Report
-	(*GetProgramRequest)(nil),         // 23: kuport.v1.GetProgramRequest
-	(*GetProgramResponse)(nil),        // 24: kuport.v1.GetProgramResponse
-	(*ListNodesRequest)(nil),          // 25: kuport.v1.ListNodesRequest
-	(*NodeInfo)(nil),                  // 26: kuport.v1.NodeInfo
-	(*ListNodesResponse)(nil),         // 27: kuport.v1.ListNodesResponse
-	(*GetMappingRequest)(nil),         // 28: kuport.v1.GetMappingRequest
-	(*MappingNode)(nil),               // 29: kuport.v1.MappingNode
-	(*GetMappingResponse)(nil),        // 30: kuport.v1.GetMappingResponse
-	(*GetAppliedProgramRequest)(nil),  // 31: kuport.v1.GetAppliedProgramRequest
-	(*GetAppliedProgramResponse)(nil), // 32: kuport.v1.GetAppliedProgramResponse
-	nil,                               // 33: kuport.v1.ProgramDelta.RemovedEntry
-	(*timestamppb.Timestamp)(nil),     // 34: google.protobuf.Timestamp
+	(TunnelKind)(0),                   // 3: kuport.v1.TunnelKind
+	(*PortRange)(nil),                 // 4: kuport.v1.PortRange
+	(*NodeProgram)(nil),               // 5: kuport.v1.NodeProgram
+	(*DnatRule)(nil),                  // 6: kuport.v1.DnatRule
+	(*SnatRule)(nil),                  // 7: kuport.v1.SnatRule
+	(*MarkRule)(nil),                  // 8: kuport.v1.MarkRule
+	(*Link)(nil),                      // 9: kuport.v1.Link
+	(*ReturnPath)(nil),                // 10: kuport.v1.ReturnPath
+	(*ConnectRequest)(nil),            // 11: kuport.v1.ConnectRequest
+	(*ConnectResponse)(nil),           // 12: kuport.v1.ConnectResponse
+	(*ProgramDelta)(nil),              // 13: kuport.v1.ProgramDelta
+	(*Keys)(nil),                      // 14: kuport.v1.Keys
+	(*Interface)(nil),                 // 15: kuport.v1.Interface
+	(*NodeState)(nil),                 // 16: kuport.v1.NodeState
+	(*Hello)(nil),                     // 17: kuport.v1.Hello
+	(*EntryError)(nil),                // 18: kuport.v1.EntryError
+	(*Ack)(nil),                       // 19: kuport.v1.Ack
+	(*Counter)(nil),                   // 20: kuport.v1.Counter
+	(*Traffic)(nil),                   // 21: kuport.v1.Traffic
+	(*LinkStats)(nil),                 // 22: kuport.v1.LinkStats
+	(*Report)(nil),                    // 23: kuport.v1.Report
+	(*GetProgramRequest)(nil),         // 24: kuport.v1.GetProgramRequest
+	(*GetProgramResponse)(nil),        // 25: kuport.v1.GetProgramResponse
+	(*ListNodesRequest)(nil),          // 26: kuport.v1.ListNodesRequest
+	(*NodeInfo)(nil),                  // 27: kuport.v1.NodeInfo
+	(*ListNodesResponse)(nil),         // 28: kuport.v1.ListNodesResponse
+	(*GetMappingRequest)(nil),         // 29: kuport.v1.GetMappingRequest
+	(*MappingNode)(nil),               // 30: kuport.v1.MappingNode
+	(*GetMappingResponse)(nil),        // 31: kuport.v1.GetMappingResponse
+	(*GetAppliedProgramRequest)(nil),  // 32: kuport.v1.GetAppliedProgramRequest
+	(*GetAppliedProgramResponse)(nil), // 33: kuport.v1.GetAppliedProgramResponse
+	nil,                               // 34: kuport.v1.ProgramDelta.RemovedEntry
+	(*timestamppb.Timestamp)(nil),     // 35: google.protobuf.Timestamp
 }
 var file_kuport_v1_program_proto_depIdxs = []int32{
-	5,  // 0: kuport.v1.NodeProgram.dnat_rules:type_name -> kuport.v1.DnatRule
-	6,  // 1: kuport.v1.NodeProgram.snat_rules:type_name -> kuport.v1.SnatRule
-	7,  // 2: kuport.v1.NodeProgram.mark_rules:type_name -> kuport.v1.MarkRule
-	8,  // 3: kuport.v1.NodeProgram.links:type_name -> kuport.v1.Link
-	9,  // 4: kuport.v1.NodeProgram.return_paths:type_name -> kuport.v1.ReturnPath
+	6,  // 0: kuport.v1.NodeProgram.dnat_rules:type_name -> kuport.v1.DnatRule
+	7,  // 1: kuport.v1.NodeProgram.snat_rules:type_name -> kuport.v1.SnatRule
+	8,  // 2: kuport.v1.NodeProgram.mark_rules:type_name -> kuport.v1.MarkRule
+	9,  // 3: kuport.v1.NodeProgram.links:type_name -> kuport.v1.Link
+	10, // 4: kuport.v1.NodeProgram.return_paths:type_name -> kuport.v1.ReturnPath
 	0,  // 5: kuport.v1.DnatRule.protocol:type_name -> kuport.v1.Protocol
-	3,  // 6: kuport.v1.DnatRule.ports:type_name -> kuport.v1.PortRange
+	4,  // 6: kuport.v1.DnatRule.ports:type_name -> kuport.v1.PortRange
 	1,  // 7: kuport.v1.SnatRule.kind:type_name -> kuport.v1.SnatKind
 	0,  // 8: kuport.v1.SnatRule.protocol:type_name -> kuport.v1.Protocol
-	3,  // 9: kuport.v1.SnatRule.ports:type_name -> kuport.v1.PortRange
+	4,  // 9: kuport.v1.SnatRule.ports:type_name -> kuport.v1.PortRange
 	0,  // 10: kuport.v1.MarkRule.protocol:type_name -> kuport.v1.Protocol
-	3,  // 11: kuport.v1.MarkRule.ports:type_name -> kuport.v1.PortRange
+	4,  // 11: kuport.v1.MarkRule.ports:type_name -> kuport.v1.PortRange
 	2,  // 12: kuport.v1.MarkRule.kind:type_name -> kuport.v1.MarkKind
-	16, // 13: kuport.v1.ConnectRequest.hello:type_name -> kuport.v1.Hello
-	18, // 14: kuport.v1.ConnectRequest.ack:type_name -> kuport.v1.Ack
-	22, // 15: kuport.v1.ConnectRequest.report:type_name -> kuport.v1.Report
-	4,  // 16: kuport.v1.ConnectResponse.program:type_name -> kuport.v1.NodeProgram
-	12, // 17: kuport.v1.ConnectResponse.delta:type_name -> kuport.v1.ProgramDelta
-	4,  // 18: kuport.v1.ProgramDelta.changed:type_name -> kuport.v1.NodeProgram
-	33, // 19: kuport.v1.ProgramDelta.removed:type_name -> kuport.v1.ProgramDelta.RemovedEntry
-	14, // 20: kuport.v1.NodeState.interfaces:type_name -> kuport.v1.Interface
-	15, // 21: kuport.v1.Hello.state:type_name -> kuport.v1.NodeState
-	17, // 22: kuport.v1.Ack.errors:type_name -> kuport.v1.EntryError
-	20, // 23: kuport.v1.Counter.forwarded_in:type_name -> kuport.v1.Traffic
-	20, // 24: kuport.v1.Counter.forwarded_out:type_name -> kuport.v1.Traffic
-	15, // 25: kuport.v1.Report.state:type_name -> kuport.v1.NodeState
-	19, // 26: kuport.v1.Report.counters:type_name -> kuport.v1.Counter
-	21, // 27: kuport.v1.Report.links:type_name -> kuport.v1.LinkStats
-	4,  // 28: kuport.v1.GetProgramResponse.program:type_name -> kuport.v1.NodeProgram
-	34, // 29: kuport.v1.NodeInfo.connected_since:type_name -> google.protobuf.Timestamp
-	34, // 30: kuport.v1.NodeInfo.last_report_time:type_name -> google.protobuf.Timestamp
-	26, // 31: kuport.v1.ListNodesResponse.nodes:type_name -> kuport.v1.NodeInfo
-	19, // 32: kuport.v1.MappingNode.counters:type_name -> kuport.v1.Counter
-	21, // 33: kuport.v1.MappingNode.links:type_name -> kuport.v1.LinkStats
-	34, // 34: kuport.v1.MappingNode.unanswered_since:type_name -> google.protobuf.Timestamp
-	29, // 35: kuport.v1.GetMappingResponse.nodes:type_name -> kuport.v1.MappingNode
-	4,  // 36: kuport.v1.GetAppliedProgramResponse.program:type_name -> kuport.v1.NodeProgram
-	17, // 37: kuport.v1.GetAppliedProgramResponse.errors:type_name -> kuport.v1.EntryError
-	34, // 38: kuport.v1.GetAppliedProgramResponse.apply_time:type_name -> google.protobuf.Timestamp
-	13, // 39: kuport.v1.ProgramDelta.RemovedEntry.value:type_name -> kuport.v1.Keys
-	10, // 40: kuport.v1.AgentService.Connect:input_type -> kuport.v1.ConnectRequest
-	23, // 41: kuport.v1.ProgramService.GetProgram:input_type -> kuport.v1.GetProgramRequest
-	25, // 42: kuport.v1.ProgramService.ListNodes:input_type -> kuport.v1.ListNodesRequest
-	28, // 43: kuport.v1.ProgramService.GetMapping:input_type -> kuport.v1.GetMappingRequest
-	31, // 44: kuport.v1.AgentInspectionService.GetAppliedProgram:input_type -> kuport.v1.GetAppliedProgramRequest
-	11, // 45: kuport.v1.AgentService.Connect:output_type -> kuport.v1.ConnectResponse
-	24, // 46: kuport.v1.ProgramService.GetProgram:output_type -> kuport.v1.GetProgramResponse
-	27, // 47: kuport.v1.ProgramService.ListNodes:output_type -> kuport.v1.ListNodesResponse
-	30, // 48: kuport.v1.ProgramService.GetMapping:output_type -> kuport.v1.GetMappingResponse
-	32, // 49: kuport.v1.AgentInspectionService.GetAppliedProgram:output_type -> kuport.v1.GetAppliedProgramResponse
-	45, // [45:50] is the sub-list for method output_type
-	40, // [40:45] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	17, // 13: kuport.v1.ConnectRequest.hello:type_name -> kuport.v1.Hello
+	19, // 14: kuport.v1.ConnectRequest.ack:type_name -> kuport.v1.Ack
+	23, // 15: kuport.v1.ConnectRequest.report:type_name -> kuport.v1.Report
+	5,  // 16: kuport.v1.ConnectResponse.program:type_name -> kuport.v1.NodeProgram
+	13, // 17: kuport.v1.ConnectResponse.delta:type_name -> kuport.v1.ProgramDelta
+	5,  // 18: kuport.v1.ProgramDelta.changed:type_name -> kuport.v1.NodeProgram
+	34, // 19: kuport.v1.ProgramDelta.removed:type_name -> kuport.v1.ProgramDelta.RemovedEntry
+	3,  // 20: kuport.v1.Interface.tunnel:type_name -> kuport.v1.TunnelKind
+	15, // 21: kuport.v1.NodeState.interfaces:type_name -> kuport.v1.Interface
+	16, // 22: kuport.v1.Hello.state:type_name -> kuport.v1.NodeState
+	18, // 23: kuport.v1.Ack.errors:type_name -> kuport.v1.EntryError
+	21, // 24: kuport.v1.Counter.forwarded_in:type_name -> kuport.v1.Traffic
+	21, // 25: kuport.v1.Counter.forwarded_out:type_name -> kuport.v1.Traffic
+	16, // 26: kuport.v1.Report.state:type_name -> kuport.v1.NodeState
+	20, // 27: kuport.v1.Report.counters:type_name -> kuport.v1.Counter
+	22, // 28: kuport.v1.Report.links:type_name -> kuport.v1.LinkStats
+	5,  // 29: kuport.v1.GetProgramResponse.program:type_name -> kuport.v1.NodeProgram
+	35, // 30: kuport.v1.NodeInfo.connected_since:type_name -> google.protobuf.Timestamp
+	35, // 31: kuport.v1.NodeInfo.last_report_time:type_name -> google.protobuf.Timestamp
+	27, // 32: kuport.v1.ListNodesResponse.nodes:type_name -> kuport.v1.NodeInfo
+	20, // 33: kuport.v1.MappingNode.counters:type_name -> kuport.v1.Counter
+	22, // 34: kuport.v1.MappingNode.links:type_name -> kuport.v1.LinkStats
+	35, // 35: kuport.v1.MappingNode.unanswered_since:type_name -> google.protobuf.Timestamp
+	30, // 36: kuport.v1.GetMappingResponse.nodes:type_name -> kuport.v1.MappingNode
+	5,  // 37: kuport.v1.GetAppliedProgramResponse.program:type_name -> kuport.v1.NodeProgram
+	18, // 38: kuport.v1.GetAppliedProgramResponse.errors:type_name -> kuport.v1.EntryError
+	35, // 39: kuport.v1.GetAppliedProgramResponse.apply_time:type_name -> google.protobuf.Timestamp
+	14, // 40: kuport.v1.ProgramDelta.RemovedEntry.value:type_name -> kuport.v1.Keys
+	11, // 41: kuport.v1.AgentService.Connect:input_type -> kuport.v1.ConnectRequest
+	24, // 42: kuport.v1.ProgramService.GetProgram:input_type -> kuport.v1.GetProgramRequest
+	26, // 43: kuport.v1.ProgramService.ListNodes:input_type -> kuport.v1.ListNodesRequest
+	29, // 44: kuport.v1.ProgramService.GetMapping:input_type -> kuport.v1.GetMappingRequest
+	32, // 45: kuport.v1.AgentInspectionService.GetAppliedProgram:input_type -> kuport.v1.GetAppliedProgramRequest
+	12, // 46: kuport.v1.AgentService.Connect:output_type -> kuport.v1.ConnectResponse
+	25, // 47: kuport.v1.ProgramService.GetProgram:output_type -> kuport.v1.GetProgramResponse
+	28, // 48: kuport.v1.ProgramService.ListNodes:output_type -> kuport.v1.ListNodesResponse
+	31, // 49: kuport.v1.ProgramService.GetMapping:output_type -> kuport.v1.GetMappingResponse
+	33, // 50: kuport.v1.AgentInspectionService.GetAppliedProgram:output_type -> kuport.v1.GetAppliedProgramResponse
+	46, // [46:51] is the sub-list for method output_type
+	41, // [41:46] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_kuport_v1_program_proto_init() }
@@ -2796,7 +2879,7 @@ func file_kuport_v1_program_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kuport_v1_program_proto_rawDesc), len(file_kuport_v1_program_proto_rawDesc)),
-			NumEnums:      3,
+			NumEnums:      4,
 			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   3,
