@@ -223,7 +223,7 @@ func (w *Writer) RequestsEvent(pm *v1alpha1.PortMap, a Answers) {
 	since := a.Since.UTC().Format(time.RFC3339)
 	if a.Unanswered {
 		w.recorder.Eventf(obj, corev1.EventTypeWarning, ReasonRequestsUnanswered,
-			"node %s interface %s: %d requests since %s, 0 replies over %s: something after kuport's count drops them (another table's forward chain at policy drop, a host firewall) or the pod does not answer",
+			"node %s interface %s: %d requests since %s, 0 replies over %s: something after kuport's count drops them (another table's forward chain at policy drop, a host firewall), the pod does not answer, or the CNI forwards the pod's traffic past netfilter (Cilium eBPF host routing or netkit, Calico eBPF; docs/troubleshooting.md)",
 			a.Node, a.Interface, a.Requests, since, a.Window)
 		return
 	}

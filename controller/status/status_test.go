@@ -276,7 +276,8 @@ func TestRequestsEvent(t *testing.T) {
 	since := time.Date(2026, 12, 1, 9, 30, 0, 0, time.UTC)
 	w.RequestsEvent(pm, Answers{Node: "edge-a", Interface: "enp1s0", Unanswered: true, Requests: 7, Since: since, Window: "3 reports and 10s"})
 	assert.Equal(t, "Warning RequestsUnanswered node edge-a interface enp1s0: 7 requests since 2026-12-01T09:30:00Z, 0 replies over 3 reports and 10s: "+
-		"something after kuport's count drops them (another table's forward chain at policy drop, a host firewall) or the pod does not answer", nextEvent(t, rec))
+		"something after kuport's count drops them (another table's forward chain at policy drop, a host firewall), the pod does not answer, "+
+		"or the CNI forwards the pod's traffic past netfilter (Cilium eBPF host routing or netkit, Calico eBPF; docs/troubleshooting.md)", nextEvent(t, rec))
 	w.RequestsEvent(pm, Answers{Node: "edge-a", Interface: "enp1s0", Requests: 9, Since: since})
 	assert.Equal(t, "Normal RequestsAnswered node edge-a interface enp1s0: replies flow again (9 requests had gone unanswered since 2026-12-01T09:30:00Z)", nextEvent(t, rec))
 }
