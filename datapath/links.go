@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -31,6 +32,8 @@ type wantLink struct {
 	remote  net.IP
 	address *net.IPNet
 	mtu     int
+	// mac is the address a new device gets (nil: the kernel's choice).
+	mac net.HardwareAddr
 }
 
 func compileLink(l *kuportv1.Link) (*wantLink, error) {
@@ -46,6 +49,13 @@ func compileLink(l *kuportv1.Link) (*wantLink, error) {
 	}
 	if w.mtu < 68 {
 		return nil, fmt.Errorf("mtu %d is below 68", w.mtu)
+	}
+	if m := l.GetMac(); m != "" {
+		mac, err := net.ParseMAC(m)
+		if err != nil || len(mac) != 6 || mac[0]&1 != 0 || bytes.Equal(mac, make([]byte, 6)) {
+			return nil, fmt.Errorf("mac %q is not a unicast Ethernet address", m)
+		}
+		w.mac = mac
 	}
 	for _, f := range []struct {
 		field, value string
@@ -92,8 +102,10 @@ func (d *Datapath) syncLink(w *wantLink, changes *int) error {
 	}
 	if l == nil {
 		d.log.Trace("add link", "name", w.name, "vni", w.vni)
+		// A device that already exists keeps its address: changing it would leave the peer's
+		// neighbor entry for this end pointing at the old one until it is probed again.
 		err := d.nl.LinkAdd(&netlink.Vxlan{
-			LinkAttrs: netlink.LinkAttrs{Name: w.name, MTU: w.mtu},
+			LinkAttrs: netlink.LinkAttrs{Name: w.name, MTU: w.mtu, HardwareAddr: w.mac},
 			VxlanId:   w.vni, SrcAddr: w.local, Group: w.remote, Port: w.port, TTL: linkTTL,
 			Learning: true, UDPCSum: true,
 		})

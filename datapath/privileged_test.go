@@ -488,6 +488,38 @@ func TestPrivilegedLinkChanges(t *testing.T) {
 	}
 }
 
+// TestPrivilegedRecreatedLinkKeepsItsAddress deletes a link device as a reboot or another
+// program would and applies again: the new device has the program's link-layer address, the
+// one the peer's neighbor entry holds, so the peer's cached entry stays right. A device that
+// exists with another address keeps it (changing it would stale the peer's entry).
+func TestPrivilegedRecreatedLinkKeepsItsAddress(t *testing.T) {
+	privileged(t)
+	p := goldenPrograms(t)["remote-worker-b"]
+	want := p.Links[0].GetMac()
+	require.NotEmpty(t, want, "the golden program names the link's address")
+	tn := newTestNS(t, "100.64.93.150")
+	require.NoError(t, tn.dp.Apply(p))
+	name := p.Links[0].GetName()
+	l, err := tn.nl.LinkByName(name)
+	require.NoError(t, err)
+	assert.Equal(t, want, l.Attrs().HardwareAddr.String(), "created")
+
+	require.NoError(t, tn.nl.LinkDel(l))
+	require.NoError(t, tn.dp.Apply(p))
+	again, err := tn.nl.LinkByName(name)
+	require.NoError(t, err)
+	assert.NotEqual(t, l.Attrs().Index, again.Attrs().Index, "a new device")
+	assert.Equal(t, want, again.Attrs().HardwareAddr.String(), "recreated")
+
+	other, err := net.ParseMAC("02:00:00:00:00:01")
+	require.NoError(t, err)
+	require.NoError(t, tn.nl.LinkSetHardwareAddr(again, other))
+	require.NoError(t, tn.dp.Apply(p))
+	kept, err := tn.nl.LinkByName(name)
+	require.NoError(t, err)
+	assert.Equal(t, other.String(), kept.Attrs().HardwareAddr.String(), "an existing device keeps its address")
+}
+
 // Sixteen of the widest shifted ranges compile allows (compile.MaxShiftedRange, 512 ports,
 // each a per-port map) go in one transaction and re-apply with no write: the whole
 // transaction rides one sendmsg, which the default 208 KiB send buffer refused ("message too

@@ -312,7 +312,7 @@ func (c *compiler) emitLink(cl *claim, a, b string) {
 			Name: cl.class.device(peer).name, ClassName: cl.class.name, PeerNode: peer,
 			Vni: cl.vni(), Port: cl.class.port, LocalUnderlay: end[2], RemoteUnderlay: end[3],
 			LocalAddress: cl.addressText(self), PeerAddress: cl.addressText(peer),
-			Mtu: linkMTU(ma, mb),
+			Mtu: linkMTU(ma, mb), Mac: linkMAC(cl.address(self)),
 		})
 	}
 }

@@ -782,7 +782,12 @@ type Link struct {
 	// The peer's end of the /31.
 	PeerAddress string `protobuf:"bytes,9,opt,name=peer_address,json=peerAddress,proto3" json:"peer_address,omitempty"`
 	// Device MTU in bytes: min(both ends' underlay MTU) - 50.
-	Mtu           uint32 `protobuf:"varint,10,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	Mtu uint32 `protobuf:"varint,10,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	// Link-layer address the device is created with: 02:6b and the four bytes of
+	// local_address, so a device recreated (deleted, or after a reboot) has the address the
+	// peer's neighbor entry for this end already holds, and answers at once. An existing
+	// device keeps the address it has. Empty (an older controller): the kernel picks one.
+	Mac           string `protobuf:"bytes,11,opt,name=mac,proto3" json:"mac,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -885,6 +890,13 @@ func (x *Link) GetMtu() uint32 {
 		return x.Mtu
 	}
 	return 0
+}
+
+func (x *Link) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
 }
 
 // ReturnPath diverts marked replies into a link (founding document, pref 101/102):
@@ -2587,7 +2599,7 @@ const file_kuport_v1_program_proto_rawDesc = "" +
 	"\x05ports\x18\x05 \x01(\v2\x14.kuport.v1.PortRangeR\x05ports\x12\x12\n" +
 	"\x04mark\x18\x06 \x01(\rR\x04mark\x12'\n" +
 	"\x04kind\x18\a \x01(\x0e2\x13.kuport.v1.MarkKindR\x04kind\x12!\n" +
-	"\fin_interface\x18\b \x01(\tR\vinInterface\"\xa6\x02\n" +
+	"\fin_interface\x18\b \x01(\tR\vinInterface\"\xb8\x02\n" +
 	"\x04Link\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +
@@ -2600,7 +2612,8 @@ const file_kuport_v1_program_proto_rawDesc = "" +
 	"\rlocal_address\x18\b \x01(\tR\flocalAddress\x12!\n" +
 	"\fpeer_address\x18\t \x01(\tR\vpeerAddress\x12\x10\n" +
 	"\x03mtu\x18\n" +
-	" \x01(\rR\x03mtu\"\xab\x01\n" +
+	" \x01(\rR\x03mtu\x12\x10\n" +
+	"\x03mac\x18\v \x01(\tR\x03mac\"\xab\x01\n" +
 	"\n" +
 	"ReturnPath\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
