@@ -1,7 +1,7 @@
 package netlab
 
 import (
-	"crypto/sha1" //nolint:gosec // a device name, as Calico derives it; no security role
+	"crypto/sha1" // only to name devices as Calico does
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -71,7 +71,7 @@ func (c CNI) Bridge() string {
 func (c CNI) HostEnd(pod string) string {
 	switch c {
 	case CNICalico:
-		sum := sha1.Sum([]byte(pod)) //nolint:gosec // see the import
+		sum := sha1.Sum([]byte(pod))
 		return "cali" + hex.EncodeToString(sum[:])[:11]
 	case CNIFlannel:
 		sum := sha256.Sum256([]byte(pod))
