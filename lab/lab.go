@@ -77,6 +77,9 @@ type Options struct {
 	// HostFirewall makes `kuport-lab up` (and demo) load a Talos-like block-mode firewall and
 	// a netbird-like mark-and-drop pair into every node (netlab.AddHostFirewall).
 	HostFirewall bool
+	// CNI is the namespace lab's CNI profile (netlab.CNIs; "" is cilium): the pod devices
+	// and the CNI's own masquerade and mark rules on every node.
+	CNI netlab.CNI
 	// APIServerArgs are added to kube-apiserver's flags (bench/control's wider
 	// --service-node-port-range, say).
 	APIServerArgs []string
@@ -139,7 +142,7 @@ func (l *Lab) up(ctx context.Context) error {
 	// never torn down by the clean-up below.
 	l.log.Info("building the lab network")
 	l.Net, err = netlab.Build(ctx, netlab.Config{
-		Log: l.log.Named("net"), Dir: l.logDir(), ToolBin: filepath.Join(l.opt.Bin, "kuport-lab"),
+		Log: l.log.Named("net"), Dir: l.logDir(), ToolBin: filepath.Join(l.opt.Bin, "kuport-lab"), CNI: l.opt.CNI,
 	})
 	if err != nil {
 		return err

@@ -17,7 +17,8 @@ import (
 	"kuport.wlz.li/kuport/api/v1alpha1"
 )
 
-// Pod is a lab pod: a network namespace behind its node's cilium_host and the Pod object
+// Pod is a lab pod: a network namespace behind its node's pod device (the CNI profile's:
+// cilium_host, cni0 or its own cali* veth) and the Pod object
 // that a kubelet would have reported Running and Ready.
 type Pod struct {
 	Namespace, Name, Node, IP string

@@ -29,6 +29,7 @@ import (
 	"kuport.wlz.li/kuport/lab"
 	"kuport.wlz.li/kuport/lab/cluster"
 	"kuport.wlz.li/kuport/lab/labtest"
+	"kuport.wlz.li/kuport/lab/netlab"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -50,6 +51,12 @@ func startLab(t *testing.T) *lab.Lab {
 // startLabReplicas is startLab with replicas controller replicas.
 func startLabReplicas(t *testing.T, replicas int) *lab.Lab {
 	t.Helper()
+	return startLabWith(t, replicas, netlab.CNICilium)
+}
+
+// startLabWith is startLab with replicas controller replicas and the CNI profile cni.
+func startLabWith(t *testing.T, replicas int, cni netlab.CNI) *lab.Lab {
+	t.Helper()
 	k8sBin := labtest.K8sBin(t)
 	bin := labtest.KuportBin(t)
 	// The bound includes waiting for the machine-wide lab lock, which another lab may hold
@@ -65,6 +72,7 @@ func startLabReplicas(t *testing.T, replicas int) *lab.Lab {
 		Log:      hclog.New(&hclog.LoggerOptions{Name: "lab", Level: hclog.Info, Output: os.Stderr}),
 
 		ControllerReplicas: replicas,
+		CNI:                cni,
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() {

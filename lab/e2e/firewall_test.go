@@ -23,6 +23,13 @@ import (
 // nobody opened and counts none of kuport's flows among its drops, and the mesh drops none.
 func TestPrivilegedE2EHostFirewall(t *testing.T) {
 	l := startLab(t)
+	require.NoError(t, l.ApplyClass(context.Background(), intranetClass()))
+	hostFirewall(t, l)
+}
+
+// hostFirewall is TestPrivilegedE2EHostFirewall in a lab whose class intranet exists; the
+// firewall stays on the nodes afterwards.
+func hostFirewall(t *testing.T, l *lab.Lab) {
 	ctx := context.Background()
 	nodes := []string{"edge-a", "worker-b", "worker-c"}
 	for _, n := range nodes {
@@ -45,7 +52,6 @@ func TestPrivilegedE2EHostFirewall(t *testing.T) {
 		assert.Greater(t, drops("edge-a"), before, "the firewall dropped the SYN")
 	})
 
-	require.NoError(t, l.ApplyClass(ctx, intranetClass()))
 	type shape struct {
 		name, class string
 		port        int32

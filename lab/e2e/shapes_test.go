@@ -141,18 +141,7 @@ func TestPrivilegedE2EShapes(t *testing.T) {
 	ctx := context.Background()
 	webB := lab.PodB
 
-	t.Run("a UDP range answers on its first, middle and last port and not beyond", func(t *testing.T) {
-		serve(t, l, webB, corev1.ProtocolUDP, 27065, 27115, 27116)
-		mapTo(t, l, "games", "public", corev1.ProtocolUDP, 27015, 27115, 27015, webB)
-		for _, p := range []int32{27015, 27065, 27115} {
-			assertReaches(t, l, corev1.ProtocolUDP, lab.PublicAddr, p, webB, int(p))
-		}
-		podSaw, replyFrom, err := l.ProbeAddr(ctx, corev1.ProtocolUDP, lab.PublicAddr, 27116, 1)
-		require.NoError(t, err)
-		assert.Equal(t, "none", podSaw, "27116 is outside the range")
-		assert.Equal(t, "none", replyFrom)
-		assert.Zero(t, sawClient(t, l, webB, corev1.ProtocolUDP, 27116), "27116 reached the pod")
-	})
+	t.Run("a UDP range answers on its first, middle and last port and not beyond", func(t *testing.T) { udpRange(t, l) })
 
 	t.Run("a shifted range reaches each pod port", func(t *testing.T) {
 		serve(t, l, webB, corev1.ProtocolTCP, 7000, 7003, 7009)
@@ -164,38 +153,7 @@ func TestPrivilegedE2EShapes(t *testing.T) {
 
 	t.Run("Multi: two accepting nodes forward to one remote pod behind a moving virtual address", func(t *testing.T) {
 		require.NoError(t, l.ApplyClass(ctx, intranetClass()))
-		serve(t, l, webB, corev1.ProtocolTCP, 6000)
-		serve(t, l, webB, corev1.ProtocolUDP, 6000)
-		mapTo(t, l, "shared", "intranet", corev1.ProtocolTCP, 6000, 0, 6000, webB)
-		mapTo(t, l, "shared-udp", "intranet", corev1.ProtocolUDP, 6000, 0, 6000, webB)
-		onB := vxlanLinks(t, l, "worker-b")
-		require.Contains(t, onB, linkName("intranet", "edge-a"), "worker-b's link to edge-a")
-		require.Contains(t, onB, linkName("intranet", "worker-c"), "worker-b's link to worker-c")
-		for _, proto := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP} {
-			// Each forwarder answers on its own address...
-			assertReaches(t, l, proto, lab.PublicAddr, 6000, webB, 6000)
-			assertReaches(t, l, proto, workerCAddr, 6000, webB, 6000)
-		}
-		// ...and a routed virtual address reaches the pod wherever the network lands it.
-		for _, via := range []string{"edge-a", "worker-c", "edge-a"} {
-			require.NoError(t, l.Net.RouteVirtual(ctx, netip.MustParseAddr(virtualAddr), via))
-			dev := linkName("intranet", via)
-			before, ok := readLink(t, l, "worker-b", dev)
-			require.True(t, ok)
-			for _, proto := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP} {
-				assertReaches(t, l, proto, virtualAddr, 6000, webB, 6000)
-			}
-			after, _ := readLink(t, l, "worker-b", dev)
-			assert.Greater(t, after.Stats64.TX.Packets, before.Stats64.TX.Packets, "replies via %s must leave by %s", via, dev)
-			assert.Equal(t, before.Stats64.TX.Errors, after.Stats64.TX.Errors, "tx_errors on %s", dev)
-		}
-		pm, err := l.GetPortMap(ctx, lab.DemoNamespace, "shared")
-		require.NoError(t, err)
-		var published []string
-		for _, p := range pm.Status.Published {
-			published = append(published, p.Node+"/"+p.Interface+"="+p.Address)
-		}
-		assert.ElementsMatch(t, []string{"edge-a/enp1s0=" + lab.PublicAddr, "worker-c/eth0=" + workerCAddr}, published)
+		multiMovingAddress(t, l)
 	})
 
 	t.Run("Multi: a flow whose conntrack entry is gone on the pod's node heals on the client's next packet", func(t *testing.T) {
@@ -285,4 +243,61 @@ func TestPrivilegedE2EShapes(t *testing.T) {
 		assertReaches(t, l, corev1.ProtocolTCP, virtualAddr, 6000, webB, 6000)
 		assertReaches(t, l, corev1.ProtocolUDP, lab.PublicAddr, 27115, webB, 27115)
 	})
+}
+
+// udpRange maps web-b's UDP 27015-27115 on class public (Single, the pod remote from the
+// accepting node): the first, middle and last port answer, the next one does not.
+func udpRange(t *testing.T, l *lab.Lab) {
+	ctx := context.Background()
+	webB := lab.PodB
+	serve(t, l, webB, corev1.ProtocolUDP, 27065, 27115, 27116)
+	mapTo(t, l, "games", "public", corev1.ProtocolUDP, 27015, 27115, 27015, webB)
+	for _, p := range []int32{27015, 27065, 27115} {
+		assertReaches(t, l, corev1.ProtocolUDP, lab.PublicAddr, p, webB, int(p))
+	}
+	podSaw, replyFrom, err := l.ProbeAddr(ctx, corev1.ProtocolUDP, lab.PublicAddr, 27116, 1)
+	require.NoError(t, err)
+	assert.Equal(t, "none", podSaw, "27116 is outside the range")
+	assert.Equal(t, "none", replyFrom)
+	assert.Zero(t, sawClient(t, l, webB, corev1.ProtocolUDP, 27116), "27116 reached the pod")
+}
+
+// multiMovingAddress maps web-b's TCP and UDP 6000 on class intranet (Multi, which must
+// exist): each forwarder answers on its own address, and a routed virtual address reaches
+// the pod wherever the network lands it, the replies leaving by that forwarder's link.
+func multiMovingAddress(t *testing.T, l *lab.Lab) {
+	ctx := context.Background()
+	webB := lab.PodB
+	serve(t, l, webB, corev1.ProtocolTCP, 6000)
+	serve(t, l, webB, corev1.ProtocolUDP, 6000)
+	mapTo(t, l, "shared", "intranet", corev1.ProtocolTCP, 6000, 0, 6000, webB)
+	mapTo(t, l, "shared-udp", "intranet", corev1.ProtocolUDP, 6000, 0, 6000, webB)
+	onB := vxlanLinks(t, l, "worker-b")
+	require.Contains(t, onB, linkName("intranet", "edge-a"), "worker-b's link to edge-a")
+	require.Contains(t, onB, linkName("intranet", "worker-c"), "worker-b's link to worker-c")
+	for _, proto := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP} {
+		// Each forwarder answers on its own address...
+		assertReaches(t, l, proto, lab.PublicAddr, 6000, webB, 6000)
+		assertReaches(t, l, proto, workerCAddr, 6000, webB, 6000)
+	}
+	// ...and a routed virtual address reaches the pod wherever the network lands it.
+	for _, via := range []string{"edge-a", "worker-c", "edge-a"} {
+		require.NoError(t, l.Net.RouteVirtual(ctx, netip.MustParseAddr(virtualAddr), via))
+		dev := linkName("intranet", via)
+		before, ok := readLink(t, l, "worker-b", dev)
+		require.True(t, ok)
+		for _, proto := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP} {
+			assertReaches(t, l, proto, virtualAddr, 6000, webB, 6000)
+		}
+		after, _ := readLink(t, l, "worker-b", dev)
+		assert.Greater(t, after.Stats64.TX.Packets, before.Stats64.TX.Packets, "replies via %s must leave by %s", via, dev)
+		assert.Equal(t, before.Stats64.TX.Errors, after.Stats64.TX.Errors, "tx_errors on %s", dev)
+	}
+	pm, err := l.GetPortMap(ctx, lab.DemoNamespace, "shared")
+	require.NoError(t, err)
+	var published []string
+	for _, p := range pm.Status.Published {
+		published = append(published, p.Node+"/"+p.Interface+"="+p.Address)
+	}
+	assert.ElementsMatch(t, []string{"edge-a/enp1s0=" + lab.PublicAddr, "worker-c/eth0=" + workerCAddr}, published)
 }

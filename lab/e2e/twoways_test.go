@@ -22,12 +22,22 @@ import (
 // every accepting node and the virtual address, with the client's address kept and the reply
 // from the dialed address; streams through all three ways at once lose nothing, and each
 // way's replies leave worker-b by the link its requests came in by.
+//
+// It ends with the scenario every CNI profile runs: a pod that speaks first from its
+// mapped port (podSpeaksFirst).
 func TestPrivilegedE2EOnePodPortTwoWays(t *testing.T) {
 	l := startLab(t)
+	require.NoError(t, l.ApplyClass(context.Background(), intranetClass()))
+	onePodPortTwoWays(t, l)
+	podSpeaksFirst(t, l)
+}
+
+// onePodPortTwoWays is TestPrivilegedE2EOnePodPortTwoWays in a lab whose class intranet
+// exists.
+func onePodPortTwoWays(t *testing.T, l *lab.Lab) {
 	ctx := context.Background()
 	const podPort = 3400
 	pod := lab.PodB
-	require.NoError(t, l.ApplyClass(ctx, intranetClass()))
 	protos := []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP}
 	for _, proto := range protos {
 		serve(t, l, pod, proto, podPort)

@@ -63,8 +63,8 @@ func (n *node) cniConfig() string {
     }
   }]
 }
-`, netlab.CNIDevice, cidr.String(), base[0], base[1], base[2], base[0], base[1], base[2],
-		n.spec.CiliumHost().Addr().String(), filepath.Join(n.dir(), "ipam"))
+`, netlab.CNICilium.Bridge(), cidr.String(), base[0], base[1], base[2], base[0], base[1], base[2],
+		n.spec.PodGateway().Addr().String(), filepath.Join(n.dir(), "ipam"))
 }
 
 // kubeletConfig is the kubelet's config for one node: cgroup v1 allowed, cgroupfs under

@@ -65,7 +65,9 @@ func Up(ctx context.Context, opt Options) (*Lab, error) {
 func (l *Lab) up(ctx context.Context, opt Options) error {
 	logs := filepath.Join(cluster.DefaultDir, "logs")
 	var err error
-	l.Net, err = netlab.Build(ctx, netlab.Config{Log: opt.Log.Named("net"), Dir: logs, ToolBin: filepath.Join(opt.Bin, "kuport-lab")})
+	l.Net, err = netlab.Build(ctx, netlab.Config{Log: opt.Log.Named("net"), Dir: logs, ToolBin: filepath.Join(opt.Bin, "kuport-lab"),
+		// The kubelets' CNI config (config.go) puts pods on cilium_host: the cilium profile.
+		CNI: netlab.CNICilium})
 	if err != nil {
 		return err
 	}

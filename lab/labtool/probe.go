@@ -14,8 +14,9 @@ import (
 // maxUDPPayload is the largest IPv4 UDP payload (65535 - 20 - 8).
 const maxUDPPayload = 65507
 
-// Probe runs `kuport-lab probe --proto tcp|udp --to IP:PORT [--timeout 2s] [--size N]`:
-// it sends one request of N bytes (default 6, ending in a newline) and writes exactly one
+// Probe runs `kuport-lab probe --proto tcp|udp --to IP:PORT [--timeout 2s] [--size N]
+// [--sport P]`: it sends one request of N bytes (default 6, ending in a newline), from
+// local port P if given (a pod speaking first from its own port), and writes exactly one
 // line, ProbeResult.String(), to stdout. TCP dials, writes the line and reads the reply;
 // reply_from is the connected peer. UDP uses an unconnected socket (a connected one
 // silently drops a reply from the wrong source, the failure the lab must show) and
@@ -30,7 +31,8 @@ func Probe(ctx context.Context, args []string, stdout io.Writer) error {
 	to := fs.String("to", "", "destination IPv4:port")
 	timeout := fs.Duration("timeout", 2*time.Second, "bound on the whole exchange")
 	size := fs.Int("size", 6, "request size in bytes, newline included")
-	if err := parseFlags(fs, args, "kuport-lab probe --proto tcp|udp --to IP:PORT [--timeout 2s] [--size N]"); err != nil {
+	sport := fs.Int("sport", 0, "local port to send from (0: any)")
+	if err := parseFlags(fs, args, "kuport-lab probe --proto tcp|udp --to IP:PORT [--timeout 2s] [--size N] [--sport P]"); err != nil {
 		return err
 	}
 	dst, err := parseDestination(*to)
@@ -40,14 +42,17 @@ func Probe(ctx context.Context, args []string, stdout io.Writer) error {
 	if *timeout <= 0 {
 		return fmt.Errorf("%w: --timeout %s: want > 0", ErrUsage, *timeout)
 	}
+	if *sport < 0 || *sport > 65535 {
+		return fmt.Errorf("%w: --sport %d: want 0-65535", ErrUsage, *sport)
+	}
 	if *size < 1 || (*proto == "udp" && *size > maxUDPPayload) {
 		return fmt.Errorf("%w: --size %d: want 1-%d", ErrUsage, *size, maxUDPPayload)
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	return printResult(stdout, *proto,
-		func() ProbeResult { return probeTCP(ctx, dst, payload(*size)) },
-		func() (ProbeResult, error) { return probeUDP(ctx, dst, payload(*size)) })
+		func() ProbeResult { return probeTCP(ctx, dst, *sport, payload(*size)) },
+		func() (ProbeResult, error) { return probeUDP(ctx, dst, *sport, payload(*size)) })
 }
 
 // parseDestination parses --to: an IPv4 address and a non-zero port, else ErrUsage.
@@ -90,8 +95,11 @@ func payload(n int) []byte {
 	return b
 }
 
-func probeTCP(ctx context.Context, dst netip.AddrPort, req []byte) ProbeResult {
+func probeTCP(ctx context.Context, dst netip.AddrPort, sport int, req []byte) ProbeResult {
 	var d net.Dialer
+	if sport != 0 {
+		d.LocalAddr = &net.TCPAddr{Port: sport}
+	}
 	c, err := d.DialContext(ctx, "tcp4", dst.String())
 	if err != nil {
 		return ProbeResult{}
@@ -114,8 +122,8 @@ func probeTCP(ctx context.Context, dst netip.AddrPort, req []byte) ProbeResult {
 
 // probeUDP fails only when it cannot open its socket; a send or receive failure is
 // "nothing came back".
-func probeUDP(ctx context.Context, dst netip.AddrPort, req []byte) (ProbeResult, error) {
-	pc, err := net.ListenPacket("udp4", "0.0.0.0:0")
+func probeUDP(ctx context.Context, dst netip.AddrPort, sport int, req []byte) (ProbeResult, error) {
+	pc, err := net.ListenPacket("udp4", fmt.Sprintf("0.0.0.0:%d", sport))
 	if err != nil {
 		return ProbeResult{}, fmt.Errorf("open udp socket: %w", err)
 	}

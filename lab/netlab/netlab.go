@@ -6,10 +6,11 @@
 //	                                                  └── worker-c eth0  198.18.0.3
 //	kup-mesh: a bridge joining every node's wt0 (MTU 1420): edge-a 100.64.93.143,
 //	          worker-b 100.64.93.150, worker-c 100.64.93.160
-//	each node: bridge cilium_host (first address of its pod CIDR), pods pod-<name> behind it
+//	each node: the pod network of the CNI profile (Config.CNI, cni.go): under cilium a
+//	          bridge cilium_host (first address of its pod CIDR), pods pod-<name> behind it
 //
-// Each node namespace also emulates what the datapath works around: the CNI's strict
-// masquerade and its egress masquerade (table `ip lab-cni`), and the mesh's allowed-IPs
+// Each node namespace also emulates what the datapath works around: the CNI profile's own
+// masquerade rules (table `ip lab-cni`), and the mesh's allowed-IPs
 // check, which drops on wt0 any packet whose source is not a node's wt0 address (table
 // `ip lab-mesh`, counted in the named counter mesh_drops). SelfCheck proves both bite.
 //
@@ -42,7 +43,6 @@ const (
 	RouterNS     = "kup-router" // the internet between the client and the nodes' uplinks
 	MeshNS       = "kup-mesh"   // the mesh: a bridge joining every node's wt0
 	PodNSPrefix  = "pod-"       // a pod's namespace is PodNSPrefix + pod name
-	CNIDevice    = "cilium_host"
 	UnderlayMTU  = 1420
 	meshBridge   = "mesh0"
 	clientIface  = "eth0"
@@ -70,10 +70,10 @@ type NodeSpec struct {
 	PodCIDR       netip.Prefix // e.g. 10.244.17.0/24
 }
 
-// CiliumHost is the address of the node's CNIDevice bridge: the first address of the pod
-// CIDR with its length (10.244.17.1/24 for 10.244.17.0/24). Pods route through it, and
-// the strict masquerade rewrites foreign sources to it.
-func (s NodeSpec) CiliumHost() netip.Prefix {
+// PodGateway is the first address of the node's pod CIDR with its length (10.244.17.1/24
+// for 10.244.17.0/24): the address of the bridge profiles' bridge (cilium_host, cni0),
+// which their pods route through and Cilium's host->cluster masquerade rewrites to.
+func (s NodeSpec) PodGateway() netip.Prefix {
 	return netip.PrefixFrom(s.PodCIDR.Masked().Addr().Next(), s.PodCIDR.Bits())
 }
 
@@ -124,6 +124,7 @@ type Config struct {
 	Log     hclog.Logger // nil: discard
 	Dir     string       // directory for process logs; created if missing; required
 	ToolBin string       // path of the built kuport-lab binary (serve, probe); required
+	CNI     CNI          // the CNI profile; "" is CNICilium
 }
 
 // Net is a built lab network. Its methods are safe for concurrent use.
@@ -131,6 +132,7 @@ type Net struct {
 	log     hclog.Logger
 	dir     string
 	toolBin string
+	cni     CNI
 
 	mu      sync.Mutex
 	created []string       // namespaces this Net created, in creation order
@@ -151,6 +153,10 @@ func Build(ctx context.Context, cfg Config) (*Net, error) {
 	if cfg.Log == nil {
 		cfg.Log = hclog.NewNullLogger()
 	}
+	cni, err := ParseCNI(string(cfg.CNI))
+	if err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("netlab: create log dir: %w", err)
 	}
@@ -162,6 +168,7 @@ func Build(ctx context.Context, cfg Config) (*Net, error) {
 		log:     cfg.Log,
 		dir:     cfg.Dir,
 		toolBin: cfg.ToolBin,
+		cni:     cni,
 		pods:    map[string]pod{},
 		procs:   map[*Proc]struct{}{},
 		lock:    lock,
@@ -343,34 +350,26 @@ func (n *Net) buildNode(ctx context.Context, s NodeSpec) error {
 		{s.Name, "addr", "add", s.UnderlayAddr.String(), "dev", s.UnderlayIface},
 		{s.Name, "link", "set", s.UnderlayIface, "up"},
 		{MeshNS, "link", "set", meshPeer, "master", meshBridge, "up"},
-		{s.Name, "link", "add", CNIDevice, "type", "bridge"},
-		{s.Name, "addr", "add", s.CiliumHost().String(), "dev", CNIDevice},
-		{s.Name, "link", "set", CNIDevice, "up"},
+	}
+	// The bridge profiles' bridge holds the node's first pod address, as cilium_host does
+	// and as the bridge plugin (isGateway) makes cni0; Calico has no bridge and no address
+	// in the pod network, only a route per pod (pods.go).
+	if br := n.cni.Bridge(); br != "" {
+		steps = append(steps,
+			[]string{s.Name, "link", "add", br, "type", "bridge"},
+			[]string{s.Name, "addr", "add", s.PodGateway().String(), "dev", br},
+			[]string{s.Name, "link", "set", br, "up"})
 	}
 	for _, st := range steps {
 		if err := n.ip(ctx, st[0], st[1:]...); err != nil {
 			return err
 		}
 	}
-	return n.NftApply(ctx, s.Name, cniRuleset(s)+meshRuleset())
+	return n.NftApply(ctx, s.Name, n.cni.ruleset(s)+meshRuleset())
 }
 
-// cniRuleset emulates the CNI (DESIGN.md "Emulating the CNI"): the strict masquerade,
-// which rewrites to the cilium_host address anything entering the pod network with a
-// source outside this node's pod CIDR (the founding document's form, with `ip daddr !=`
-// too, never matches a local pod and reproduces nothing), and the egress masquerade of
-// pod traffic leaving by any other device.
-func cniRuleset(s NodeSpec) string {
-	cidr := s.PodCIDR.Masked().String()
-	return fmt.Sprintf(`table ip lab-cni {
-	chain postrouting {
-		type nat hook postrouting priority srcnat; policy accept;
-		oifname %q ip saddr != %s counter snat to %s
-		oifname != %q ip saddr %s counter masquerade
-	}
-}
-`, CNIDevice, cidr, s.CiliumHost().Addr(), CNIDevice, cidr)
-}
+// CNI is the lab's CNI profile.
+func (n *Net) CNI() CNI { return n.cni }
 
 // meshRuleset emulates WireGuard's allowed IPs (DESIGN.md "Emulating the mesh"): a packet
 // arriving on wt0 must come from a node's own wt0 /32, else it is dropped before

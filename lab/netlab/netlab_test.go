@@ -20,7 +20,7 @@ import (
 
 // testRuleset is what the datapath will program for a local pod (founding document,
 // first diagram): a plain DNAT on the uplink plus the identity SNAT that claims the
-// connection before the lab's strict masquerade does.
+// connection before any CNI masquerade could.
 const testRuleset = `table ip test-dnat {
 	chain pre {
 		type nat hook prerouting priority dstnat - 10; policy accept;
@@ -53,7 +53,7 @@ func TestPrivilegedNetlab(t *testing.T) {
 
 	edge, ok := n.Node("edge-a")
 	require.True(t, ok)
-	assert.Equal(t, "10.244.17.1/24", edge.CiliumHost().String())
+	assert.Equal(t, "10.244.17.1/24", edge.PodGateway().String())
 	assert.Len(t, n.Nodes(), 3)
 
 	// The mesh carries node-to-node traffic at the underlay MTU.
@@ -78,6 +78,7 @@ func TestPrivilegedNetlab(t *testing.T) {
 	routes, err := n.Exec(ctx, "edge-a", "ip", "route")
 	require.NoError(t, err)
 	assert.NotContains(t, routes, "10.244.18.0/24", "self-check left its route")
+	assert.NotContains(t, routes, "10.244.18.254", "self-check left its route into cilium_host")
 	assert.NotContains(t, netnsList(t), "selfcheck", "self-check left its pods")
 	rp, err := n.Exec(ctx, "worker-b", "sysctl", "-n", "net.ipv4.conf.wt0.rp_filter")
 	require.NoError(t, err)
@@ -128,4 +129,56 @@ func netnsList(t *testing.T) string {
 	out, err := exec.Command("ip", "netns", "list").CombinedOutput()
 	require.NoError(t, err, string(out))
 	return string(out)
+}
+
+// TestPrivilegedNetlabProfiles builds the lab under each non-default CNI profile: the
+// self-check passes (the profile's egress masquerade bites), a pod sits behind the
+// profile's device, a DNAT with the identity SNAT reaches it with the client's address, and
+// a pod speaking first reaches the client from its node's address.
+func TestPrivilegedNetlabProfiles(t *testing.T) {
+	if os.Getenv("KUPORT_PRIVILEGED") != "1" {
+		t.Skip("needs root and network namespaces: set KUPORT_PRIVILEGED=1")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "kuport-lab")
+	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "kuport.wlz.li/kuport/cmd/kuport-lab").CombinedOutput()
+	require.NoError(t, err, string(out))
+	for _, cni := range []netlab.CNI{netlab.CNIFlannel, netlab.CNICalico} {
+		t.Run(string(cni), func(t *testing.T) {
+			log := hclog.New(&hclog.LoggerOptions{Name: "netlab", Level: hclog.Info, Output: t.Output()})
+			n, err := netlab.Build(ctx, netlab.Config{Log: log, Dir: dir, ToolBin: bin, CNI: cni})
+			require.NoError(t, err)
+			defer func() { assert.NoError(t, n.Close()) }()
+			assert.Equal(t, cni, n.CNI())
+			require.NoError(t, n.SelfCheck(ctx))
+
+			require.NoError(t, n.AddPod(ctx, "web", "edge-a", "10.244.17.10"))
+			dev := cni.PodDevice("web")
+			routes, err := n.Exec(ctx, "edge-a", "ip", "route", "get", "10.244.17.10")
+			require.NoError(t, err)
+			assert.Contains(t, routes, "dev "+dev+" ", "a packet to the pod leaves by the profile's device")
+			_, err = n.Serve("web", "udp", 3001)
+			require.NoError(t, err)
+			require.NoError(t, n.NftApply(ctx, "edge-a", `table ip test-dnat {
+	chain pre {
+		type nat hook prerouting priority dstnat - 10; policy accept;
+		iifname "enp1s0" udp dport 3001 dnat to 10.244.17.10:3001
+	}
+}
+`))
+			res, err := n.Probe(ctx, "udp", "203.0.113.9:3001", 2*time.Second)
+			require.NoError(t, err)
+			assert.Equal(t, netlab.ProbeResult{PodSaw: "198.51.100.7", ReplyFrom: "203.0.113.9:3001"}, res,
+				"the CNI leaves a request to a local pod alone")
+
+			_, err = n.ServeClient("udp", 4001)
+			require.NoError(t, err)
+			res, err = n.SendFromPod(ctx, "web", "udp", 3002, "198.51.100.7:4001", 2*time.Second)
+			require.NoError(t, err)
+			assert.Equal(t, netlab.ProbeResult{PodSaw: "203.0.113.9", ReplyFrom: "198.51.100.7:4001"}, res,
+				"a pod speaking first is masqueraded to its node's address")
+		})
+	}
 }

@@ -2,8 +2,6 @@ package netlab
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -32,11 +30,13 @@ var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
 // serveReady bounds how long Serve waits for the server to bind its socket.
 const serveReady = 10 * time.Second
 
-// AddPod creates namespace pod-<name> holding eth0 at ip (with the node's pod CIDR
-// length, default route via the node's cilium_host address), a veth whose node end
-// (lxc + 8 hex digits of sha256(name), as Cilium names its devices) is enslaved to the
-// node's cilium_host bridge. name is a DNS label; ip must be a free host address inside
-// the node's pod CIDR. It returns once the pod's link forwards.
+// AddPod creates namespace pod-<name> holding eth0 at ip, joined to its node as the lab's
+// CNI profile joins pods (CNI.HostEnd names the node end): under cilium and flannel a
+// veth on the node's bridge (cilium_host, cni0), eth0 with the pod CIDR's length and a
+// default route via the bridge's address; under calico a veth with no bridge, eth0 a /32
+// routed via 169.254.1.1, which the node end answers by proxy ARP, and a /32 route to the
+// pod on the node. name is a DNS label; ip must be a free host address inside the node's
+// pod CIDR. It returns once the pod's link forwards.
 func (n *Net) AddPod(ctx context.Context, name, node, ip string) error {
 	if !dnsLabel.MatchString(name) {
 		return fmt.Errorf("netlab: pod name %q: want a DNS label", name)
@@ -50,7 +50,7 @@ func (n *Net) AddPod(ctx context.Context, name, node, ip string) error {
 		return fmt.Errorf("netlab: pod %s: %w", name, err)
 	}
 	cidr := spec.PodCIDR.Masked()
-	if !cidr.Contains(addr) || addr == cidr.Addr() || addr == spec.CiliumHost().Addr() || !cidr.Contains(addr.Next()) {
+	if !cidr.Contains(addr) || addr == cidr.Addr() || addr == spec.PodGateway().Addr() || !cidr.Contains(addr.Next()) {
 		return fmt.Errorf("netlab: pod %s: %s is not a pod address in %s", name, addr, cidr)
 	}
 	n.mu.Lock()
@@ -71,33 +71,52 @@ func (n *Net) AddPod(ctx context.Context, name, node, ip string) error {
 	n.pods[name] = pod{node: node, addr: addr}
 	n.mu.Unlock()
 
-	if err := n.buildPod(ctx, name, spec, netip.PrefixFrom(addr, cidr.Bits())); err != nil {
+	if err := n.buildPod(ctx, name, spec, addr); err != nil {
 		return errors.Join(fmt.Errorf("netlab: pod %s: %w", name, err), n.RemovePod(name))
 	}
 	return nil
 }
 
-func (n *Net) buildPod(ctx context.Context, name string, spec NodeSpec, addr netip.Prefix) error {
+func (n *Net) buildPod(ctx context.Context, name string, spec NodeSpec, addr netip.Addr) error {
 	ns := PodNSPrefix + name
 	if _, err := n.command(ctx, "", "", "ip", "netns", "add", ns); err != nil {
 		return err
 	}
-	sum := sha256.Sum256([]byte(name))
-	hostEnd := "lxc" + hex.EncodeToString(sum[:])[:8]
+	hostEnd := n.cni.HostEnd(name)
+	gw := n.cni.PodGateway(spec).String()
 	steps := [][]string{
 		{ns, "link", "set", "lo", "up"},
 		{spec.Name, "link", "add", hostEnd, "type", "veth", "peer", "name", "eth0", "netns", ns},
-		{spec.Name, "link", "set", hostEnd, "master", CNIDevice, "up"},
-		{ns, "addr", "add", addr.String(), "dev", "eth0"},
+		{ns, "addr", "add", netip.PrefixFrom(addr, n.cni.podPrefix(spec)).String(), "dev", "eth0"},
 		{ns, "link", "set", "eth0", "up"},
-		{ns, "route", "add", "default", "via", spec.CiliumHost().Addr().String()},
-		// A pod address used before on this node may still sit in the node's neighbour
-		// cache with the old pod's MAC, which would black-hole the new pod for seconds; a
-		// CNI forgets it when the old pod goes, and so does the lab.
-		{spec.Name, "neigh", "flush", "to", addr.Addr().String()},
 	}
+	if br := n.cni.Bridge(); br != "" {
+		steps = append(steps,
+			[]string{spec.Name, "link", "set", hostEnd, "master", br, "up"},
+			[]string{ns, "route", "add", "default", "via", gw})
+	} else {
+		// Calico's CNI plugin (projectcalico/calico cni-plugin/pkg/dataplane/linux/
+		// dataplane_linux.go): the host end gets ee:ee:ee:ee:ee:ee, the pod a link route to
+		// 169.254.1.1 and its default route via it, the node a /32 route to the pod.
+		steps = append(steps,
+			[]string{spec.Name, "link", "set", hostEnd, "address", calicoHostMAC, "up"},
+			[]string{ns, "route", "add", gw + "/32", "dev", "eth0", "scope", "link"},
+			[]string{ns, "route", "add", "default", "via", gw, "dev", "eth0"},
+			[]string{spec.Name, "route", "add", netip.PrefixFrom(addr, 32).String(), "dev", hostEnd})
+	}
+	// A pod address used before on this node may still sit in the node's neighbour cache
+	// with the old pod's MAC, which would black-hole the new pod for seconds; a CNI forgets
+	// it when the old pod goes, and so does the lab.
+	steps = append(steps, []string{spec.Name, "neigh", "flush", "to", addr.String()})
 	for _, st := range steps {
 		if err := n.ip(ctx, st[0], st[1:]...); err != nil {
+			return err
+		}
+	}
+	if n.cni == CNICalico {
+		// The same plugin answers the pod's ARP for 169.254.1.1 by proxy, without delay.
+		if err := n.sysctl(ctx, spec.Name, "net.ipv4.conf."+hostEnd+".proxy_arp=1",
+			"net.ipv4.neigh."+hostEnd+".proxy_delay=0"); err != nil {
 			return err
 		}
 	}
@@ -142,14 +161,52 @@ func (n *Net) Serve(pod, proto string, port int) (*Proc, error) {
 	if !known {
 		return nil, fmt.Errorf("netlab: serve: unknown pod %q", pod)
 	}
-	logFile := n.serverLogPath(pod, proto, port)
+	return n.serveIn(PodNSPrefix+pod, pod, proto, port)
+}
+
+// clientLogName stands for the client in a server log's name (not a DNS label, so no pod
+// can have it).
+const clientLogName = "client_"
+
+// ServeClient starts `kuport-lab serve` in the client namespace, as Serve does in a pod,
+// for a pod that speaks first (SendFromPod); ClientLog reads what it logged.
+func (n *Net) ServeClient(proto string, port int) (*Proc, error) {
+	return n.serveIn(ClientNS, clientLogName, proto, port)
+}
+
+// ClientLog is ServerLog for a server ServeClient started.
+func (n *Net) ClientLog(proto string, port int) (string, error) {
+	return n.ServerLog(clientLogName, proto, port)
+}
+
+// SendFromPod makes pod speak first: it runs `kuport-lab probe --sport sport` in the
+// pod's namespace, one request from the pod's own port sport to dst (ip:port) over proto,
+// waiting at most timeout for the answer. The result's PodSaw is the source address the
+// receiver (a ServeClient server) saw; nothing coming back is not an error.
+func (n *Net) SendFromPod(ctx context.Context, pod, proto string, sport int, dst string, timeout time.Duration) (ProbeResult, error) {
+	out, err := n.Exec(ctx, PodNSPrefix+pod, n.toolBin, "probe", "--proto", proto, "--sport", strconv.Itoa(sport),
+		"--to", dst, "--timeout", timeout.String())
+	if err != nil {
+		return ProbeResult{}, fmt.Errorf("netlab: send from pod %s: %w", pod, err)
+	}
+	res, err := labtool.ParseProbeResult(out)
+	if err != nil {
+		return ProbeResult{}, fmt.Errorf("netlab: send from pod %s: %w", pod, err)
+	}
+	return res, nil
+}
+
+// serveIn starts the server of Serve in netns, logging to serverLogPath(name, ...).
+func (n *Net) serveIn(netns, name, proto string, port int) (*Proc, error) {
+	logFile := n.serverLogPath(name, proto, port)
 	if err := os.Remove(logFile); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("netlab: serve: %w", err)
 	}
-	p, err := n.Start(PodNSPrefix+pod, logFile, n.toolBin, "serve", "--proto", proto, "--port", strconv.Itoa(port))
+	p, err := n.Start(netns, logFile, n.toolBin, "serve", "--proto", proto, "--port", strconv.Itoa(port))
 	if err != nil {
 		return nil, err
 	}
+	pod := name
 	ready := labtool.ListeningLine(proto, port)
 	deadline := time.After(serveReady)
 	tick := time.NewTicker(20 * time.Millisecond)
