@@ -47,7 +47,7 @@ func podSpeaksFirst(t *testing.T, l *lab.Lab) {
 	require.NoError(t, err)
 	to := fmt.Sprintf("%s:%d", lab.ClientAddr, speaksFirstClientPort)
 	for _, c := range cases {
-		t.Run(fmt.Sprintf("EXPECTED TO FAIL until the reply exemption covers only kup-* links: %s %s pod speaks first from its mapped port", c.class, c.pod.Node), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s %s pod speaks first from its mapped port", c.class, c.pod.Node), func(t *testing.T) {
 			node, ok := l.Net.Node(c.pod.Node)
 			require.True(t, ok)
 			before := clientSaw(t, l)
