@@ -93,7 +93,8 @@ func TestPrivilegedE2EUnanswered(t *testing.T) {
 	assert.Regexp(t, `(?m)^NAME\s+CLASS\s+PROTOCOL\s+PORT\s+ENDPOINT\s+PROGRAMMED\s+UNANSWERED\s*$`, out)
 	assert.Regexp(t, `(?m)^`+name+`\s+public\s+UDP\s+27320\s+\S+\s+True\s+edge-a since \S+Z\s*$`, out)
 	out = labShell(t, "", repoRoot, "kubectl -n demo describe portmap "+name)
-	assert.Regexp(t, `Unanswered:\s+Interfaces:\s+enp1s0\s+Node:\s+edge-a\s+Since:\s+\S+`, out)
+	assert.Regexp(t, `(?s)Unanswered:.*enp1s0.*Node:\s+edge-a\s.*Since:`, out)
+	assert.Regexp(t, `Unanswered On:\s+edge-a since \S+Z`, out)
 
 	var warning *corev1.Event
 	probeUntil("RequestsUnanswered Event", func() bool {
