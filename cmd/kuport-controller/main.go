@@ -7,7 +7,7 @@
 //	                  [--agent-auth=true] [--agent-service-account kuport-system:kuport-agent]
 //	                  [--tls-cert-file PATH --tls-key-file PATH | --tls-secret kuport-controller-tls
 //	                   --tls-ca-configmap kuport-controller-ca --tls-names NAME,...] [--health-listen ADDR]
-//	                  [--unanswered-reports 3] [--unanswered-window 10s]
+//	                  [--unanswered-reports 2] [--unanswered-window 4s]
 //
 // A node that forwards a mapping's requests (Counter.forwarded_in rising) and sees no reply
 // (forwarded_out not rising) for --unanswered-reports consecutive reports spanning at least
