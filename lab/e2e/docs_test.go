@@ -60,6 +60,7 @@ var docsWant = map[string][]string{
 	"rp-filter":          {`net\.ipv4\.conf\.kup-dcc4266d\.rp_filter = 2`, `TcpExtIPReversePathFilter\s+0`},
 	"steering":           {`type filter hook prerouting priority -120; policy accept;`, `ct state new ip daddr set iifname \. meta l4proto \. th dport map @steer-ports accept`, `ct direction original ct status dnat iifname \. meta l4proto \. th dport @steer-ports`, `"enp1s0" \. tcp \. 3000 counter packets [1-9]\d* bytes \d+ : 169\.254\.77\.\d+(,| \})`},
 	"host-firewall":      {`hook forward priority filter; policy drop;`},
+	"cni-rows":           {`(?m)^edge-a\ttrue\t$`, `(?m)^remote\t`},
 	"cni-bypass":         {`10\.244\.18\.107 \. tcp \. 3000 counter packets [1-9]\d* bytes \d+ comment "demo/remote/snat"`, ctRestoreWant},
 	"table-clash":        {`(?m)^102:\s+from all fwmark 0x6b700001 lookup 201`, `(?m)^table 201$`},
 	"mtu-class":          {`edge-a underlayMTU=1420 linkMTU=1370`},
