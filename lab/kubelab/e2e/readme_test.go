@@ -14,12 +14,17 @@ import (
 )
 
 // readmeArgs says what the lab runs in place of the README's paths and placeholders: the
-// kustomizations the lab pins (the lab overlay of deploy/ and a pinned deploy/cleanup), the
+// kustomizations the lab pins in place of the example overlay's (the lab overlay of deploy/
+// and a pinned deploy/cleanup), the
 // chart with the lab's values (lab/kubelab/helm-values.yaml, the chart's form of the lab
 // overlay), the image tag installed and the one upgraded to.
 type readmeArgs struct {
 	deploy, cleanup, tag, newTag string
 }
+
+// labImageRepo is the repository the lab's images carry (make images' IMAGE_REPO default),
+// for the README's <repository>.
+const labImageRepo = "ghcr.io/kuport"
 
 // readmeCommands returns the commands of the README block marked `<!-- e2e: name -->`
 // (docblocks), one argument list per line, with the README's paths and placeholders
@@ -32,12 +37,12 @@ func readmeCommands(t *testing.T, name string, a readmeArgs) [][]string {
 	var out [][]string
 	for _, line := range b.Commands {
 		var args []string
-		line = strings.NewReplacer("<tag>", a.tag, "<new tag>", a.newTag).Replace(line)
+		line = strings.NewReplacer("<tag>", a.tag, "<new tag>", a.newTag, "<repository>", labImageRepo).Replace(line)
 		for _, w := range strings.Fields(line) {
 			switch w {
-			case "deploy/cleanup/":
+			case "examples/install/cleanup/":
 				w = a.cleanup
-			case "deploy/":
+			case "examples/install/":
 				w = a.deploy
 			case "deploy/helm/kuport":
 				args = append(args, filepath.Join(repoRoot, w), "-f", filepath.Join(repoRoot, "lab/kubelab/helm-values.yaml"))
@@ -102,7 +107,8 @@ func TestReadmeBlocks(t *testing.T) {
 	helm := readmeCommands(t, "helm-install", a)[1]
 	require.Equal(t, []string{"helm", "install", "kuport", filepath.Join(repoRoot, "deploy/helm/kuport"), "-f",
 		filepath.Join(repoRoot, "lab/kubelab/helm-values.yaml"), "-n", "kuport-system", "--take-ownership",
-		"--set", "controller.image.tag=v1", "--set", "agent.image.tag=v1"}, helm)
+		"--set", "controller.image.repository=ghcr.io/kuport/kuport-controller", "--set", "controller.image.tag=v1",
+		"--set", "agent.image.repository=ghcr.io/kuport/kuport-agent", "--set", "agent.image.tag=v1"}, helm)
 	upgrade := readmeCommands(t, "helm-upgrade", a)[1]
 	require.Equal(t, []string{"--set", "controller.image.tag=v2", "--set", "agent.image.tag=v2"}, upgrade[len(upgrade)-4:])
 }
