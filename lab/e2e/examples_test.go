@@ -47,7 +47,8 @@ type examples struct {
 	portMaps []*v1alpha1.PortMap
 }
 
-// readExamples decodes every YAML file of examples/ (as kubectl apply -f reads a directory).
+// readExamples decodes every YAML file of examples/ (as kubectl apply -f reads a directory),
+// failing on a field the types do not have.
 func readExamples(t *testing.T) examples {
 	t.Helper()
 	files, err := filepath.Glob(filepath.Join(examplesDir, "*.yaml"))
@@ -82,7 +83,8 @@ func readExamples(t *testing.T) examples {
 			default:
 				continue
 			}
-			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, into), f)
+			// Strict: a misspelt field fails here, not silently in a cluster.
+			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(u.Object, into, true), f)
 		}
 	}
 	return ex
