@@ -156,7 +156,9 @@ func (w *Writer) PortMap(ctx context.Context, pm *v1alpha1.PortMap, res *compile
 
 // Class writes cls's status as compile computed it (want) when it differs from cls's, with
 // cls's resourceVersion; conditions keep their lastTransitionTime while their status holds.
-// It returns whether it wrote.
+// A condition written False (Ready refused, NodePortsReserved warning), or False with a new
+// reason or message, is also recorded as a Warning Event with its reason. It returns whether
+// it wrote.
 //
 // cls is the informer's copy, which receives this Writer's own last write some time after
 // it returned (most of a second for a class of 1,000 nodes on a busy API server). While cls
@@ -189,6 +191,13 @@ func (w *Writer) Class(ctx context.Context, cls *v1alpha1.PortMapClass, want *v1
 	written, err := w.update(ctx, v1alpha1.PortMapClassesResource, "", obj)
 	if err != nil {
 		return false, fmt.Errorf("portmapclass %s status: %w", cls.Name, err)
+	}
+	for _, after := range st.Conditions {
+		before := meta.FindStatusCondition(cur.Conditions, after.Type)
+		if after.Status == metav1.ConditionFalse &&
+			(before == nil || before.Status != metav1.ConditionFalse || before.Reason != after.Reason || before.Message != after.Message) {
+			w.recorder.Eventf(obj, corev1.EventTypeWarning, after.Reason, "%s: %s", after.Type, after.Message)
+		}
 	}
 	behind := map[string]bool{rv: true}
 	if lagging {

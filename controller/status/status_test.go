@@ -291,6 +291,55 @@ func TestWriterClass(t *testing.T) {
 	assert.False(t, wrote)
 }
 
+// TestWriterClassWarns: a class condition written False (here the NodePortsReserved warning
+// compile decides) is a Warning Event with its reason, once: an unchanged status records
+// nothing, a changed message records again, and turning True records nothing.
+func TestWriterClassWarns(t *testing.T) {
+	ctx := context.Background()
+	cls := &v1alpha1.PortMapClass{
+		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "PortMapClass"},
+		ObjectMeta: metav1.ObjectMeta{Name: "public", ResourceVersion: "3"},
+		Spec:       v1alpha1.PortMapClassSpec{Nodes: map[string]v1alpha1.ClassNode{"edge-a": {Interfaces: []string{"wt0"}}}},
+	}
+	client := newFake(cls)
+	rec := record.NewFakeRecorder(10)
+	w := NewWriter(client, rec, nil)
+	status := func(ok metav1.ConditionStatus, reason, msg string) *v1alpha1.PortMapClassStatus {
+		return &v1alpha1.PortMapClassStatus{Conditions: []metav1.Condition{
+			{Type: v1alpha1.ClassConditionReady, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonValid, Message: "the class is valid"},
+			{Type: v1alpha1.ClassConditionNodePortsReserved, Status: ok, Reason: reason, Message: msg},
+		}}
+	}
+	get := func() *v1alpha1.PortMapClass {
+		u, err := client.Resource(v1alpha1.PortMapClassesResource).Get(ctx, "public", metav1.GetOptions{})
+		require.NoError(t, err)
+		var got v1alpha1.PortMapClass
+		require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &got))
+		return &got
+	}
+	kubelet := "ports 10250 (kubelet) are in the port window 1024-65535 and not reserved"
+	for _, step := range []struct {
+		st    *v1alpha1.PortMapClassStatus
+		event string
+	}{
+		{status(metav1.ConditionFalse, v1alpha1.ReasonNodePortsUnreserved, kubelet),
+			"Warning NodePortsUnreserved NodePortsReserved: " + kubelet},
+		{status(metav1.ConditionFalse, v1alpha1.ReasonNodePortsUnreserved, kubelet), ""},
+		{status(metav1.ConditionFalse, v1alpha1.ReasonNodePortsUnreserved, "ports 6443 (kube-apiserver)"),
+			"Warning NodePortsUnreserved NodePortsReserved: ports 6443 (kube-apiserver)"},
+		{status(metav1.ConditionTrue, v1alpha1.ReasonAllReserved, "clear"), ""},
+	} {
+		_, err := w.Class(ctx, get(), step.st)
+		require.NoError(t, err)
+		if step.event == "" {
+			assert.Empty(t, rec.Events)
+			continue
+		}
+		assert.Equal(t, step.event, nextEvent(t, rec))
+		assert.Empty(t, rec.Events)
+	}
+}
+
 func TestWriterRefusedMappingEmitsOneEvent(t *testing.T) {
 	pm := portMap(v1alpha1.PortMapStatus{})
 	rec := record.NewFakeRecorder(10)
