@@ -96,7 +96,7 @@ func (k *kept) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind
 func (k *kept) DeepCopyObject() runtime.Object   { c := *k; return &c }
 
 // cniWatch watches the CNIs' settings: informers, started for the resources the API server
-// serves; those it does not serve yet are looked for again every every (a CNI
+// serves; those it does not serve yet are looked for again every w.every (a CNI
 // installed after kuport), never an error. It owns no decision: compile reads what it
 // gathers (current).
 type cniWatch struct {
@@ -187,7 +187,8 @@ func (w *cniWatch) watchError(what string) cache.WatchErrorHandler {
 }
 
 // start discovers the CNI resources served now and starts their informers and the
-// ConfigMap's; then, until ctx ends, it looks again for those not served every w.every. It returns once the first discovery is done.
+// ConfigMap's; then, until ctx ends, it looks again for those not served every w.every. It
+// returns once the first discovery is done.
 func (w *cniWatch) start(ctx context.Context) {
 	w.core.Start(ctx.Done())
 	w.discover(ctx)
@@ -229,6 +230,13 @@ func (w *cniWatch) discover(ctx context.Context) bool {
 		w.dirty = true
 		w.mu.Unlock()
 		go inf.Run(ctx.Done())
+		// Its first list changes what compile reads even when it holds nothing (no
+		// CiliumNode: no node runs Cilium) and so fires no event: recompile once it is read.
+		go func() {
+			if cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+				w.changed()
+			}
+		}()
 		w.log.Info("watching a CNI's settings", "resource", gvr.String())
 	}
 	return all

@@ -62,8 +62,6 @@ func (cl *claim) address(node string) netip.Addr {
 	return low.Next()
 }
 
-// addressText is address(node) as text, made once per claim: every mapping over the link
-// carries it, in up to four rules.
 // linkMAC is the link-layer address of a node's end of a link, derived from its /31
 // address (program.proto, Link.mac): locally administered, unicast, and unique wherever the
 // addresses are, which the class's subnet checks make them on a node.
@@ -72,6 +70,8 @@ func linkMAC(addr netip.Addr) string {
 	return net.HardwareAddr{0x02, 0x6b, a[0], a[1], a[2], a[3]}.String()
 }
 
+// addressText is address(node) as text, made once per claim: every mapping over the link
+// carries it, in up to four rules.
 func (cl *claim) addressText(node string) string {
 	i := 0
 	if node != cl.peers[0] {

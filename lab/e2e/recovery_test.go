@@ -61,7 +61,8 @@ func startProbe(t *testing.T, dst string) *udpProbe {
 			if err != nil {
 				return
 			}
-			if from.AddrPort() == addr.AddrPort() {
+			// Unmapped: ResolveUDPAddr gives a 16-byte IPv4 address, ReadFromUDP a 4-byte one.
+			if from.IP.Equal(addr.IP) && from.Port == addr.Port {
 				p.mu.Lock()
 				p.replies = append(p.replies, time.Now())
 				p.mu.Unlock()
