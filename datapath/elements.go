@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/google/nftables/binaryutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -71,8 +72,9 @@ func ifnameBytes(name string) []byte {
 
 func portBytes(p uint16) []byte { return binary.BigEndian.AppendUint16(nil, p) }
 
-// markBytes is a mark as a mark map holds it, in network byte order (layout.go).
-func markBytes(m uint32) []byte { return binary.BigEndian.AppendUint32(nil, m) }
+// markBytes is a mark as return-marks' key holds it: in host byte order, as "ct mark" loads
+// it (nft lists the mark type in host order).
+func markBytes(m uint32) []byte { return binaryutil.NativeEndian.PutUint32(m) }
 
 // Transport protocol numbers as they appear in meta l4proto.
 const (
@@ -107,7 +109,7 @@ func valueText(fields []field, packed string) string {
 		case "inet_service":
 			parts = append(parts, fmt.Sprint(binary.BigEndian.Uint16(b)))
 		case "mark":
-			parts = append(parts, fmt.Sprintf("0x%08x", binary.BigEndian.Uint32(b)))
+			parts = append(parts, fmt.Sprintf("0x%08x", binaryutil.NativeEndian.Uint32(b)))
 		default:
 			parts = append(parts, fmt.Sprintf("0x%x", b))
 		}
@@ -127,7 +129,10 @@ func (e elem) text(s *setSpec, counted bool) string {
 	if e.id != "" && s.commented() {
 		t += fmt.Sprintf(" comment %q", e.id)
 	}
-	if s.data != nil {
+	switch {
+	case s.vmap():
+		t += " : jump " + e.val
+	case s.data != nil:
 		t += " : " + valueText(s.data, e.val)
 	}
 	return t

@@ -76,7 +76,8 @@ func compileEntries(p *kuportv1.NodeProgram) (*table, []error, map[setKey]bool) 
 	snatKind.each(fam, p, add)
 	markKind.each(fam, p, add)
 
-	t := newTable(newLayout(fam))
+	l, returns := programLayout(fam, p)
+	t := newTable(l)
 	// Each set's map made for its elements, which spares growing it element by element.
 	sizes := map[string]int{}
 	for _, en := range entries {
@@ -87,10 +88,19 @@ func compileEntries(p *kuportv1.NodeProgram) (*table, []error, map[setKey]bool) 
 	for name, n := range sizes {
 		t.elems[name] = make(map[string]elem, n)
 	}
+	// One return-marks element per return mark, jumping to its packet-mark chain: the restore's
+	// second lookup.
+	for _, w := range returns {
+		t.elems["return-marks"][string(markBytes(w.mark))] = elem{key: string(markBytes(w.mark)), val: markChain(w.mark)}
+	}
 	shared := map[setKey]bool{}
 	for _, en := range entries {
 		var conflict error
 		for _, pt := range en.puts {
+			if err := l.jumps(pt); err != nil {
+				conflict = err
+				break
+			}
 			if have, ok := t.elems[pt.set][pt.key]; ok && have.val != pt.val {
 				s := t.layout.byName[pt.set]
 				conflict = fmt.Errorf("%s is %s's in %s", valueText(s.key, pt.key), have.id, pt.set)
@@ -257,7 +267,7 @@ func markPuts(fam family, e *kuportv1.MarkRule) ([]put, error) {
 	switch kind {
 	case kuportv1.MarkKind_MARK_KIND_STATIC:
 		pr.each(func(port, _ uint16) {
-			puts = append(puts, put{set: "mark-static", elem: elem{key: pack(addr.AsSlice(), []byte{proto}, portBytes(port)), val: pack(markBytes(mark))}})
+			puts = append(puts, put{set: "mark-static", elem: elem{key: pack(addr.AsSlice(), []byte{proto}, portBytes(port)), val: markChain(mark)}})
 		})
 	case kuportv1.MarkKind_MARK_KIND_CT_SAVE:
 		if err := checkIfname(e.GetInInterface()); err != nil {
@@ -265,7 +275,7 @@ func markPuts(fam family, e *kuportv1.MarkRule) ([]put, error) {
 		}
 		pr.each(func(port, _ uint16) {
 			puts = append(puts, put{set: "mark-ct-save",
-				elem: elem{key: pack(ifnameBytes(e.GetInInterface()), addr.AsSlice(), []byte{proto}, portBytes(port)), val: pack(markBytes(mark))}})
+				elem: elem{key: pack(ifnameBytes(e.GetInInterface()), addr.AsSlice(), []byte{proto}, portBytes(port)), val: ctMarkChain(mark)}})
 		})
 	case kuportv1.MarkKind_MARK_KIND_CT_RESTORE:
 		pr.each(func(port, _ uint16) {

@@ -145,7 +145,7 @@ func TestElementConflicts(t *testing.T) {
 // encoding and back (what reading the kernel does): it must match what was written, or
 // every Apply would find the table damaged and rebuild it.
 func TestRuleWireRoundTrip(t *testing.T) {
-	l := newLayout(familyIPv4)
+	l := newLayout(familyIPv4, legacyMarking.mask, nil)
 	for _, r := range l.rules {
 		want := r.exprs(byName)
 		var wire []expr.Any

@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"maps"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/hashicorp/go-hclog"
+	mnl "github.com/mdlayher/netlink"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
@@ -207,6 +209,14 @@ func queued(vals []nftables.SetElement) []nftables.SetElement {
 	vals = slices.Clone(vals)
 	for i := range vals {
 		vals[i].Key, vals[i].Val = slices.Clone(vals[i].Key), slices.Clone(vals[i].Val)
+		if v := vals[i].VerdictData; v != nil {
+			// A verdict map's data as google/nftables v0.3.0 reads it back: the raw
+			// NFTA_DATA_VERDICT attributes, no VerdictData.
+			vals[i].Val, _ = mnl.MarshalAttributes([]mnl.Attribute{
+				{Type: unix.NFTA_VERDICT_CODE, Data: binary.BigEndian.AppendUint32(nil, uint32(v.Kind))},
+				{Type: unix.NFTA_VERDICT_CHAIN, Data: []byte(v.Chain + "\x00")}})
+			vals[i].VerdictData = nil
+		}
 	}
 	return vals
 }
@@ -504,7 +514,8 @@ func sameRoute(a, b *netlink.Route) bool { return a.Table == b.Table && routeKey
 func (k *fakeKernel) RouteListFiltered(family int, filter *netlink.Route, mask uint64) ([]netlink.Route, error) {
 	var out []netlink.Route
 	for _, r := range k.routes {
-		if mask&netlink.RT_FILTER_TABLE != 0 && r.Table != filter.Table ||
+		if mask&netlink.RT_FILTER_TABLE != 0 && filter.Table != unix.RT_TABLE_UNSPEC && r.Table != filter.Table ||
+			mask&netlink.RT_FILTER_PROTOCOL != 0 && r.Protocol != filter.Protocol ||
 			mask&netlink.RT_FILTER_TYPE != 0 && r.Type != filter.Type {
 			continue
 		}
@@ -603,7 +614,7 @@ func (k *fakeKernel) dump(t *testing.T) string {
 		}
 		fmt.Fprintf(&b, " fwmark %#x lookup %s\n", r.Mark, table)
 	}
-	routes := slices.DeleteFunc(slices.Clone(k.routes), func(r netlink.Route) bool { return !ownedTable(r.Table) })
+	routes := slices.DeleteFunc(slices.Clone(k.routes), func(r netlink.Route) bool { return !kuportTable(r.Table) })
 	slices.SortStableFunc(routes, func(a, b netlink.Route) int { return a.Table - b.Table })
 	for _, r := range routes {
 		fmt.Fprintf(&b, "default via %s dev %s table %d \n", r.Gw, names[r.LinkIndex], r.Table)
@@ -646,7 +657,7 @@ func TestFakeRepair(t *testing.T) {
 		name: "loop guard rule deleted, route flushed, rp_filter strict, device down",
 		do: func() {
 			rules, _ := k.RuleList(netlink.FAMILY_V4)
-			i := slices.IndexFunc(rules, func(r netlink.Rule) bool { return r.Priority == prefLoopGuard })
+			i := slices.IndexFunc(rules, func(r netlink.Rule) bool { return r.Priority == legacyMarking.loopGuard })
 			require.NoError(t, k.RuleDel(&rules[i]))
 			routes, _ := k.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: 201}, netlink.RT_FILTER_TABLE)
 			require.Len(t, routes, 1)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 )
 
 // Writing table ip kuport: the whole table or the elements that changed, in one transaction.
@@ -26,7 +27,9 @@ func nftElem(buf []byte, s *setSpec, e elem, withData bool) (nftables.SetElement
 	at := len(buf)
 	buf = append(buf, e.key...)
 	ne := nftables.SetElement{Key: buf[at:len(buf):len(buf)]}
-	if withData {
+	if withData && s.vmap() {
+		ne.VerdictData, ne.Comment = &expr.Verdict{Kind: expr.VerdictJump, Chain: e.val}, s.written(e).id
+	} else if withData {
 		at = len(buf)
 		buf = append(buf, e.val...)
 		ne.Val, ne.Comment = buf[at:len(buf):len(buf)], s.written(e).id
@@ -122,9 +125,9 @@ func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes in
 			changes++
 		}
 		d.nft.AddTable(t)
-		for _, c := range chainSpecs {
-			hook, prio, policy := c.hook, c.priority, nftables.ChainPolicyAccept
-			d.nft.AddChain(&nftables.Chain{Name: c.name, Table: t, Type: c.typ, Hooknum: &hook, Priority: &prio, Policy: &policy})
+		// The return marks' chains before the sets: their elements jump to them.
+		for _, c := range want.layout.chains {
+			d.nft.AddChain(c.kernelChain(t))
 		}
 		for _, s := range want.layout.sets {
 			ks := s.kernelSet(t)
@@ -241,7 +244,7 @@ func (d *Datapath) writeDirty(want *table, dirty map[setKey]prior) (changes int,
 }
 
 func sameLayout(a, b *layout) bool {
-	if len(a.sets) != len(b.sets) {
+	if len(a.sets) != len(b.sets) || !a.sameMarks(b.mask, b.marks) {
 		return false
 	}
 	for i := range a.sets {

@@ -57,8 +57,8 @@ func (t *table) text() string {
 		blocks = append(blocks, block{head: s.keyword() + " " + s.name, lines: s.header(),
 			elements: elementLines(s, t.elems[s.name], func(elem) bool { return true })})
 	}
-	for _, c := range chainSpecs {
-		bl := block{head: "chain " + c.name, lines: []string{c.header()}}
+	for _, c := range l.chains {
+		bl := block{head: "chain " + c.name, lines: c.header()}
 		for _, r := range l.chainRules(c.name) {
 			bl.lines = append(bl.lines, r.text)
 		}

@@ -57,7 +57,7 @@ func (tn *testNS) kernelDump(t *testing.T) string {
 	tableRE := regexp.MustCompile(` table (\d+)\b`)
 	for _, line := range strings.SplitAfter(tn.exec(t, "ip", "-4", "route", "show", "table", "all"), "\n") {
 		if m := tableRE.FindStringSubmatch(line); m != nil {
-			if n, _ := strconv.Atoi(m[1]); ownedTable(n) {
+			if n, _ := strconv.Atoi(m[1]); kuportTable(n) {
 				b.WriteString(line)
 			}
 		}
@@ -68,19 +68,25 @@ func (tn *testNS) kernelDump(t *testing.T) string {
 // nftTable is the text `nft list table ip kuport` prints (elements sorted) for these
 // element lines, each "<set>\t<element>".
 func nftTable(elements ...[]string) string {
-	l := newLayout(familyIPv4)
 	bySet := map[string][]string{}
+	var marks []uint32
 	for _, e := range slices.Concat(elements...) {
 		set, text, _ := strings.Cut(e, "\t")
 		bySet[set] = append(bySet[set], text)
+		if _, chain, ok := strings.Cut(text, "jump "+markChainPrefix); ok && set == "return-marks" {
+			m, _ := strconv.ParseUint(chain, 16, 32)
+			marks = append(marks, uint32(m))
+		}
 	}
+	slices.Sort(marks)
+	l := newLayout(familyIPv4, legacyMarking.mask, marks)
 	var blocks []block
 	for _, s := range l.sets {
 		slices.Sort(bySet[s.name])
 		blocks = append(blocks, block{head: s.keyword() + " " + s.name, lines: s.header(), elements: bySet[s.name]})
 	}
-	for _, c := range chainSpecs {
-		bl := block{head: "chain " + c.name, lines: []string{c.header()}}
+	for _, c := range l.chains {
+		bl := block{head: "chain " + c.name, lines: c.header()}
 		for _, r := range l.chainRules(c.name) {
 			bl.lines = append(bl.lines, r.text)
 		}
@@ -278,3 +284,7 @@ func TestTunnelOf(t *testing.T) {
 		assert.Equal(t, c.port, port, "%T", c.link)
 	}
 }
+
+// kuportTable reports the tables the tests' programs give return paths: from 201 (programs
+// without return_marking) or the default range, never the kernel's.
+func kuportTable(t int) bool { return t >= 201 && !reservedTable(t) }
