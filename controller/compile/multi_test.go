@@ -50,7 +50,7 @@ func TestMulti(t *testing.T) {
 			programs: map[string]*kuportv1.NodeProgram{
 				"worker-b": empty("worker-b"),
 				"worker-c": {
-					Node: "worker-c",
+					Node:          "worker-c",
 					ReturnMarking: DefaultReturnMarking.wire(),
 					DnatRules: []*kuportv1.DnatRule{
 						{Id: "demo/remote/dnat/eth0", Mapping: "demo/remote", InInterface: "eth0", Protocol: tcp,
