@@ -1,5 +1,6 @@
 // Package controller wires kuport's controller runtime (DESIGN.md, "Shape"): informers on
-// PortMapClass, PortMap, Service, EndpointSlice, Node and Namespace feed one work queue; its
+// PortMapClass, PortMap, Service, EndpointSlice, Node and Namespace (and the CNIs' settings,
+// cni.go) feed one work queue; its
 // worker keeps a compile.Snapshot of the caches and the agent registry up to date from the
 // events, compiles it (compile.Incremental: what the events changed, equal to the pure
 // compile.Compile; a burst's events together, compileWindow apart), hands the programs to
@@ -122,6 +123,9 @@ type Config struct {
 	// DefaultStatusBurst when zero); the clients' own limit must not be lower.
 	StatusQPS   float32
 	StatusBurst int
+	// CNIDiscoverEvery is how often the API server is asked again for a CNI's resources it
+	// did not serve (DefaultCNIDiscoverEvery when zero).
+	CNIDiscoverEvery time.Duration
 	// Log is the controller's logger; nil discards.
 	Log hclog.Logger
 }
@@ -143,6 +147,9 @@ type Controller struct {
 	synced  []cache.InformerSynced
 	classes cache.Indexer // *v1alpha1.PortMapClass
 	pms     cache.Indexer // *v1alpha1.PortMap
+
+	// cni watches the CNIs' settings compile reads (cni.go).
+	cni *cniWatch
 
 	services   corelisters.ServiceLister
 	namespaces corelisters.NamespaceLister
@@ -289,6 +296,13 @@ func New(cfg Config) (*Controller, error) {
 	c.slices = c.core.Discovery().V1().EndpointSlices().Lister()
 
 	var err error
+	// A change of the CNI's settings recompiles everything: it may change any node's rows.
+	if c.cni, err = newCNIWatch(cfg.Kube, cfg.Dynamic, cmp.Or(cfg.CNIDiscoverEvery, DefaultCNIDiscoverEvery), log.Named("cni"), func() {
+		c.changes.other()
+		c.queue.Add(keyCompile)
+	}); err != nil {
+		return nil, fmt.Errorf("cni watch: %w", err)
+	}
 	if c.classes, err = c.typedInformer(v1alpha1.PortMapClassesResource, toTyped[v1alpha1.PortMapClass], on(c.changes.class)); err != nil {
 		return nil, err
 	}
@@ -417,6 +431,9 @@ func (c *Controller) Run(ctx context.Context) error {
 		return fmt.Errorf("informer caches did not sync: %w", context.Cause(ctx))
 	}
 	c.log.Info("caches synced", "epoch", c.reg.Epoch())
+	// The CNIs' settings are optional: their informers wait a bounded time, never forever.
+	c.cni.start(ctx)
+	c.cni.waitSynced(ctx)
 	c.queue.Add(keyCompile)
 	go func() {
 		<-ctx.Done()

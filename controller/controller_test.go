@@ -58,6 +58,7 @@ func create(t *testing.T, ctx context.Context, c dynamic.Interface, gvr schema.G
 // against it, and the world every test here maps: node edge-a accepting on wt0 (class
 // public), a pod on it behind Service games/web (port http).
 type apiLab struct {
+	cl   *cluster.Cluster
 	kube kubernetes.Interface
 	dyn  dynamic.Interface
 	// agent is edge-a's agent stream, its Hello sent.
@@ -159,7 +160,7 @@ func startAPILab(t *testing.T, ctx context.Context, configure ...func(*Config)) 
 		ObjectMeta: metav1.ObjectMeta{Name: "public"},
 		Spec:       v1alpha1.PortMapClassSpec{Nodes: map[string]v1alpha1.ClassNode{"edge-a": {Interfaces: []string{"wt0"}}}},
 	})
-	return &apiLab{kube: kube, dyn: dyn, agent: agent, connect: connect}
+	return &apiLab{cl: cl, kube: kube, dyn: dyn, agent: agent, connect: connect}
 }
 
 // portMap is PortMap games/<name> of class on port, to Service web.

@@ -230,6 +230,7 @@ func (c *Controller) snapshot(now time.Time, agents map[string]*compile.AgentSta
 		Namespaces:     map[string]*corev1.Namespace{},
 		Nodes:          map[string]*corev1.Node{},
 		Agents:         agents,
+		CNI:            c.cni.current(),
 	}
 	for _, cls := range c.PortMapClasses() {
 		s.Classes[cls.Name] = cls

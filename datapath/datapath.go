@@ -252,8 +252,8 @@ func (d *Datapath) Dump() (string, error) {
 	return kt.text(), nil
 }
 
-// NodeState reports every interface (name, IPv4 addresses in kernel order, MTU and, for a
-// vxlan or geneve device, its UDP port), the underlay interface name and whether
+// NodeState reports every interface (name, IPv4 addresses in kernel order, MTU, for a vxlan
+// or geneve device its UDP port, and whether it is a netkit device), the underlay interface name and whether
 // net.ipv4.ip_forward is 1. An empty underlay is resolved to the device of the main table's
 // IPv4 default route ("" when there is none). It reads only.
 func (d *Datapath) NodeState(underlay string) (*kuportv1.NodeState, error) {
@@ -274,6 +274,7 @@ func (d *Datapath) NodeState(underlay string) (*kuportv1.NodeState, error) {
 		}
 		itf := &kuportv1.Interface{Name: a.Name, Mtu: uint32(a.MTU)}
 		itf.Tunnel, itf.UdpPort = tunnelOf(l)
+		_, itf.Netkit = l.(*netlink.Netkit)
 		for _, ad := range addrs {
 			itf.Addresses = append(itf.Addresses, ad.IP.String())
 		}

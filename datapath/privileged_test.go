@@ -411,6 +411,26 @@ func TestPrivilegedReadState(t *testing.T) {
 	assert.Equal(t, "kup-dcc4266d", stats[0].GetName())
 }
 
+// TestPrivilegedReadStateNetkit: a netkit pair (Cilium's pod device in its netkit modes) is
+// reported as netkit, a veth is not. iproute2 6.1 cannot make one: netlink does.
+func TestPrivilegedReadStateNetkit(t *testing.T) {
+	privileged(t)
+	tn := newTestNS(t, "100.64.93.150")
+	nk := &netlink.Netkit{LinkAttrs: netlink.LinkAttrs{Name: "nk0"}, Mode: netlink.NETKIT_MODE_L3,
+		Policy: netlink.NETKIT_POLICY_FORWARD, PeerPolicy: netlink.NETKIT_POLICY_FORWARD}
+	nk.SetPeerAttrs(&netlink.LinkAttrs{Name: "nk1"})
+	if err := tn.nl.LinkAdd(nk); err != nil {
+		t.Skipf("no netkit devices on this kernel (6.7+ with CONFIG_NETKIT): %v", err)
+	}
+	st, err := tn.dp.NodeState("")
+	require.NoError(t, err)
+	netkit := map[string]bool{}
+	for _, i := range st.GetInterfaces() {
+		netkit[i.GetName()] = i.GetNetkit()
+	}
+	assert.Equal(t, map[string]bool{"nk0": true, "nk1": true, "wt0": false, "wt0-peer": false, "lo": false}, netkit)
+}
+
 // TestPrivilegedEntryErrors applies a program with one bad entry of each kind: the good
 // entries land, each bad one is reported by id.
 func TestPrivilegedEntryErrors(t *testing.T) {

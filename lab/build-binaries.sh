@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the lab's real control plane and node components from the Go module proxy and caches
-# the binaries by version outside the repository (DESIGN.md, "A real API server builds here";
-# notes/real-node.md): kube-apiserver, kubectl and etcd for every lab, and kubelet,
+# the binaries by version outside the repository (docs/design/lab.md, "A real API server, built
+# from the module proxy" and "A real node"): kube-apiserver, kubectl and etcd for every lab, and kubelet,
 # kube-controller-manager, kube-scheduler, kube-proxy and CoreDNS for the kubelet-backed
 # cluster the install is proven on. Prints the directory holding the binaries on stdout.
 #

@@ -1,6 +1,8 @@
 // Package v1alpha1 holds the kuport.wlz.li/v1alpha1 API: PortMapClass (cluster-scoped,
 // written by the admin) and PortMap (namespaced, written beside a workload's Service).
-// Field names, defaults, condition types and reasons are fixed by shared/API.md.
+// Field names, defaults, condition types and reasons are those of the founding project's
+// API, which existing manifests use; what kuport adds is a strict superset
+// (docs/design/api.md).
 //
 // +kubebuilder:object:generate=true
 // +groupName=kuport.wlz.li

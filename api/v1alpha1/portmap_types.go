@@ -56,7 +56,7 @@ type ServiceRef struct {
 	Port string `json:"port"`
 }
 
-// Condition types and reasons of a PortMap (API.md).
+// Condition types and reasons of a PortMap (docs/design/api.md, Status and conditions).
 const (
 	ConditionAccepted   = "Accepted"
 	ConditionProgrammed = "Programmed"
@@ -73,7 +73,7 @@ const (
 	ReasonReturnPathUnavailable = "ReturnPathUnavailable"
 	ReasonNodeNotReady          = "NodeNotReady"
 	ReasonNoInterfaceOnNode     = "NoInterfaceOnNode"
-	// ReasonNotAccepted is Programmed's reason while Accepted is False (added).
+	// ReasonNotAccepted is Programmed's reason while Accepted is False.
 	ReasonNotAccepted = "NotAccepted"
 )
 
@@ -82,8 +82,8 @@ type PortMapStatus struct {
 	// observedGeneration is the spec generation the status describes.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
-	// ports is the mapping's port or range as text, "27015" or "27015-27115", for the PORT
-	// printer column (added: JSONPath cannot join two fields).
+	// ports is the mapping's port or range as text, "27015" or "27015-27115", shown in the
+	// PORT printer column.
 	// +optional
 	Ports string `json:"ports,omitempty"`
 	// endpoint is the chosen pod.
@@ -92,8 +92,8 @@ type PortMapStatus struct {
 	// published lists the addresses the port answers on now, one row per interface.
 	// +optional
 	Published []PublishedAddress `json:"published,omitempty"`
-	// publishedAddresses joins the published rows' addresses with commas, for the PUBLISHED
-	// printer column (added: a printer column shows only the first match of a list).
+	// publishedAddresses joins the published rows' addresses with commas, shown in the
+	// PUBLISHED printer column.
 	// +optional
 	PublishedAddresses string `json:"publishedAddresses,omitempty"`
 	// conditions: Accepted, Programmed.

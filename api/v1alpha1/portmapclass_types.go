@@ -4,7 +4,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// ServingMode decides how many nodes carry a mapping's rules (founding document, servingMode).
+// ServingMode decides how many nodes carry a mapping's rules.
 // +kubebuilder:validation:Enum=Single;Multi
 type ServingMode string
 
@@ -125,7 +125,7 @@ type VxlanConfig struct {
 	Subnet string `json:"subnet,omitempty"`
 }
 
-// Reasons of the PortMapClass Ready condition (API.md).
+// Reasons of the PortMapClass Ready condition (docs/design/api.md, PortMapClass).
 const (
 	ClassConditionReady = "Ready"
 
@@ -198,7 +198,7 @@ type LinkStatus struct {
 	// unusedSince is set when no mapping needs the pair; the claim is dropped after 24 h.
 	// +optional
 	UnusedSince *metav1.Time `json:"unusedSince,omitempty"`
-	// ends records, per node of the pair, the routing table its return path uses (added).
+	// ends records, per node of the pair, the routing table its return path uses.
 	// Tables are unique per node across classes, from 201; the mark is derived from the table
 	// (0x6b700000 + table - 200). Recorded so they are never renumbered under live traffic.
 	// +listType=map
@@ -207,7 +207,7 @@ type LinkStatus struct {
 	Ends []LinkEnd `json:"ends,omitempty"`
 }
 
-// LinkEnd is one node's return-path allocation on a link (added).
+// LinkEnd is one node's return-path allocation on a link.
 type LinkEnd struct {
 	// node is the node name.
 	Node string `json:"node"`

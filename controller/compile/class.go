@@ -218,8 +218,9 @@ func (c *compiler) classStatus(ci *classInfo) *v1alpha1.PortMapClassStatus {
 }
 
 // nodeRow reports whether every interface the class gives a node resolves to an IPv4 address
-// there and no tunnel of another program uses the class's port, with the underlay and link
-// MTU (API.md, class status).
+// there, no tunnel of another program uses the class's port and the node's CNI can carry the
+// reply path, with the underlay and link MTU (API.md, class status); its message also carries
+// the warnings of a CNI that likely cannot (cniView.verdict).
 func (c *compiler) nodeRow(ci *classInfo, name string) v1alpha1.ClassNodeStatus {
 	v := c.node(name)
 	row := v1alpha1.ClassNodeStatus{Name: name}
@@ -245,11 +246,17 @@ func (c *compiler) nodeRow(ci *classInfo, name string) v1alpha1.ClassNodeStatus 
 		problems = append(problems, fmt.Sprintf("%s: UDP port %d is used by %s on this node",
 			v1alpha1.ReasonVxlanPortConflict, ci.port, dev))
 	}
+	// A pod on a node whose CNI cannot carry the reply path is refused (checkNodes); the row
+	// says so for the node's own pods, and warns where the CNI likely cannot.
+	problems = append(problems, v.cniRefusal...)
 	if _, mtu := v.underlay(); mtu > 0 {
 		row.UnderlayMTU = int32(min(mtu, 1<<31-1))
 		row.LinkMTU = int32(linkMTU(mtu, mtu))
 	}
 	row.Ready = len(problems) == 0
+	for _, w := range v.cniWarning {
+		problems = append(problems, "warning: "+w)
+	}
 	row.Message = strings.Join(problems, ", ")
 	return row
 }

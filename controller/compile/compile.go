@@ -135,6 +135,12 @@ func newCompiler(s *Snapshot) *compiler {
 		v.state, v.tunnels = a.State, tunnelsOf(a.State)
 		c.nodes[name] = v
 	}
+	if s.CNI != nil {
+		cv := newCNIView(s.CNI)
+		for name, v := range c.nodes {
+			v.cniRefusal, v.cniWarning = cv.verdict(s.Nodes[name], v)
+		}
+	}
 	for name, cl := range s.Classes {
 		if cl != nil {
 			c.classes[name] = newClassInfo(name, cl, c.nodes)

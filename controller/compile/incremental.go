@@ -101,7 +101,7 @@ type Changes struct {
 	// Classes: the PortMapClasses created, updated or deleted. An update of a class that
 	// builds no links recompiles its mappings alone; any other a full compile.
 	Classes map[string]bool
-	// Others: a Node, Namespace or agent state changed (a full compile).
+	// Others: a Node, Namespace, agent state or the CNI's settings changed (a full compile).
 	Others bool
 }
 
@@ -356,7 +356,7 @@ func (inc *Incremental) hinted(ch *Changes) ([]types.NamespacedName, map[types.N
 }
 
 // sameOthers reports whether everything but PortMaps, Services, EndpointSlices and
-// PortMapClasses is the very same in a and b.
+// PortMapClasses is the very same in a and b (the CNI's settings included).
 func sameOthers(a, b *Snapshot) bool {
 	if len(a.Agents) != len(b.Agents) {
 		return false
@@ -367,7 +367,7 @@ func sameOthers(a, b *Snapshot) bool {
 			return false
 		}
 	}
-	return samePointers(a.Nodes, b.Nodes) && samePointers(a.Namespaces, b.Namespaces)
+	return a.CNI == b.CNI && samePointers(a.Nodes, b.Nodes) && samePointers(a.Namespaces, b.Namespaces)
 }
 
 func samePointers[K comparable, V any](a, b map[K]*V) bool {

@@ -16,6 +16,30 @@ type nodeView struct {
 	state  *kuportv1.NodeState
 	// tunnels are the node's tunnel devices by UDP port (tunnelsOf).
 	tunnels map[uint32]string
+	// cniRefusal says why the node's CNI cannot carry kuport's reply path, cniWarning why it
+	// likely cannot (cniView.verdict); nil when nothing says so.
+	cniRefusal, cniWarning []string
+}
+
+// maxNamedNetkit is how many netkit devices netkitDevices names (a node has one per pod).
+const maxNamedNetkit = 3
+
+// netkitDevices names the netkit devices the agent reports on the node, "" when none.
+func (v *nodeView) netkitDevices() string {
+	var names []string
+	n := 0
+	for _, i := range v.state.GetInterfaces() {
+		if !i.GetNetkit() {
+			continue
+		}
+		if n++; n <= maxNamedNetkit {
+			names = append(names, i.GetName())
+		}
+	}
+	if n > maxNamedNetkit {
+		names = append(names, fmt.Sprintf("%d more", n-maxNamedNetkit))
+	}
+	return strings.Join(names, ", ")
 }
 
 // tunnelsOf maps each UDP port a tunnel device of another program (the CNI's) uses on a node

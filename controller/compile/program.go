@@ -214,6 +214,10 @@ func (c *compiler) checkNodes(p *plan) (problems, tunnels []string, built []*tar
 		}
 	}
 	miss, blocking := c.lacks(p.ep.node, podIfaces, len(forwarders) > 0 && !podTunnel)
+	// The pod's reply leaves by its node's CNI: where that skips netfilter, nothing is built.
+	if r := c.node(p.ep.node).cniRefusal; len(r) > 0 {
+		miss, blocking = append(miss, r...), true
+	}
 	missing[p.ep.node] = miss
 	if !blocking {
 		for _, t := range p.targets {

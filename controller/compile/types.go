@@ -45,6 +45,9 @@ type Snapshot struct {
 	Nodes map[string]*corev1.Node
 	// Agents by node name: what each node's agent last reported (kept after a disconnect).
 	Agents map[string]*AgentState
+	// CNI is what the controller read of the CNI's settings; nil when it read none. Compared
+	// by identity between snapshots: the controller makes a new one on every change.
+	CNI *CNI
 }
 
 // AgentState is what the controller knows about one node's agent.

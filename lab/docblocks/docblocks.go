@@ -1,5 +1,5 @@
-// Package docblocks reads the shell blocks of kuport's markdown (README.md and docs/) that
-// tests run: a ```sh block preceded by a marker line
+// Package docblocks reads the shell blocks of kuport's markdown (docs/, and README.md's
+// install) that tests run: a ```sh block preceded by a marker line
 //
 //	<!-- e2e: <name> [key=value ...] -->
 //
@@ -13,8 +13,9 @@
 //     namespace with lab/env sourced (kubectl, grpcurl);
 //   - state=<state>: only on a lab the test has put into that state first (a host firewall
 //     dropping forwarded packets, say), which the test then undoes;
-//   - readme=<name>: the block's commands are exactly README.md block <name>'s, which the
-//     kubelet-backed lab's suite runs (lab/kubelab/e2e).
+//   - kubelab=<step>: not run in the namespace lab: the block is step <step> of the
+//     kubelet-backed lab's install suite (lab/kubelab/e2e), which runs it command for
+//     command (Step). README.md's block <name>, when it has one, is the same as step <name>.
 package docblocks
 
 import (
@@ -145,4 +146,23 @@ func Docs(root string) ([]Block, error) {
 		return err
 	})
 	return out, err
+}
+
+// Step returns the block of the markdown files under root/docs marked kubelab=step; there
+// must be exactly one.
+func Step(root, step string) (Block, error) {
+	blocks, err := Docs(root)
+	if err != nil {
+		return Block{}, err
+	}
+	var found []Block
+	for _, b := range blocks {
+		if b.Options["kubelab"] == step {
+			found = append(found, b)
+		}
+	}
+	if len(found) != 1 {
+		return Block{}, fmt.Errorf("%d blocks under %s are marked kubelab=%s, want one", len(found), filepath.Join(root, "docs"), step)
+	}
+	return found[0], nil
 }

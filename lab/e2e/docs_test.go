@@ -50,6 +50,9 @@ var docsWant = map[string][]string{
 	"numbers-routing":    {`(?m)^101:\s+from all to 100\.64\.93\.143 fwmark 0x6b700001 lookup main`, `(?m)^102:\s+from all fwmark 0x6b700001 lookup 201`, `default via 169\.254\.77\.\d+ dev kup-dcc4266d`},
 	"numbers-getmapping": {`"acked": true`, `"forwardedIn"`, `"demo/remote/dnat/enp1s0"`},
 	"numbers-applied":    {`"demo/remote/dnat/enp1s0"`, `"applyTime"`},
+	"lab-look":           {`(?m)^demo\s+remote\s+public\s+TCP\s+3000\s+10\.244\.18\.107\s+True\s*$`, `"demo/remote/dnat/enp1s0"`, `"applyTime": "`},
+	"find-leader":        {`"node": "edge-a"`, `"ackedVersion": "`},
+	"metrics-curl":       {`(?m)^kuport_agents_connected \d`, `"overview"`},
 	"numbers-metrics":    {`kuport_mapping_packets_total\{direction="in",interface="enp1s0",name="remote",namespace="demo",node="edge-a"\} [1-9]`, `kuport_link_tx_errors_total\{link="kup-dcc4266d",node="worker-b",peer="edge-a"\} 0`},
 	"reply-pod-address":  {ctSaveWant, ctRestoreWant, `(?m)^102:\s+from all fwmark 0x6b700001 lookup 201`, `dev kup-dcc4266d table 201`},
 	"tx-errors":          {`dev wt0`},
@@ -91,8 +94,8 @@ var docsStates = map[string]func(t *testing.T, l *lab.Lab) (repaired, undo func(
 
 // TestPrivilegedE2EDocs runs every shell block of docs/ against the lab (lab/docblocks),
 // after real traffic through the cross-node mapping demo/remote, each where its marker says
-// and each checked against what it says it shows. Blocks standing for README blocks
-// (readme=) are the kubelet-backed lab's to run.
+// and each checked against what it says it shows. Blocks marked kubelab= are the
+// kubelet-backed lab's install suite's to run.
 func TestPrivilegedE2EDocs(t *testing.T) {
 	blocks, err := docblocks.Docs(repoRoot)
 	require.NoError(t, err)
@@ -107,7 +110,7 @@ func TestPrivilegedE2EDocs(t *testing.T) {
 
 	ran := map[string]bool{}
 	for _, b := range blocks {
-		if b.Options["readme"] != "" {
+		if b.Options["kubelab"] != "" {
 			continue
 		}
 		t.Run(b.Name, func(t *testing.T) {

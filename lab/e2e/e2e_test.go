@@ -41,7 +41,7 @@ var (
 
 var repoRoot = func() string { r, _ := filepath.Abs("../.."); return r }()
 
-// startLab brings the lab up in the default state dir (so lab/env, as the README uses it,
+// startLab brings the lab up in the default state dir (so lab/env, as docs/lab.md uses it,
 // points at it) with the demo's classes and pods and one controller replica.
 func startLab(t *testing.T) *lab.Lab {
 	t.Helper()
@@ -275,7 +275,7 @@ func TestPrivilegedE2E(t *testing.T) {
 		assert.Contains(t, log, "saw "+lab.ClientAddr+":")
 	})
 
-	t.Run("README commands against the lab", func(t *testing.T) {
+	t.Run("docs/lab.md commands against the lab", func(t *testing.T) {
 		sh := func(cmd string) string { return labShell(t, "", repoRoot, cmd) }
 		out := sh("kubectl get portmaps -A")
 		assert.Regexp(t, `(?m)^NAMESPACE\s+NAME\s+CLASS\s+PROTOCOL\s+PORT\s+ENDPOINT\s+PROGRAMMED\s+`, out)

@@ -14,7 +14,7 @@ import (
 )
 
 // Only one lab runs on a machine at a time: a second waits for the lock and gives up when
-// its context ends, then gets it once the first releases it (README, the lab); clean-up
+// its context ends, then gets it once the first releases it (docs/lab.md); clean-up
 // runs only while no lab holds it.
 func TestPrivilegedLabLockIsExclusive(t *testing.T) {
 	if os.Getenv("KUPORT_PRIVILEGED") != "1" {

@@ -26,7 +26,7 @@ var forwardingRe = regexp.MustCompile(`Forwarding from 127\.0\.0\.1:(\d+) -> 744
 
 // listNodes asks the leader's ProgramService for ListNodes through
 // `kubectl -n kuport-system port-forward pod/<leader> :7443`, verifying the controller's
-// certificate with the CA of the ConfigMap kuport-controller-ca, as the README tells
+// certificate with the CA of the ConfigMap kuport-controller-ca, as docs/security.md tells
 // operators.
 func (e *env) listNodes() ([]nodeRow, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

@@ -2,7 +2,8 @@
 // kubelets and containerd in the lab's node namespaces, kube-controller-manager, the
 // scheduler, kube-proxy and CoreDNS, kuport installed with `kubectl apply -k` of deploy/
 // (through the lab overlay) from image tarballs `make images` built, then upgraded, failed
-// over, drained and uninstalled exactly as the README says, with real traffic throughout.
+// over, drained and uninstalled exactly as docs/install.md and docs/upgrade.md say, with real
+// traffic throughout.
 // It runs only as root with KUPORT_PRIVILEGED=1 (`make test` sets it).
 package e2e
 
@@ -112,7 +113,7 @@ func TestPrivilegedInstall(t *testing.T) {
 	}
 
 	applied := time.Now()
-	e.runReadme("install", readmeArgs{deploy: overlay(t, curTag)})
+	e.runStep("install", stepArgs{deploy: overlay(t, curTag)})
 	e.assertAgentUnprivileged()
 	e.assertControllerSoftLimit()
 	e.kubectlIn(mappings, "apply", "-f", "-")

@@ -166,7 +166,7 @@ func (e *env) upgrade(tag string) {
 	before := e.allKernelObjects()
 	streams := e.streams(60 * time.Second)
 	time.Sleep(2 * time.Second)
-	e.runReadme("upgrade", readmeArgs{deploy: overlay(e.t, tag)})
+	e.runStep("upgrade", stepArgs{deploy: overlay(e.t, tag)})
 	e.assertLossless(streams)
 	assert.Equal(e.t, before, e.allKernelObjects(), "kernel objects recreated by the upgrade")
 	e.waitAgentVersions(tag)
@@ -174,7 +174,7 @@ func (e *env) upgrade(tag string) {
 }
 
 // waitAgentVersions waits until ListNodes, asked of the leader through kubectl
-// port-forward as the README does, shows every node's agent at version.
+// port-forward as docs/security.md does, shows every node's agent at version.
 func (e *env) waitAgentVersions(version string) {
 	e.t.Helper()
 	require.Eventually(e.t, func() bool {
@@ -267,10 +267,10 @@ func podReady(p *corev1.Pod) bool {
 	return false
 }
 
-// uninstall runs the README's uninstall and checks that nothing of kuport is left on any
+// uninstall runs the docs' uninstall step and checks that nothing of kuport is left on any
 // node and everything else is as it was before the install.
 func (e *env) uninstall(tag string, before map[string]string) {
-	e.runReadme("uninstall", readmeArgs{deploy: overlay(e.t, tag), cleanup: e.cleanup(tag)})
+	e.runStep("uninstall", stepArgs{deploy: overlay(e.t, tag), cleanup: e.cleanup(tag)})
 	e.assertUninstalled(before)
 }
 
@@ -279,13 +279,13 @@ func (e *env) cleanup(tag string) string {
 	return pinnedKustomization(e.t, filepath.Join(repoRoot, "deploy/cleanup"), tag)
 }
 
-// helmInstall installs kuport again, with the README's Helm commands and the chart given the
+// helmInstall installs kuport again, with the docs' Helm steps and the chart given the
 // lab's values (lab/kubelab/helm-values.yaml), proves traffic on every mapping shape,
-// upgrades it to newTag with the README's helm upgrade under live streams, and uninstalls it
-// with the README's Helm uninstall.
+// upgrades it to newTag with the docs' helm upgrade under live streams, and uninstalls it
+// with the docs' Helm uninstall.
 func (e *env) helmInstall(tag, newTag string, before map[string]string) {
 	applied := time.Now()
-	e.runReadme("helm-install", readmeArgs{tag: tag})
+	e.runStep("helm-install", stepArgs{tag: tag})
 	e.assertAgentUnprivileged()
 	e.kubectlIn(mappings, "apply", "-f", "-")
 	e.waitProgrammed("demo", "local", "remote", "remote-udp")
@@ -296,12 +296,12 @@ func (e *env) helmInstall(tag, newTag string, before map[string]string) {
 
 	streams := e.streams(60 * time.Second)
 	time.Sleep(2 * time.Second)
-	e.runReadme("helm-upgrade", readmeArgs{newTag: newTag})
+	e.runStep("helm-upgrade", stepArgs{newTag: newTag})
 	e.waitAgentVersions(newTag)
 	e.assertLossless(streams)
 	e.assertAnswers("tcp", 3000, "web-a")
 
-	e.runReadme("helm-uninstall", readmeArgs{cleanup: e.cleanup(newTag)})
+	e.runStep("helm-uninstall", stepArgs{cleanup: e.cleanup(newTag)})
 	e.assertUninstalled(before)
 }
 

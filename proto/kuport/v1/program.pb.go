@@ -1418,7 +1418,11 @@ type Interface struct {
 	Tunnel TunnelKind `protobuf:"varint,4,opt,name=tunnel,proto3,enum=kuport.v1.TunnelKind" json:"tunnel,omitempty"`
 	// UDP port the tunnel device encapsulates to and receives on (the kernel's dstport), 0
 	// when tunnel is UNSPECIFIED.
-	UdpPort       uint32 `protobuf:"varint,5,opt,name=udp_port,json=udpPort,proto3" json:"udp_port,omitempty"`
+	UdpPort uint32 `protobuf:"varint,5,opt,name=udp_port,json=udpPort,proto3" json:"udp_port,omitempty"`
+	// Whether the device is a netkit device (Linux 6.7+), Cilium's pod device in its netkit
+	// datapath modes, which always forward in eBPF past netfilter: the controller then refuses
+	// mappings whose pod runs on a node of Cilium's there.
+	Netkit        bool `protobuf:"varint,6,opt,name=netkit,proto3" json:"netkit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1486,6 +1490,13 @@ func (x *Interface) GetUdpPort() uint32 {
 		return x.UdpPort
 	}
 	return 0
+}
+
+func (x *Interface) GetNetkit() bool {
+	if x != nil {
+		return x.Netkit
+	}
+	return false
 }
 
 // NodeState is what an agent reports about its node; sent in Hello and in every Report.
@@ -2756,13 +2767,14 @@ const file_kuport_v1_program_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12%\n" +
 	"\x05value\x18\x02 \x01(\v2\x0f.kuport.v1.KeysR\x05value:\x028\x01\"\x1a\n" +
 	"\x04Keys\x12\x12\n" +
-	"\x04keys\x18\x01 \x03(\tR\x04keys\"\x99\x01\n" +
+	"\x04keys\x18\x01 \x03(\tR\x04keys\"\xb1\x01\n" +
 	"\tInterface\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\taddresses\x18\x02 \x03(\tR\taddresses\x12\x10\n" +
 	"\x03mtu\x18\x03 \x01(\rR\x03mtu\x12-\n" +
 	"\x06tunnel\x18\x04 \x01(\x0e2\x15.kuport.v1.TunnelKindR\x06tunnel\x12\x19\n" +
-	"\budp_port\x18\x05 \x01(\rR\audpPort\"\x8f\x01\n" +
+	"\budp_port\x18\x05 \x01(\rR\audpPort\x12\x16\n" +
+	"\x06netkit\x18\x06 \x01(\bR\x06netkit\"\x8f\x01\n" +
 	"\tNodeState\x124\n" +
 	"\n" +
 	"interfaces\x18\x01 \x03(\v2\x14.kuport.v1.InterfaceR\n" +

@@ -13,21 +13,22 @@ import (
 	"kuport.wlz.li/kuport/lab/docblocks"
 )
 
-// readmeArgs says what the lab runs in place of the README's paths and placeholders: the
+// stepArgs says what the lab runs in place of the install docs' paths and placeholders: the
 // kustomizations the lab pins (the lab overlay of deploy/ and a pinned deploy/cleanup), the
 // chart with the lab's values (lab/kubelab/helm-values.yaml, the chart's form of the lab
 // overlay), the image tag installed and the one upgraded to.
-type readmeArgs struct {
+type stepArgs struct {
 	deploy, cleanup, tag, newTag string
 }
 
-// readmeCommands returns the commands of the README block marked `<!-- e2e: name -->`
-// (docblocks), one argument list per line, with the README's paths and placeholders
-// replaced as readmeArgs says, so the suite runs exactly what the README tells operators.
-// Each line must be a kubectl or helm command.
-func readmeCommands(t *testing.T, name string, a readmeArgs) [][]string {
+// stepCommands returns the commands of the docs/ block marked kubelab=step (docblocks.Step:
+// the install, upgrade and uninstall of docs/install.md and docs/upgrade.md, README.md's
+// install among them), one argument list per line, with the docs' paths and placeholders
+// replaced as stepArgs says, so the suite runs exactly what the docs tell operators. Each
+// line must be a kubectl or helm command.
+func stepCommands(t *testing.T, step string, a stepArgs) [][]string {
 	t.Helper()
-	b, err := docblocks.Get(filepath.Join(repoRoot, "README.md"), name)
+	b, err := docblocks.Step(repoRoot, step)
 	require.NoError(t, err)
 	var out [][]string
 	for _, line := range b.Commands {
@@ -47,19 +48,19 @@ func readmeCommands(t *testing.T, name string, a readmeArgs) [][]string {
 			}
 			args = append(args, w)
 		}
-		require.Contains(t, []string{"kubectl", "helm"}, args[0], "README %s: %q", name, line)
-		require.NotContains(t, strings.Join(args, " "), "<", "README %s: a placeholder the lab does not fill: %q", name, line)
+		require.Contains(t, []string{"kubectl", "helm"}, args[0], "step %s: %q", step, line)
+		require.NotContains(t, strings.Join(args, " "), "<", "step %s: a placeholder the lab does not fill: %q", step, line)
 		out = append(out, args)
 	}
 	return out
 }
 
-// runReadme runs the README block name (readmeCommands): kubectl through the lab's
-// kubectl, helm through the pinned helm binary (KUPORT_HELM) on the lab's kubeconfig.
-func (e *env) runReadme(name string, a readmeArgs) {
+// runStep runs the docs' block of step (stepCommands): kubectl through the lab's kubectl,
+// helm through the pinned helm binary (KUPORT_HELM) on the lab's kubeconfig.
+func (e *env) runStep(step string, a stepArgs) {
 	e.t.Helper()
-	for _, args := range readmeCommands(e.t, name, a) {
-		e.t.Logf("README %s: %s", name, strings.Join(args, " "))
+	for _, args := range stepCommands(e.t, step, a) {
+		e.t.Logf("step %s: %s", step, strings.Join(args, " "))
 		if args[0] == "kubectl" {
 			e.kubectl(args[1:]...)
 			continue
@@ -81,28 +82,28 @@ func helmBin(t *testing.T) string {
 	return h
 }
 
-// readmeRun are the README blocks TestPrivilegedInstall runs.
-var readmeRun = []string{"install", "upgrade", "uninstall", "helm-install", "helm-upgrade", "helm-uninstall"}
+// steps are the docs' kubelab= blocks TestPrivilegedInstall runs.
+var steps = []string{"install", "upgrade", "uninstall", "helm-install", "helm-upgrade", "helm-uninstall"}
 
-// TestReadmeBlocks checks, without a lab, that every README block the suite runs parses
-// into kubectl and helm commands with every path and placeholder filled, and that every
-// docs/ block standing for a README block (readme=, lab/docblocks) stands for one of them.
-func TestReadmeBlocks(t *testing.T) {
-	a := readmeArgs{deploy: "/overlay", cleanup: "/cleanup", tag: "v1", newTag: "v2"}
-	for _, name := range readmeRun {
-		require.NotEmpty(t, readmeCommands(t, name, a), name)
+// TestDocSteps checks, without a lab, that every step the suite runs is one docs/ block that
+// parses into kubectl and helm commands with every path and placeholder filled, and that
+// every docs/ block marked kubelab= is one of those steps.
+func TestDocSteps(t *testing.T) {
+	a := stepArgs{deploy: "/overlay", cleanup: "/cleanup", tag: "v1", newTag: "v2"}
+	for _, step := range steps {
+		require.NotEmpty(t, stepCommands(t, step, a), step)
 	}
 	docs, err := docblocks.Docs(repoRoot)
 	require.NoError(t, err)
 	for _, b := range docs {
-		if r, ok := b.Options["readme"]; ok {
-			require.Contains(t, readmeRun, r, "%s block %s: README block %s is not run by this suite", b.File, b.Name, r)
+		if s, ok := b.Options["kubelab"]; ok {
+			require.Contains(t, steps, s, "%s block %s: step %s is not run by this suite", b.File, b.Name, s)
 		}
 	}
-	helm := readmeCommands(t, "helm-install", a)[1]
+	helm := stepCommands(t, "helm-install", a)[1]
 	require.Equal(t, []string{"helm", "install", "kuport", filepath.Join(repoRoot, "deploy/helm/kuport"), "-f",
 		filepath.Join(repoRoot, "lab/kubelab/helm-values.yaml"), "-n", "kuport-system", "--take-ownership",
 		"--set", "controller.image.tag=v1", "--set", "agent.image.tag=v1"}, helm)
-	upgrade := readmeCommands(t, "helm-upgrade", a)[1]
+	upgrade := stepCommands(t, "helm-upgrade", a)[1]
 	require.Equal(t, []string{"--set", "controller.image.tag=v2", "--set", "agent.image.tag=v2"}, upgrade[len(upgrade)-4:])
 }
