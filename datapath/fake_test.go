@@ -186,8 +186,13 @@ func addElems(ft *fakeTable, set string, vals []nftables.SetElement) error {
 		return fmt.Errorf("set %s: %w", set, syscall.ENOENT)
 	}
 	for _, v := range vals {
-		if len(v.Key) != int(s.KeyType.Bytes) || s.IsMap && len(v.Val) != int(s.DataType.Bytes) {
+		vmap := s.IsMap && s.DataType.Name == nftables.TypeVerdict.Name
+		if len(v.Key) != int(s.KeyType.Bytes) || s.IsMap && !vmap && len(v.Val) != int(s.DataType.Bytes) {
 			return fmt.Errorf("element of %s: key %d bytes, data %d: %w", set, len(v.Key), len(v.Val), syscall.EINVAL)
+		}
+		// The kernel refuses a jump to a chain the table lacks.
+		if to := jumpTarget(v.Val); vmap && !slices.ContainsFunc(ft.chains, func(c *nftables.Chain) bool { return c.Name == to }) {
+			return fmt.Errorf("element of %s jumps to chain %q: %w", set, to, syscall.ENOENT)
 		}
 		if have, ok := ft.elems[set][string(v.Key)]; ok {
 			if !bytes.Equal(have.Val, v.Val) {
@@ -657,9 +662,9 @@ func TestFakeRepair(t *testing.T) {
 		name: "loop guard rule deleted, route flushed, rp_filter strict, device down",
 		do: func() {
 			rules, _ := k.RuleList(netlink.FAMILY_V4)
-			i := slices.IndexFunc(rules, func(r netlink.Rule) bool { return r.Priority == legacyMarking.loopGuard })
+			i := slices.IndexFunc(rules, func(r netlink.Rule) bool { return r.Priority == markingOf(base).loopGuard })
 			require.NoError(t, k.RuleDel(&rules[i]))
-			routes, _ := k.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: 201}, netlink.RT_FILTER_TABLE)
+			routes, _ := k.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: int(base.GetReturnPaths()[0].GetTable())}, netlink.RT_FILTER_TABLE)
 			require.Len(t, routes, 1)
 			require.NoError(t, k.RouteDel(&routes[0]))
 			require.NoError(t, k.setRPFilter(link.Attrs().Index, 1))
@@ -681,7 +686,7 @@ func TestFakeRepair(t *testing.T) {
 			k.DelTable(kuport)
 			require.NoError(t, k.Flush())
 		},
-		writes: 8, // the table, then its seven elements
+		writes: 9, // the table, then its eight elements
 	}}
 	for _, d := range damage {
 		d.do()

@@ -256,7 +256,7 @@ func (d *Datapath) compile(p *kuportv1.NodeProgram) (*table, []error) {
 func (c *compiler) step(p *kuportv1.NodeProgram) bool {
 	fam := c.tab.layout.fam
 	// Another mask or set of return marks is another layout: compiled and written whole.
-	if l, _ := programLayout(fam, p); !c.tab.layout.sameMarks(l.mask, l.marks) {
+	if !c.tab.layout.sameMarks(programMarks(fam, p)) {
 		return false
 	}
 	dc, da, dn, du, ok1 := diff(dnatKind, fam, c.dnat, p.GetDnatRules())

@@ -142,31 +142,40 @@ func (l *layout) restoreRule(restore, returns *setSpec) ruleSpec {
 	return r
 }
 
-// jumps refuses an element that jumps to a chain the layout lacks: a mark entry whose mark is
-// no valid return path's of the program (the kernel would refuse the whole transaction).
+// jumps refuses an element that jumps to a chain the layout lacks: a mark entry whose mark
+// is not under the return mark mask (the kernel would refuse the whole transaction).
 func (l *layout) jumps(pt put) error {
 	if s := l.byName[pt.set]; s != nil && s.vmap() && !l.hasChain(pt.val) {
 		m := strings.TrimPrefix(strings.TrimPrefix(pt.val, ctMarkChainPrefix), markChainPrefix)
-		return fmt.Errorf("mark 0x%s is no return path's of the program, or not under the return mark mask %#x", m, l.mask)
+		return fmt.Errorf("mark 0x%s is 0, not under the return mark mask %#x or has its bit %#x", m, l.mask, translatedMark)
 	}
 	return nil
 }
 
-// returnMarks are the program's return marks, sorted and each once: the marks of its valid
-// return paths.
-func returnMarks(returns []*wantReturn) []uint32 {
+// programMarks are the return-mark mask of program p and its return marks, sorted and each
+// once: the marks its valid mark entries write, when valid under the mask, and those its
+// valid return paths match. Each has its two chains and its return-marks element, whether or
+// not another entry's key refuses the entry (compileEntries).
+func programMarks(fam family, p *kuportv1.NodeProgram) (uint32, []uint32) {
+	m := markingOf(p)
 	var marks []uint32
+	for _, e := range p.GetMarkRules() {
+		if _, _, _, err := checkMarkRule(fam, e); err == nil && m.validMark(e.GetMark()) {
+			marks = append(marks, e.GetMark())
+		}
+	}
+	returns, _ := compileReturns(p)
 	for _, w := range returns {
 		marks = append(marks, w.mark)
 	}
 	slices.Sort(marks)
-	return slices.Compact(marks)
+	return m.mask, slices.Compact(marks)
 }
 
-// programLayout is the layout program p compiles to, with its valid return paths.
-func programLayout(fam family, p *kuportv1.NodeProgram) (*layout, []*wantReturn) {
-	returns, _ := compileReturns(p)
-	return newLayout(fam, markingOf(p).mask, returnMarks(returns)), returns
+// programLayout is the layout program p compiles to.
+func programLayout(fam family, p *kuportv1.NodeProgram) *layout {
+	mask, marks := programMarks(fam, p)
+	return newLayout(fam, mask, marks)
 }
 
 // sameMarks reports whether layout l is the layout of mask and marks.

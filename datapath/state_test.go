@@ -79,10 +79,12 @@ func nftTable(elements ...[]string) string {
 		}
 	}
 	slices.Sort(marks)
-	l := newLayout(familyIPv4, legacyMarking.mask, marks)
+	l := newLayout(familyIPv4, legacyMarking.mask, slices.Compact(marks))
 	var blocks []block
 	for _, s := range l.sets {
 		slices.Sort(bySet[s.name])
+		// Mappings that share a return mark list its return-marks element once.
+		bySet[s.name] = slices.Compact(bySet[s.name])
 		blocks = append(blocks, block{head: s.keyword() + " " + s.name, lines: s.header(), elements: bySet[s.name]})
 	}
 	for _, c := range l.chains {
@@ -180,7 +182,8 @@ func workerBStates() []stateStep {
 			"count-out-addr-ports\t" + dialed,
 			"snat-request\t" + fmt.Sprintf(`%s comment "%s/snat"`, pod, m.key),
 			"snat-reply\t" + fmt.Sprintf(`%s comment "%s/snat-reply"`, pod, m.key),
-			"mark-static\t" + fmt.Sprintf(`%s comment "%s/mark" : 0x%08x`, pod, m.key, m.mark),
+			"mark-static\t" + fmt.Sprintf(`%s comment "%s/mark" : jump %s`, pod, m.key, markChain(m.mark)),
+			"return-marks\t" + fmt.Sprintf(`0x%08x counter : jump %s`, m.mark, markChain(m.mark)),
 		}
 	}
 	return []stateStep{{
