@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/google/nftables/binaryutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -72,9 +71,10 @@ func ifnameBytes(name string) []byte {
 
 func portBytes(p uint16) []byte { return binary.BigEndian.AppendUint16(nil, p) }
 
-// markBytes is a mark as return-marks' key holds it: in host byte order, as "ct mark" loads
-// it (nft lists the mark type in host order).
-func markBytes(m uint32) []byte { return binaryutil.NativeEndian.PutUint32(m) }
+// markBytes is a mark as return-marks' key holds it: in network byte order, which nft lists
+// a set's key in unless the set's userdata says otherwise (google/nftables v0.3.0 cannot
+// write that); the restore turns the conntrack mark to it (restoreRule).
+func markBytes(m uint32) []byte { return binary.BigEndian.AppendUint32(nil, m) }
 
 // Transport protocol numbers as they appear in meta l4proto.
 const (
@@ -109,7 +109,7 @@ func valueText(fields []field, packed string) string {
 		case "inet_service":
 			parts = append(parts, fmt.Sprint(binary.BigEndian.Uint16(b)))
 		case "mark":
-			parts = append(parts, fmt.Sprintf("0x%08x", binaryutil.NativeEndian.Uint32(b)))
+			parts = append(parts, fmt.Sprintf("0x%08x", binary.BigEndian.Uint32(b)))
 		default:
 			parts = append(parts, fmt.Sprintf("0x%x", b))
 		}

@@ -617,12 +617,12 @@ func (k *fakeKernel) dump(t *testing.T) string {
 		if r.Table == unix.RT_TABLE_MAIN {
 			table = "main"
 		}
-		fmt.Fprintf(&b, " fwmark %#x lookup %s\n", r.Mark, table)
+		fmt.Fprintf(&b, " fwmark %#x lookup %s proto %d\n", r.Mark, table, r.Protocol)
 	}
 	routes := slices.DeleteFunc(slices.Clone(k.routes), func(r netlink.Route) bool { return !kuportTable(r.Table) })
 	slices.SortStableFunc(routes, func(a, b netlink.Route) int { return a.Table - b.Table })
 	for _, r := range routes {
-		fmt.Fprintf(&b, "default via %s dev %s table %d \n", r.Gw, names[r.LinkIndex], r.Table)
+		fmt.Fprintf(&b, "default via %s dev %s table %d proto %d \n", r.Gw, names[r.LinkIndex], r.Table, r.Protocol)
 	}
 	return b.String()
 }

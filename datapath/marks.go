@@ -132,6 +132,9 @@ func (l *layout) restoreRule(restore, returns *setSpec) ruleSpec {
 		tail = append(tail, &expr.Bitwise{SourceRegister: register(0), DestRegister: register(0), Len: 4,
 			Mask: binaryutil.NativeEndian.PutUint32(l.mask), Xor: make([]byte, 4)})
 	}
+	// return-marks holds its keys in network byte order (markBytes): the mark in host order
+	// is turned to it before the lookup.
+	tail = append(tail, &expr.Byteorder{SourceRegister: register(0), DestRegister: register(0), Op: expr.ByteorderHton, Len: 4, Size: 4})
 	r := l.rule("kup-mangle", fmt.Sprintf("%s @%s %s vmap @%s", keyText(restore), restore.name, ctText, returns.name), nil, restore, false)
 	inner := r.exprs
 	r.exprs = func(set func(string) *nftables.Set) []expr.Any {

@@ -187,8 +187,8 @@ func (kt *kernelTable) text() string {
 			blocks = append(blocks, block{head: "set " + ks.Name, lines: []string{"# not a kuport set"}})
 			continue
 		}
-		blocks = append(blocks, block{head: s.keyword() + " " + s.name, lines: s.header(),
-			elements: elementLines(s, t.elems[s.name], func(e elem) bool { return counters[s.name][e.key] != nil })})
+		blocks = append(blocks, setBlock(s, s.header(),
+			elementLines(s, t.elems[s.name], func(e elem) bool { return counters[s.name][e.key] != nil })))
 	}
 	for _, c := range kt.chains {
 		bl := block{head: "chain " + c.Name}

@@ -255,11 +255,16 @@ func (tn *testNS) checkKernel(t *testing.T, p *kuportv1.NodeProgram) {
 		assert.Equal(t, "2\n", tn.exec(t, "cat", "/proc/sys/net/ipv4/conf/"+l.GetName()+"/rp_filter"))
 	}
 	rules := tn.exec(t, "ip", "rule", "show")
+	m := markingOf(p)
 	for _, rp := range p.GetReturnPaths() {
-		mark := "0x" + strconv.FormatUint(uint64(rp.GetMark()), 16)
-		assert.Contains(t, rules, "101:\tfrom all to "+rp.GetPeerUnderlay()+" fwmark "+mark+" lookup main")
-		assert.Contains(t, rules, "102:\tfrom all fwmark "+mark+" lookup "+itoa(rp.GetTable()))
-		assert.Equal(t, "default via "+rp.GetPeerLinkAddress()+" dev "+rp.GetLink()+" \n",
+		// ip rule prints no mask that is the whole mark.
+		mark := fmt.Sprintf("%#x", rp.GetMark())
+		if m.mask != 0xffffffff {
+			mark += fmt.Sprintf("/%#x", m.mask)
+		}
+		assert.Contains(t, rules, fmt.Sprintf("%d:\tfrom all to %s fwmark %s lookup main proto 107\n", m.loopGuard, rp.GetPeerUnderlay(), mark))
+		assert.Contains(t, rules, fmt.Sprintf("%d:\tfrom all fwmark %s lookup %d proto 107\n", m.divert, mark, rp.GetTable()))
+		assert.Equal(t, "default via "+rp.GetPeerLinkAddress()+" dev "+rp.GetLink()+" proto 107 \n",
 			tn.exec(t, "ip", "route", "show", "table", itoa(rp.GetTable())))
 	}
 }

@@ -85,7 +85,7 @@ func nftTable(elements ...[]string) string {
 		slices.Sort(bySet[s.name])
 		// Mappings that share a return mark list its return-marks element once.
 		bySet[s.name] = slices.Compact(bySet[s.name])
-		blocks = append(blocks, block{head: s.keyword() + " " + s.name, lines: s.header(), elements: bySet[s.name]})
+		blocks = append(blocks, setBlock(s, s.header(), bySet[s.name]))
 	}
 	for _, c := range l.chains {
 		bl := block{head: "chain " + c.name, lines: c.header()}
@@ -160,14 +160,14 @@ func workerBStates() []stateStep {
 	const (
 		linkPublic   = "link kup-dcc4266d vxlan id 4242 local 100.64.93.150 remote 100.64.93.143 dstport 4790 ttl 64 mtu 1370 up 169.254.77.1/31 rp_filter 2\n"
 		linkIntranet = "link kup-2b1e7a90 vxlan id 4300 local 100.64.93.150 remote 100.64.93.160 dstport 4790 ttl 64 mtu 1370 up 169.254.79.0/31 rp_filter 2\n"
-		rulesPublic  = "101:\tfrom all to 100.64.93.143 fwmark 0x6b700001 lookup main\n" +
-			"102:\tfrom all fwmark 0x6b700001 lookup 201\n"
-		rulesBoth = "101:\tfrom all to 100.64.93.143 fwmark 0x6b700001 lookup main\n" +
-			"101:\tfrom all to 100.64.93.160 fwmark 0x6b700002 lookup main\n" +
-			"102:\tfrom all fwmark 0x6b700001 lookup 201\n" +
-			"102:\tfrom all fwmark 0x6b700002 lookup 202\n"
-		routePublic   = "default via 169.254.77.0 dev kup-dcc4266d table 201 \n"
-		routeIntranet = "default via 169.254.79.1 dev kup-2b1e7a90 table 202 \n"
+		rulesPublic  = "101:\tfrom all to 100.64.93.143 fwmark 0x6b700001 lookup main proto 107\n" +
+			"102:\tfrom all fwmark 0x6b700001 lookup 201 proto 107\n"
+		rulesBoth = "101:\tfrom all to 100.64.93.143 fwmark 0x6b700001 lookup main proto 107\n" +
+			"101:\tfrom all to 100.64.93.160 fwmark 0x6b700002 lookup main proto 107\n" +
+			"102:\tfrom all fwmark 0x6b700001 lookup 201 proto 107\n" +
+			"102:\tfrom all fwmark 0x6b700002 lookup 202 proto 107\n"
+		routePublic   = "default via 169.254.77.0 dev kup-dcc4266d table 201 proto 107 \n"
+		routeIntranet = "default via 169.254.79.1 dev kup-2b1e7a90 table 202 proto 107 \n"
 	)
 	// elems are a mapping's elements on worker-b: its translation (of the stand-in, its pod),
 	// the steering that also counts its requests over the link, the counting of its replies,

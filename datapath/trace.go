@@ -296,6 +296,18 @@ func (tr *tracer) rule(chain string, exprs []expr.Any, p *packet, f *flow, dir b
 			for i := range dst {
 				dst[i] = src[i]&e.Mask[i] ^ e.Xor[i]
 			}
+		case *expr.Byteorder:
+			if e.Size != 4 || e.Len%4 != 0 {
+				return false, fmt.Errorf("byteorder of size %d, length %d is not traced", e.Size, e.Len)
+			}
+			src, dst := reg(e.SourceRegister, e.Len), reg(e.DestRegister, e.Len)
+			for i := uint32(0); i < e.Len; i += 4 {
+				if e.Op == expr.ByteorderHton {
+					binary.BigEndian.PutUint32(dst[i:], binaryutil.NativeEndian.Uint32(src[i:]))
+				} else {
+					copy(dst[i:], binaryutil.NativeEndian.PutUint32(binary.BigEndian.Uint32(src[i:])))
+				}
+			}
 		case *expr.Immediate:
 			load(e.Register, e.Data)
 		case *expr.Lookup:
