@@ -144,6 +144,31 @@ func (k *fakeKernel) AddChain(c *nftables.Chain) *nftables.Chain {
 	return c
 }
 
+// DelChain deletes a chain and its rules as the kernel does, refusing one an element still
+// jumps to (EBUSY).
+func (k *fakeKernel) DelChain(c *nftables.Chain) {
+	name := c.Name
+	k.in(c.Table, func(ft *fakeTable) error {
+		i := slices.IndexFunc(ft.chains, func(x *nftables.Chain) bool { return x.Name == name })
+		if i < 0 {
+			return fmt.Errorf("delete chain %s: %w", name, syscall.ENOENT)
+		}
+		for set, elems := range ft.elems {
+			if ft.set(set).DataType.Name != nftables.TypeVerdict.Name {
+				continue
+			}
+			for _, e := range elems {
+				if jumpTarget(e.Val) == name {
+					return fmt.Errorf("delete chain %s, an element of %s jumps to: %w", name, set, syscall.EBUSY)
+				}
+			}
+		}
+		ft.chains = slices.Delete(slices.Clone(ft.chains), i, i+1)
+		delete(ft.rules, name)
+		return nil
+	})
+}
+
 func (k *fakeKernel) AddSet(s *nftables.Set, vals []nftables.SetElement) error {
 	cs := *s
 	k.in(s.Table, func(ft *fakeTable) error {

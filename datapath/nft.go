@@ -190,7 +190,17 @@ func (kt *kernelTable) text() string {
 		blocks = append(blocks, setBlock(s, s.header(),
 			elementLines(s, t.elems[s.name], func(e elem) bool { return counters[s.name][e.key] != nil })))
 	}
-	for _, c := range kt.chains {
+	// The layout's chains in its order, as Render prints them (nft lists chains in the order
+	// they were added, and a return mark's come when the mark does); any other after them.
+	chains := slices.Clone(kt.chains)
+	at := func(c *nftables.Chain) int {
+		if i := slices.IndexFunc(l.chains, func(s chainSpec) bool { return s.name == c.Name }); i >= 0 {
+			return i
+		}
+		return len(l.chains)
+	}
+	slices.SortStableFunc(chains, func(a, b *nftables.Chain) int { return at(a) - at(b) })
+	for _, c := range chains {
 		bl := block{head: "chain " + c.Name}
 		if cs, ok := l.chain(c.Name); !ok || !cs.matches(c) {
 			bl.lines = append(bl.lines, fmt.Sprintf("# not a kuport chain: type %q hook %v priority %v policy %v",

@@ -71,7 +71,8 @@ func render(fam family, blocks []block) string {
 // (nft 1.0.6) prints it once applied, with every "counter packets N bytes M" normalised to
 // "counter" and each set's elements sorted (nft prints them in hash order): tab
 // indentation, the sets, then chains kup-pre, kup-post, kup-mangle, kup-count-in, kup-steer
-// and kup-count-out. A program with no valid entry renders as "" (Apply removes the table).
+// and kup-count-out, then each return mark's two chains by mark (nft lists those in the
+// order they were added). A program with no valid entry renders as "" (Apply removes the table).
 // Entries that fail validation are left out; Apply reports them.
 func Render(p *kuportv1.NodeProgram) string {
 	t, _ := compileTable(p)
