@@ -12,6 +12,7 @@ GRPCURL_VERSION            := v1.9.3
 CRD_REF_DOCS_VERSION       := v0.3.0
 # HELM_VERSION is the helm.sh/helm/v3 of go.mod (the chart tests' library): keep them equal.
 HELM_VERSION               := v3.21.4
+ACTIONLINT_VERSION         := v1.7.12
 
 TOOLS := $(CURDIR)/.tools
 BUF            := $(TOOLS)/buf-$(BUF_VERSION)/buf
@@ -21,6 +22,7 @@ CONTROLLER_GEN := $(TOOLS)/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-g
 GRPCURL        := $(TOOLS)/grpcurl-$(GRPCURL_VERSION)/grpcurl
 CRD_REF_DOCS   := $(TOOLS)/crd-ref-docs-$(CRD_REF_DOCS_VERSION)/crd-ref-docs
 HELM           := $(TOOLS)/helm-$(HELM_VERSION)/helm
+ACTIONLINT     := $(TOOLS)/actionlint-$(ACTIONLINT_VERSION)/actionlint
 
 # go-install(binary path, package@version)
 define go-install
@@ -42,9 +44,11 @@ $(CRD_REF_DOCS):
 	$(call go-install,$@,github.com/elastic/crd-ref-docs@$(CRD_REF_DOCS_VERSION))
 $(HELM):
 	$(call go-install,$@,helm.sh/helm/v3/cmd/helm@$(HELM_VERSION))
+$(ACTIONLINT):
+	$(call go-install,$@,github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION))
 
 .PHONY: tools
-tools: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(CONTROLLER_GEN) $(GRPCURL) $(CRD_REF_DOCS) $(HELM)
+tools: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(CONTROLLER_GEN) $(GRPCURL) $(CRD_REF_DOCS) $(HELM) $(ACTIONLINT)
 
 .PHONY: proto
 proto: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC)
@@ -133,6 +137,18 @@ images:
 	@mv $(IMAGES)/digests.txt.tmp $(IMAGES)/digests.txt
 	@cat $(IMAGES)/digests.txt
 
+# chart packages the Helm chart into bin/chart/kuport-<CHART_VERSION>.tgz, its appVersion (the
+# images' default tag) VERSION: what the release workflow (.github/workflows/release.yaml)
+# pushes as an OCI artifact. A tag v1.2.3 gives chart version 1.2.3; any other VERSION, which
+# is no semantic version, 0.0.0-<VERSION>.
+CHART_VERSION ?= $(shell echo '$(VERSION)' | sed -E 's/^v([0-9]+\.[0-9]+\.[0-9]+.*)$$/\1/; t; s/^/0.0.0-/')
+
+.PHONY: chart
+chart: $(HELM)
+	@mkdir -p $(BIN)/chart
+	@$(HELM) package deploy/helm/kuport --version $(CHART_VERSION) --app-version $(VERSION) -d $(BIN)/chart >/dev/null
+	@ls $(BIN)/chart/kuport-$(CHART_VERSION).tgz
+
 # lab-images packs the lab's sandbox image, bin/images/pause.tar as kuport.lab/pause:1
 # (lab/pause; containerd's sandbox_image). It carries no version and every timestamp is the
 # epoch, so its digest changes only with the program and the toolchain.
@@ -166,15 +182,16 @@ lab-binaries:
 # Checks and tests
 
 .PHONY: lint
-lint: $(BUF)
+lint: $(BUF) $(ACTIONLINT)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out" >&2; exit 1; fi
 	$(GO) vet ./...
 	$(BUF) lint
+	$(ACTIONLINT)
 
 # test runs everything: generated code up to date, lint, unit and golden tests, privileged
 # datapath tests in fresh network namespaces, and the end-to-end suite against the lab.
 .PHONY: test
-test: deps tools lab-binaries check-generated lint build images lab-images images-next
+test: deps tools lab-binaries check-generated lint build images chart lab-images images-next
 	KUPORT_PRIVILEGED=1 KUPORT_LAB_BIN=$$(lab/build-binaries.sh) KUPORT_BIN=$(BIN) \
 		KUPORT_IMAGES=$(IMAGES) KUPORT_IMAGES_NEXT=$(BIN)/images-next KUPORT_HELM=$(HELM) \
 		$(GO) test -count=1 -p 1 -timeout 45m ./...

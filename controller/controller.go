@@ -370,7 +370,8 @@ func (c *Controller) recordAgentEvent(recorder record.EventRecorder, node string
 }
 
 // recordAnswers records on the PortMap that a node's DNAT entry of it turned unanswered, or
-// answered again (status.Writer.RequestsEvent). A PortMap gone from the cache gets no Event.
+// answered again (status.Writer.RequestsEvent), and queues its status, whose unanswered rows
+// say the same. A PortMap gone from the cache gets no Event.
 func (c *Controller) recordAnswers(ch agents.UnansweredChange, w agents.Window) {
 	obj, ok, err := c.pms.GetByKey(ch.Mapping)
 	if err != nil || !ok || c.stopping.Load() {
@@ -380,6 +381,8 @@ func (c *Controller) recordAnswers(ch agents.UnansweredChange, w agents.Window) 
 	if !ok {
 		return
 	}
+	// Its status's unanswered rows change with the verdict.
+	c.statuses.Add(types.NamespacedName{Namespace: pm.Namespace, Name: pm.Name})
 	v := ch.Verdict
 	if !v.Unanswered {
 		v = ch.Was
@@ -697,7 +700,7 @@ func (c *Controller) writeStatus(ctx context.Context, key types.NamespacedName) 
 		c.statuses.AddAfter(key, wait)
 		return nil
 	}
-	written, err := c.writer.PortMap(ctx, pm, res, v)
+	written, err := c.writer.PortMap(ctx, pm, res, v, c.reg.UnansweredNodes(key.String()))
 	if written && v.Programmed != nil {
 		c.log.Debug("status written", "portmap", key, "programmed", v.Programmed.Status, "reason", v.Programmed.Reason)
 	}

@@ -346,8 +346,9 @@ func (l *Lab) StartAgent(node string) error {
 	return l.StartAgentBinary(node, filepath.Join(l.opt.Bin, "kuport-agent"))
 }
 
-// StartAgentBinary is StartAgent with another kuport-agent binary: an upgrade.
-func (l *Lab) StartAgentBinary(node, binary string) error {
+// StartAgentBinary is StartAgent with another kuport-agent binary (an upgrade), and extra
+// flags after the lab's, which they override (a flag given twice takes the last value).
+func (l *Lab) StartAgentBinary(node, binary string, extra ...string) error {
 	spec, ok := l.Net.Node(node)
 	if !ok {
 		return fmt.Errorf("lab: no node %s", node)
@@ -372,12 +373,17 @@ func (l *Lab) StartAgentBinary(node, binary string) error {
 		args = append(args, "--controller", "unix://"+filepath.Join(l.opt.Dir, ReplicaSocket(i)))
 	}
 	args = append(args, "--report-interval", "2s", "--resync-interval", AgentResyncInterval.String(), "--log-level", "debug")
-	p, err := l.Net.Start(node, filepath.Join(l.logDir(), "agent-"+node+".log"), args...)
+	p, err := l.Net.Start(node, l.AgentLog(node), append(args, extra...)...)
 	if err != nil {
 		return err
 	}
 	l.agents[node] = p
 	return nil
+}
+
+// AgentLog is the log file of node's agent, in the lab dir; a restarted agent appends to it.
+func (l *Lab) AgentLog(node string) string {
+	return filepath.Join(l.logDir(), "agent-"+node+".log")
 }
 
 // Bin is the directory holding the lab's kuport binaries (Options.Bin).

@@ -96,6 +96,19 @@ type PortMapStatus struct {
 	// PUBLISHED printer column.
 	// +optional
 	PublishedAddresses string `json:"publishedAddresses,omitempty"`
+	// unanswered lists the nodes that forward the mapping's requests and see no reply:
+	// requests without a reply for the controller's window (kuport-controller
+	// --unanswered-reports, --unanswered-window), as the Warning Event RequestsUnanswered
+	// says; a node's row goes once replies flow again (Normal Event RequestsAnswered).
+	// Programmed=True says the rules are in the kernels, this says whether anything answers.
+	// +listType=map
+	// +listMapKey=node
+	// +optional
+	Unanswered []UnansweredNode `json:"unanswered,omitempty"`
+	// unansweredOn joins the unanswered rows as "<node> since <since>" with commas, for the
+	// UNANSWERED printer column; empty while every node's requests are answered or none arrive.
+	// +optional
+	UnansweredOn string `json:"unansweredOn,omitempty"`
 	// conditions: Accepted, Programmed.
 	// +listType=map
 	// +listMapKey=type
@@ -118,6 +131,18 @@ type PublishedAddress struct {
 	Address string `json:"address,omitempty"`
 }
 
+// UnansweredNode is a node whose requests of the mapping go unanswered.
+type UnansweredNode struct {
+	// node is the node's name.
+	Node string `json:"node"`
+	// interfaces are the node's interfaces whose requests go unanswered.
+	// +listType=set
+	Interfaces []string `json:"interfaces"`
+	// since is when the controller received the agent's report that showed the first of the
+	// unanswered requests.
+	Since metav1.Time `json:"since"`
+}
+
 // PortMap exposes a Service's pod on a port of its class's accepting nodes.
 //
 // +kubebuilder:object:root=true
@@ -128,6 +153,7 @@ type PublishedAddress struct {
 // +kubebuilder:printcolumn:name="PORT",type=string,JSONPath=`.status.ports`
 // +kubebuilder:printcolumn:name="ENDPOINT",type=string,JSONPath=`.status.endpoint.address`
 // +kubebuilder:printcolumn:name="PROGRAMMED",type=string,JSONPath=`.status.conditions[?(@.type=="Programmed")].status`
+// +kubebuilder:printcolumn:name="UNANSWERED",type=string,JSONPath=`.status.unansweredOn`
 // +kubebuilder:printcolumn:name="NODE",type=string,JSONPath=`.status.endpoint.node`,priority=1
 // +kubebuilder:printcolumn:name="PUBLISHED",type=string,JSONPath=`.status.publishedAddresses`,priority=1
 type PortMap struct {

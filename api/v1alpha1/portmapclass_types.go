@@ -136,12 +136,24 @@ const (
 	ReasonSubnetOverlap     = "SubnetOverlap"
 )
 
+// The NodePortsReserved condition of a PortMapClass (added): whether every well-known port of
+// the accepting nodes' own listeners inside the class's window is reserved (kubelet 10250,
+// kube-apiserver 6443, etcd 2379-2380, the class's link port, the UDP ports of the tunnel
+// devices the accepting nodes' agents report). False only warns: mappings are accepted as
+// before, and one on such a port takes it over on the class's interfaces.
+const (
+	ClassConditionNodePortsReserved = "NodePortsReserved"
+
+	ReasonAllReserved         = "AllReserved"
+	ReasonNodePortsUnreserved = "NodePortsUnreserved"
+)
+
 // PortMapClassStatus is written by the controller.
 type PortMapClassStatus struct {
 	// observedGeneration is the spec generation the status describes.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
-	// conditions: Ready.
+	// conditions: Ready, NodePortsReserved.
 	// +listType=map
 	// +listMapKey=type
 	// +optional

@@ -2,7 +2,7 @@
 // applies the node's program to the kernel of the network namespace it runs in.
 //
 //	kuport-agent --node-name N --controller TARGET [--controller TARGET2 ...]
-//	             [--underlay-interface IF] [--report-interval 10s] [--resync-interval 30s]
+//	             [--underlay-interface IF] [--report-interval 5s] [--resync-interval 30s]
 //	             [--token-file /var/run/secrets/kuport/token] [--inspect-listen 127.0.0.1:7400]
 //	             [--epoch-file /run/kuport/epoch] [--controller-ca-file /var/run/kuport/ca/ca.crt]
 //	             [--controller-server-name NAME] [--log-level info]

@@ -7,7 +7,7 @@
 //	                  [--agent-auth=true] [--agent-service-account kuport-system:kuport-agent]
 //	                  [--tls-cert-file PATH --tls-key-file PATH | --tls-secret kuport-controller-tls
 //	                   --tls-ca-configmap kuport-controller-ca --tls-names NAME,...] [--health-listen ADDR]
-//	                  [--unanswered-reports 3] [--unanswered-window 10s]
+//	                  [--unanswered-reports 2] [--unanswered-window 4s]
 //	                  [--return-mark-mask 0x301f] [--return-tables 27505-27631] [--return-rule-prefs 101,102]
 //
 // --return-mark-mask, --return-tables and --return-rule-prefs place the return paths' marks,

@@ -644,19 +644,8 @@ func (r *Registry) Mapping(mapping string) []*kuportv1.MappingNode {
 			Counters: mv.counters(n),
 		}
 		mn.Ready, mn.Message = n.acks(name, mapping).Ready()
-		if mi := n.index[mapping]; mi != nil {
-			for _, e := range mi.Entries {
-				v := n.answers[e.ID].Verdict
-				if e.Kind != compile.KindDNAT || !v.Unanswered {
-					continue
-				}
-				if !mn.Unanswered || v.Since.Before(mn.UnansweredSince.AsTime()) {
-					mn.UnansweredSince = timestamppb.New(v.Since)
-				}
-				mn.Unanswered = true
-				mn.UnansweredInterfaces = append(mn.UnansweredInterfaces, e.Interface)
-			}
-			slices.Sort(mn.UnansweredInterfaces)
+		if ifaces, since := n.unanswered(mapping); len(ifaces) > 0 {
+			mn.Unanswered, mn.UnansweredInterfaces, mn.UnansweredSince = true, ifaces, timestamppb.New(since)
 		}
 		for _, l := range n.linkStats {
 			if mv.uses(l.Name) {

@@ -1,6 +1,12 @@
 package agents
 
-import "time"
+import (
+	"cmp"
+	"slices"
+	"time"
+
+	"kuport.wlz.li/kuport/controller/compile"
+)
 
 // Unanswered mappings (issue 12, "Why" 3): a DNAT entry whose node keeps forwarding
 // requests (Counter.forwarded_in rising) and sees no reply (forwarded_out not rising) is
@@ -9,8 +15,11 @@ import "time"
 // kernel holds every rule and Programmed stays True.
 
 // DefaultUnansweredWindow is the window of Window's defaults: requests without a reply for
-// at least three reports and 10 s.
-var DefaultUnansweredWindow = Window{Reports: 3, Duration: 10 * time.Second}
+// two reports at least 4 s apart. With the agents' default 5 s reports a mapping is
+// unanswered 5-10 s after its requests go unanswered (well within 15 s), and a reply
+// in flight while one report is taken shows in the next. 4 s, not 5: two reports a period
+// apart arrive a little more or less than 5 s apart, and one short of 5 s would wait a third.
+var DefaultUnansweredWindow = Window{Reports: 2, Duration: 4 * time.Second}
 
 // Window is how long requests must go without a reply before their entry is unanswered:
 // Reports consecutive reports, the first being the one that showed the first unanswered
@@ -116,4 +125,50 @@ func (r *Registry) UnansweredMappings(nodeName string) map[string]bool {
 		}
 	}
 	return out
+}
+
+// UnansweredNode is a node on which a mapping's requests go unanswered: the interfaces whose
+// DNAT entries are unanswered, sorted, and the earliest of their Since.
+type UnansweredNode struct {
+	Node       string
+	Interfaces []string
+	Since      time.Time
+}
+
+// UnansweredNodes returns the nodes on which mapping ("<namespace>/<name>") is unanswered,
+// sorted by name; nil when it is answered (or idle) everywhere.
+func (r *Registry) UnansweredNodes(mapping string) []UnansweredNode {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []UnansweredNode
+	for name, n := range r.nodes {
+		if ifaces, since := n.unanswered(mapping); len(ifaces) > 0 {
+			out = append(out, UnansweredNode{Node: name, Interfaces: ifaces, Since: since})
+		}
+	}
+	slices.SortFunc(out, func(a, b UnansweredNode) int { return cmp.Compare(a.Node, b.Node) })
+	return out
+}
+
+// unanswered returns the interfaces of n whose DNAT entries of mapping are unanswered, sorted,
+// and the earliest Since among them.
+func (n *node) unanswered(mapping string) ([]string, time.Time) {
+	mi := n.index[mapping]
+	if mi == nil {
+		return nil, time.Time{}
+	}
+	var ifaces []string
+	var since time.Time
+	for _, e := range mi.Entries {
+		v := n.answers[e.ID].Verdict
+		if e.Kind != compile.KindDNAT || !v.Unanswered {
+			continue
+		}
+		if len(ifaces) == 0 || v.Since.Before(since) {
+			since = v.Since
+		}
+		ifaces = append(ifaces, e.Interface)
+	}
+	slices.Sort(ifaces)
+	return ifaces, since
 }

@@ -133,3 +133,28 @@ func TestRegistryUnanswered(t *testing.T) {
 		t.Errorf("Unanswered after removal = %+v", got)
 	}
 }
+
+// TestDefaultWindowTiming: with the agents' default reports (5 s apart, arriving a few
+// milliseconds early or late) the default window makes requests that get no reply unanswered
+// at the second report that shows them, 10 s after they began at the latest; a reply still in
+// flight when one report is taken, which the next one shows, is no alarm.
+func TestDefaultWindowTiming(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	w := DefaultUnansweredWindow
+	for _, jitter := range []time.Duration{-20 * time.Millisecond, 0, 20 * time.Millisecond} {
+		// Requests begin just after the report at t0; the report at 5 s shows them.
+		history := []Sample{
+			{At: t0, Requests: 0, Replies: 0},
+			{At: t0.Add(5 * time.Second), Requests: 4, Replies: 0},
+			{At: t0.Add(10*time.Second + jitter), Requests: 9, Replies: 0},
+		}
+		v := Judge(history, w)
+		if !v.Unanswered || !v.Since.Equal(t0.Add(5*time.Second)) {
+			t.Errorf("jitter %s: verdict %+v, want unanswered since the report at 5 s, judged at 10 s", jitter, v)
+		}
+		history[2].Replies = 1
+		if v := Judge(history, w); v.Unanswered {
+			t.Errorf("jitter %s: a reply shown by the next report is unanswered: %+v", jitter, v)
+		}
+	}
+}

@@ -206,7 +206,7 @@ func (c *compiler) classStatus(ci *classInfo) *v1alpha1.PortMapClassStatus {
 	st := &v1alpha1.PortMapClassStatus{
 		ObservedGeneration: ci.obj.Generation,
 		Conditions: []metav1.Condition{c.condition(ci.obj.Status.Conditions, v1alpha1.ClassConditionReady,
-			reason == v1alpha1.ReasonValid, reason, msg, ci.obj.Generation)},
+			reason == v1alpha1.ReasonValid, reason, msg, ci.obj.Generation), c.nodePortsCondition(ci)},
 	}
 	for _, n := range ci.accepting {
 		st.Nodes = append(st.Nodes, c.nodeRow(ci, n))

@@ -62,7 +62,7 @@ type Source struct {
 }
 
 // sampleInterval is how often Run reads the counters: a counter moves when its agent
-// reports (every 10 s by default, 2 s in the lab), and Run times each move to within one
+// reports (every 5 s by default, 2 s in the lab), and Run times each move to within one
 // interval, whenever and however often the page is read.
 const sampleInterval = time.Second
 

@@ -6,8 +6,8 @@ import (
 	"time"
 )
 
-// rateWindow is how far back rates look. Agents report every 10 s by default (2 s in the
-// lab), so a window of three default reports averages over at least two of them; it is
+// rateWindow is how far back rates look. Agents report every 5 s by default (2 s in the
+// lab), so a window of six default reports averages over at least five of them; it is
 // also how long a rate takes to fall to 0 after traffic stops.
 const rateWindow = 30 * time.Second
 

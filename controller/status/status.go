@@ -8,6 +8,8 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,6 +26,7 @@ import (
 	"k8s.io/client-go/util/flowcontrol"
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
+	"kuport.wlz.li/kuport/controller/agents"
 	"kuport.wlz.li/kuport/controller/compile"
 	"kuport.wlz.li/kuport/controller/programmed"
 )
@@ -83,28 +86,47 @@ func mergeConditions(old, want []metav1.Condition, now metav1.Time) []metav1.Con
 
 // Desired is the status to write for pm: compile's (res) with the Programmed condition
 // programmed.Decide chose (v), each condition keeping pm's lastTransitionTime while its status
-// holds.
-func Desired(pm *v1alpha1.PortMap, res *compile.PortMapResult, v programmed.Verdict, now metav1.Time) v1alpha1.PortMapStatus {
+// holds, and the nodes on which the registry judged its requests unanswered (unanswered,
+// sorted by node).
+func Desired(pm *v1alpha1.PortMap, res *compile.PortMapResult, v programmed.Verdict, unanswered []agents.UnansweredNode, now metav1.Time) v1alpha1.PortMapStatus {
 	want := *res.Status.DeepCopy()
 	if v.Programmed != nil {
 		meta.SetStatusCondition(&want.Conditions, *v.Programmed)
 	}
 	want.Conditions = mergeConditions(pm.Status.Conditions, want.Conditions, now)
+	want.Unanswered, want.UnansweredOn = unansweredStatus(unanswered)
 	return want
 }
 
-// PortMap writes pm's status (Desired) when it differs from pm's, with pm's resourceVersion
+// unansweredStatus renders the unanswered nodes as status rows and the UNANSWERED printer
+// column's text, "<node> since <RFC 3339 time>" joined with commas. Since is cut to the
+// second the API keeps, so an unchanged verdict compares equal to the stored status.
+func unansweredStatus(nodes []agents.UnansweredNode) ([]v1alpha1.UnansweredNode, string) {
+	if len(nodes) == 0 {
+		return nil, ""
+	}
+	rows := make([]v1alpha1.UnansweredNode, len(nodes))
+	text := make([]string, len(nodes))
+	for i, n := range nodes {
+		since := metav1.NewTime(n.Since).Rfc3339Copy()
+		rows[i] = v1alpha1.UnansweredNode{Node: n.Node, Interfaces: slices.Clone(n.Interfaces), Since: since}
+		text[i] = n.Node + " since " + since.UTC().Format(time.RFC3339)
+	}
+	return rows, strings.Join(text, ",")
+}
+
+// PortMap writes pm's status (Desired, with unanswered) when it differs from pm's, with pm's resourceVersion
 // (a conflict error means pm changed meanwhile: retry from a fresh copy), and records Events:
 // a Warning with the condition's reason when Accepted or Programmed turns False (or changes
 // reason or message while False; not for Programmed's NotAccepted, which restates Accepted,
 // nor while the agents have yet to acknowledge a change: v.Quiet), a Normal EndpointChanged
 // when the endpoint moves. Nothing is written while v holds (the startup hold).
 // It returns whether it wrote.
-func (w *Writer) PortMap(ctx context.Context, pm *v1alpha1.PortMap, res *compile.PortMapResult, v programmed.Verdict) (bool, error) {
+func (w *Writer) PortMap(ctx context.Context, pm *v1alpha1.PortMap, res *compile.PortMapResult, v programmed.Verdict, unanswered []agents.UnansweredNode) (bool, error) {
 	if v.Hold {
 		return false, nil
 	}
-	want := Desired(pm, res, v, metav1.Now())
+	want := Desired(pm, res, v, unanswered, metav1.Now())
 	if equality.Semantic.DeepEqual(pm.Status, want) {
 		return false, nil
 	}
@@ -134,7 +156,9 @@ func (w *Writer) PortMap(ctx context.Context, pm *v1alpha1.PortMap, res *compile
 
 // Class writes cls's status as compile computed it (want) when it differs from cls's, with
 // cls's resourceVersion; conditions keep their lastTransitionTime while their status holds.
-// It returns whether it wrote.
+// A condition written False (Ready refused, NodePortsReserved warning), or False with a new
+// reason or message, is also recorded as a Warning Event with its reason. It returns whether
+// it wrote.
 //
 // cls is the informer's copy, which receives this Writer's own last write some time after
 // it returned (most of a second for a class of 1,000 nodes on a busy API server). While cls
@@ -167,6 +191,13 @@ func (w *Writer) Class(ctx context.Context, cls *v1alpha1.PortMapClass, want *v1
 	written, err := w.update(ctx, v1alpha1.PortMapClassesResource, "", obj)
 	if err != nil {
 		return false, fmt.Errorf("portmapclass %s status: %w", cls.Name, err)
+	}
+	for _, after := range st.Conditions {
+		before := meta.FindStatusCondition(cur.Conditions, after.Type)
+		if after.Status == metav1.ConditionFalse &&
+			(before == nil || before.Status != metav1.ConditionFalse || before.Reason != after.Reason || before.Message != after.Message) {
+			w.recorder.Eventf(obj, corev1.EventTypeWarning, after.Reason, "%s: %s", after.Type, after.Message)
+		}
 	}
 	behind := map[string]bool{rv: true}
 	if lagging {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/client-go/util/flowcontrol"
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
+	"kuport.wlz.li/kuport/controller/agents"
 	"kuport.wlz.li/kuport/controller/compile"
 	"kuport.wlz.li/kuport/controller/programmed"
 )
@@ -68,12 +70,12 @@ func TestDesired(t *testing.T) {
 	res := &compile.PortMapResult{Status: programmedTrue(), Nodes: []string{"edge-a", "worker-b"}}
 	now := metav1.NewTime(t1.Add(time.Minute))
 
-	st := Desired(pm, res, verdict(pm, res, settled, ready("edge-a"), ready("worker-b")), now)
+	st := Desired(pm, res, verdict(pm, res, settled, ready("edge-a"), ready("worker-b")), nil, now)
 	assert.Equal(t, metav1.ConditionTrue, meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionProgrammed).Status)
 
 	waiting := ready("worker-b")
 	waiting.Version = 7
-	st = Desired(pm, res, verdict(pm, res, settled, ready("edge-a"), waiting), now)
+	st = Desired(pm, res, verdict(pm, res, settled, ready("edge-a"), waiting), nil, now)
 	c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionProgrammed)
 	assert.Equal(t, metav1.ConditionFalse, c.Status)
 	assert.Equal(t, v1alpha1.ReasonNodeNotReady, c.Reason)
@@ -81,6 +83,55 @@ func TestDesired(t *testing.T) {
 	assert.True(t, c.LastTransitionTime.Equal(&now), "a condition the object lacked gets now")
 	assert.Equal(t, res.Status.Endpoint, st.Endpoint)
 	assert.Equal(t, metav1.ConditionTrue, meta.FindStatusCondition(res.Status.Conditions, v1alpha1.ConditionProgrammed).Status, "compile's result is not mutated")
+	assert.Nil(t, st.Unanswered)
+	assert.Empty(t, st.UnansweredOn)
+}
+
+// TestWriterUnanswered: the registry's unanswered nodes become status rows and the
+// UNANSWERED column's text, Since cut to the second the API keeps, so the same verdict read
+// back is no new write; the rows go once the verdict clears, Programmed untouched.
+func TestWriterUnanswered(t *testing.T) {
+	ctx := context.Background()
+	pm := portMap(programmedTrue())
+	client := newFake(pm)
+	w := NewWriter(client, record.NewFakeRecorder(10), nil)
+	res := &compile.PortMapResult{Status: programmedTrue(), Nodes: []string{"edge-a", "worker-c"}}
+	since := time.Date(2026, 12, 1, 9, 30, 0, 123456789, time.UTC)
+	unanswered := []agents.UnansweredNode{
+		{Node: "edge-a", Interfaces: []string{"enp1s0", "wt0"}, Since: since},
+		{Node: "worker-c", Interfaces: []string{"eth0"}, Since: since.Add(5 * time.Second)},
+	}
+	v := verdict(pm, res, settled, ready("edge-a"), ready("worker-c"))
+
+	wrote, err := w.PortMap(ctx, pm, res, v, unanswered)
+	require.NoError(t, err)
+	assert.True(t, wrote)
+	got := getPortMap(t, client)
+	want := []v1alpha1.UnansweredNode{
+		{Node: "edge-a", Interfaces: []string{"enp1s0", "wt0"}, Since: metav1.NewTime(since.Truncate(time.Second))},
+		{Node: "worker-c", Interfaces: []string{"eth0"}, Since: metav1.NewTime(since.Add(5 * time.Second).Truncate(time.Second))},
+	}
+	assert.True(t, equality.Semantic.DeepEqual(want, got.Status.Unanswered), "unanswered rows: %v", got.Status.Unanswered)
+	assert.Equal(t, "edge-a since 2026-12-01T09:30:00Z,worker-c since 2026-12-01T09:30:05Z", got.Status.UnansweredOn)
+	assert.Equal(t, metav1.ConditionTrue, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionProgrammed).Status)
+
+	wrote, err = w.PortMap(ctx, got, res, v, unanswered)
+	require.NoError(t, err)
+	assert.False(t, wrote, "an unchanged verdict is no write")
+
+	wrote, err = w.PortMap(ctx, got, res, v, unanswered[1:])
+	require.NoError(t, err)
+	assert.True(t, wrote)
+	got = getPortMap(t, client)
+	require.Len(t, got.Status.Unanswered, 1)
+	assert.Equal(t, "worker-c since 2026-12-01T09:30:05Z", got.Status.UnansweredOn)
+
+	wrote, err = w.PortMap(ctx, got, res, v, nil)
+	require.NoError(t, err)
+	assert.True(t, wrote)
+	got = getPortMap(t, client)
+	assert.Nil(t, got.Status.Unanswered)
+	assert.Empty(t, got.Status.UnansweredOn)
 }
 
 // TestWriterKeepsProgrammedWhileSettling: a new leader that has not heard from a node yet
@@ -95,12 +146,12 @@ func TestWriterKeepsProgrammedWhileSettling(t *testing.T) {
 	res := &compile.PortMapResult{Status: programmedTrue(), Nodes: []string{"edge-a", "worker-b"}}
 	unheard := programmed.Node{Name: "worker-b", Version: 1}
 
-	wrote, err := w.PortMap(ctx, pm, res, verdict(pm, res, settling, ready("edge-a"), unheard))
+	wrote, err := w.PortMap(ctx, pm, res, verdict(pm, res, settling, ready("edge-a"), unheard), nil)
 	require.NoError(t, err)
 	assert.False(t, wrote)
 	assert.Empty(t, rec.Events)
 
-	wrote, err = w.PortMap(ctx, pm, res, verdict(pm, res, settled, ready("edge-a"), unheard))
+	wrote, err = w.PortMap(ctx, pm, res, verdict(pm, res, settled, ready("edge-a"), unheard), nil)
 	require.NoError(t, err)
 	assert.True(t, wrote)
 	prog := meta.FindStatusCondition(getPortMap(t, client).Status.Conditions, v1alpha1.ConditionProgrammed)
@@ -118,13 +169,13 @@ func TestWriterHoldsAndLimits(t *testing.T) {
 	limiter := &countingLimiter{RateLimiter: flowcontrol.NewFakeAlwaysRateLimiter()}
 	w := NewWriter(client, record.NewFakeRecorder(10), limiter)
 	res := &compile.PortMapResult{Status: programmedTrue(), Nodes: []string{"edge-a"}}
-	wrote, err := w.PortMap(ctx, pm, res, programmed.Verdict{Hold: true})
+	wrote, err := w.PortMap(ctx, pm, res, programmed.Verdict{Hold: true}, nil)
 	require.NoError(t, err)
 	assert.False(t, wrote)
 	assert.Empty(t, client.Actions())
 	assert.Zero(t, limiter.waits)
 
-	wrote, err = w.PortMap(ctx, pm, res, verdict(pm, res, settled, ready("edge-a")))
+	wrote, err = w.PortMap(ctx, pm, res, verdict(pm, res, settled, ready("edge-a")), nil)
 	require.NoError(t, err)
 	assert.True(t, wrote)
 	assert.Equal(t, 1, limiter.waits)
@@ -170,7 +221,7 @@ func TestWriterPortMap(t *testing.T) {
 		again.Conditions[i].LastTransitionTime = metav1.NewTime(t1.Add(time.Hour))
 	}
 	res := &compile.PortMapResult{Status: again, Nodes: []string{"edge-a"}}
-	wrote, err := w.PortMap(ctx, pm, res, verdict(pm, res, settled, ready("edge-a")))
+	wrote, err := w.PortMap(ctx, pm, res, verdict(pm, res, settled, ready("edge-a")), nil)
 	require.NoError(t, err)
 	assert.False(t, wrote)
 	assert.Empty(t, client.Actions())
@@ -181,7 +232,7 @@ func TestWriterPortMap(t *testing.T) {
 	res = &compile.PortMapResult{Status: moved, Nodes: []string{"edge-a"}}
 	awaiting := ready("edge-a")
 	awaiting.Acked = 2
-	wrote, err = w.PortMap(ctx, pm, res, verdict(pm, res, settled, awaiting))
+	wrote, err = w.PortMap(ctx, pm, res, verdict(pm, res, settled, awaiting), nil)
 	require.NoError(t, err)
 	assert.True(t, wrote)
 	got := getPortMap(t, client)
@@ -202,7 +253,7 @@ func TestWriterPortMap(t *testing.T) {
 	pm = getPortMap(t, client)
 	gone := ready("edge-a")
 	gone.Connected = false
-	wrote, err = w.PortMap(ctx, pm, res, verdict(pm, res, settled, gone))
+	wrote, err = w.PortMap(ctx, pm, res, verdict(pm, res, settled, gone), nil)
 	require.NoError(t, err)
 	assert.True(t, wrote)
 	assert.Equal(t, "Warning NodeNotReady Programmed: node edge-a: agent disconnected", nextEvent(t, rec))
@@ -240,6 +291,55 @@ func TestWriterClass(t *testing.T) {
 	assert.False(t, wrote)
 }
 
+// TestWriterClassWarns: a class condition written False (here the NodePortsReserved warning
+// compile decides) is a Warning Event with its reason, once: an unchanged status records
+// nothing, a changed message records again, and turning True records nothing.
+func TestWriterClassWarns(t *testing.T) {
+	ctx := context.Background()
+	cls := &v1alpha1.PortMapClass{
+		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "PortMapClass"},
+		ObjectMeta: metav1.ObjectMeta{Name: "public", ResourceVersion: "3"},
+		Spec:       v1alpha1.PortMapClassSpec{Nodes: map[string]v1alpha1.ClassNode{"edge-a": {Interfaces: []string{"wt0"}}}},
+	}
+	client := newFake(cls)
+	rec := record.NewFakeRecorder(10)
+	w := NewWriter(client, rec, nil)
+	status := func(ok metav1.ConditionStatus, reason, msg string) *v1alpha1.PortMapClassStatus {
+		return &v1alpha1.PortMapClassStatus{Conditions: []metav1.Condition{
+			{Type: v1alpha1.ClassConditionReady, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonValid, Message: "the class is valid"},
+			{Type: v1alpha1.ClassConditionNodePortsReserved, Status: ok, Reason: reason, Message: msg},
+		}}
+	}
+	get := func() *v1alpha1.PortMapClass {
+		u, err := client.Resource(v1alpha1.PortMapClassesResource).Get(ctx, "public", metav1.GetOptions{})
+		require.NoError(t, err)
+		var got v1alpha1.PortMapClass
+		require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &got))
+		return &got
+	}
+	kubelet := "ports 10250 (kubelet) are in the port window 1024-65535 and not reserved"
+	for _, step := range []struct {
+		st    *v1alpha1.PortMapClassStatus
+		event string
+	}{
+		{status(metav1.ConditionFalse, v1alpha1.ReasonNodePortsUnreserved, kubelet),
+			"Warning NodePortsUnreserved NodePortsReserved: " + kubelet},
+		{status(metav1.ConditionFalse, v1alpha1.ReasonNodePortsUnreserved, kubelet), ""},
+		{status(metav1.ConditionFalse, v1alpha1.ReasonNodePortsUnreserved, "ports 6443 (kube-apiserver)"),
+			"Warning NodePortsUnreserved NodePortsReserved: ports 6443 (kube-apiserver)"},
+		{status(metav1.ConditionTrue, v1alpha1.ReasonAllReserved, "clear"), ""},
+	} {
+		_, err := w.Class(ctx, get(), step.st)
+		require.NoError(t, err)
+		if step.event == "" {
+			assert.Empty(t, rec.Events)
+			continue
+		}
+		assert.Equal(t, step.event, nextEvent(t, rec))
+		assert.Empty(t, rec.Events)
+	}
+}
+
 func TestWriterRefusedMappingEmitsOneEvent(t *testing.T) {
 	pm := portMap(v1alpha1.PortMapStatus{})
 	rec := record.NewFakeRecorder(10)
@@ -250,7 +350,7 @@ func TestWriterRefusedMappingEmitsOneEvent(t *testing.T) {
 	}}
 	refused.Conditions[0].Message = `PortMapClass "nope" not found`
 	res := &compile.PortMapResult{Status: refused}
-	wrote, err := w.PortMap(context.Background(), pm, res, verdict(pm, res, settled))
+	wrote, err := w.PortMap(context.Background(), pm, res, verdict(pm, res, settled), nil)
 	require.NoError(t, err)
 	assert.True(t, wrote)
 	assert.Equal(t, `Warning ClassNotFound Accepted: PortMapClass "nope" not found`, nextEvent(t, rec))

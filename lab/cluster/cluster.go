@@ -77,6 +77,9 @@ type Cluster struct {
 	clients    kubernetes.Interface
 	procs      []*process // in start order: etcd, kube-apiserver
 	log        hclog.Logger
+	// cfg and ports are Start's, for Resume.
+	cfg   Config
+	ports []int
 
 	stopOnce sync.Once
 	stopErr  error
@@ -127,6 +130,8 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		dir:        dir,
 		kubeconfig: filepath.Join(dir, "kubeconfig"),
 		log:        log,
+		cfg:        cfg,
+		ports:      ports,
 		rest: &rest.Config{
 			Host: server,
 			TLSClientConfig: rest.TLSClientConfig{
@@ -322,21 +327,39 @@ func (c *Cluster) Pids() []int {
 // first run's error on later calls.
 func (c *Cluster) Stop() error {
 	c.stopOnce.Do(func() {
-		var errs []error
-		for i := len(c.procs) - 1; i >= 0; i-- {
-			p := c.procs[i]
-			if err := terminate(p.pid, p.done); err != nil {
-				errs = append(errs, fmt.Errorf("stop %s: %w", p.name, err))
-				continue
-			}
-			if err := os.Remove(p.pidFile); err != nil && !errors.Is(err, os.ErrNotExist) {
-				errs = append(errs, fmt.Errorf("remove pid file: %w", err))
-			}
-		}
-		c.stopErr = errors.Join(errs...)
+		c.stopErr = c.terminate()
 		c.log.Debug("control plane stopped", "dir", c.dir, "error", c.stopErr)
 	})
 	return c.stopErr
+}
+
+// Halt stops kube-apiserver and etcd as Stop does, keeping etcd's data, for a control plane
+// outage that Resume ends.
+func (c *Cluster) Halt() error { return c.terminate() }
+
+// Resume starts etcd and kube-apiserver again after Halt, on the same ports and data, and
+// waits for /readyz as Start does (the CRDs are in etcd already).
+func (c *Cluster) Resume(ctx context.Context) error {
+	c.procs = nil
+	cfg := c.cfg
+	cfg.CRDDir = ""
+	return c.start(ctx, cfg, c.pki, c.ports)
+}
+
+// terminate stops the processes in reverse start order and removes their pid files.
+func (c *Cluster) terminate() error {
+	var errs []error
+	for i := len(c.procs) - 1; i >= 0; i-- {
+		p := c.procs[i]
+		if err := terminate(p.pid, p.done); err != nil {
+			errs = append(errs, fmt.Errorf("stop %s: %w", p.name, err))
+			continue
+		}
+		if err := os.Remove(p.pidFile); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove pid file: %w", err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // pickPorts returns, for each preferred loopback port, that port if it is free and otherwise

@@ -99,7 +99,7 @@ func TestDocsBlocksAreMarked(t *testing.T) {
 func TestStep(t *testing.T) {
 	b, err := Step(repoRoot, "install")
 	require.NoError(t, err)
-	assert.Equal(t, "kubectl apply -k deploy/", b.Commands[0])
+	assert.Equal(t, "kubectl apply -k examples/install/", b.Commands[0])
 	_, err = Step(repoRoot, "no-such-step")
 	assert.ErrorContains(t, err, "0 blocks")
 }

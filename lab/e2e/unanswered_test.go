@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"kuport.wlz.li/kuport/agent"
 	"kuport.wlz.li/kuport/controller/dashboard"
 	"kuport.wlz.li/kuport/controller/status"
 	"kuport.wlz.li/kuport/lab"
@@ -27,12 +29,24 @@ import (
 // state say unanswered. Then a server starts on the port: once replies flow, a Normal Event
 // RequestsAnswered, the gauge 0 and GetMapping's row answered. Last, another table's forward
 // chain at policy drop on edge-a makes a served TCP mapping unanswered until it is removed.
+// edge-a's agent reports at the default interval, and the PortMap's status.unanswered (its
+// UNANSWERED column, kubectl describe) names edge-a within 15 s of the first request and
+// clears once replies flow. The recovery cases (testRecovery) run last, on the same lab.
 func TestPrivilegedE2EUnanswered(t *testing.T) {
 	l := startLab(t)
 	ctx := context.Background()
+	require.NoError(t, l.StopAgent("edge-a", false))
+	require.NoError(t, l.StartAgentBinary("edge-a", filepath.Join(l.Bin(), "kuport-agent"),
+		"--report-interval", agent.DefaultReportInterval.String()))
 	const name, port = "silent-udp", 27320
 	mapTo(t, l, name, "public", corev1.ProtocolUDP, port, 0, port, lab.PodB)
 	dst := fmt.Sprintf("%s:%d", lab.PublicAddr, port)
+	// unansweredOn polls the PortMap's UNANSWERED text.
+	unansweredOn := func(name string) string {
+		pm, err := l.GetPortMap(ctx, lab.DemoNamespace, name)
+		require.NoError(t, err)
+		return pm.Status.UnansweredOn
+	}
 
 	eventsOf := func(name, reason string) []corev1.Event {
 		list, err := l.Kube.CoreV1().Events(lab.DemoNamespace).List(ctx, metav1.ListOptions{
@@ -60,6 +74,27 @@ func TestPrivilegedE2EUnanswered(t *testing.T) {
 		}
 	}
 	probeUntil := func(what string, done func() bool) { t.Helper(); probeUntilAt("udp", dst, what, done) }
+
+	firstRequest := time.Now()
+	probeUntil("status.unanswered naming edge-a", func() bool {
+		return strings.HasPrefix(unansweredOn(name), "edge-a since ")
+	})
+	tookStatus := time.Since(firstRequest)
+	t.Logf("status.unanswered named edge-a %s after the first request (agent reports every %s)",
+		tookStatus.Round(time.Millisecond), agent.DefaultReportInterval)
+	assert.LessOrEqual(t, tookStatus, 15*time.Second, "the PortMap said unanswered too late")
+	pm, err := l.GetPortMap(ctx, lab.DemoNamespace, name)
+	require.NoError(t, err)
+	require.Len(t, pm.Status.Unanswered, 1)
+	assert.Equal(t, "edge-a", pm.Status.Unanswered[0].Node)
+	assert.Equal(t, []string{"enp1s0"}, pm.Status.Unanswered[0].Interfaces)
+	assert.WithinDuration(t, firstRequest, pm.Status.Unanswered[0].Since.Time, 15*time.Second)
+	out := labShell(t, "", repoRoot, "kubectl -n demo get portmaps "+name)
+	assert.Regexp(t, `(?m)^NAME\s+CLASS\s+PROTOCOL\s+PORT\s+ENDPOINT\s+PROGRAMMED\s+UNANSWERED\s*$`, out)
+	assert.Regexp(t, `(?m)^`+name+`\s+public\s+UDP\s+27320\s+\S+\s+True\s+edge-a since \S+Z\s*$`, out)
+	out = labShell(t, "", repoRoot, "kubectl -n demo describe portmap "+name)
+	assert.Regexp(t, `(?s)Unanswered:.*enp1s0.*Node:\s+edge-a\s.*Since:`, out)
+	assert.Regexp(t, `Unanswered On:\s+edge-a since \S+Z`, out)
 
 	var warning *corev1.Event
 	probeUntil("RequestsUnanswered Event", func() bool {
@@ -100,6 +135,8 @@ func TestPrivilegedE2EUnanswered(t *testing.T) {
 	assert.Equal(t, corev1.EventTypeNormal, answered.Type)
 	assert.Equal(t, 0.0, promSample(t, base+"/metrics", "kuport_mapping_unanswered", gauge))
 	assert.False(t, mappingRow(t, name, "edge-a").GetUnanswered())
+	require.Eventually(t, func() bool { return unansweredOn(name) == "" }, 10*time.Second, 100*time.Millisecond,
+		"status.unanswered not cleared once replies flow")
 	// Once per transition: still one Warning about edge-a.
 	n := 0
 	for _, e := range events(status.ReasonRequestsUnanswered) {
@@ -130,13 +167,15 @@ func TestPrivilegedE2EUnanswered(t *testing.T) {
 	t.Logf("event: %s %s: %s", warning.Type, warning.Reason, warning.Message)
 	assert.Contains(t, warning.Message, "0 replies")
 	assert.True(t, mappingRow(t, served, "edge-a").GetUnanswered())
-	_, err := l.Net.Exec(ctx, "edge-a", "nft", "delete", "table", "ip", "lab-forward-drop")
+	_, err = l.Net.Exec(ctx, "edge-a", "nft", "delete", "table", "ip", "lab-forward-drop")
 	require.NoError(t, err)
 	assertAnswersAt(t, l, corev1.ProtocolTCP, lab.PublicAddr, servedPort)
 	probeUntilAt("tcp", servedDst, "RequestsAnswered Event once the forward drop goes", func() bool {
 		return onEdgeA(eventsOf(served, status.ReasonRequestsAnswered)) != nil
 	})
 	assert.False(t, mappingRow(t, served, "edge-a").GetUnanswered())
+
+	t.Run("recovery", func(t *testing.T) { testRecovery(t, l) })
 }
 
 // mappingRow returns GetMapping's row of node for the demo mapping name (nil if none).

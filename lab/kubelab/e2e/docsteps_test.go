@@ -14,12 +14,17 @@ import (
 )
 
 // stepArgs says what the lab runs in place of the install docs' paths and placeholders: the
-// kustomizations the lab pins (the lab overlay of deploy/ and a pinned deploy/cleanup), the
+// kustomizations the lab pins in place of the example overlay's (the lab overlay of deploy/
+// and a pinned deploy/cleanup), the
 // chart with the lab's values (lab/kubelab/helm-values.yaml, the chart's form of the lab
 // overlay), the image tag installed and the one upgraded to.
 type stepArgs struct {
 	deploy, cleanup, tag, newTag string
 }
+
+// labImageRepo is the repository the lab's images carry (make images' IMAGE_REPO default),
+// for the docs' <repository>.
+const labImageRepo = "ghcr.io/kuport"
 
 // stepCommands returns the commands of the docs/ block marked kubelab=step (docblocks.Step:
 // the install, upgrade and uninstall of docs/install.md and docs/upgrade.md, README.md's
@@ -33,12 +38,12 @@ func stepCommands(t *testing.T, step string, a stepArgs) [][]string {
 	var out [][]string
 	for _, line := range b.Commands {
 		var args []string
-		line = strings.NewReplacer("<tag>", a.tag, "<new tag>", a.newTag).Replace(line)
+		line = strings.NewReplacer("<tag>", a.tag, "<new tag>", a.newTag, "<repository>", labImageRepo).Replace(line)
 		for _, w := range strings.Fields(line) {
 			switch w {
-			case "deploy/cleanup/":
+			case "examples/install/cleanup/":
 				w = a.cleanup
-			case "deploy/":
+			case "examples/install/":
 				w = a.deploy
 			case "deploy/helm/kuport":
 				args = append(args, filepath.Join(repoRoot, w), "-f", filepath.Join(repoRoot, "lab/kubelab/helm-values.yaml"))
@@ -103,7 +108,8 @@ func TestDocSteps(t *testing.T) {
 	helm := stepCommands(t, "helm-install", a)[1]
 	require.Equal(t, []string{"helm", "install", "kuport", filepath.Join(repoRoot, "deploy/helm/kuport"), "-f",
 		filepath.Join(repoRoot, "lab/kubelab/helm-values.yaml"), "-n", "kuport-system", "--take-ownership",
-		"--set", "controller.image.tag=v1", "--set", "agent.image.tag=v1"}, helm)
+		"--set", "controller.image.repository=ghcr.io/kuport/kuport-controller", "--set", "controller.image.tag=v1",
+		"--set", "agent.image.repository=ghcr.io/kuport/kuport-agent", "--set", "agent.image.tag=v1"}, helm)
 	upgrade := stepCommands(t, "helm-upgrade", a)[1]
 	require.Equal(t, []string{"--set", "controller.image.tag=v2", "--set", "agent.image.tag=v2"}, upgrade[len(upgrade)-4:])
 }
