@@ -46,7 +46,7 @@ var rbacResources = map[schema.GroupVersionKind]struct {
 }
 
 // applyRBAC creates every object of Options.RBACFile (deploy/rbac.yaml), the namespaced
-// ones in leader.DefaultNamespace as kustomize would, so the controller replicas run with
+// ones without a namespace in leader.DefaultNamespace as kustomize would, so the controller replicas run with
 // exactly the permissions a cluster gives them. The lab's cluster is fresh, so an object
 // that exists already is an error, as is a kind other than rbacResources'.
 func (l *Lab) applyRBAC(ctx context.Context) error {
@@ -74,8 +74,12 @@ func (l *Lab) applyRBAC(ctx context.Context) error {
 		}
 		api := l.Dyn.Resource(kind.resource).Namespace("")
 		if kind.namespaced {
-			obj.SetNamespace(leader.DefaultNamespace)
-			api = l.Dyn.Resource(kind.resource).Namespace(leader.DefaultNamespace)
+			// As deploy/kustomization.yaml's transformer: an object naming its namespace (the
+			// Role reading Cilium's ConfigMap in kube-system) keeps it.
+			if obj.GetNamespace() == "" {
+				obj.SetNamespace(leader.DefaultNamespace)
+			}
+			api = l.Dyn.Resource(kind.resource).Namespace(obj.GetNamespace())
 		}
 		if _, err := api.Create(ctx, obj, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("lab: %s %s: %w", obj.GetKind(), obj.GetName(), err)
