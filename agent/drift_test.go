@@ -34,7 +34,7 @@ func (c *countingDatapath) Apply(p *kuportv1.NodeProgram) error {
 }
 
 // driftNS is a fresh network namespace holding wt0 with worker-b's underlay address, for
-// the golden program remote-worker-b (link kup-dcc4266d, return path in table 201).
+// the golden program remote-worker-b (link kup-dcc4266d, return path in table 27505).
 type driftNS struct {
 	name string
 	ns   netns.NsHandle
@@ -140,11 +140,11 @@ func TestPrivilegedDriftRepaired(t *testing.T) {
 			return false
 		}
 		rules, _ := d.try("ip", "rule", "show")
-		routes, _ := d.try("ip", "route", "show", "table", "201")
+		routes, _ := d.try("ip", "route", "show", "table", "27505")
 		link, _ := d.try("ip", "-o", "link", "show", "kup-dcc4266d")
 		addr, _ := d.try("ip", "-o", "addr", "show", "dev", "kup-dcc4266d")
-		return strings.Contains(rules, "101:\tfrom all to 100.64.93.143 fwmark 0x6b700001 lookup main") &&
-			strings.Contains(rules, "102:\tfrom all fwmark 0x6b700001 lookup 201") &&
+		return strings.Contains(rules, "101:\tfrom all to 100.64.93.143 fwmark 0x1/0x301f lookup main proto 107") &&
+			strings.Contains(rules, "102:\tfrom all fwmark 0x1/0x301f lookup 27505 proto 107") &&
 			strings.Contains(routes, "default via 169.254.77.0 dev kup-dcc4266d") &&
 			strings.Contains(link, "state UNKNOWN") && // a vxlan device that is up
 			strings.Contains(addr, "169.254.77.1/31")
@@ -158,7 +158,7 @@ func TestPrivilegedDriftRepaired(t *testing.T) {
 		// What a firewall reload or a networkd restart does, and smaller damage.
 		{"nft", "flush", "ruleset"},
 		{"nft", "delete", "element", "ip", "kuport", "dnat-addr-ports", "{ kup-dcc4266d . 10.244.18.107 . tcp . 3000 }"},
-		{"ip", "route", "del", "default", "table", "201"},
+		{"ip", "route", "del", "default", "table", "27505"},
 		{"ip", "addr", "flush", "dev", "kup-dcc4266d"},
 		{"ip", "link", "set", "kup-dcc4266d", "down"},
 	} {
@@ -188,7 +188,8 @@ func TestPrivilegedDriftRepaired(t *testing.T) {
 		{"ip", "link", "set", "other0", "up"},
 		{"ip", "addr", "add", "10.9.0.1/24", "dev", "other0"},
 		{"ip", "rule", "add", "pref", "100", "fwmark", "0x2", "lookup", "300"},
-		{"ip", "rule", "add", "pref", "500", "fwmark", "0x6b700001", "lookup", "201"},
+		// Another's rule with kuport's mark and table, but not its protocol.
+		{"ip", "rule", "add", "pref", "500", "fwmark", "0x1/0x301f", "lookup", "27505"},
 		{"ip", "route", "add", "default", "via", "100.64.93.1", "dev", "wt0", "table", "300"},
 		{"ip", "route", "add", "10.8.0.0/16", "via", "100.64.93.1", "dev", "wt0"},
 		{"ip", "link", "del", "other0"},

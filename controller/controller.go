@@ -126,6 +126,9 @@ type Config struct {
 	// CNIDiscoverEvery is how often the API server is asked again for a CNI's resources it
 	// did not serve (DefaultCNIDiscoverEvery when zero).
 	CNIDiscoverEvery time.Duration
+	// ReturnMarking is the return paths' mark bits, tables and rule prefs, checked by the
+	// caller (compile.ReturnMarking.Check); compile.DefaultReturnMarking when zero.
+	ReturnMarking compile.ReturnMarking
 	// Log is the controller's logger; nil discards.
 	Log hclog.Logger
 }
@@ -134,6 +137,7 @@ type Config struct {
 type Controller struct {
 	log             hclog.Logger
 	linkRetention   time.Duration
+	returnMarking   compile.ReturnMarking
 	classStatusWait time.Duration
 	reg             *agents.Registry
 	writer          *status.Writer
@@ -214,6 +218,7 @@ func New(cfg Config) (*Controller, error) {
 	c := &Controller{
 		log:             log,
 		linkRetention:   retention,
+		returnMarking:   cfg.ReturnMarking,
 		classStatusWait: cmp.Or(cfg.ClassStatusWait, DefaultClassStatusWait),
 		broadcaster:     broadcaster,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),

@@ -224,6 +224,7 @@ func (c *Controller) snapshot(now time.Time, agents map[string]*compile.AgentSta
 	s := &compile.Snapshot{
 		Now:            now,
 		LinkRetention:  c.linkRetention,
+		ReturnMarking:  c.returnMarking,
 		Classes:        map[string]*v1alpha1.PortMapClass{},
 		Services:       map[types.NamespacedName]*corev1.Service{},
 		EndpointSlices: map[types.NamespacedName][]*discoveryv1.EndpointSlice{},

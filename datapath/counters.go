@@ -70,7 +70,7 @@ func (d *Datapath) counters(yield func() bool) ([]*kuportv1.Counter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list sets: %w", err)
 	}
-	l := newLayout(fam)
+	l := newLayout(fam, 0, nil)
 	byID := make(map[string]*kuportv1.Counter, len(d.comp.dnat.msgs)+len(d.comp.snat.msgs)+len(d.comp.mark.msgs))
 	for _, ks := range sets {
 		s := l.byName[ks.Name]

@@ -89,6 +89,7 @@ type Datapath struct {
 type netKnown struct {
 	links   []*kuportv1.Link
 	returns []*kuportv1.ReturnPath
+	marking *kuportv1.ReturnMarking
 	notes   uint64
 }
 
@@ -203,7 +204,7 @@ func (d *Datapath) apply(p *kuportv1.NodeProgram, changes *int, start time.Time)
 // no notification of kuport's devices, ip rules or routes since that read began.
 func (d *Datapath) netUnchanged(p *kuportv1.NodeProgram) bool {
 	k := d.netKnown
-	return k != nil && d.netWatches.Load() > 0 && d.netNotes.Load() == k.notes && sameNet(k.links, k.returns, p)
+	return k != nil && d.netWatches.Load() > 0 && d.netNotes.Load() == k.notes && sameNet(k.links, k.returns, k.marking, p)
 }
 
 // syncNet reads and reconciles the kup-* devices, ip rules and routes to p's links and
@@ -225,7 +226,7 @@ func (d *Datapath) syncNet(p *kuportv1.NodeProgram, changes *int) []error {
 	errs = append(errs, d.syncReturnPaths(returns, changes)...)
 	errs = append(errs, d.pruneLinks(keep, changes)...)
 	if len(errs) == 0 && watched {
-		d.netKnown = &netKnown{links: p.GetLinks(), returns: p.GetReturnPaths(), notes: notes}
+		d.netKnown = &netKnown{links: p.GetLinks(), returns: p.GetReturnPaths(), marking: p.GetReturnMarking(), notes: notes}
 	}
 	return errs
 }

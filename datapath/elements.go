@@ -71,7 +71,9 @@ func ifnameBytes(name string) []byte {
 
 func portBytes(p uint16) []byte { return binary.BigEndian.AppendUint16(nil, p) }
 
-// markBytes is a mark as a mark map holds it, in network byte order (layout.go).
+// markBytes is a mark as return-marks' key holds it: in network byte order, which nft lists
+// a set's key in unless the set's userdata says otherwise (google/nftables v0.3.0 cannot
+// write that); the restore turns the conntrack mark to it (restoreRule).
 func markBytes(m uint32) []byte { return binary.BigEndian.AppendUint32(nil, m) }
 
 // Transport protocol numbers as they appear in meta l4proto.
@@ -127,7 +129,10 @@ func (e elem) text(s *setSpec, counted bool) string {
 	if e.id != "" && s.commented() {
 		t += fmt.Sprintf(" comment %q", e.id)
 	}
-	if s.data != nil {
+	switch {
+	case s.vmap():
+		t += " : jump " + e.val
+	case s.data != nil:
 		t += " : " + valueText(s.data, e.val)
 	}
 	return t

@@ -76,7 +76,8 @@ func compileEntries(p *kuportv1.NodeProgram) (*table, []error, map[setKey]bool) 
 	snatKind.each(fam, p, add)
 	markKind.each(fam, p, add)
 
-	t := newTable(newLayout(fam))
+	l := programLayout(fam, p)
+	t := newTable(l)
 	// Each set's map made for its elements, which spares growing it element by element.
 	sizes := map[string]int{}
 	for _, en := range entries {
@@ -87,10 +88,19 @@ func compileEntries(p *kuportv1.NodeProgram) (*table, []error, map[setKey]bool) 
 	for name, n := range sizes {
 		t.elems[name] = make(map[string]elem, n)
 	}
+	// One return-marks element per return mark, jumping to its packet-mark chain: the restore's
+	// second lookup.
+	for _, m := range l.marks {
+		t.elems["return-marks"][string(markBytes(m))] = elem{key: string(markBytes(m)), val: markChain(m)}
+	}
 	shared := map[setKey]bool{}
 	for _, en := range entries {
 		var conflict error
 		for _, pt := range en.puts {
+			if err := l.jumps(pt); err != nil {
+				conflict = err
+				break
+			}
 			if have, ok := t.elems[pt.set][pt.key]; ok && have.val != pt.val {
 				s := t.layout.byName[pt.set]
 				conflict = fmt.Errorf("%s is %s's in %s", valueText(s.key, pt.key), have.id, pt.set)
@@ -234,38 +244,21 @@ func snatPuts(fam family, e *kuportv1.SnatRule) ([]put, error) {
 // saved on the flow and the reply takes it back from there (founding document, Multi). The
 // save writes only the ct mark, so the request itself is not diverted on its way in.
 func markPuts(fam family, e *kuportv1.MarkRule) ([]put, error) {
-	addr, proto, pr, err := podPortMatch(fam, e.GetId(), e.GetAddress(), e.GetProtocol(), e.GetPorts())
+	addr, proto, pr, err := checkMarkRule(fam, e)
 	if err != nil {
 		return nil, err
 	}
-	kind, mark := e.GetKind(), e.GetMark()
-	switch kind {
-	case kuportv1.MarkKind_MARK_KIND_STATIC, kuportv1.MarkKind_MARK_KIND_CT_SAVE, kuportv1.MarkKind_MARK_KIND_CT_RESTORE:
-	default:
-		return nil, fmt.Errorf("unknown mark kind %v", kind)
-	}
-	if kind != kuportv1.MarkKind_MARK_KIND_CT_SAVE && e.GetInInterface() != "" {
-		return nil, fmt.Errorf("in_interface is for %v only", kuportv1.MarkKind_MARK_KIND_CT_SAVE)
-	}
-	switch restore := kind == kuportv1.MarkKind_MARK_KIND_CT_RESTORE; {
-	case restore && mark != 0:
-		return nil, fmt.Errorf("mark %#x is set: a restore takes the flow's mark", mark)
-	case !restore && mark == 0:
-		return nil, fmt.Errorf("mark is 0")
-	}
+	mark := e.GetMark()
 	var puts []put
-	switch kind {
+	switch e.GetKind() {
 	case kuportv1.MarkKind_MARK_KIND_STATIC:
 		pr.each(func(port, _ uint16) {
-			puts = append(puts, put{set: "mark-static", elem: elem{key: pack(addr.AsSlice(), []byte{proto}, portBytes(port)), val: pack(markBytes(mark))}})
+			puts = append(puts, put{set: "mark-static", elem: elem{key: pack(addr.AsSlice(), []byte{proto}, portBytes(port)), val: markChain(mark)}})
 		})
 	case kuportv1.MarkKind_MARK_KIND_CT_SAVE:
-		if err := checkIfname(e.GetInInterface()); err != nil {
-			return nil, err
-		}
 		pr.each(func(port, _ uint16) {
 			puts = append(puts, put{set: "mark-ct-save",
-				elem: elem{key: pack(ifnameBytes(e.GetInInterface()), addr.AsSlice(), []byte{proto}, portBytes(port)), val: pack(markBytes(mark))}})
+				elem: elem{key: pack(ifnameBytes(e.GetInInterface()), addr.AsSlice(), []byte{proto}, portBytes(port)), val: ctMarkChain(mark)}})
 		})
 	case kuportv1.MarkKind_MARK_KIND_CT_RESTORE:
 		pr.each(func(port, _ uint16) {
@@ -273,6 +266,35 @@ func markPuts(fam family, e *kuportv1.MarkRule) ([]put, error) {
 		})
 	}
 	return puts, nil
+}
+
+// checkMarkRule validates a mark entry (markPuts', and the layout's marks', programMarks).
+func checkMarkRule(fam family, e *kuportv1.MarkRule) (netip.Addr, byte, portRange, error) {
+	addr, proto, pr, err := podPortMatch(fam, e.GetId(), e.GetAddress(), e.GetProtocol(), e.GetPorts())
+	if err != nil {
+		return addr, proto, pr, err
+	}
+	kind, mark := e.GetKind(), e.GetMark()
+	switch kind {
+	case kuportv1.MarkKind_MARK_KIND_STATIC, kuportv1.MarkKind_MARK_KIND_CT_SAVE, kuportv1.MarkKind_MARK_KIND_CT_RESTORE:
+	default:
+		return addr, proto, pr, fmt.Errorf("unknown mark kind %v", kind)
+	}
+	if kind != kuportv1.MarkKind_MARK_KIND_CT_SAVE && e.GetInInterface() != "" {
+		return addr, proto, pr, fmt.Errorf("in_interface is for %v only", kuportv1.MarkKind_MARK_KIND_CT_SAVE)
+	}
+	switch restore := kind == kuportv1.MarkKind_MARK_KIND_CT_RESTORE; {
+	case restore && mark != 0:
+		return addr, proto, pr, fmt.Errorf("mark %#x is set: a restore takes the flow's mark", mark)
+	case !restore && mark == 0:
+		return addr, proto, pr, fmt.Errorf("mark is 0")
+	}
+	if kind == kuportv1.MarkKind_MARK_KIND_CT_SAVE {
+		if err := checkIfname(e.GetInInterface()); err != nil {
+			return addr, proto, pr, err
+		}
+	}
+	return addr, proto, pr, nil
 }
 
 // checkID keeps an id printable inside nft's quoted comment and within its length limit.

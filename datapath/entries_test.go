@@ -69,9 +69,11 @@ func TestMarkRuleForms(t *testing.T) {
 		wantErr string // a part of its error
 	}{
 		{"static", &kuportv1.MarkRule{Kind: static, Address: "10.244.18.107", Protocol: tcp, Ports: one, Mark: 0x6b700001},
-			`mark-static: 10.244.18.107 . tcp . 3000 counter comment "id" : 0x6b700001`, ""},
+			"mark-static: 10.244.18.107 . tcp . 3000 counter comment \"id\" : jump kup-mark-6b700001\n" +
+				"return-marks: 0x6b700001 counter : jump kup-mark-6b700001", ""},
 		{"ct save", &kuportv1.MarkRule{Kind: save, InInterface: "kup-aaaaaaaa", Address: "169.254.79.1", Protocol: tcp, Ports: one, Mark: 0x6b700002},
-			`mark-ct-save: "kup-aaaaaaaa" . 169.254.79.1 . tcp . 3000 counter comment "id" : 0x6b700002`, ""},
+			"mark-ct-save: \"kup-aaaaaaaa\" . 169.254.79.1 . tcp . 3000 counter comment \"id\" : jump kup-ctmark-6b700002\n" +
+				"return-marks: 0x6b700002 counter : jump kup-mark-6b700002", ""},
 		{"ct restore", &kuportv1.MarkRule{Kind: restore, Address: "10.244.18.107", Protocol: tcp, Ports: &kuportv1.PortRange{First: 27015, Last: 27016}},
 			`mark-ct-restore: 10.244.18.107 . tcp . 27015 counter comment "id", 10.244.18.107 . tcp . 27016 counter comment "id"`, ""},
 		{"no kind", &kuportv1.MarkRule{Address: "10.244.18.107", Protocol: tcp, Ports: one, Mark: 1}, "", "unknown mark kind"},
@@ -145,7 +147,7 @@ func TestElementConflicts(t *testing.T) {
 // encoding and back (what reading the kernel does): it must match what was written, or
 // every Apply would find the table damaged and rebuild it.
 func TestRuleWireRoundTrip(t *testing.T) {
-	l := newLayout(familyIPv4)
+	l := newLayout(familyIPv4, legacyMarking.mask, nil)
 	for _, r := range l.rules {
 		want := r.exprs(byName)
 		var wire []expr.Any

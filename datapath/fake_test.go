@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"maps"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/hashicorp/go-hclog"
+	mnl "github.com/mdlayher/netlink"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
@@ -142,6 +144,31 @@ func (k *fakeKernel) AddChain(c *nftables.Chain) *nftables.Chain {
 	return c
 }
 
+// DelChain deletes a chain and its rules as the kernel does, refusing one an element still
+// jumps to (EBUSY).
+func (k *fakeKernel) DelChain(c *nftables.Chain) {
+	name := c.Name
+	k.in(c.Table, func(ft *fakeTable) error {
+		i := slices.IndexFunc(ft.chains, func(x *nftables.Chain) bool { return x.Name == name })
+		if i < 0 {
+			return fmt.Errorf("delete chain %s: %w", name, syscall.ENOENT)
+		}
+		for set, elems := range ft.elems {
+			if ft.set(set).DataType.Name != nftables.TypeVerdict.Name {
+				continue
+			}
+			for _, e := range elems {
+				if jumpTarget(e.Val) == name {
+					return fmt.Errorf("delete chain %s, an element of %s jumps to: %w", name, set, syscall.EBUSY)
+				}
+			}
+		}
+		ft.chains = slices.Delete(slices.Clone(ft.chains), i, i+1)
+		delete(ft.rules, name)
+		return nil
+	})
+}
+
 func (k *fakeKernel) AddSet(s *nftables.Set, vals []nftables.SetElement) error {
 	cs := *s
 	k.in(s.Table, func(ft *fakeTable) error {
@@ -184,8 +211,13 @@ func addElems(ft *fakeTable, set string, vals []nftables.SetElement) error {
 		return fmt.Errorf("set %s: %w", set, syscall.ENOENT)
 	}
 	for _, v := range vals {
-		if len(v.Key) != int(s.KeyType.Bytes) || s.IsMap && len(v.Val) != int(s.DataType.Bytes) {
+		vmap := s.IsMap && s.DataType.Name == nftables.TypeVerdict.Name
+		if len(v.Key) != int(s.KeyType.Bytes) || s.IsMap && !vmap && len(v.Val) != int(s.DataType.Bytes) {
 			return fmt.Errorf("element of %s: key %d bytes, data %d: %w", set, len(v.Key), len(v.Val), syscall.EINVAL)
+		}
+		// The kernel refuses a jump to a chain the table lacks.
+		if to := jumpTarget(v.Val); vmap && !slices.ContainsFunc(ft.chains, func(c *nftables.Chain) bool { return c.Name == to }) {
+			return fmt.Errorf("element of %s jumps to chain %q: %w", set, to, syscall.ENOENT)
 		}
 		if have, ok := ft.elems[set][string(v.Key)]; ok {
 			if !bytes.Equal(have.Val, v.Val) {
@@ -207,6 +239,14 @@ func queued(vals []nftables.SetElement) []nftables.SetElement {
 	vals = slices.Clone(vals)
 	for i := range vals {
 		vals[i].Key, vals[i].Val = slices.Clone(vals[i].Key), slices.Clone(vals[i].Val)
+		if v := vals[i].VerdictData; v != nil {
+			// A verdict map's data as google/nftables v0.3.0 reads it back: the raw
+			// NFTA_DATA_VERDICT attributes, no VerdictData.
+			vals[i].Val, _ = mnl.MarshalAttributes([]mnl.Attribute{
+				{Type: unix.NFTA_VERDICT_CODE, Data: binary.BigEndian.AppendUint32(nil, uint32(v.Kind))},
+				{Type: unix.NFTA_VERDICT_CHAIN, Data: []byte(v.Chain + "\x00")}})
+			vals[i].VerdictData = nil
+		}
 	}
 	return vals
 }
@@ -504,7 +544,8 @@ func sameRoute(a, b *netlink.Route) bool { return a.Table == b.Table && routeKey
 func (k *fakeKernel) RouteListFiltered(family int, filter *netlink.Route, mask uint64) ([]netlink.Route, error) {
 	var out []netlink.Route
 	for _, r := range k.routes {
-		if mask&netlink.RT_FILTER_TABLE != 0 && r.Table != filter.Table ||
+		if mask&netlink.RT_FILTER_TABLE != 0 && filter.Table != unix.RT_TABLE_UNSPEC && r.Table != filter.Table ||
+			mask&netlink.RT_FILTER_PROTOCOL != 0 && r.Protocol != filter.Protocol ||
 			mask&netlink.RT_FILTER_TYPE != 0 && r.Type != filter.Type {
 			continue
 		}
@@ -601,12 +642,12 @@ func (k *fakeKernel) dump(t *testing.T) string {
 		if r.Table == unix.RT_TABLE_MAIN {
 			table = "main"
 		}
-		fmt.Fprintf(&b, " fwmark %#x lookup %s\n", r.Mark, table)
+		fmt.Fprintf(&b, " fwmark %#x lookup %s proto %d\n", r.Mark, table, r.Protocol)
 	}
-	routes := slices.DeleteFunc(slices.Clone(k.routes), func(r netlink.Route) bool { return !ownedTable(r.Table) })
+	routes := slices.DeleteFunc(slices.Clone(k.routes), func(r netlink.Route) bool { return !kuportTable(r.Table) })
 	slices.SortStableFunc(routes, func(a, b netlink.Route) int { return a.Table - b.Table })
 	for _, r := range routes {
-		fmt.Fprintf(&b, "default via %s dev %s table %d \n", r.Gw, names[r.LinkIndex], r.Table)
+		fmt.Fprintf(&b, "default via %s dev %s table %d proto %d \n", r.Gw, names[r.LinkIndex], r.Table, r.Protocol)
 	}
 	return b.String()
 }
@@ -646,9 +687,9 @@ func TestFakeRepair(t *testing.T) {
 		name: "loop guard rule deleted, route flushed, rp_filter strict, device down",
 		do: func() {
 			rules, _ := k.RuleList(netlink.FAMILY_V4)
-			i := slices.IndexFunc(rules, func(r netlink.Rule) bool { return r.Priority == prefLoopGuard })
+			i := slices.IndexFunc(rules, func(r netlink.Rule) bool { return r.Priority == markingOf(base).loopGuard })
 			require.NoError(t, k.RuleDel(&rules[i]))
-			routes, _ := k.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: 201}, netlink.RT_FILTER_TABLE)
+			routes, _ := k.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: int(base.GetReturnPaths()[0].GetTable())}, netlink.RT_FILTER_TABLE)
 			require.Len(t, routes, 1)
 			require.NoError(t, k.RouteDel(&routes[0]))
 			require.NoError(t, k.setRPFilter(link.Attrs().Index, 1))
@@ -670,7 +711,7 @@ func TestFakeRepair(t *testing.T) {
 			k.DelTable(kuport)
 			require.NoError(t, k.Flush())
 		},
-		writes: 8, // the table, then its seven elements
+		writes: 9, // the table, then its eight elements
 	}}
 	for _, d := range damage {
 		d.do()

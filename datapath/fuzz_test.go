@@ -320,14 +320,18 @@ func checkRenders(t *testing.T, p *kuportv1.NodeProgram) {
 			if len(ne.Key) != int(ks.KeyType.Bytes) {
 				t.Fatalf("set %s: key of %d bytes, type %s takes %d", s.name, len(ne.Key), ks.KeyType.Name, ks.KeyType.Bytes)
 			}
-			if s.data != nil && len(ne.Val) != int(ks.DataType.Bytes) {
+			switch {
+			case s.vmap() && (ne.VerdictData == nil || !tbl.layout.hasChain(ne.VerdictData.Chain)):
+				t.Fatalf("map %s: element jumps to no chain of the table: %s", s.name, e.text(s, true))
+			case !s.vmap() && s.data != nil && len(ne.Val) != int(ks.DataType.Bytes):
 				t.Fatalf("map %s: value of %d bytes, type %s takes %d", s.name, len(ne.Val), ks.DataType.Name, ks.DataType.Bytes)
 			}
-			if !valid[e.id] || len(e.id) > maxCommentLen {
+			// return-marks' elements are the table's own, no entry's.
+			if s.role != roleReturn && !valid[e.id] || len(e.id) > maxCommentLen {
 				t.Fatalf("set %s: element id %q is no entry's id", s.name, e.id)
 			}
 			// valueText marks a key or value of the wrong size with "#"; an id may hold one.
-			if strings.Contains(valueText(s.key, e.key), "#") || (s.data != nil && strings.Contains(valueText(s.data, e.val), "#")) {
+			if strings.Contains(valueText(s.key, e.key), "#") || (s.data != nil && !s.vmap() && strings.Contains(valueText(s.data, e.val), "#")) {
 				t.Fatalf("set %s: element prints malformed: %s", s.name, e.text(s, true))
 			}
 		}

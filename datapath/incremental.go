@@ -255,6 +255,10 @@ func (d *Datapath) compile(p *kuportv1.NodeProgram) (*table, []error) {
 // when p must be compiled whole.
 func (c *compiler) step(p *kuportv1.NodeProgram) bool {
 	fam := c.tab.layout.fam
+	// Another mask or set of return marks is another layout: compiled and written whole.
+	if !c.tab.layout.sameMarks(programMarks(fam, p)) {
+		return false
+	}
 	dc, da, dn, du, ok1 := diff(dnatKind, fam, c.dnat, p.GetDnatRules())
 	sc, sa, sn, su, ok2 := diff(snatKind, fam, c.snat, p.GetSnatRules())
 	mc, ma, mn, mu, ok3 := diff(markKind, fam, c.mark, p.GetMarkRules())
@@ -308,6 +312,9 @@ func (c *compiler) step(p *kuportv1.NodeProgram) bool {
 				return false // a set the layout lacks, or a key two changed entries need
 			}
 			comes[k] = true
+			if c.tab.layout.jumps(pt) != nil {
+				return false // refused by the whole compile
+			}
 			if e, held := m[pt.key]; held && !gone[k] {
 				if e.id == ch.id || e.val != pt.val || !c.earlier(e.id, ch) {
 					return false

@@ -343,6 +343,10 @@ func TestSameProgramCoversEveryField(t *testing.T) {
 		case f.IsList():
 			l := m.Mutable(f).List()
 			l.Append(l.NewElement())
+		case f.Kind() == protoreflect.MessageKind && m.Has(f):
+			m.Clear(f)
+		case f.Kind() == protoreflect.MessageKind:
+			m.Mutable(f)
 		default:
 			t.Fatalf("%s: a field the test cannot change: %v", f.Name(), f.Kind())
 		}
@@ -355,6 +359,7 @@ func TestSameProgramCoversEveryField(t *testing.T) {
 		func(p *kuportv1.NodeProgram) { p.Links[0].Mtu++ },
 		func(p *kuportv1.NodeProgram) { p.ReturnPaths[0].Table++ },
 		func(p *kuportv1.NodeProgram) { p.DnatRules[0].ToPort++ },
+		func(p *kuportv1.NodeProgram) { p.ReturnMarking.DivertPref++ },
 	} {
 		other := proto.Clone(base).(*kuportv1.NodeProgram)
 		edit(other)

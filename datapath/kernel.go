@@ -17,6 +17,7 @@ type nftConn interface {
 	AddTable(t *nftables.Table) *nftables.Table
 	DelTable(t *nftables.Table)
 	AddChain(c *nftables.Chain) *nftables.Chain
+	DelChain(c *nftables.Chain)
 	AddSet(s *nftables.Set, vals []nftables.SetElement) error
 	AddRule(r *nftables.Rule) *nftables.Rule
 	// SetAddElements and SetDeleteElements encode vals when they queue them (as

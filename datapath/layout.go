@@ -65,6 +65,9 @@ var (
 	fieldSport = field{nftables.TypeInetService, "th sport", payload(expr.PayloadBaseTransportHeader, 0, 2)}
 	fieldPort  = field{typ: nftables.TypeInetService}
 	fieldMark  = field{typ: nftables.TypeMark}
+	// fieldJump is a verdict map's data: the chain an element jumps to (elem.val holds its
+	// name).
+	fieldJump = field{typ: nftables.TypeVerdict}
 )
 
 var familyIPv4 = family{
@@ -97,6 +100,9 @@ const (
 	roleSNAT
 	roleMark
 	roleSteer
+	// roleReturn: return-marks, one element per return path, which no entry renders and no
+	// Counter reports.
+	roleReturn
 )
 
 // kind names the program entries the role's elements render, in errors.
@@ -127,7 +133,12 @@ type setSpec struct {
 }
 
 // commented reports whether the set's elements carry their entry's id as a comment.
-func (s *setSpec) commented() bool { return s.role != roleSteer && s.role != roleCountOut }
+func (s *setSpec) commented() bool {
+	return s.role != roleSteer && s.role != roleCountOut && s.role != roleReturn
+}
+
+// vmap reports whether the set is a verdict map: its elements jump to a chain.
+func (s *setSpec) vmap() bool { return len(s.data) == 1 && s.data[0].typ.Name == fieldJump.typ.Name }
 
 // written is e as the set's kernel element holds it: without its id where the set carries none.
 func (s *setSpec) written(e elem) elem {
@@ -209,6 +220,8 @@ func typeText(fields []field) string {
 // every reply after source NAT (100) has written it back. Everything that reads the dialed
 // destination runs before the rewrite: kup-mangle (-140), and kup-steer's own lookups.
 type chainSpec struct {
+	// regular: a chain only jumps reach (a return mark's), with no hook.
+	regular      bool
 	name         string
 	typ          nftables.ChainType
 	hook         nftables.ChainHook
@@ -225,12 +238,27 @@ var chainSpecs = []chainSpec{
 	{name: "kup-count-out", typ: nftables.ChainTypeFilter, hook: *nftables.ChainHookPostrouting, hookName: "postrouting", priority: 110, priorityName: "srcnat + 10"},
 }
 
-// header is the chain's first line as `nft list` prints it.
-func (c chainSpec) header() string {
-	return fmt.Sprintf("type %s hook %s priority %s; policy accept;", c.typ, c.hookName, c.priorityName)
+// header is the chain's first line as `nft list` prints it; none for a regular chain.
+func (c chainSpec) header() []string {
+	if c.regular {
+		return nil
+	}
+	return []string{fmt.Sprintf("type %s hook %s priority %s; policy accept;", c.typ, c.hookName, c.priorityName)}
+}
+
+// kernelChain is the chain as AddChain creates it.
+func (c chainSpec) kernelChain(t *nftables.Table) *nftables.Chain {
+	if c.regular {
+		return &nftables.Chain{Name: c.name, Table: t}
+	}
+	hook, prio, policy := c.hook, c.priority, nftables.ChainPolicyAccept
+	return &nftables.Chain{Name: c.name, Table: t, Type: c.typ, Hooknum: &hook, Priority: &prio, Policy: &policy}
 }
 
 func (c chainSpec) matches(k *nftables.Chain) bool {
+	if c.regular {
+		return k.Hooknum == nil && k.Priority == nil
+	}
 	return k.Type == c.typ && k.Hooknum != nil && *k.Hooknum == c.hook &&
 		k.Priority != nil && *k.Priority == c.priority &&
 		(k.Policy == nil || *k.Policy == nftables.ChainPolicyAccept)
@@ -245,13 +273,29 @@ type ruleSpec struct {
 	exprs func(set func(name string) *nftables.Set) []expr.Any
 }
 
-// layout is the whole table but its elements: the same for every program.
+// layout is the whole table but its elements: the same for every program of one return-mark
+// mask and one set of return marks (marks.go).
 type layout struct {
 	fam    family
+	mask   uint32
+	marks  []uint32 // sorted
+	chains []chainSpec
 	sets   []*setSpec
 	byName map[string]*setSpec
 	rules  []ruleSpec
 }
+
+// chain returns the layout's chain named name.
+func (l *layout) chain(name string) (chainSpec, bool) {
+	i := slices.IndexFunc(l.chains, func(c chainSpec) bool { return c.name == name })
+	if i < 0 {
+		return chainSpec{}, false
+	}
+	return l.chains[i], true
+}
+
+// hasChain reports whether the layout has a chain named name.
+func (l *layout) hasChain(name string) bool { _, ok := l.chain(name); return ok }
 
 // translatedMark is the packet-mark bit kup-pre sets on the first packet of every flow it
 // translates and kup-post clears as it claims the flow with the identity SNAT: what kuport
@@ -261,8 +305,8 @@ type layout struct {
 // NAT hooks of one packet.
 const translatedMark = 0x00000080
 
-func newLayout(fam family) *layout {
-	l := &layout{fam: fam, byName: map[string]*setSpec{}}
+func newLayout(fam family, mask uint32, marks []uint32) *layout {
+	l := &layout{fam: fam, mask: mask, marks: marks, chains: slices.Clone(chainSpecs), byName: map[string]*setSpec{}}
 	set := func(name string, role setRole, key, data []field) *setSpec {
 		s := &setSpec{name: name, key: key, data: data, role: role}
 		l.sets = append(l.sets, s)
@@ -278,9 +322,10 @@ func newLayout(fam family) *layout {
 	out := set("count-out-ports", roleCountOut, []field{fieldOIF, fieldProto, fieldSport}, nil)
 	request := set("snat-request", roleSNAT, []field{fam.daddr, fieldProto, fieldDport}, nil)
 	reply := set("snat-reply", roleSNAT, []field{fam.saddr, fieldProto, fieldSport}, nil)
-	static := set("mark-static", roleMark, []field{fam.saddr, fieldProto, fieldSport}, []field{fieldMark})
-	save := set("mark-ct-save", roleMark, []field{fieldIIF, fam.daddr, fieldProto, fieldDport}, []field{fieldMark})
+	static := set("mark-static", roleMark, []field{fam.saddr, fieldProto, fieldSport}, []field{fieldJump})
+	save := set("mark-ct-save", roleMark, []field{fieldIIF, fam.daddr, fieldProto, fieldDport}, []field{fieldJump})
 	restore := set("mark-ct-restore", roleMark, []field{fam.saddr, fieldProto, fieldSport}, nil)
+	returns := set("return-marks", roleReturn, []field{fieldMark}, []field{fieldJump})
 	steerAddr := set("steer-addr-ports", roleSteer, []field{fieldIIF, fam.daddr, fieldProto, fieldDport}, []field{{typ: fam.addr}})
 	steer := set("steer-ports", roleSteer, []field{fieldIIF, fieldProto, fieldDport}, []field{{typ: fam.addr}})
 
@@ -328,19 +373,10 @@ func newLayout(fam family) *layout {
 			&expr.Cmp{Op: expr.CmpOpNeq, Register: register(0), Data: make([]byte, 4)})
 	}
 	replyDNAT := dnatted(ctDirReply)
-	// A mark map holds its marks in network byte order and the rule turns the looked-up
-	// mark into the host order meta and ct marks are in: nft prints a map's data in network
-	// order unless the set's userdata says otherwise, which google/nftables v0.3.0 cannot
-	// write, so host-order data would list byte-swapped.
-	toHost := &expr.Byteorder{SourceRegister: register(0), DestRegister: register(0), Op: expr.ByteorderNtoh, Len: 4, Size: 4}
 	l.rules = append(l.rules,
-		l.rule("kup-mangle", fmt.Sprintf("meta mark set %s map @%s", keyText(static), static.name), nil, static, true,
-			toHost, &expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: register(0)}),
-		l.rule("kup-mangle", fmt.Sprintf("ct mark set %s map @%s", keyText(save), save.name), nil, save, true,
-			toHost, &expr.Ct{Key: expr.CtKeyMARK, SourceRegister: true, Register: register(0)}),
-		l.rule("kup-mangle", fmt.Sprintf("%s @%s meta mark set ct mark", keyText(restore), restore.name), nil, restore, false,
-			&expr.Ct{Key: expr.CtKeyMARK, Register: register(0)},
-			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: register(0)}),
+		l.rule("kup-mangle", fmt.Sprintf("%s vmap @%s", keyText(static), static.name), nil, static, false),
+		l.rule("kup-mangle", fmt.Sprintf("%s vmap @%s", keyText(save), save.name), nil, save, false),
+		l.restoreRule(restore, returns),
 		l.rule("kup-count-out", fmt.Sprintf("ct direction reply ct status dnat %s @%s", keyText(outAddr), outAddr.name), replyDNAT, outAddr, false),
 		l.rule("kup-count-out", fmt.Sprintf("ct direction reply ct status dnat %s @%s", keyText(out), out.name), replyDNAT, out, false),
 	)
@@ -369,6 +405,9 @@ func newLayout(fam family) *layout {
 		return l.rule("kup-steer", fmt.Sprintf("ct direction original ct status dnat %s @%s", keyText(s), s.name), dnatted(ctDirOriginal), s, false)
 	}
 	l.rules = append(l.rules, steerTo(steerAddr), steerTo(steer), countIn(steerAddr), countIn(steer))
+	for _, m := range marks {
+		l.markChains(m)
+	}
 	return l
 }
 
@@ -407,7 +446,10 @@ func (l *layout) rule(chain, text string, match []expr.Any, s *setSpec, toReg bo
 		}
 		ks := set(s.name)
 		lookup := &expr.Lookup{SourceRegister: register(0), SetName: ks.Name, SetID: ks.ID}
-		if toReg {
+		switch {
+		case s.vmap():
+			lookup.DestRegister, lookup.IsDestRegSet = 0, true // the verdict register
+		case toReg:
 			lookup.DestRegister, lookup.IsDestRegSet = register(0), true
 		}
 		return append(append(e, lookup), action...)

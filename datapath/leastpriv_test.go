@@ -93,7 +93,7 @@ func TestPrivilegedLeastPrivilege(t *testing.T) {
 	tn.checkKernel(t, p)
 
 	restricted("cleanup")
-	tn.assertNothingOwned(t, "201")
+	tn.assertNothingOwned(t, itoa(p.GetReturnPaths()[0].GetTable()))
 	assert.Empty(t, flow(), "the mapping's conntrack entry went with it")
 }
 

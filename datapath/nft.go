@@ -1,12 +1,15 @@
 package datapath
 
 import (
+	"encoding/binary"
 	"fmt"
 	"reflect"
 	"slices"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // kernelTable is table ip kuport as read from the kernel: chains in kernel order with their
@@ -68,13 +71,17 @@ func (d *Datapath) kernelTableOf(fam family) (*nftables.Table, error) {
 }
 
 // layout is the layout of the kernel table's family.
-func (kt *kernelTable) layout() *layout { return newLayout(kt.fam) }
+func (kt *kernelTable) layout() *layout { return kt.kernelLayout() }
 
 // setMatches reports whether the kernel set is spec's. The library (v0.3.0) reads neither a
 // set's counter nor a verdict map's types back faithfully, so only name, key and data types
 // and lengths are compared; a missing counter shows in the elements.
 func setMatches(k *nftables.Set, s *setSpec) bool {
 	kt, dt := s.keyType(), s.dataType()
+	if s.vmap() {
+		// v0.3.0 reads a verdict map's key type as the verdict type: name and shape only.
+		return k.Name == s.name && k.IsMap && !k.Interval && !k.Anonymous && !k.Constant && !k.HasTimeout
+	}
 	return k.Name == s.name && k.IsMap == (s.data != nil) && !k.Interval && !k.Anonymous && !k.Constant && !k.HasTimeout &&
 		k.KeyType.GetNFTMagic() == kt.GetNFTMagic() && k.KeyType.Bytes == kt.Bytes &&
 		(s.data == nil || k.DataType.GetNFTMagic() == dt.GetNFTMagic() && k.DataType.Bytes == dt.Bytes)
@@ -128,10 +135,9 @@ func byName(name string) *nftables.Set { return &nftables.Set{Name: name} }
 func (kt *kernelTable) view(l *layout) (t *table, intact bool, counters map[string]map[string]*expr.Counter) {
 	t = newTable(l)
 	counters = map[string]map[string]*expr.Counter{}
-	intact = len(kt.chains) == len(chainSpecs) && len(kt.sets) == len(l.sets)
+	intact = len(kt.chains) == len(l.chains) && len(kt.sets) == len(l.sets)
 	for _, c := range kt.chains {
-		i := slices.IndexFunc(chainSpecs, func(s chainSpec) bool { return s.name == c.Name })
-		if i < 0 || !chainSpecs[i].matches(c) {
+		if cs, ok := l.chain(c.Name); !ok || !cs.matches(c) {
 			intact = false
 			continue
 		}
@@ -156,6 +162,9 @@ func (kt *kernelTable) view(l *layout) (t *table, intact bool, counters map[stri
 		counters[s.name] = map[string]*expr.Counter{}
 		for _, ke := range kt.elems[ks.Name] {
 			e := elem{key: string(ke.Key), val: string(ke.Val), id: ke.Comment}
+			if s.vmap() {
+				e.val = jumpTarget(ke.Val)
+			}
 			if ke.Counter == nil {
 				intact = false
 			}
@@ -178,17 +187,26 @@ func (kt *kernelTable) text() string {
 			blocks = append(blocks, block{head: "set " + ks.Name, lines: []string{"# not a kuport set"}})
 			continue
 		}
-		blocks = append(blocks, block{head: s.keyword() + " " + s.name, lines: s.header(),
-			elements: elementLines(s, t.elems[s.name], func(e elem) bool { return counters[s.name][e.key] != nil })})
+		blocks = append(blocks, setBlock(s, s.header(),
+			elementLines(s, t.elems[s.name], func(e elem) bool { return counters[s.name][e.key] != nil })))
 	}
-	for _, c := range kt.chains {
+	// The layout's chains in its order, as Render prints them (nft lists chains in the order
+	// they were added, and a return mark's come when the mark does); any other after them.
+	chains := slices.Clone(kt.chains)
+	at := func(c *nftables.Chain) int {
+		if i := slices.IndexFunc(l.chains, func(s chainSpec) bool { return s.name == c.Name }); i >= 0 {
+			return i
+		}
+		return len(l.chains)
+	}
+	slices.SortStableFunc(chains, func(a, b *nftables.Chain) int { return at(a) - at(b) })
+	for _, c := range chains {
 		bl := block{head: "chain " + c.Name}
-		i := slices.IndexFunc(chainSpecs, func(s chainSpec) bool { return s.name == c.Name })
-		if i < 0 || !chainSpecs[i].matches(c) {
+		if cs, ok := l.chain(c.Name); !ok || !cs.matches(c) {
 			bl.lines = append(bl.lines, fmt.Sprintf("# not a kuport chain: type %q hook %v priority %v policy %v",
 				c.Type, deref(c.Hooknum), deref(c.Priority), deref(c.Policy)))
 		} else {
-			bl.lines = append(bl.lines, chainSpecs[i].header())
+			bl.lines = append(bl.lines, cs.header()...)
 		}
 		for _, kr := range kt.rules[c.Name] {
 			line := fmt.Sprintf("# rule handle %d: not a kuport rule", kr.Handle)
@@ -202,6 +220,31 @@ func (kt *kernelTable) text() string {
 		blocks = append(blocks, bl)
 	}
 	return render(kt.fam, blocks)
+}
+
+// jumpTarget is the chain of a verdict map element's data as google/nftables v0.3.0 reads it
+// back: the raw NFTA_DATA_VERDICT attributes (it fills no VerdictData), "" for any verdict
+// but a jump.
+func jumpTarget(val []byte) string {
+	ad, err := netlink.NewAttributeDecoder(val)
+	if err != nil {
+		return ""
+	}
+	ad.ByteOrder = binary.BigEndian
+	var code uint32
+	var chain string
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_VERDICT_CODE:
+			code = ad.Uint32()
+		case unix.NFTA_VERDICT_CHAIN:
+			chain = ad.String()
+		}
+	}
+	if ad.Err() != nil || int32(code) != int32(expr.VerdictJump) {
+		return ""
+	}
+	return chain
 }
 
 func deref[T any](p *T) any {

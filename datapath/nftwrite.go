@@ -2,8 +2,10 @@ package datapath
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 )
 
 // Writing table ip kuport: the whole table or the elements that changed, in one transaction.
@@ -26,7 +28,9 @@ func nftElem(buf []byte, s *setSpec, e elem, withData bool) (nftables.SetElement
 	at := len(buf)
 	buf = append(buf, e.key...)
 	ne := nftables.SetElement{Key: buf[at:len(buf):len(buf)]}
-	if withData {
+	if withData && s.vmap() {
+		ne.VerdictData, ne.Comment = &expr.Verdict{Kind: expr.VerdictJump, Chain: e.val}, s.written(e).id
+	} else if withData {
 		at = len(buf)
 		buf = append(buf, e.val...)
 		ne.Val, ne.Comment = buf[at:len(buf):len(buf)], s.written(e).id
@@ -96,9 +100,11 @@ func (q *elemQueue) send(ks *nftables.Set, del bool) error {
 
 // writeTable queues, in one transaction, what makes the kernel, which holds have (nil: no
 // table; intact: exactly in have's layout), hold want, and commits it when there is
-// anything to write. A table that is not intact, or in another layout, is deleted and
-// written anew; otherwise only the elements that differ are deleted and added, so the
-// others keep their counters. It returns the number of kernel writes and, when the
+// anything to write. A table that is not intact, or in a layout of other sets or another
+// return-mark mask, is deleted and written anew; otherwise only the elements that differ
+// are deleted and added, so the others keep their counters, and the chains of return marks
+// that come are added before the elements that jump to them, those of marks that go deleted
+// after them (a chain an element jumps to cannot be deleted). It returns the number of kernel writes and, when the
 // transaction failed, the entries whose elements it added, their kind by id (all failed).
 func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes int, added map[string]string, err error) {
 	fam := want.layout.fam
@@ -115,16 +121,16 @@ func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes in
 		return 1, nil, d.flush()
 	}
 	sets := map[string]*nftables.Set{}
-	rebuild := have == nil || !intact || !sameLayout(have.layout, want.layout)
+	rebuild := have == nil || !intact || !sameShape(have.layout, want.layout)
 	if rebuild {
 		if have != nil {
 			d.nft.DelTable(t)
 			changes++
 		}
 		d.nft.AddTable(t)
-		for _, c := range chainSpecs {
-			hook, prio, policy := c.hook, c.priority, nftables.ChainPolicyAccept
-			d.nft.AddChain(&nftables.Chain{Name: c.name, Table: t, Type: c.typ, Hooknum: &hook, Priority: &prio, Policy: &policy})
+		// The return marks' chains before the sets: their elements jump to them.
+		for _, c := range want.layout.chains {
+			d.nft.AddChain(c.kernelChain(t))
 		}
 		for _, s := range want.layout.sets {
 			ks := s.kernelSet(t)
@@ -140,6 +146,18 @@ func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes in
 		changes++
 		d.log.Trace("nft (re)create table")
 		have = newTable(want.layout)
+	}
+	comes, goes := markChanges(have.layout, want.layout)
+	for _, m := range comes {
+		for _, name := range []string{markChain(m), ctMarkChain(m)} {
+			c, _ := want.layout.chain(name)
+			d.nft.AddChain(c.kernelChain(t))
+			for _, r := range want.layout.chainRules(name) {
+				d.nft.AddRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: name, Table: t}, Exprs: r.exprs(byName)})
+			}
+			d.log.Trace("nft add chain", "chain", name)
+			changes++
+		}
 	}
 	q := &elemQueue{d: d, trace: d.log.IsTrace()}
 	for _, s := range want.layout.sets {
@@ -169,6 +187,13 @@ func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes in
 		}
 		if err := q.send(ks, false); err != nil {
 			return 0, nil, err
+		}
+	}
+	for _, m := range goes {
+		for _, name := range []string{markChain(m), ctMarkChain(m)} {
+			d.nft.DelChain(&nftables.Chain{Name: name, Table: t})
+			d.log.Trace("nft delete chain", "chain", name)
+			changes++
 		}
 	}
 	if changes == 0 {
@@ -240,8 +265,10 @@ func (d *Datapath) writeDirty(want *table, dirty map[setKey]prior) (changes int,
 	return changes, nil, nil
 }
 
-func sameLayout(a, b *layout) bool {
-	if len(a.sets) != len(b.sets) {
+// sameShape reports whether layouts a and b have the same sets and return-mark mask: a
+// table in one is made the other's by elements and return marks' chains alone.
+func sameShape(a, b *layout) bool {
+	if len(a.sets) != len(b.sets) || a.mask != b.mask {
 		return false
 	}
 	for i := range a.sets {
@@ -250,6 +277,22 @@ func sameLayout(a, b *layout) bool {
 		}
 	}
 	return true
+}
+
+// markChanges are the return marks layout want has and have lacks (comes), and those have
+// has and want lacks (goes).
+func markChanges(have, want *layout) (comes, goes []uint32) {
+	for _, m := range want.marks {
+		if _, found := slices.BinarySearch(have.marks, m); !found {
+			comes = append(comes, m)
+		}
+	}
+	for _, m := range have.marks {
+		if _, found := slices.BinarySearch(want.marks, m); !found {
+			goes = append(goes, m)
+		}
+	}
+	return comes, goes
 }
 
 func (d *Datapath) flush() error {

@@ -255,11 +255,16 @@ func (tn *testNS) checkKernel(t *testing.T, p *kuportv1.NodeProgram) {
 		assert.Equal(t, "2\n", tn.exec(t, "cat", "/proc/sys/net/ipv4/conf/"+l.GetName()+"/rp_filter"))
 	}
 	rules := tn.exec(t, "ip", "rule", "show")
+	m := markingOf(p)
 	for _, rp := range p.GetReturnPaths() {
-		mark := "0x" + strconv.FormatUint(uint64(rp.GetMark()), 16)
-		assert.Contains(t, rules, "101:\tfrom all to "+rp.GetPeerUnderlay()+" fwmark "+mark+" lookup main")
-		assert.Contains(t, rules, "102:\tfrom all fwmark "+mark+" lookup "+itoa(rp.GetTable()))
-		assert.Equal(t, "default via "+rp.GetPeerLinkAddress()+" dev "+rp.GetLink()+" \n",
+		// ip rule prints no mask that is the whole mark.
+		mark := fmt.Sprintf("%#x", rp.GetMark())
+		if m.mask != 0xffffffff {
+			mark += fmt.Sprintf("/%#x", m.mask)
+		}
+		assert.Contains(t, rules, fmt.Sprintf("%d:\tfrom all to %s fwmark %s lookup main proto 107\n", m.loopGuard, rp.GetPeerUnderlay(), mark))
+		assert.Contains(t, rules, fmt.Sprintf("%d:\tfrom all fwmark %s lookup %d proto 107\n", m.divert, mark, rp.GetTable()))
+		assert.Equal(t, "default via "+rp.GetPeerLinkAddress()+" dev "+rp.GetLink()+" proto 107 \n",
 			tn.exec(t, "ip", "route", "show", "table", itoa(rp.GetTable())))
 	}
 }
@@ -307,12 +312,21 @@ func TestPrivilegedLifecycle(t *testing.T) {
 	assert.NotContains(t, tn.exec(t, "ip", "-o", "link", "show"), "kup-stale", "a kup-* device the program does not name is removed")
 	link, err := tn.nl.LinkByName("kup-dcc4266d")
 	require.NoError(t, err)
-	handles := tn.exec(t, "nft", "-a", "list", "chain", "ip", "kuport", "kup-pre")
+	// A rebuilt table has a new handle (the kernel numbers tables per namespace), its rules
+	// would not: the table's handle tells.
+	handles := func() string {
+		table, _, _ := strings.Cut(tn.exec(t, "nft", "-a", "list", "table", "ip", "kuport"), "\n")
+		return table + "\n" + tn.exec(t, "nft", "-a", "list", "chain", "ip", "kuport", "kup-pre")
+	}
+	before := handles()
 
 	// Damage: loop guard rule deleted, route gone, rp_filter strict, device down. Apply
 	// (what the agent's resync runs) repairs exactly that.
-	tn.exec(t, "ip", "rule", "del", "pref", "101", "fwmark", "0x6b700001", "to", "100.64.93.143", "lookup", "main")
-	tn.exec(t, "ip", "route", "flush", "table", "201")
+	rp, m := base.GetReturnPaths()[0], markingOf(base)
+	table := itoa(rp.GetTable())
+	tn.exec(t, "ip", "rule", "del", "pref", strconv.Itoa(m.loopGuard), "fwmark", fmt.Sprintf("%#x/%#x", rp.GetMark(), m.mask),
+		"to", rp.GetPeerUnderlay(), "lookup", "main")
+	tn.exec(t, "ip", "route", "flush", "table", table)
 	tn.exec(t, "sysctl", "-qw", "net.ipv4.conf.kup-dcc4266d.rp_filter=1")
 	tn.exec(t, "ip", "link", "set", "kup-dcc4266d", "down")
 	require.NoError(t, tn.dp.Apply(base))
@@ -320,8 +334,8 @@ func TestPrivilegedLifecycle(t *testing.T) {
 	tn.checkKernel(t, base)
 
 	// A changed program: a mapping added before an existing one, a changed mark, the reply
-	// exemption on another port, a smaller MTU, another table. Only elements change: the
-	// table is not rebuilt, its rules keep their handles.
+	// exemption on another port, a smaller MTU, another table. Only elements and the return
+	// marks' chains change: the table is not rebuilt, its rules keep their handles.
 	changed := proto.Clone(base).(*kuportv1.NodeProgram)
 	extra := proto.Clone(changed.DnatRules[0]).(*kuportv1.DnatRule)
 	extra.Id, extra.Ports = "demo/other/dnat/kup-dcc4266d", &kuportv1.PortRange{First: 4000, Last: 4000}
@@ -329,33 +343,33 @@ func TestPrivilegedLifecycle(t *testing.T) {
 	changed.DnatRules = append([]*kuportv1.DnatRule{extra}, changed.DnatRules...)
 	for _, m := range changed.MarkRules {
 		if m.GetKind() != kuportv1.MarkKind_MARK_KIND_CT_RESTORE { // a restore takes the flow's mark
-			m.Mark = 0x6b700002
+			m.Mark = rp.GetMark() + 1
 		}
 	}
 	changed.SnatRules[1].Ports = &kuportv1.PortRange{First: 3001, Last: 3001}
 	changed.Links[0].Mtu = 1360
-	changed.ReturnPaths[0].Table = 202
-	changed.ReturnPaths[0].Mark = 0x6b700002
+	changed.ReturnPaths[0].Table = rp.GetTable() + 1
+	changed.ReturnPaths[0].Mark = rp.GetMark() + 1
 	require.NoError(t, tn.dp.Apply(changed))
 	assert.Equal(t, Render(changed), tn.nftList(t))
 	tn.checkKernel(t, changed)
 	assert.Equal(t, foreignBefore, foreign())
-	assert.Equal(t, handles, tn.exec(t, "nft", "-a", "list", "chain", "ip", "kuport", "kup-pre"), "the rules keep their handles")
+	assert.Equal(t, before, handles(), "the table and its rules keep their handles")
 	relinked, err := tn.nl.LinkByName("kup-dcc4266d")
 	require.NoError(t, err)
 	assert.Equal(t, link.Attrs().Index, relinked.Attrs().Index, "an MTU change keeps the device")
-	assert.Empty(t, tn.exec(t, "ip", "route", "show", "table", "201"))
-	assert.NotContains(t, tn.exec(t, "ip", "rule", "show"), "lookup 201")
+	assert.Empty(t, tn.exec(t, "ip", "route", "show", "table", table))
+	assert.NotContains(t, tn.exec(t, "ip", "rule", "show"), "lookup "+table+" ")
 
 	// The empty program leaves nothing of kuport's.
 	require.NoError(t, tn.dp.Apply(&kuportv1.NodeProgram{Node: "worker-b", Version: 3}))
-	tn.assertNothingOwned(t, "201", "202")
+	tn.assertNothingOwned(t, table, itoa(rp.GetTable()+1))
 	assert.Equal(t, foreignBefore, foreign())
 
 	// Cleanup after a full program, likewise.
 	require.NoError(t, tn.dp.Apply(base))
 	require.NoError(t, tn.dp.Cleanup())
-	tn.assertNothingOwned(t, "201")
+	tn.assertNothingOwned(t, table)
 	assert.Equal(t, foreignBefore, foreign())
 }
 

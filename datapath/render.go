@@ -3,6 +3,8 @@ package datapath
 import (
 	"strings"
 
+	"github.com/google/nftables"
+
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -12,6 +14,35 @@ type block struct {
 	head     string
 	lines    []string
 	elements []string
+	// perLine: elements nft prints on one line, 0 for one per line.
+	perLine int
+}
+
+// setBlock is set s's block with its element lines. nft prints the elements of a set keyed
+// by a mark alone five to a line, those of a concatenation one per line (nft 1.0.6,
+// src/expression.c, calculate_delim).
+func setBlock(s *setSpec, lines, elements []string) block {
+	bl := block{head: s.keyword() + " " + s.name, lines: lines, elements: elements}
+	if len(s.key) == 1 && s.key[0].typ.Name == nftables.TypeMark.Name {
+		bl.perLine = 5
+	}
+	return bl
+}
+
+// elementsText is a set's elements as nft prints them between "elements = { " and " }".
+func (bl block) elementsText() string {
+	var b strings.Builder
+	for i, e := range bl.elements {
+		switch {
+		case i == 0:
+		case bl.perLine > 0 && i%bl.perLine != 0:
+			b.WriteString(", ")
+		default:
+			b.WriteString(",\n\t\t\t     ")
+		}
+		b.WriteString(e)
+	}
+	return b.String()
 }
 
 // render prints a table as nft 1.0.6 lists it (`nft list table ip kuport`): sets first, then
@@ -28,7 +59,7 @@ func render(fam family, blocks []block) string {
 			b.WriteString("\t\t" + l + "\n")
 		}
 		if len(bl.elements) > 0 {
-			b.WriteString("\t\telements = { " + strings.Join(bl.elements, ",\n\t\t\t     ") + " }\n")
+			b.WriteString("\t\telements = { " + bl.elementsText() + " }\n")
 		}
 		b.WriteString("\t}\n")
 	}
@@ -40,7 +71,8 @@ func render(fam family, blocks []block) string {
 // (nft 1.0.6) prints it once applied, with every "counter packets N bytes M" normalised to
 // "counter" and each set's elements sorted (nft prints them in hash order): tab
 // indentation, the sets, then chains kup-pre, kup-post, kup-mangle, kup-count-in, kup-steer
-// and kup-count-out. A program with no valid entry renders as "" (Apply removes the table).
+// and kup-count-out, then each return mark's two chains by mark (nft lists those in the
+// order they were added). A program with no valid entry renders as "" (Apply removes the table).
 // Entries that fail validation are left out; Apply reports them.
 func Render(p *kuportv1.NodeProgram) string {
 	t, _ := compileTable(p)
@@ -54,11 +86,10 @@ func (t *table) text() string {
 	l := t.layout
 	var blocks []block
 	for _, s := range l.sets {
-		blocks = append(blocks, block{head: s.keyword() + " " + s.name, lines: s.header(),
-			elements: elementLines(s, t.elems[s.name], func(elem) bool { return true })})
+		blocks = append(blocks, setBlock(s, s.header(), elementLines(s, t.elems[s.name], func(elem) bool { return true })))
 	}
-	for _, c := range chainSpecs {
-		bl := block{head: "chain " + c.name, lines: []string{c.header()}}
+	for _, c := range l.chains {
+		bl := block{head: "chain " + c.name, lines: c.header()}
 		for _, r := range l.chainRules(c.name) {
 			bl.lines = append(bl.lines, r.text)
 		}

@@ -12,24 +12,12 @@ import (
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
-// The ip rule band kuport owns (founding document, return path): 101 keeps the
-// encapsulated packet, which the vxlan driver gives the inner packet's mark, in main so it
-// is not routed back into the link (one tx_error per reply otherwise); 102 sends marked
-// replies to the link's table. The band must be consulted before netbird's 105 (resolve
-// from main) and 110 (its catch-all), where a reply would already have left, and after
-// the local table's 100.
-const (
-	prefLoopGuard = 101
-	prefDivert    = 102
-)
-
-// minTable is the first routing table kuport may own; 253-255 (default, main, local) are
-// never kuport's.
-const minTable = 201
-
-func ownedTable(t int) bool {
-	return t >= minTable && t != unix.RT_TABLE_DEFAULT && t != unix.RT_TABLE_MAIN && t != unix.RT_TABLE_LOCAL
-}
+// The two ip rules of a return path (founding document, return path), at the program's prefs
+// (101 and 102 by default, ReturnMarking): the loop guard keeps the encapsulated packet,
+// which the vxlan driver gives the inner packet's mark, in main so it is not routed back into
+// the link (one tx_error per reply otherwise); the divert sends marked replies to the link's
+// table. Both must be consulted before netbird's 105 (resolve from main) and 110 (its
+// catch-all), where a reply would already have left, and after the local table's 0.
 
 // wantReturn is a validated ReturnPath entry.
 type wantReturn struct {
@@ -39,21 +27,25 @@ type wantReturn struct {
 	table int
 	peer  net.IP
 	gw    net.IP
+	m     marking
 }
 
-func compileReturn(rp *kuportv1.ReturnPath) (*wantReturn, error) {
-	w := &wantReturn{id: rp.GetId(), link: rp.GetLink(), mark: rp.GetMark(), table: int(rp.GetTable())}
+func compileReturn(rp *kuportv1.ReturnPath, m marking) (*wantReturn, error) {
+	w := &wantReturn{id: rp.GetId(), link: rp.GetLink(), mark: rp.GetMark(), table: int(rp.GetTable()), m: m}
 	if err := checkID(w.id); err != nil {
 		return nil, err
 	}
 	if err := checkIfname(w.link); err != nil {
 		return nil, err
 	}
-	if w.mark == 0 {
-		return nil, fmt.Errorf("mark is 0")
+	if err := m.check(); err != nil {
+		return nil, err
 	}
-	if !ownedTable(w.table) {
-		return nil, fmt.Errorf("table %d is not a kuport table (from %d, not 253-255)", w.table, minTable)
+	if !m.validMark(w.mark) {
+		return nil, fmt.Errorf("mark %#x is 0 or not under the return mark mask %#x", w.mark, m.mask)
+	}
+	if !m.ownsTable(w.table) {
+		return nil, fmt.Errorf("table %d is not a kuport table (%d-%d, not 253-255)", w.table, m.firstTable, m.lastTable)
 	}
 	peer, err := ipv4("peer_underlay", rp.GetPeerUnderlay())
 	if err != nil {
@@ -78,13 +70,14 @@ func compileReturns(p *kuportv1.NodeProgram) ([]*wantReturn, []error) {
 	var returns []*wantReturn
 	var errs []error
 	ids := map[string]bool{}
-	tables := map[uint32]bool{}
+	tables, marks := map[uint32]bool{}, map[uint32]bool{}
+	m := markingOf(p)
 	for _, rp := range p.GetReturnPaths() {
-		w, err := compileReturn(rp)
+		w, err := compileReturn(rp, m)
 		switch {
 		case err != nil:
-		case ids[w.id] || tables[rp.GetTable()]:
-			err = fmt.Errorf("id or table %d used by another return path", w.table)
+		case ids[w.id] || tables[rp.GetTable()] || marks[w.mark]:
+			err = fmt.Errorf("id, table %d or mark %#x used by another return path", w.table, w.mark)
 		case !links[w.link]:
 			err = fmt.Errorf("link %s is not in the program", w.link)
 		}
@@ -92,20 +85,24 @@ func compileReturns(p *kuportv1.NodeProgram) ([]*wantReturn, []error) {
 			errs = append(errs, &EntryError{Kind: "return path", ID: rp.GetId(), Err: err})
 			continue
 		}
-		ids[w.id], tables[rp.GetTable()] = true, true
+		ids[w.id], tables[rp.GetTable()], marks[w.mark] = true, true, true
 		returns = append(returns, w)
 	}
 	return returns, errs
 }
 
-// rules are the return path's two ip rules (founding document, pref 101/102).
+// rules are the return path's two ip rules (founding document, pref 101/102), matching only
+// the mask's bits and carrying kuport's protocol.
 func (w *wantReturn) rules() []*netlink.Rule {
-	mask := uint32(0xffffffff)
+	mask := w.m.mask
 	guard := netlink.NewRule()
-	guard.Priority, guard.Mark, guard.Mask, guard.Table = prefLoopGuard, w.mark, &mask, unix.RT_TABLE_MAIN
+	guard.Priority, guard.Mark, guard.Mask, guard.Table = w.m.loopGuard, w.mark, &mask, unix.RT_TABLE_MAIN
 	guard.Dst = &net.IPNet{IP: w.peer, Mask: net.CIDRMask(32, 32)}
 	divert := netlink.NewRule()
-	divert.Priority, divert.Mark, divert.Mask, divert.Table = prefDivert, w.mark, &mask, w.table
+	divert.Priority, divert.Mark, divert.Mask, divert.Table = w.m.divert, w.mark, &mask, w.table
+	for _, r := range []*netlink.Rule{guard, divert} {
+		r.Protocol = rtprotKuport
+	}
 	return []*netlink.Rule{guard, divert}
 }
 
@@ -116,21 +113,27 @@ func ruleKey(r *netlink.Rule) string {
 	if r.Mask != nil {
 		mask = fmt.Sprintf("%#x", *r.Mask)
 	}
-	return fmt.Sprintf("pref %d fwmark %#x/%s from %v to %v iif %q oif %q not %t goto %d proto %d sport %v dport %v tos %d suppress %d/%d uid %v lookup %d",
+	return fmt.Sprintf("pref %d fwmark %#x/%s from %v to %v iif %q oif %q not %t goto %d proto %d sport %v dport %v tos %d suppress %d/%d uid %v lookup %d protocol %d",
 		r.Priority, r.Mark, mask, r.Src, r.Dst, r.IifName, r.OifName, r.Invert, r.Goto, r.IPProto,
-		r.Sport, r.Dport, r.Tos, r.SuppressPrefixlen, r.SuppressIfgroup, r.UIDRange, r.Table)
+		r.Sport, r.Dport, r.Tos, r.SuppressPrefixlen, r.SuppressIfgroup, r.UIDRange, r.Table, r.Protocol)
 }
 
 // routeKey identifies a route in one of kuport's tables.
 func routeKey(r *netlink.Route) string {
-	return fmt.Sprintf("%v via %v dev %d src %v metric %d type %d multipath %d", r.Dst, r.Gw, r.LinkIndex, r.Src, r.Priority, r.Type, len(r.MultiPath))
+	return fmt.Sprintf("%v via %v dev %d src %v metric %d type %d multipath %d protocol %d", r.Dst, r.Gw, r.LinkIndex, r.Src, r.Priority, r.Type, len(r.MultiPath), r.Protocol)
 }
 
-// syncReturnPaths makes the rules at prefs 101/102 and the routes of kuport's tables
-// (those the program names and those the band's rules point at) hold exactly the
-// program's return paths: stale rules go first, then each table's routes are corrected,
-// then missing rules are added, so a rule never points at an empty table it could fall
-// through.
+// reservedTable reports the kernel's own tables, never kuport's whatever points at them.
+func reservedTable(t int) bool {
+	return t == unix.RT_TABLE_UNSPEC || t == unix.RT_TABLE_DEFAULT || t == unix.RT_TABLE_MAIN || t == unix.RT_TABLE_LOCAL
+}
+
+// syncReturnPaths makes kuport's ip rules (its protocol's, and an earlier agent's at 101/102
+// with a 0x6b70xxxx mark, legacyRule) and the routes of kuport's tables (those the program
+// names, those its rules point at, and any holding a route of its protocol) hold exactly the
+// program's return paths, whatever pref, mark or table an earlier setting gave them: stale
+// rules go first, then each table's routes are corrected, then missing rules are added, so a
+// rule never points at an empty table it could fall through.
 func (d *Datapath) syncReturnPaths(want []*wantReturn, changes *int) []error {
 	var errs []error
 	kernelRules, err := d.nl.RuleList(netlink.FAMILY_V4)
@@ -152,10 +155,10 @@ func (d *Datapath) syncReturnPaths(want []*wantReturn, changes *int) []error {
 	present := map[string]bool{}
 	for i := range kernelRules {
 		kr := &kernelRules[i]
-		if kr.Priority != prefLoopGuard && kr.Priority != prefDivert {
+		if !ownRule(kr) {
 			continue
 		}
-		if ownedTable(kr.Table) {
+		if !reservedTable(kr.Table) {
 			tables[kr.Table] = true
 		}
 		key := ruleKey(kr)
@@ -169,6 +172,18 @@ func (d *Datapath) syncReturnPaths(want []*wantReturn, changes *int) []error {
 			continue
 		}
 		*changes++
+	}
+	// A table kuport's rules no longer point at (an agent stopped between deleting a rule and
+	// emptying its table) is still found by its routes' protocol.
+	routes, err := d.nl.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC, Protocol: rtprotKuport},
+		netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
+	if err != nil {
+		return []error{fmt.Errorf("list kuport's routes: %w", err)}
+	}
+	for _, r := range routes {
+		if !reservedTable(r.Table) {
+			tables[r.Table] = true
+		}
 	}
 	d.routeTables.Store(&tables)
 	byTable := map[int]*wantReturn{}
@@ -215,7 +230,7 @@ func (d *Datapath) syncRouteTable(t int, w *wantReturn, changes *int) error {
 			return fmt.Errorf("link %s: %w", w.link, err)
 		}
 		want = &netlink.Route{Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, Gw: w.gw,
-			LinkIndex: l.Attrs().Index, Table: t, Type: unix.RTN_UNICAST}
+			LinkIndex: l.Attrs().Index, Table: t, Type: unix.RTN_UNICAST, Protocol: rtprotKuport}
 	}
 	have := false
 	for i := range routes {

@@ -18,12 +18,13 @@ func SameProgram(x, y *kuportv1.NodeProgram) bool {
 		slices.EqualFunc(x.GetDnatRules(), y.GetDnatRules(), sameDnat) &&
 		slices.EqualFunc(x.GetSnatRules(), y.GetSnatRules(), sameSnat) &&
 		slices.EqualFunc(x.GetMarkRules(), y.GetMarkRules(), sameMark) &&
-		sameNet(x.GetLinks(), x.GetReturnPaths(), y)
+		sameNet(x.GetLinks(), x.GetReturnPaths(), x.GetReturnMarking(), y)
 }
 
-// sameNet reports whether links and returns are p's links and return paths.
-func sameNet(links []*kuportv1.Link, returns []*kuportv1.ReturnPath, p *kuportv1.NodeProgram) bool {
-	return equalMsgs(links, p.GetLinks()) && equalMsgs(returns, p.GetReturnPaths())
+// sameNet reports whether links, returns and marking are p's links, return paths and return
+// marking (whose prefs, tables and mask the return paths' rules and routes take).
+func sameNet(links []*kuportv1.Link, returns []*kuportv1.ReturnPath, marking *kuportv1.ReturnMarking, p *kuportv1.NodeProgram) bool {
+	return equalMsgs(links, p.GetLinks()) && equalMsgs(returns, p.GetReturnPaths()) && proto.Equal(marking, p.GetReturnMarking())
 }
 
 func equalMsgs[T proto.Message](a, b []T) bool {

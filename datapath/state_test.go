@@ -57,7 +57,7 @@ func (tn *testNS) kernelDump(t *testing.T) string {
 	tableRE := regexp.MustCompile(` table (\d+)\b`)
 	for _, line := range strings.SplitAfter(tn.exec(t, "ip", "-4", "route", "show", "table", "all"), "\n") {
 		if m := tableRE.FindStringSubmatch(line); m != nil {
-			if n, _ := strconv.Atoi(m[1]); ownedTable(n) {
+			if n, _ := strconv.Atoi(m[1]); kuportTable(n) {
 				b.WriteString(line)
 			}
 		}
@@ -68,19 +68,27 @@ func (tn *testNS) kernelDump(t *testing.T) string {
 // nftTable is the text `nft list table ip kuport` prints (elements sorted) for these
 // element lines, each "<set>\t<element>".
 func nftTable(elements ...[]string) string {
-	l := newLayout(familyIPv4)
 	bySet := map[string][]string{}
+	var marks []uint32
 	for _, e := range slices.Concat(elements...) {
 		set, text, _ := strings.Cut(e, "\t")
 		bySet[set] = append(bySet[set], text)
+		if _, chain, ok := strings.Cut(text, "jump "+markChainPrefix); ok && set == "return-marks" {
+			m, _ := strconv.ParseUint(chain, 16, 32)
+			marks = append(marks, uint32(m))
+		}
 	}
+	slices.Sort(marks)
+	l := newLayout(familyIPv4, legacyMarking.mask, slices.Compact(marks))
 	var blocks []block
 	for _, s := range l.sets {
 		slices.Sort(bySet[s.name])
-		blocks = append(blocks, block{head: s.keyword() + " " + s.name, lines: s.header(), elements: bySet[s.name]})
+		// Mappings that share a return mark list its return-marks element once.
+		bySet[s.name] = slices.Compact(bySet[s.name])
+		blocks = append(blocks, setBlock(s, s.header(), bySet[s.name]))
 	}
-	for _, c := range chainSpecs {
-		bl := block{head: "chain " + c.name, lines: []string{c.header()}}
+	for _, c := range l.chains {
+		bl := block{head: "chain " + c.name, lines: c.header()}
 		for _, r := range l.chainRules(c.name) {
 			bl.lines = append(bl.lines, r.text)
 		}
@@ -152,14 +160,14 @@ func workerBStates() []stateStep {
 	const (
 		linkPublic   = "link kup-dcc4266d vxlan id 4242 local 100.64.93.150 remote 100.64.93.143 dstport 4790 ttl 64 mtu 1370 up 169.254.77.1/31 rp_filter 2\n"
 		linkIntranet = "link kup-2b1e7a90 vxlan id 4300 local 100.64.93.150 remote 100.64.93.160 dstport 4790 ttl 64 mtu 1370 up 169.254.79.0/31 rp_filter 2\n"
-		rulesPublic  = "101:\tfrom all to 100.64.93.143 fwmark 0x6b700001 lookup main\n" +
-			"102:\tfrom all fwmark 0x6b700001 lookup 201\n"
-		rulesBoth = "101:\tfrom all to 100.64.93.143 fwmark 0x6b700001 lookup main\n" +
-			"101:\tfrom all to 100.64.93.160 fwmark 0x6b700002 lookup main\n" +
-			"102:\tfrom all fwmark 0x6b700001 lookup 201\n" +
-			"102:\tfrom all fwmark 0x6b700002 lookup 202\n"
-		routePublic   = "default via 169.254.77.0 dev kup-dcc4266d table 201 \n"
-		routeIntranet = "default via 169.254.79.1 dev kup-2b1e7a90 table 202 \n"
+		rulesPublic  = "101:\tfrom all to 100.64.93.143 fwmark 0x6b700001 lookup main proto 107\n" +
+			"102:\tfrom all fwmark 0x6b700001 lookup 201 proto 107\n"
+		rulesBoth = "101:\tfrom all to 100.64.93.143 fwmark 0x6b700001 lookup main proto 107\n" +
+			"101:\tfrom all to 100.64.93.160 fwmark 0x6b700002 lookup main proto 107\n" +
+			"102:\tfrom all fwmark 0x6b700001 lookup 201 proto 107\n" +
+			"102:\tfrom all fwmark 0x6b700002 lookup 202 proto 107\n"
+		routePublic   = "default via 169.254.77.0 dev kup-dcc4266d table 201 proto 107 \n"
+		routeIntranet = "default via 169.254.79.1 dev kup-2b1e7a90 table 202 proto 107 \n"
 	)
 	// elems are a mapping's elements on worker-b: its translation (of the stand-in, its pod),
 	// the steering that also counts its requests over the link, the counting of its replies,
@@ -174,7 +182,8 @@ func workerBStates() []stateStep {
 			"count-out-addr-ports\t" + dialed,
 			"snat-request\t" + fmt.Sprintf(`%s comment "%s/snat"`, pod, m.key),
 			"snat-reply\t" + fmt.Sprintf(`%s comment "%s/snat-reply"`, pod, m.key),
-			"mark-static\t" + fmt.Sprintf(`%s comment "%s/mark" : 0x%08x`, pod, m.key, m.mark),
+			"mark-static\t" + fmt.Sprintf(`%s comment "%s/mark" : jump %s`, pod, m.key, markChain(m.mark)),
+			"return-marks\t" + fmt.Sprintf(`0x%08x counter : jump %s`, m.mark, markChain(m.mark)),
 		}
 	}
 	return []stateStep{{
@@ -278,3 +287,7 @@ func TestTunnelOf(t *testing.T) {
 		assert.Equal(t, c.port, port, "%T", c.link)
 	}
 }
+
+// kuportTable reports the tables the tests' programs give return paths: from 201 (programs
+// without return_marking) or the default range, never the kernel's.
+func kuportTable(t int) bool { return t >= 201 && !reservedTable(t) }

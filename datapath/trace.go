@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -296,11 +297,19 @@ func (tr *tracer) rule(chain string, exprs []expr.Any, p *packet, f *flow, dir b
 				dst[i] = src[i]&e.Mask[i] ^ e.Xor[i]
 			}
 		case *expr.Byteorder:
-			if e.Op != expr.ByteorderNtoh || e.Size != 4 || e.Len != 4 {
-				return false, fmt.Errorf("byteorder %v size %d len %d is not traced", e.Op, e.Size, e.Len)
+			if e.Size != 4 || e.Len%4 != 0 {
+				return false, fmt.Errorf("byteorder of size %d, length %d is not traced", e.Size, e.Len)
 			}
-			b := reg(e.SourceRegister, 4)
-			copy(reg(e.DestRegister, 4), binaryutil.NativeEndian.PutUint32(binary.BigEndian.Uint32(b)))
+			src, dst := reg(e.SourceRegister, e.Len), reg(e.DestRegister, e.Len)
+			for i := uint32(0); i < e.Len; i += 4 {
+				if e.Op == expr.ByteorderHton {
+					binary.BigEndian.PutUint32(dst[i:], binaryutil.NativeEndian.Uint32(src[i:]))
+				} else {
+					copy(dst[i:], binaryutil.NativeEndian.PutUint32(binary.BigEndian.Uint32(src[i:])))
+				}
+			}
+		case *expr.Immediate:
+			load(e.Register, e.Data)
 		case *expr.Lookup:
 			s, ok := tr.t.layout.byName[e.SetName]
 			if !ok {
@@ -314,7 +323,18 @@ func (tr *tracer) rule(chain string, exprs []expr.Any, p *packet, f *flow, dir b
 			if !ok {
 				return false, nil
 			}
-			v.Elements = append(v.Elements, chain+" "+s.name+" "+el.id)
+			v.Elements = append(v.Elements, strings.TrimSuffix(chain+" "+s.name+" "+el.id, " "))
+			if s.vmap() {
+				// A jump: the chain's rules run, then the rule after this one (the lookup
+				// ends this rule); an accept in the chain ends the hook's chain too.
+				for _, r := range tr.t.layout.chainRules(el.val) {
+					done, err := tr.rule(el.val, r.exprs(byName), p, f, dir, v)
+					if err != nil || done {
+						return done, err
+					}
+				}
+				return false, nil
+			}
 			if e.IsDestRegSet {
 				copy(reg(e.DestRegister, uint32(len(el.val))), el.val)
 			}

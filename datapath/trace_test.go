@@ -63,13 +63,14 @@ func TestTraceGolden(t *testing.T) {
 		name: "cross node Single, pod's node", program: "remote-worker-b",
 		pkt: Packet{In: "kup-dcc4266d", Proto: tcp, Src: client, Dst: ap("169.254.77.1:3000"), Out: "cilium_host"},
 		want: Verdict{StandIn: addr("10.244.18.107"), DNAT: ap("10.244.18.107:3000"), Out: "cilium_host", SNAT: "cilium_host",
-			CtMark: 0x6b700001, Mark: 0x6b700001,
-			Route: &Route{Table: 201, Link: "kup-dcc4266d", Via: netip.MustParseAddr("169.254.77.0")}, Elements: []string{
+			CtMark: 0x1, Mark: 0x1,
+			Route: &Route{Table: 27505, Link: "kup-dcc4266d", Via: netip.MustParseAddr("169.254.77.0")}, Elements: []string{
 				"kup-mangle mark-ct-save demo/remote/ct-save/kup-dcc4266d",
 				"kup-steer steer-addr-ports demo/remote/dnat/kup-dcc4266d",
 				"kup-pre dnat-addr-ports demo/remote/dnat/kup-dcc4266d",
 				"kup-post snat-request demo/remote/snat",
 				"kup-mangle mark-ct-restore demo/remote/ct-restore",
+				"kup-mangle return-marks",
 				"kup-count-out count-out-addr-ports demo/remote/dnat/kup-dcc4266d"}},
 	}, {
 		name: "cross node Single, pod's node, as older controllers marked it", program: "static-worker-b",
@@ -84,13 +85,14 @@ func TestTraceGolden(t *testing.T) {
 	}, {
 		name: "Multi, through worker-c", program: "multi-worker-b",
 		pkt: Packet{In: "kup-d86d73d7", Proto: tcp, Src: client, Dst: ap("169.254.79.2:3000"), Out: "cilium_host"},
-		want: Verdict{StandIn: addr("10.244.18.107"), DNAT: ap("10.244.18.107:3000"), Out: "cilium_host", SNAT: "cilium_host", CtMark: 0x6b700002, Mark: 0x6b700002,
-			Route: &Route{Table: 202, Link: "kup-d86d73d7", Via: netip.MustParseAddr("169.254.79.3")}, Elements: []string{
+		want: Verdict{StandIn: addr("10.244.18.107"), DNAT: ap("10.244.18.107:3000"), Out: "cilium_host", SNAT: "cilium_host", CtMark: 0x2, Mark: 0x2,
+			Route: &Route{Table: 27506, Link: "kup-d86d73d7", Via: netip.MustParseAddr("169.254.79.3")}, Elements: []string{
 				"kup-mangle mark-ct-save demo/remote/ct-save/kup-d86d73d7",
 				"kup-steer steer-addr-ports demo/remote/dnat/kup-d86d73d7",
 				"kup-pre dnat-addr-ports demo/remote/dnat/kup-d86d73d7",
 				"kup-post snat-request demo/remote/snat",
 				"kup-mangle mark-ct-restore demo/remote/ct-restore",
+				"kup-mangle return-marks",
 				"kup-count-out count-out-addr-ports demo/remote/dnat/kup-d86d73d7"}},
 	}}
 	for _, c := range cases {

@@ -124,7 +124,7 @@ func (d *Datapath) readWatch(ctx context.Context, what string, c *netlink.Conn, 
 }
 
 // ownedRoute describes an rtnetlink notification of a kup-* device or an address on one, an
-// IPv4 ip rule at pref 101 or 102, or a route in one of the tables the last Apply synced;
+// IPv4 ip rule of kuport's protocol, or a route in one of the tables the last Apply synced;
 // "" for any other.
 func (d *Datapath) ownedRoute(m netlink.Message) string {
 	switch m.Header.Type {
@@ -138,8 +138,10 @@ func (d *Datapath) ownedRoute(m netlink.Message) string {
 			return "address of " + name
 		}
 	case unix.RTM_NEWRULE, unix.RTM_DELRULE:
-		// struct fib_rule_hdr is an rtmsg's size.
-		if pref, ok := uint32Attr(m.Data, unix.SizeofRtMsg, unix.FRA_PRIORITY); ok && (pref == prefLoopGuard || pref == prefDivert) {
+		// struct fib_rule_hdr is an rtmsg's size. kuport's rules carry its protocol, whatever
+		// their pref (marks.go).
+		if proto, ok := uint8Attr(m.Data, unix.SizeofRtMsg, unix.FRA_PROTOCOL); ok && proto == rtprotKuport {
+			pref, _ := uint32Attr(m.Data, unix.SizeofRtMsg, unix.FRA_PRIORITY)
 			return fmt.Sprintf("ip rule pref %d", pref)
 		}
 	case unix.RTM_NEWROUTE, unix.RTM_DELROUTE:
@@ -190,6 +192,16 @@ func uint32Attr(b []byte, hdr int, typ uint16) (uint32, bool) {
 	for ad != nil && ad.Next() {
 		if ad.Type() == typ && len(ad.Bytes()) == 4 {
 			return ad.Uint32(), true
+		}
+	}
+	return 0, false
+}
+
+func uint8Attr(b []byte, hdr int, typ uint16) (uint8, bool) {
+	ad := attrs(b, hdr)
+	for ad != nil && ad.Next() {
+		if ad.Type() == typ && len(ad.Bytes()) == 1 {
+			return ad.Uint8(), true
 		}
 	}
 	return 0, false

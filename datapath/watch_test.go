@@ -34,6 +34,12 @@ func TestWatchOwns(t *testing.T) {
 	u32 := func(typ uint16, v uint32) func(*netlink.AttributeEncoder) {
 		return func(ae *netlink.AttributeEncoder) { ae.Uint32(typ, v) }
 	}
+	rule := func(pref uint32, proto uint8) func(*netlink.AttributeEncoder) {
+		return func(ae *netlink.AttributeEncoder) {
+			ae.Uint32(unix.FRA_PRIORITY, pref)
+			ae.Uint8(unix.FRA_PROTOCOL, proto)
+		}
+	}
 	route := func(table byte, attrs func(*netlink.AttributeEncoder)) netlink.Message {
 		m := notification(t, unix.RTM_DELROUTE, unix.SizeofRtMsg, unix.AF_INET, attrs)
 		m.Data[4] = table
@@ -52,9 +58,10 @@ func TestWatchOwns(t *testing.T) {
 		{"another device", notification(t, unix.RTM_DELLINK, unix.SizeofIfInfomsg, 0, name(unix.IFLA_IFNAME, "wt0")), ""},
 		{"address of a kup device", notification(t, unix.RTM_DELADDR, unix.SizeofIfAddrmsg, unix.AF_INET, name(unix.IFA_LABEL, "kup-dcc4266d")), "address of kup-dcc4266d"},
 		{"address of another device", notification(t, unix.RTM_DELADDR, unix.SizeofIfAddrmsg, unix.AF_INET, name(unix.IFA_LABEL, "wt0")), ""},
-		{"rule pref 101", notification(t, unix.RTM_DELRULE, unix.SizeofRtMsg, unix.AF_INET, u32(unix.FRA_PRIORITY, 101)), "ip rule pref 101"},
-		{"rule pref 102", notification(t, unix.RTM_NEWRULE, unix.SizeofRtMsg, unix.AF_INET, u32(unix.FRA_PRIORITY, 102)), "ip rule pref 102"},
-		{"rule pref 100", notification(t, unix.RTM_DELRULE, unix.SizeofRtMsg, unix.AF_INET, u32(unix.FRA_PRIORITY, 100)), ""},
+		{"kuport's rule pref 101", notification(t, unix.RTM_DELRULE, unix.SizeofRtMsg, unix.AF_INET, rule(101, rtprotKuport)), "ip rule pref 101"},
+		{"kuport's rule pref 202", notification(t, unix.RTM_NEWRULE, unix.SizeofRtMsg, unix.AF_INET, rule(202, rtprotKuport)), "ip rule pref 202"},
+		{"another's rule pref 101", notification(t, unix.RTM_DELRULE, unix.SizeofRtMsg, unix.AF_INET, rule(101, unix.RTPROT_BOOT)), ""},
+		{"rule without protocol", notification(t, unix.RTM_DELRULE, unix.SizeofRtMsg, unix.AF_INET, u32(unix.FRA_PRIORITY, 102)), ""},
 		{"rule pref 0", notification(t, unix.RTM_DELRULE, unix.SizeofRtMsg, unix.AF_INET, func(*netlink.AttributeEncoder) {}), ""},
 		{"route in table 201", route(201, u32(unix.RTA_TABLE, 201)), "route in table 201"},
 		{"route in table 1000", route(unix.RT_TABLE_COMPAT, u32(unix.RTA_TABLE, 1000)), "route in table 1000"},

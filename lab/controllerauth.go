@@ -46,7 +46,7 @@ var rbacResources = map[schema.GroupVersionKind]struct {
 }
 
 // applyRBAC creates every object of Options.RBACFile (deploy/rbac.yaml), the namespaced
-// ones that name none in leader.DefaultNamespace as kustomize would, so the controller replicas run with
+// ones without a namespace in leader.DefaultNamespace as kustomize would, so the controller replicas run with
 // exactly the permissions a cluster gives them. The lab's cluster is fresh, so an object
 // that exists already is an error, as is a kind other than rbacResources'.
 func (l *Lab) applyRBAC(ctx context.Context) error {
@@ -74,8 +74,8 @@ func (l *Lab) applyRBAC(ctx context.Context) error {
 		}
 		api := l.Dyn.Resource(kind.resource).Namespace("")
 		if kind.namespaced {
-			// Only where none is set, as the kustomization's NamespaceTransformer (unsetOnly):
-			// the Role reading Cilium's ConfigMap stays in kube-system.
+			// As deploy/kustomization.yaml's transformer: an object naming its namespace (the
+			// Role reading Cilium's ConfigMap in kube-system) keeps it.
 			if obj.GetNamespace() == "" {
 				obj.SetNamespace(leader.DefaultNamespace)
 			}

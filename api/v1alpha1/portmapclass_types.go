@@ -211,8 +211,10 @@ type LinkStatus struct {
 	// +optional
 	UnusedSince *metav1.Time `json:"unusedSince,omitempty"`
 	// ends records, per node of the pair, the routing table its return path uses.
-	// Tables are unique per node across classes, from 201; the mark is derived from the table
-	// (0x6b700000 + table - 200). Recorded so they are never renumbered under live traffic.
+	// Tables are unique per node across classes, within the controller's return tables
+	// (--return-tables, 27505-27631 by default); the mark is derived from the table. Recorded
+	// so they are never renumbered under live traffic; a table outside the range is
+	// reallocated.
 	// +listType=map
 	// +listMapKey=node
 	// +optional
@@ -223,8 +225,8 @@ type LinkStatus struct {
 type LinkEnd struct {
 	// node is the node name.
 	Node string `json:"node"`
-	// table is the routing table number, 201 and up, unique on the node across classes.
-	// +kubebuilder:validation:Minimum=201
+	// table is the routing table number, unique on the node across classes.
+	// +kubebuilder:validation:Minimum=1
 	Table int32 `json:"table"`
 }
 

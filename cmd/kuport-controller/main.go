@@ -8,6 +8,13 @@
 //	                  [--tls-cert-file PATH --tls-key-file PATH | --tls-secret kuport-controller-tls
 //	                   --tls-ca-configmap kuport-controller-ca --tls-names NAME,...] [--health-listen ADDR]
 //	                  [--unanswered-reports 2] [--unanswered-window 4s]
+//	                  [--return-mark-mask 0x301f] [--return-tables 27505-27631] [--return-rule-prefs 101,102]
+//
+// --return-mark-mask, --return-tables and --return-rule-prefs place the return paths' marks,
+// routing tables and ip rules on every node clear of the CNI's, a mesh's and kube-proxy's
+// (compile.DefaultReturnMarking). A value the datapath cannot work with stops the controller
+// with the reason; one that overlaps a known user's marks, tables or prefs is logged as a
+// warning naming that user at every start (docs/operations.md).
 //
 // A node that forwards a mapping's requests (Counter.forwarded_in rising) and sees no reply
 // (forwarded_out not rising) for --unanswered-reports consecutive reports spanning at least
@@ -70,6 +77,7 @@ import (
 
 	"kuport.wlz.li/kuport/controller"
 	"kuport.wlz.li/kuport/controller/agents"
+	"kuport.wlz.li/kuport/controller/compile"
 	"kuport.wlz.li/kuport/controller/dashboard"
 	"kuport.wlz.li/kuport/controller/leader"
 	"kuport.wlz.li/kuport/controller/metrics"
@@ -125,6 +133,13 @@ func run(args []string) error {
 	statusBurst := fs.Int("status-burst", controller.DefaultStatusBurst, "status writes in a burst above --status-qps, at most")
 	pprofOn := fs.Bool("pprof", false, "also serve Go's runtime profiles (net/http/pprof) under /debug/pprof/ on --http-listen")
 	healthListen := fs.String("health-listen", "", "host:port serving grpc.health.v1 alone, in plaintext, for the kubelet's gRPC probes; empty serves none")
+	def := compile.DefaultReturnMarking
+	markMask := fs.String("return-mark-mask", fmt.Sprintf("%#x", def.MarkMask),
+		"the packet and conntrack mark bits kuport's return marks take on every node; n bits give 2^n - 1 return paths per node (docs/operations.md)")
+	returnTables := fs.String("return-tables", fmt.Sprintf("%d-%d", def.FirstTable, def.LastTable),
+		"first-last: the routing tables of return paths, one per return path on a node")
+	rulePrefs := fs.String("return-rule-prefs", fmt.Sprintf("%d,%d", def.LoopGuardPref, def.DivertPref),
+		"loopguard,divert: the prefs of every return path's two ip rules")
 	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
 		return nil
 	} else if err != nil {
@@ -144,6 +159,10 @@ func run(args []string) error {
 		return fmt.Errorf("unknown --log-level %q", *level)
 	}
 	log := hclog.New(&hclog.LoggerOptions{Name: "kuport-controller", Level: lvl, Output: os.Stderr})
+	marking, err := returnMarking(*markMask, *returnTables, *rulePrefs, log)
+	if err != nil {
+		return err
+	}
 	setMemoryLimit(log, memlimit.FromCgroup)
 	setGCPercent(log)
 
@@ -270,7 +289,7 @@ func run(args []string) error {
 		}
 		ctl, err := controller.New(controller.Config{
 			Kube: kube, Dynamic: dyn, Epoch: epoch, Start: time.Now(),
-			LinkRetention: *retention, Log: log, OnEpochBehind: onEpochBehind,
+			LinkRetention: *retention, ReturnMarking: marking, Log: log, OnEpochBehind: onEpochBehind,
 			StatusQPS: float32(*statusQPS), StatusBurst: *statusBurst,
 			Unanswered: agents.Window{Reports: *unansweredReports, Duration: *unansweredWindow},
 		})
@@ -332,4 +351,28 @@ func restConfig(path string) (*rest.Config, error) {
 		return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
 	}
 	return cfg, nil
+}
+
+// returnMarking reads the return-marking flags and checks the setting: an error names the
+// flag and the reason; every overlap with a known user is logged as a warning.
+func returnMarking(mask, tables, prefs string, log hclog.Logger) (compile.ReturnMarking, error) {
+	var r compile.ReturnMarking
+	var err error
+	if r.MarkMask, err = compile.ParseMarkMask(mask); err != nil {
+		return r, fmt.Errorf("--return-mark-mask: %w", err)
+	}
+	if r.FirstTable, r.LastTable, err = compile.ParseTables(tables); err != nil {
+		return r, fmt.Errorf("--return-tables: %w", err)
+	}
+	if r.LoopGuardPref, r.DivertPref, err = compile.ParsePrefs(prefs); err != nil {
+		return r, fmt.Errorf("--return-rule-prefs: %w", err)
+	}
+	warnings, err := r.Check()
+	if err != nil {
+		return r, fmt.Errorf("--return-mark-mask, --return-tables, --return-rule-prefs: %w", err)
+	}
+	for _, w := range warnings {
+		log.Warn("the return marking overlaps a known user of marks, tables or rule prefs", "overlap", w)
+	}
+	return r, nil
 }

@@ -3,9 +3,11 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/stretchr/testify/require"
 
 	"kuport.wlz.li/kuport/controller/servingcert"
@@ -38,6 +40,42 @@ func TestTLSFlagsAreChecked(t *testing.T) {
 	require.ErrorContains(t, err, "serving certificate")
 	err = run([]string{"--kubeconfig", kubeconfig, "--grpc-listen", "127.0.0.1:0"})
 	require.ErrorContains(t, err, "serving certificate secret kuport-system/kuport-controller-tls")
+}
+
+// TestReturnMarkingFlags: a return marking the datapath cannot work with stops the controller
+// before it serves, naming the flags and the reason; one overlapping a known user starts with
+// a warning naming the user; the default starts without one.
+func TestReturnMarkingFlags(t *testing.T) {
+	err := run([]string{"--kubeconfig", unreachableKubeconfig(t), "--grpc-listen", "127.0.0.1:0", "--return-tables", "250-260"})
+	require.ErrorContains(t, err, "--return-rule-prefs: return tables 250-260 hold the kernel's tables 253-255")
+	for _, c := range []struct {
+		mask, tables, prefs string
+		err, warning        string
+	}{
+		{mask: "0x301f", tables: "27505-27631", prefs: "101,102"},
+		{mask: "0x301f", tables: "200-210", prefs: "101,102", warning: "Cilium"},
+		{mask: "0x3000001f", tables: "27505-27631", prefs: "101,102", warning: "Calico"},
+		{mask: "0x30ff", tables: "27505-27631", prefs: "101,102", err: "the identity SNAT's translated bit"},
+		{mask: "0x1", tables: "27505-27631", prefs: "101,102", err: "fewer than"},
+		{mask: "zz", tables: "27505-27631", prefs: "101,102", err: "--return-mark-mask"},
+		{mask: "0x301f", tables: "27505", prefs: "101,102", err: "--return-tables"},
+		{mask: "0x301f", tables: "27505-27631", prefs: "102,101", err: "the loop guard must come first"},
+		{mask: "0x301f", tables: "27505-27631", prefs: "101", err: "--return-rule-prefs"},
+	} {
+		var logs strings.Builder
+		_, err := returnMarking(c.mask, c.tables, c.prefs, hclog.New(&hclog.LoggerOptions{Output: &logs}))
+		if c.err != "" {
+			require.ErrorContains(t, err, c.err, "%+v", c)
+			continue
+		}
+		require.NoError(t, err, "%+v", c)
+		if c.warning == "" {
+			require.Empty(t, logs.String(), "%+v", c)
+		} else {
+			require.Contains(t, logs.String(), "[WARN]", "%+v", c)
+			require.Contains(t, logs.String(), c.warning, "%+v", c)
+		}
+	}
 }
 
 // certFlags writes a serving certificate and key and returns the flags naming them, so the

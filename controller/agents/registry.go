@@ -303,7 +303,7 @@ func (r *Registry) SetPrograms(programs map[string]*kuportv1.NodeProgram, index 
 // and no digest of the others.
 func (r *Registry) storeLocked(name string, n *node, p *kuportv1.NodeProgram, index compile.NodeIndex) bool {
 	next := &kuportv1.NodeProgram{Node: name, Epoch: r.epoch, DnatRules: p.DnatRules, SnatRules: p.SnatRules,
-		MarkRules: p.MarkRules, Links: p.Links, ReturnPaths: p.ReturnPaths}
+		MarkRules: p.MarkRules, Links: p.Links, ReturnPaths: p.ReturnPaths, ReturnMarking: p.ReturnMarking}
 	prev := n.program
 	n.index = index
 	if prev != nil {
@@ -360,7 +360,7 @@ func (r *Registry) storeLocked(name string, n *node, p *kuportv1.NodeProgram, in
 func sameProgram(a, b *kuportv1.NodeProgram) bool {
 	return a.Node == b.Node && a.Version == b.Version && a.Epoch == b.Epoch &&
 		equalList(a.DnatRules, b.DnatRules) && equalList(a.SnatRules, b.SnatRules) && equalList(a.MarkRules, b.MarkRules) &&
-		equalList(a.Links, b.Links) && equalList(a.ReturnPaths, b.ReturnPaths)
+		equalList(a.Links, b.Links) && equalList(a.ReturnPaths, b.ReturnPaths) && proto.Equal(a.ReturnMarking, b.ReturnMarking)
 }
 
 func equalList[T proto.Message](a, b []T) bool {

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"k8s.io/apimachinery/pkg/types"
 
 	"kuport.wlz.li/kuport/controller/compile"
@@ -130,6 +131,39 @@ func TestSetProgramsVersionsOnlyOnChange(t *testing.T) {
 	assert.False(t, ok)
 	require.Len(t, r.Nodes(), 1)
 	assert.Equal(t, "worker-b", r.Nodes()[0].Node)
+}
+
+// TestSetProgramsCarriesEveryField: every field of a compiled program but node, version and
+// epoch (which the registry sets) is stored and served as compile left it, and a change of
+// any one alone is a new version (a field the registry dropped would never reach an agent).
+func TestSetProgramsCarriesEveryField(t *testing.T) {
+	fields := (&kuportv1.NodeProgram{}).ProtoReflect().Descriptor().Fields()
+	for i := range fields.Len() {
+		f := fields.Get(i)
+		if f.Name() == "node" || f.Name() == "version" || f.Name() == "epoch" {
+			continue
+		}
+		r := newTestRegistry(nil)
+		base := remoteProgram("10.244.17.5", false)
+		require.Equal(t, []string{"edge-a"}, r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": base}, edgeIndex(false)))
+		changed := proto.Clone(base).(*kuportv1.NodeProgram)
+		m := changed.ProtoReflect()
+		switch {
+		case f.IsList():
+			l := m.Mutable(f).List()
+			l.Append(l.NewElement())
+		case f.Kind() == protoreflect.MessageKind:
+			m.Mutable(f)
+		default:
+			t.Fatalf("%s: a field the test cannot change: %v", f.Name(), f.Kind())
+		}
+		assert.Equal(t, []string{"edge-a"}, r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": changed}, edgeIndex(false)), "%s", f.Name())
+		p, _, _ := r.Program("edge-a")
+		assert.Equal(t, uint64(2), p.GetVersion(), "%s", f.Name())
+		got := proto.Clone(p).(*kuportv1.NodeProgram)
+		got.Node, got.Version, got.Epoch = changed.Node, changed.Version, changed.Epoch
+		assert.True(t, proto.Equal(changed, got), "%s is not stored as compiled", f.Name())
+	}
 }
 
 // TestSetProgramsSharedByIncremental: programs as compile.Incremental leaves them (the lists

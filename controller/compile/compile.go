@@ -81,6 +81,8 @@ func (c *compiler) wire(r portRange) *kuportv1.PortRange {
 // compiler holds one compilation's working state.
 type compiler struct {
 	s *Snapshot
+	// marking is s.ReturnMarking, or the default.
+	marking ReturnMarking
 	// stamp is s.Now at the API's one-second precision, so a time compile writes reads back
 	// unchanged.
 	stamp metav1.Time
@@ -110,6 +112,7 @@ type compiler struct {
 func newCompiler(s *Snapshot) *compiler {
 	c := &compiler{
 		s:         s,
+		marking:   s.marking(),
 		stamp:     metav1.NewTime(s.Now.Truncate(time.Second)),
 		nodes:     map[string]*nodeView{},
 		classes:   map[string]*classInfo{},
@@ -198,6 +201,7 @@ func (c *compiler) result() *Result {
 	}
 	for name, b := range c.programs {
 		r.Programs[name] = b.program()
+		r.Programs[name].ReturnMarking = c.marking.wire()
 		r.Index[name] = b.nodeIndex()
 	}
 	for _, p := range c.plans {

@@ -88,7 +88,7 @@ func TestCompile(t *testing.T) {
 				"edge-a": remoteEdgeA(), "worker-b": remoteWorkerB(),
 			},
 			classes: map[string]classOutcome{"public": {Ready: v1alpha1.ReasonValid, Links: []v1alpha1.LinkStatus{
-				claimOf("edge-a", "worker-b", 0, "169.254.77.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 201}),
+				claimOf("edge-a", "worker-b", 0, "169.254.77.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 27505}),
 			}}},
 		},
 		{
@@ -423,7 +423,7 @@ func TestCompile(t *testing.T) {
 				"node worker-b: no agent has connected")},
 			programs: map[string]*kuportv1.NodeProgram{"edge-a": empty("edge-a"), "worker-b": empty("worker-b")},
 			classes: map[string]classOutcome{"public": {Ready: v1alpha1.ReasonValid, Links: []v1alpha1.LinkStatus{
-				claimOf("edge-a", "worker-b", 0, "169.254.77.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 201}),
+				claimOf("edge-a", "worker-b", 0, "169.254.77.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 27505}),
 			}}},
 		},
 		{
@@ -554,7 +554,7 @@ func TestCompile(t *testing.T) {
 			},
 			classes: map[string]classOutcome{
 				"public": {Ready: v1alpha1.ReasonValid, Links: []v1alpha1.LinkStatus{
-					claimOf("edge-a", "worker-b", 0, "169.254.77.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 201}),
+					claimOf("edge-a", "worker-b", 0, "169.254.77.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 27505}),
 				}},
 				"intranet": {Ready: v1alpha1.ReasonSubnetOverlap,
 					Message: `subnet 169.254.77.128/25 overlaps subnet 169.254.77.0/24 of class "public", which shares node edge-a`},
@@ -605,7 +605,7 @@ func TestCompile(t *testing.T) {
 			classes: map[string]classOutcome{"public": {Ready: v1alpha1.ReasonSubnetExhausted,
 				Message: "subnet 169.254.77.0/31 has no free /31 for edge-a/worker-c",
 				Links: []v1alpha1.LinkStatus{
-					claimOf("edge-a", "worker-b", 0, "169.254.77.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 201}),
+					claimOf("edge-a", "worker-b", 0, "169.254.77.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 27505}),
 				}}},
 		},
 
@@ -625,16 +625,16 @@ func TestCompile(t *testing.T) {
 			},
 			classes: map[string]classOutcome{
 				"public": {Ready: v1alpha1.ReasonValid, Links: []v1alpha1.LinkStatus{
-					claimOf("edge-a", "worker-b", 0, "169.254.77.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 201}),
+					claimOf("edge-a", "worker-b", 0, "169.254.77.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 27505}),
 				}},
 				"intranet": {Ready: v1alpha1.ReasonValid, Links: []v1alpha1.LinkStatus{
-					claimOf("edge-a", "worker-b", 0, "169.254.79.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 202}),
+					claimOf("edge-a", "worker-b", 0, "169.254.79.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 27506}),
 				}},
 			},
 			check: func(t *testing.T, r *Result) {
 				want := []*kuportv1.ReturnPath{
-					{Id: intranetToEA + "/return", Link: intranetToEA, Mark: 0x6b700002, Table: 202, PeerUnderlay: "100.64.93.143", PeerLinkAddress: "169.254.79.0"},
-					{Id: linkToEdgeA + "/return", Link: linkToEdgeA, Mark: 0x6b700001, Table: 201, PeerUnderlay: "100.64.93.143", PeerLinkAddress: "169.254.77.0"},
+					{Id: intranetToEA + "/return", Link: intranetToEA, Mark: 0x2, Table: 27506, PeerUnderlay: "100.64.93.143", PeerLinkAddress: "169.254.79.0"},
+					{Id: linkToEdgeA + "/return", Link: linkToEdgeA, Mark: 0x1, Table: 27505, PeerUnderlay: "100.64.93.143", PeerLinkAddress: "169.254.77.0"},
 				}
 				if d := cmp.Diff(want, r.Programs["worker-b"].ReturnPaths, cmpOpts...); d != "" {
 					t.Errorf("worker-b return paths (-want +got):\n%s", d)
@@ -645,7 +645,7 @@ func TestCompile(t *testing.T) {
 						marks = append(marks, m.Mark)
 					}
 				}
-				if d := cmp.Diff([]uint32{0x6b700002, 0x6b700001}, marks); d != "" {
+				if d := cmp.Diff([]uint32{0x2, 0x1}, marks); d != "" {
 					t.Errorf("worker-b marks (-want +got):\n%s", d)
 				}
 				var vnis []uint32
@@ -674,9 +674,9 @@ func TestCompile(t *testing.T) {
 				}
 				want := []*kuportv1.MarkRule{
 					{Id: "demo/remote-udp/ct-restore", Mapping: "demo/remote-udp", Kind: ctRestore, Address: "10.244.18.107", Protocol: udp, Ports: ports(3000, 3000)},
-					{Id: "demo/remote-udp/ct-save/" + linkToEdgeA, Mapping: "demo/remote-udp", Kind: ctSave, InInterface: linkToEdgeA, Address: "169.254.77.1", Protocol: udp, Ports: ports(3000, 3000), Mark: 0x6b700001},
+					{Id: "demo/remote-udp/ct-save/" + linkToEdgeA, Mapping: "demo/remote-udp", Kind: ctSave, InInterface: linkToEdgeA, Address: "169.254.77.1", Protocol: udp, Ports: ports(3000, 3000), Mark: 0x1},
 					{Id: "demo/remote/ct-restore", Mapping: "demo/remote", Kind: ctRestore, Address: "10.244.18.107", Protocol: tcp, Ports: ports(3000, 3000)},
-					{Id: "demo/remote/ct-save/" + linkToEdgeA, Mapping: "demo/remote", Kind: ctSave, InInterface: linkToEdgeA, Address: "169.254.77.1", Protocol: tcp, Ports: ports(3000, 3000), Mark: 0x6b700001},
+					{Id: "demo/remote/ct-save/" + linkToEdgeA, Mapping: "demo/remote", Kind: ctSave, InInterface: linkToEdgeA, Address: "169.254.77.1", Protocol: tcp, Ports: ports(3000, 3000), Mark: 0x1},
 				}
 				if d := cmp.Diff(want, wb.MarkRules, cmpOpts...); d != "" {
 					t.Errorf("worker-b marks (-want +got):\n%s", d)
@@ -738,7 +738,7 @@ func TestCompile(t *testing.T) {
 					claimOf("edge-a", "worker-c", 0, "169.254.77.0/31", &now),
 				}},
 				"intranet": {Ready: v1alpha1.ReasonValid, Links: []v1alpha1.LinkStatus{
-					claimOf("edge-a", "worker-b", 2, "169.254.79.4/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 201}),
+					claimOf("edge-a", "worker-b", 2, "169.254.79.4/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 27505}),
 					claimOf("edge-a", "worker-d", 0, "169.254.79.0/31", &now),
 				}},
 			},
@@ -884,24 +884,24 @@ func TestLinkClaims(t *testing.T) {
 	s.Agents["worker-f"] = mkAgent(iface("wt0", "100.64.93.160", 1420))
 	addService(s, "web", 3000, mkEndpoint("web-0", "10.244.21.1", "worker-f"))
 	s.Classes["public"].Status.Links = []v1alpha1.LinkStatus{
-		claimOf("edge-a", "worker-b", 1, "169.254.77.2/31", &hourAgo, v1alpha1.LinkEnd{Node: "worker-b", Table: 203}),
-		claimOf("edge-a", "worker-c", 0, "169.254.77.0/31", &dayAndHourAgo, v1alpha1.LinkEnd{Node: "worker-c", Table: 201}),
+		claimOf("edge-a", "worker-b", 1, "169.254.77.2/31", &hourAgo, v1alpha1.LinkEnd{Node: "worker-b", Table: 27507}),
+		claimOf("edge-a", "worker-c", 0, "169.254.77.0/31", &dayAndHourAgo, v1alpha1.LinkEnd{Node: "worker-c", Table: 27505}),
 		claimOf("edge-a", "worker-d", 2, "169.254.77.4/31", &hourAgo),
-		claimOf("edge-a", "worker-e", 3, "169.254.77.6/31", nil, v1alpha1.LinkEnd{Node: "worker-e", Table: 201}),
+		claimOf("edge-a", "worker-e", 3, "169.254.77.6/31", nil, v1alpha1.LinkEnd{Node: "worker-e", Table: 27505}),
 	}
 	r := Compile(s)
 	want := []v1alpha1.LinkStatus{
-		claimOf("edge-a", "worker-b", 1, "169.254.77.2/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 203}),
+		claimOf("edge-a", "worker-b", 1, "169.254.77.2/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 27507}),
 		claimOf("edge-a", "worker-d", 2, "169.254.77.4/31", &hourAgo),
-		claimOf("edge-a", "worker-e", 3, "169.254.77.6/31", &now, v1alpha1.LinkEnd{Node: "worker-e", Table: 201}),
-		claimOf("edge-a", "worker-f", 0, "169.254.77.0/31", nil, v1alpha1.LinkEnd{Node: "worker-f", Table: 201}),
+		claimOf("edge-a", "worker-e", 3, "169.254.77.6/31", &now, v1alpha1.LinkEnd{Node: "worker-e", Table: 27505}),
+		claimOf("edge-a", "worker-f", 0, "169.254.77.0/31", nil, v1alpha1.LinkEnd{Node: "worker-f", Table: 27505}),
 	}
 	if d := cmp.Diff(want, r.Classes["public"].Links); d != "" {
 		t.Errorf("links (-want +got):\n%s", d)
 	}
 	wb := r.Programs["worker-b"]
-	if rp := wb.ReturnPaths[0]; rp.Table != 203 || rp.Mark != 0x6b700003 || rp.PeerLinkAddress != "169.254.77.2" {
-		t.Errorf("worker-b return path table %d mark %#x peer %s; want 203, 0x6b700003, 169.254.77.2", rp.Table, rp.Mark, rp.PeerLinkAddress)
+	if rp := wb.ReturnPaths[0]; rp.Table != 27507 || rp.Mark != 0x3 || rp.PeerLinkAddress != "169.254.77.2" {
+		t.Errorf("worker-b return path table %d mark %#x peer %s; want 27507, 0x3, 169.254.77.2", rp.Table, rp.Mark, rp.PeerLinkAddress)
 	}
 	if l := wb.Links[0]; l.Vni != 4243 || l.LocalAddress != "169.254.77.3" {
 		t.Errorf("worker-b link vni %d local %s; want 4243, 169.254.77.3", l.Vni, l.LocalAddress)
@@ -922,9 +922,9 @@ func TestLinkClaims(t *testing.T) {
 	if d := cmp.Diff(r.Classes["public"].Links[0], r2.Classes["public"].Links[0]); d != "" {
 		t.Errorf("edge-a/worker-b claim moved (-before +after):\n%s", d)
 	}
-	// worker-b's table 203 belongs to public, so intranet's end takes 201.
+	// worker-b's table 27507 belongs to public, so intranet's end takes 201.
 	wantIntranet := []v1alpha1.LinkStatus{
-		claimOf("edge-a", "worker-b", 0, "169.254.79.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 201}),
+		claimOf("edge-a", "worker-b", 0, "169.254.79.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 27505}),
 	}
 	if d := cmp.Diff(wantIntranet, r2.Classes["intranet"].Links); d != "" {
 		t.Errorf("intranet links (-want +got):\n%s", d)
@@ -1154,11 +1154,11 @@ func TestClaimDroppedWhenItsVNIPassesTheMaximum(t *testing.T) {
 	s := world(mkPortMap("remote", 0, 3000))
 	s.Classes["public"].Spec.ReturnPath.Vxlan.VNI = maxVNI
 	s.Classes["public"].Status.Links = []v1alpha1.LinkStatus{
-		claimOf("edge-a", "worker-b", 1, "169.254.77.2/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 201}),
+		claimOf("edge-a", "worker-b", 1, "169.254.77.2/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 27505}),
 	}
 	r := Compile(s)
 	want := []v1alpha1.LinkStatus{
-		claimOf("edge-a", "worker-b", 0, "169.254.77.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 201}),
+		claimOf("edge-a", "worker-b", 0, "169.254.77.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 27505}),
 	}
 	if d := cmp.Diff(want, r.Classes["public"].Links); d != "" {
 		t.Errorf("links (-want +got):\n%s", d)

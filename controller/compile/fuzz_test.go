@@ -417,7 +417,7 @@ func (r *fuzzReader) class(name string) *v1alpha1.PortMapClass {
 			ls.UnusedSince = &metav1.Time{Time: now.Add(-time.Duration(r.n(4)) * 12 * time.Hour)}
 		}
 		for range r.n(3) {
-			ls.Ends = append(ls.Ends, v1alpha1.LinkEnd{Node: pick(r, fuzzNodes), Table: pick(r, []int32{201, 202, 203, 200, 0, 254})})
+			ls.Ends = append(ls.Ends, v1alpha1.LinkEnd{Node: pick(r, fuzzNodes), Table: pick(r, []int32{27505, 27506, 27507, 201, 200, 0, 254})})
 		}
 		cl.Status.Links = append(cl.Status.Links, ls)
 	}

@@ -176,7 +176,8 @@ func ports(first, last uint32) *kuportv1.PortRange {
 
 func localEdgeA() *kuportv1.NodeProgram {
 	return &kuportv1.NodeProgram{
-		Node: "edge-a",
+		ReturnMarking: DefaultReturnMarking.wire(),
+		Node:          "edge-a",
 		DnatRules: []*kuportv1.DnatRule{
 			{Id: "demo/local/dnat/enp1s0", Mapping: "demo/local", InInterface: "enp1s0", Protocol: tcp,
 				Ports: ports(3000, 3000), ToAddress: "10.244.17.7", ToPort: 3000, StandIn: "10.244.17.7"},
@@ -192,7 +193,8 @@ func localEdgeA() *kuportv1.NodeProgram {
 
 func remoteEdgeA() *kuportv1.NodeProgram {
 	return &kuportv1.NodeProgram{
-		Node: "edge-a",
+		ReturnMarking: DefaultReturnMarking.wire(),
+		Node:          "edge-a",
 		DnatRules: []*kuportv1.DnatRule{
 			{Id: "demo/remote/dnat/enp1s0", Mapping: "demo/remote", InInterface: "enp1s0", Protocol: tcp,
 				Ports: ports(3000, 3000), ToAddress: "169.254.77.1", ToPort: 3000, StandIn: "169.254.77.1"},
@@ -213,7 +215,8 @@ func remoteEdgeA() *kuportv1.NodeProgram {
 
 func remoteWorkerB() *kuportv1.NodeProgram {
 	return &kuportv1.NodeProgram{
-		Node: "worker-b",
+		ReturnMarking: DefaultReturnMarking.wire(),
+		Node:          "worker-b",
 		DnatRules: []*kuportv1.DnatRule{
 			{Id: "demo/remote/dnat/" + linkToEdgeA, Mapping: "demo/remote", InInterface: linkToEdgeA,
 				MatchDestination: "169.254.77.1", Protocol: tcp, Ports: ports(3000, 3000),
@@ -229,7 +232,7 @@ func remoteWorkerB() *kuportv1.NodeProgram {
 			{Id: "demo/remote/ct-restore", Mapping: "demo/remote", Kind: ctRestore, Address: "10.244.18.107", Protocol: tcp,
 				Ports: ports(3000, 3000)},
 			{Id: "demo/remote/ct-save/" + linkToEdgeA, Mapping: "demo/remote", Kind: ctSave, InInterface: linkToEdgeA,
-				Address: "169.254.77.1", Protocol: tcp, Ports: ports(3000, 3000), Mark: 0x6b700001},
+				Address: "169.254.77.1", Protocol: tcp, Ports: ports(3000, 3000), Mark: 0x1},
 		},
 		Links: []*kuportv1.Link{
 			{Name: linkToEdgeA, ClassName: "public", PeerNode: "edge-a", Vni: 4242, Port: 4790,
@@ -237,13 +240,15 @@ func remoteWorkerB() *kuportv1.NodeProgram {
 				LocalAddress: "169.254.77.1", PeerAddress: "169.254.77.0", Mtu: 1370, Mac: "02:6b:a9:fe:4d:01"},
 		},
 		ReturnPaths: []*kuportv1.ReturnPath{
-			{Id: linkToEdgeA + "/return", Link: linkToEdgeA, Mark: 0x6b700001, Table: 201,
+			{Id: linkToEdgeA + "/return", Link: linkToEdgeA, Mark: 0x1, Table: 27505,
 				PeerUnderlay: "100.64.93.143", PeerLinkAddress: "169.254.77.0"},
 		},
 	}
 }
 
-func empty(node string) *kuportv1.NodeProgram { return &kuportv1.NodeProgram{Node: node} }
+func empty(node string) *kuportv1.NodeProgram {
+	return &kuportv1.NodeProgram{Node: node, ReturnMarking: DefaultReturnMarking.wire()}
+}
 
 // claimOf is a recorded link claim of pair a/b in slot with its /31 written out.
 func claimOf(a, b string, slot int32, subnet string, unusedSince *time.Time, ends ...v1alpha1.LinkEnd) v1alpha1.LinkStatus {
@@ -281,7 +286,8 @@ func multiClass(nodes map[string][]string) *v1alpha1.PortMapClass {
 
 func multiEdgeA() *kuportv1.NodeProgram {
 	return &kuportv1.NodeProgram{
-		Node: "edge-a",
+		ReturnMarking: DefaultReturnMarking.wire(),
+		Node:          "edge-a",
 		DnatRules: []*kuportv1.DnatRule{
 			{Id: "demo/remote/dnat/enp1s0", Mapping: "demo/remote", InInterface: "enp1s0", Protocol: tcp,
 				Ports: ports(3000, 3000), ToAddress: "169.254.79.1", ToPort: 3000, StandIn: "169.254.79.1"},
@@ -300,7 +306,8 @@ func multiEdgeA() *kuportv1.NodeProgram {
 
 func multiWorkerC() *kuportv1.NodeProgram {
 	return &kuportv1.NodeProgram{
-		Node: "worker-c",
+		ReturnMarking: DefaultReturnMarking.wire(),
+		Node:          "worker-c",
 		DnatRules: []*kuportv1.DnatRule{
 			{Id: "demo/remote/dnat/eth0", Mapping: "demo/remote", InInterface: "eth0", Protocol: tcp,
 				Ports: ports(3000, 3000), ToAddress: "169.254.79.2", ToPort: 3000, StandIn: "169.254.79.2"},
@@ -321,7 +328,8 @@ func multiWorkerC() *kuportv1.NodeProgram {
 // and reply identity SNATs once, one ct-mark restore, and a return path per link.
 func multiWorkerB() *kuportv1.NodeProgram {
 	return &kuportv1.NodeProgram{
-		Node: "worker-b",
+		ReturnMarking: DefaultReturnMarking.wire(),
+		Node:          "worker-b",
 		DnatRules: []*kuportv1.DnatRule{
 			{Id: "demo/remote/dnat/" + intranetToEA, Mapping: "demo/remote", InInterface: intranetToEA,
 				MatchDestination: "169.254.79.1", Protocol: tcp, Ports: ports(3000, 3000),
@@ -340,9 +348,9 @@ func multiWorkerB() *kuportv1.NodeProgram {
 			{Id: "demo/remote/ct-restore", Mapping: "demo/remote", Kind: ctRestore, Address: "10.244.18.107",
 				Protocol: tcp, Ports: ports(3000, 3000)},
 			{Id: "demo/remote/ct-save/" + intranetToEA, Mapping: "demo/remote", Kind: ctSave, InInterface: intranetToEA,
-				Address: "169.254.79.1", Protocol: tcp, Ports: ports(3000, 3000), Mark: 0x6b700001},
+				Address: "169.254.79.1", Protocol: tcp, Ports: ports(3000, 3000), Mark: 0x1},
 			{Id: "demo/remote/ct-save/" + intranetToWC, Mapping: "demo/remote", Kind: ctSave, InInterface: intranetToWC,
-				Address: "169.254.79.2", Protocol: tcp, Ports: ports(3000, 3000), Mark: 0x6b700002},
+				Address: "169.254.79.2", Protocol: tcp, Ports: ports(3000, 3000), Mark: 0x2},
 		},
 		Links: []*kuportv1.Link{
 			{Name: intranetToEA, ClassName: "intranet", PeerNode: "edge-a", Vni: 4300, Port: 4790,
@@ -353,9 +361,9 @@ func multiWorkerB() *kuportv1.NodeProgram {
 				LocalAddress: "169.254.79.2", PeerAddress: "169.254.79.3", Mtu: 1370, Mac: "02:6b:a9:fe:4f:02"},
 		},
 		ReturnPaths: []*kuportv1.ReturnPath{
-			{Id: intranetToEA + "/return", Link: intranetToEA, Mark: 0x6b700001, Table: 201,
+			{Id: intranetToEA + "/return", Link: intranetToEA, Mark: 0x1, Table: 27505,
 				PeerUnderlay: "100.64.93.143", PeerLinkAddress: "169.254.79.0"},
-			{Id: intranetToWC + "/return", Link: intranetToWC, Mark: 0x6b700002, Table: 202,
+			{Id: intranetToWC + "/return", Link: intranetToWC, Mark: 0x2, Table: 27506,
 				PeerUnderlay: "100.64.93.160", PeerLinkAddress: "169.254.79.3"},
 		},
 	}

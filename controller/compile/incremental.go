@@ -234,7 +234,7 @@ func stampedConditions(old, want []metav1.Condition) bool {
 // them, or returns nil (the state is then to be discarded: a full compile follows).
 func (inc *Incremental) update(s *Snapshot, ch *Changes) *Result {
 	prev, c := inc.prev, inc.c
-	if prev == nil || !inc.settled || s.LinkRetention != prev.LinkRetention {
+	if prev == nil || !inc.settled || s.LinkRetention != prev.LinkRetention || s.marking() != prev.marking() {
 		return nil
 	}
 	if ch == nil && (!inc.identity || !sameOthers(s, prev)) || ch != nil && ch.Others {
@@ -720,9 +720,10 @@ func (ed *edit) commit() bool {
 			continue
 		}
 		ed.r.Programs[name] = &kuportv1.NodeProgram{Node: old.Node, Links: old.Links, ReturnPaths: old.ReturnPaths,
-			DnatRules: merge(old.DnatRules, add.DnatRules, pe.removed, (*kuportv1.DnatRule).GetId),
-			SnatRules: merge(old.SnatRules, add.SnatRules, pe.removed, (*kuportv1.SnatRule).GetId),
-			MarkRules: merge(old.MarkRules, add.MarkRules, pe.removed, (*kuportv1.MarkRule).GetId),
+			ReturnMarking: old.ReturnMarking,
+			DnatRules:     merge(old.DnatRules, add.DnatRules, pe.removed, (*kuportv1.DnatRule).GetId),
+			SnatRules:     merge(old.SnatRules, add.SnatRules, pe.removed, (*kuportv1.SnatRule).GetId),
+			MarkRules:     merge(old.MarkRules, add.MarkRules, pe.removed, (*kuportv1.MarkRule).GetId),
 		}
 		for key, mi := range pe.added.nodeIndex() {
 			pe.index[key] = mi

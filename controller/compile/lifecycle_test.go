@@ -83,8 +83,8 @@ func TestStableNumbering(t *testing.T) {
 	}
 	r0 := Compile(web(world(mkPortMap("remote", 0, 3000), mkPortMap("web", 1, 3001))))
 	want0 := []v1alpha1.LinkStatus{
-		claimOf("edge-a", "worker-b", 0, "169.254.77.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 201}),
-		claimOf("edge-a", "worker-c", 1, "169.254.77.2/31", nil, v1alpha1.LinkEnd{Node: "worker-c", Table: 201}),
+		claimOf("edge-a", "worker-b", 0, "169.254.77.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 27505}),
+		claimOf("edge-a", "worker-c", 1, "169.254.77.2/31", nil, v1alpha1.LinkEnd{Node: "worker-c", Table: 27505}),
 	}
 	if d := cmp.Diff(want0, r0.Classes["public"].Links); d != "" {
 		t.Fatalf("first claims (-want +got):\n%s", d)
@@ -101,7 +101,7 @@ func TestStableNumbering(t *testing.T) {
 	t2 := now.Add(2 * time.Minute)
 	r2 := Compile(carry(web(world(mkPortMap("web", 1, 3001))), r1, t2))
 	want2 := []v1alpha1.LinkStatus{
-		claimOf("edge-a", "worker-b", 0, "169.254.77.0/31", &t2, v1alpha1.LinkEnd{Node: "worker-b", Table: 201}),
+		claimOf("edge-a", "worker-b", 0, "169.254.77.0/31", &t2, v1alpha1.LinkEnd{Node: "worker-b", Table: 27505}),
 		want0[1],
 	}
 	if d := cmp.Diff(want2, r2.Classes["public"].Links); d != "" {
@@ -133,12 +133,12 @@ func TestStableNumbering(t *testing.T) {
 		}
 	}
 	want3 := append(want2[:2:2],
-		claimOf("edge-a", "worker-d", 2, "169.254.77.4/31", nil, v1alpha1.LinkEnd{Node: "worker-d", Table: 201}))
+		claimOf("edge-a", "worker-d", 2, "169.254.77.4/31", nil, v1alpha1.LinkEnd{Node: "worker-d", Table: 27505}))
 	if d := cmp.Diff(want3, r3.Classes["public"].Links); d != "" {
 		t.Errorf("public claims after a class and a node joined (-want +got):\n%s", d)
 	}
 	wantIntranet := []v1alpha1.LinkStatus{
-		claimOf("edge-a", "worker-c", 0, "169.254.79.0/31", nil, v1alpha1.LinkEnd{Node: "worker-c", Table: 202}),
+		claimOf("edge-a", "worker-c", 0, "169.254.79.0/31", nil, v1alpha1.LinkEnd{Node: "worker-c", Table: 27506}),
 	}
 	if d := cmp.Diff(wantIntranet, r3.Classes["intranet"].Links); d != "" {
 		t.Errorf("intranet claims (-want +got):\n%s", d)
@@ -160,8 +160,8 @@ func TestStableNumbering(t *testing.T) {
 	r5 := Compile(moved(t5, r3))
 	want5 := []v1alpha1.LinkStatus{
 		want0[1],
-		claimOf("edge-a", "worker-d", 2, "169.254.77.4/31", &t5, v1alpha1.LinkEnd{Node: "worker-d", Table: 201}),
-		claimOf("edge-a", "worker-e", 0, "169.254.77.0/31", nil, v1alpha1.LinkEnd{Node: "worker-e", Table: 201}),
+		claimOf("edge-a", "worker-d", 2, "169.254.77.4/31", &t5, v1alpha1.LinkEnd{Node: "worker-d", Table: 27505}),
+		claimOf("edge-a", "worker-e", 0, "169.254.77.0/31", nil, v1alpha1.LinkEnd{Node: "worker-e", Table: 27505}),
 	}
 	if d := cmp.Diff(want5, r5.Classes["public"].Links); d != "" {
 		t.Errorf("claims past the retention (-want +got):\n%s", d)
@@ -213,8 +213,8 @@ func TestEndpointMoves(t *testing.T) {
 		{Node: "edge-a", Interface: "wt0", Address: "100.64.93.143"},
 	}
 	t1 := now.Add(time.Minute)
-	claimInUse := claimOf("edge-a", "worker-b", 0, "169.254.77.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 201})
-	claimUnused := claimOf("edge-a", "worker-b", 0, "169.254.77.0/31", &t1, v1alpha1.LinkEnd{Node: "worker-b", Table: 201})
+	claimInUse := claimOf("edge-a", "worker-b", 0, "169.254.77.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 27505})
+	claimUnused := claimOf("edge-a", "worker-b", 0, "169.254.77.0/31", &t1, v1alpha1.LinkEnd{Node: "worker-b", Table: 27505})
 	steps := []struct {
 		name          string
 		pod, ip, node string
@@ -287,10 +287,10 @@ func TestSeveralClassesOnOnePair(t *testing.T) {
 		}
 	}
 	wantClaims := map[string]v1alpha1.LinkStatus{
-		"public":   claimOf("edge-a", "worker-b", 0, "169.254.77.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 201}),
-		"intranet": claimOf("edge-a", "worker-b", 0, "169.254.79.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 202}),
-		"third":    claimOf("edge-a", "worker-b", 0, "169.254.80.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 203}),
-		"back":     claimOf("edge-a", "worker-b", 0, "169.254.81.0/31", nil, v1alpha1.LinkEnd{Node: "edge-a", Table: 201}),
+		"public":   claimOf("edge-a", "worker-b", 0, "169.254.77.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 27505}),
+		"intranet": claimOf("edge-a", "worker-b", 0, "169.254.79.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 27506}),
+		"third":    claimOf("edge-a", "worker-b", 0, "169.254.80.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 27507}),
+		"back":     claimOf("edge-a", "worker-b", 0, "169.254.81.0/31", nil, v1alpha1.LinkEnd{Node: "edge-a", Table: 27505}),
 	}
 	for class, want := range wantClaims {
 		if d := cmp.Diff([]v1alpha1.LinkStatus{want}, r.Classes[class].Links); d != "" {
@@ -318,7 +318,7 @@ func TestSeveralClassesOnOnePair(t *testing.T) {
 				}
 				seen[v] = true
 			}
-			if rp.Mark != markOf(int32(rp.Table)) {
+			if rp.Mark != DefaultReturnMarking.Mark(int32(rp.Table)) {
 				t.Errorf("%s: return path %s has mark %#x for table %d", node, rp.Id, rp.Mark, rp.Table)
 			}
 		}
@@ -326,7 +326,7 @@ func TestSeveralClassesOnOnePair(t *testing.T) {
 	if n := len(r.Programs["worker-b"].ReturnPaths); n != 3 {
 		t.Errorf("worker-b has %d return paths, want 3", n)
 	}
-	if rps := r.Programs["edge-a"].ReturnPaths; len(rps) != 1 || rps[0].Table != 201 || rps[0].Mark != 0x6b700001 {
-		t.Errorf("edge-a return paths %v, want one in table 201 with mark 0x6b700001", rps)
+	if rps := r.Programs["edge-a"].ReturnPaths; len(rps) != 1 || rps[0].Table != 27505 || rps[0].Mark != 0x1 {
+		t.Errorf("edge-a return paths %v, want one in table 27505 with mark 0x1", rps)
 	}
 }

@@ -15,14 +15,6 @@ import (
 	"kuport.wlz.li/kuport/api/v1alpha1"
 )
 
-// Routing tables and marks of return paths (DESIGN.md): per node, unique across classes,
-// tables from 201, mark = 0x6b700000 + (table - 200).
-const (
-	firstTable = 201
-	tableBase  = 200
-	markBase   = 0x6b700000
-)
-
 // claim is one class's slot claim for a node pair, persisted in class status.links.
 type claim struct {
 	class *classInfo
@@ -179,7 +171,10 @@ func (c *compiler) loadClaims() {
 				cl.unusedSince = &t
 			}
 			for _, e := range ls.Ends {
-				if (e.Node == cl.peers[0] || e.Node == cl.peers[1]) && e.Table >= firstTable {
+				// A table outside the setting's range (one from before it, 201 on, or a
+				// range since changed) is dropped: allocate gives the end a new one
+				// (docs/upgrade.md says what that costs the end's flows).
+				if (e.Node == cl.peers[0] || e.Node == cl.peers[1]) && c.marking.holds(e.Table) {
 					cl.ends[e.Node] = e.Table
 				}
 			}
@@ -232,7 +227,14 @@ func (c *compiler) allocate() {
 				break
 			}
 			if _, ok := cl.ends[p.ep.node]; !ok {
-				cl.ends[p.ep.node] = c.freeTable(p.ep.node)
+				table, ok := c.freeTable(p.ep.node)
+				if !ok {
+					p.fail(v1alpha1.ReasonReturnPathUnavailable, fmt.Sprintf(
+						"node %s holds %d return paths, all the return mark mask %#x and tables %d-%d allow (--return-mark-mask, --return-tables)",
+						p.ep.node, c.marking.Capacity(), c.marking.MarkMask, c.marking.FirstTable, c.marking.LastTable))
+					break
+				}
+				cl.ends[p.ep.node] = table
 			}
 			t.link = cl
 		}
@@ -283,15 +285,15 @@ func (c *compiler) useTable(node string, t int32) {
 	c.tables[node][t] = true
 }
 
-// freeTable takes the smallest routing table from 201 that no claim of any class uses on
-// the node.
-func (c *compiler) freeTable(node string) int32 {
-	t := int32(firstTable)
-	for c.tables[node][t] {
-		t++
+// freeTable takes the smallest routing table of the setting's range that no claim of any
+// class uses on the node; false when the node holds as many return paths as the setting
+// allows.
+func (c *compiler) freeTable(node string) (int32, bool) {
+	for t := int64(c.marking.FirstTable); c.marking.holds(int32(t)); t++ {
+		if !c.tables[node][int32(t)] {
+			c.useTable(node, int32(t))
+			return int32(t), true
+		}
 	}
-	c.useTable(node, t)
-	return t
+	return 0, false
 }
-
-func markOf(table int32) uint32 { return markBase + uint32(table-tableBase) }

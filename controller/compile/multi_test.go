@@ -35,8 +35,8 @@ func TestMulti(t *testing.T) {
 			programs:  map[string]*kuportv1.NodeProgram{"edge-a": multiEdgeA(), "worker-b": multiWorkerB(), "worker-c": multiWorkerC()},
 			published: []v1alpha1.PublishedAddress{pubEdgeA, pubWorkerC},
 			links: []v1alpha1.LinkStatus{
-				claimOf("edge-a", "worker-b", 0, "169.254.79.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 201}),
-				claimOf("worker-b", "worker-c", 1, "169.254.79.2/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 202}),
+				claimOf("edge-a", "worker-b", 0, "169.254.79.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 27505}),
+				claimOf("worker-b", "worker-c", 1, "169.254.79.2/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 27506}),
 			},
 		},
 		{
@@ -50,7 +50,8 @@ func TestMulti(t *testing.T) {
 			programs: map[string]*kuportv1.NodeProgram{
 				"worker-b": empty("worker-b"),
 				"worker-c": {
-					Node: "worker-c",
+					Node:          "worker-c",
+					ReturnMarking: DefaultReturnMarking.wire(),
 					DnatRules: []*kuportv1.DnatRule{
 						{Id: "demo/remote/dnat/eth0", Mapping: "demo/remote", InInterface: "eth0", Protocol: tcp,
 							Ports: ports(3000, 3000), ToAddress: "10.244.19.7", ToPort: 3000, StandIn: "10.244.19.7"},
@@ -68,7 +69,7 @@ func TestMulti(t *testing.T) {
 						{Id: "demo/remote/ct-restore", Mapping: "demo/remote", Kind: ctRestore, Address: "10.244.19.7",
 							Protocol: tcp, Ports: ports(3000, 3000)},
 						{Id: "demo/remote/ct-save/" + intranetToEA, Mapping: "demo/remote", Kind: ctSave, InInterface: intranetToEA,
-							Address: "169.254.79.1", Protocol: tcp, Ports: ports(3000, 3000), Mark: 0x6b700001},
+							Address: "169.254.79.1", Protocol: tcp, Ports: ports(3000, 3000), Mark: 0x1},
 					},
 					Links: []*kuportv1.Link{
 						{Name: intranetToEA, ClassName: "intranet", PeerNode: "edge-a", Vni: 4300, Port: 4790,
@@ -76,14 +77,14 @@ func TestMulti(t *testing.T) {
 							LocalAddress: "169.254.79.1", PeerAddress: "169.254.79.0", Mtu: 1370, Mac: "02:6b:a9:fe:4f:01"},
 					},
 					ReturnPaths: []*kuportv1.ReturnPath{
-						{Id: intranetToEA + "/return", Link: intranetToEA, Mark: 0x6b700001, Table: 201,
+						{Id: intranetToEA + "/return", Link: intranetToEA, Mark: 0x1, Table: 27505,
 							PeerUnderlay: "100.64.93.143", PeerLinkAddress: "169.254.79.0"},
 					},
 				},
 			},
 			published: []v1alpha1.PublishedAddress{pubEdgeA, pubWorkerC},
 			links: []v1alpha1.LinkStatus{
-				claimOf("edge-a", "worker-c", 0, "169.254.79.0/31", nil, v1alpha1.LinkEnd{Node: "worker-c", Table: 201}),
+				claimOf("edge-a", "worker-c", 0, "169.254.79.0/31", nil, v1alpha1.LinkEnd{Node: "worker-c", Table: 27505}),
 			},
 		},
 		{
@@ -109,7 +110,7 @@ func TestMulti(t *testing.T) {
 					{Id: "demo/remote/ct-restore", Mapping: "demo/remote", Kind: ctRestore, Address: "10.244.18.107",
 						Protocol: tcp, Ports: ports(3000, 3000)},
 					{Id: "demo/remote/ct-save/" + linkToEdgeA, Mapping: "demo/remote", Kind: ctSave, InInterface: linkToEdgeA,
-						Address: "169.254.77.1", Protocol: tcp, Ports: ports(3000, 3000), Mark: 0x6b700001},
+						Address: "169.254.77.1", Protocol: tcp, Ports: ports(3000, 3000), Mark: 0x1},
 				}
 				if d := cmp.Diff(want, r.Programs["worker-b"].MarkRules, cmpOpts...); d != "" {
 					t.Errorf("worker-b marks (-want +got):\n%s", d)
@@ -133,7 +134,7 @@ func TestMulti(t *testing.T) {
 					{Id: "demo/shifted/ct-restore", Mapping: "demo/shifted", Kind: ctRestore, Address: "10.244.18.8",
 						Protocol: tcp, Ports: ports(7000, 7009)},
 					{Id: "demo/shifted/ct-save/" + intranetToEA, Mapping: "demo/shifted", Kind: ctSave, InInterface: intranetToEA,
-						Address: "169.254.79.1", Protocol: tcp, Ports: ports(40000, 40009), Mark: 0x6b700001},
+						Address: "169.254.79.1", Protocol: tcp, Ports: ports(40000, 40009), Mark: 0x1},
 				}
 				if d := cmp.Diff(want, r.Programs["worker-b"].MarkRules, cmpOpts...); d != "" {
 					t.Errorf("worker-b marks (-want +got):\n%s", d)
@@ -211,8 +212,8 @@ func TestMulti(t *testing.T) {
 			published: []v1alpha1.PublishedAddress{pubEdgeA},
 			// The claim stays, so the node's link takes the same slot when its agent arrives.
 			links: []v1alpha1.LinkStatus{
-				claimOf("edge-a", "worker-b", 0, "169.254.79.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 201}),
-				claimOf("worker-b", "worker-c", 1, "169.254.79.2/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 202}),
+				claimOf("edge-a", "worker-b", 0, "169.254.79.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 27505}),
+				claimOf("worker-b", "worker-c", 1, "169.254.79.2/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 27506}),
 			},
 		},
 		{

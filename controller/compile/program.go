@@ -343,7 +343,7 @@ func (c *compiler) emitPodEnd(p *plan, links []*target, w wirePorts) {
 		d := p.class.device(t.node)
 		dev := d.name
 		here := cl.addressText(ep.node)
-		mark := markOf(cl.ends[ep.node])
+		mark := c.marking.Mark(cl.ends[ep.node])
 		peerUnderlay, _ := c.node(t.node).underlay()
 		// The link carries the dialed ports (see emit); translate them to the pod's here.
 		b.addDnat(p, d.dnat, &kuportv1.DnatRule{

@@ -43,7 +43,7 @@ func TestLateRefusalHoldsNothing(t *testing.T) {
 	want1 := maps.Clone(want0)
 	want1["demo/xb"] = refused(v1alpha1.ReasonPortConflict).msg("TCP ports 3300 on edge-a interface wt0 are held by demo/xc")
 	links := []v1alpha1.LinkStatus{
-		claimOf("edge-a", "worker-b", 0, "169.254.77.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 201}),
+		claimOf("edge-a", "worker-b", 0, "169.254.77.0/31", nil, v1alpha1.LinkEnd{Node: "worker-b", Table: 27505}),
 	}
 	r := Compile(pms())
 	r1 := Compile(carry(pms(), r, now.Add(time.Minute)))

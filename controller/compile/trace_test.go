@@ -61,15 +61,15 @@ func TestTraceLab(t *testing.T) {
 			want: "dnat 169.254.77.1:3000 by demo/remote/dnat/wt0, snat on " + linkToWorkerB},
 		{name: "cross node Single, pod's node", snap: func() *Snapshot { return world(mkPortMap("remote", 0, 3000)) },
 			node: "worker-b", in: linkToEdgeA, prot: tcp, dst: "169.254.77.1:3000",
-			want: "dnat 10.244.18.107:3000 by demo/remote/dnat/" + linkToEdgeA + ", snat on cilium_host, ct mark 0x6b700001, reply mark 0x6b700001, " +
-				"reply by table 201 via 169.254.77.0 dev " + linkToEdgeA},
+			want: "dnat 10.244.18.107:3000 by demo/remote/dnat/" + linkToEdgeA + ", snat on cilium_host, ct mark 0x1, reply mark 0x1, " +
+				"reply by table 27505 via 169.254.77.0 dev " + linkToEdgeA},
 		{name: "a range keeps the port, accepting node", snap: game,
 			node: "edge-a", in: "enp1s0", prot: udp, dst: "203.0.113.9:27100",
 			want: "dnat 169.254.77.1:27100 by demo/game/dnat/enp1s0, snat on " + linkToWorkerB},
 		{name: "a range keeps the port, pod's node", snap: game,
 			node: "worker-b", in: linkToEdgeA, prot: udp, dst: "169.254.77.1:27115",
-			want: "dnat 10.244.18.107:27115 by demo/game/dnat/" + linkToEdgeA + ", snat on cilium_host, ct mark 0x6b700001, reply mark 0x6b700001, " +
-				"reply by table 201 via 169.254.77.0 dev " + linkToEdgeA},
+			want: "dnat 10.244.18.107:27115 by demo/game/dnat/" + linkToEdgeA + ", snat on cilium_host, ct mark 0x1, reply mark 0x1, " +
+				"reply by table 27505 via 169.254.77.0 dev " + linkToEdgeA},
 		{name: "a shifted range maps port by port", snap: game,
 			node: "edge-a", in: "wt0", prot: tcp, dst: "100.64.93.143:40003",
 			want: "dnat 10.244.17.8:7003 by demo/shifted/dnat/wt0, snat on cilium_host"},
@@ -83,12 +83,12 @@ func TestTraceLab(t *testing.T) {
 			want: "dnat 169.254.79.2:3000 by demo/remote/dnat/eth0, snat on " + intranetToWB},
 		{name: "Multi, pod's node through edge-a", snap: multiWorld,
 			node: "worker-b", in: intranetToEA, prot: tcp, dst: "169.254.79.1:3000",
-			want: "dnat 10.244.18.107:3000 by demo/remote/dnat/" + intranetToEA + ", snat on cilium_host, ct mark 0x6b700001, " +
-				"reply mark 0x6b700001, reply by table 201 via 169.254.79.0 dev " + intranetToEA},
+			want: "dnat 10.244.18.107:3000 by demo/remote/dnat/" + intranetToEA + ", snat on cilium_host, ct mark 0x1, " +
+				"reply mark 0x1, reply by table 27505 via 169.254.79.0 dev " + intranetToEA},
 		{name: "Multi, pod's node through worker-c", snap: multiWorld,
 			node: "worker-b", in: intranetToWC, prot: tcp, dst: "169.254.79.2:3000",
-			want: "dnat 10.244.18.107:3000 by demo/remote/dnat/" + intranetToWC + ", snat on cilium_host, ct mark 0x6b700002, " +
-				"reply mark 0x6b700002, reply by table 202 via 169.254.79.3 dev " + intranetToWC},
+			want: "dnat 10.244.18.107:3000 by demo/remote/dnat/" + intranetToWC + ", snat on cilium_host, ct mark 0x2, " +
+				"reply mark 0x2, reply by table 27506 via 169.254.79.3 dev " + intranetToWC},
 		{name: "Multi, a request for the other link's address", snap: multiWorld,
 			node: "worker-b", in: intranetToWC, prot: tcp, dst: "169.254.79.1:3000", want: "none"},
 		{name: "a refused mapping: its interface goes to the served one", snap: refusal,
@@ -96,20 +96,20 @@ func TestTraceLab(t *testing.T) {
 			want: "dnat 10.244.17.7:3300 by demo/xc/dnat/wt0, snat on cilium_host"},
 		{name: "a refused mapping: its pod is not reached", snap: refusal,
 			node: "worker-b", in: linkToEdgeA, prot: tcp, dst: "169.254.77.1:3300",
-			want: "dnat 10.244.18.107:3300 by demo/xa/dnat/" + linkToEdgeA + ", snat on cilium_host, ct mark 0x6b700001, reply mark 0x6b700001, " +
-				"reply by table 201 via 169.254.77.0 dev " + linkToEdgeA},
+			want: "dnat 10.244.18.107:3300 by demo/xa/dnat/" + linkToEdgeA + ", snat on cilium_host, ct mark 0x1, reply mark 0x1, " +
+				"reply by table 27505 via 169.254.77.0 dev " + linkToEdgeA},
 		{name: "one pod port, two ways: public, over public's link", snap: twoWays,
 			node: "worker-b", in: linkToEdgeA, prot: tcp, dst: "169.254.77.1:3000",
-			want: "dnat 10.244.18.107:3000 by demo/remote/dnat/" + linkToEdgeA + ", snat on cilium_host, ct mark 0x6b700001, " +
-				"reply mark 0x6b700001, reply by table 201 via 169.254.77.0 dev " + linkToEdgeA},
+			want: "dnat 10.244.18.107:3000 by demo/remote/dnat/" + linkToEdgeA + ", snat on cilium_host, ct mark 0x1, " +
+				"reply mark 0x1, reply by table 27505 via 169.254.77.0 dev " + linkToEdgeA},
 		{name: "one pod port, two ways: intranet through edge-a", snap: twoWays,
 			node: "worker-b", in: intranetToEA, prot: tcp, dst: "169.254.79.1:3001",
-			want: "dnat 10.244.18.107:3000 by demo/i-remote/dnat/" + intranetToEA + ", snat on cilium_host, ct mark 0x6b700002, " +
-				"reply mark 0x6b700002, reply by table 202 via 169.254.79.0 dev " + intranetToEA},
+			want: "dnat 10.244.18.107:3000 by demo/i-remote/dnat/" + intranetToEA + ", snat on cilium_host, ct mark 0x2, " +
+				"reply mark 0x2, reply by table 27506 via 169.254.79.0 dev " + intranetToEA},
 		{name: "one pod port, two ways: intranet through worker-c", snap: twoWays,
 			node: "worker-b", in: intranetToWC, prot: tcp, dst: "169.254.79.2:3001",
-			want: "dnat 10.244.18.107:3000 by demo/i-remote/dnat/" + intranetToWC + ", snat on cilium_host, ct mark 0x6b700003, " +
-				"reply mark 0x6b700003, reply by table 203 via 169.254.79.3 dev " + intranetToWC},
+			want: "dnat 10.244.18.107:3000 by demo/i-remote/dnat/" + intranetToWC + ", snat on cilium_host, ct mark 0x3, " +
+				"reply mark 0x3, reply by table 27507 via 169.254.79.3 dev " + intranetToWC},
 		{name: "a refused mapping alone holds nothing",
 			snap: func() *Snapshot { return world(mkPortMap("bad", 0, 8080)) },
 			node: "edge-a", in: "enp1s0", prot: tcp, dst: "203.0.113.9:8080", want: "none"},

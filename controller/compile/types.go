@@ -26,6 +26,9 @@ type Snapshot struct {
 	Now time.Time
 	// LinkRetention is how long an unused slot claim is kept before it is dropped (24 h).
 	LinkRetention time.Duration
+	// ReturnMarking is the return paths' marks, tables and rule prefs (DefaultReturnMarking
+	// when zero); the caller has checked it (ReturnMarking.Check).
+	ReturnMarking ReturnMarking
 
 	// Classes by name. Their status.links are the recorded slot claims (the previous allocations).
 	Classes map[string]*v1alpha1.PortMapClass

@@ -193,11 +193,12 @@ func TestValuesLand(t *testing.T) {
 	values := map[string]any{
 		"imagePullSecrets": []any{map[string]any{"name": "registry"}},
 		"controller": map[string]any{
-			"image":     map[string]any{"repository": "registry.example/kuport-controller", "tag": "v0.2.0", "pullPolicy": "Always"},
-			"replicas":  3,
-			"logLevel":  "debug",
-			"resources": map[string]any{"limits": map[string]any{"memory": "2Gi"}},
-			"extraArgs": []any{"--link-retention=48h"},
+			"image":         map[string]any{"repository": "registry.example/kuport-controller", "tag": "v0.2.0", "pullPolicy": "Always"},
+			"replicas":      3,
+			"logLevel":      "debug",
+			"resources":     map[string]any{"limits": map[string]any{"memory": "2Gi"}},
+			"extraArgs":     []any{"--link-retention=48h"},
+			"returnMarking": map[string]any{"markMask": "0x1f0000", "tables": "1000-1126", "rulePrefs": "201,202"},
 		},
 		"agent": map[string]any{
 			"image":        map[string]any{"repository": "registry.example/kuport-agent", "tag": "v0.2.0"},
@@ -226,7 +227,8 @@ func TestValuesLand(t *testing.T) {
 			"--health-listen=0.0.0.0:8081", "--lease-namespace=$(POD_NAMESPACE)",
 			"--agent-service-account=$(POD_NAMESPACE):kuport-agent",
 			"--tls-secret=kuport-controller-tls", "--tls-ca-configmap=kuport-controller-ca",
-			"--log-level=debug", "--link-retention=48h"},
+			"--log-level=debug", "--return-mark-mask=0x1f0000", "--return-tables=1000-1126", "--return-rule-prefs=201,202",
+			"--link-retention=48h"},
 		"agent image": "registry.example/kuport-agent:v0.2.0",
 		"agent command": []any{"/kuport-agent", "--node-name=$(NODE_NAME)",
 			"--controller=kuport-controller.kuport-system.svc:7443", "--controller=10.0.0.1:7443",

@@ -48,21 +48,21 @@ var docsWant = map[string][]string{
 	"numbers-link":       {`kup-dcc4266d`, `vxlan id \d+ remote 100\.64\.93\.143`, `169\.254\.77\.\d+ lladdr 02:6b:a9:fe:4d:[0-9a-f]{2} `},
 	"neighbor":           {`169\.254\.77\.\d+ lladdr 02:6b:a9:fe:4d:[0-9a-f]{2} `, `kup-5e30a797\s+\S+\s+02:6b:a9:fe:4d:[0-9a-f]{2} `},
 	"numbers-pod-node":   {`"kup-dcc4266d" \. 169\.254\.77\.\d+ \. tcp \. 3000 counter packets [1-9]\d* bytes \d+ : 10\.244\.18\.107(,| \})`, `"kup-dcc4266d" \. 10\.244\.18\.107 \. tcp \. 3000 counter packets [1-9]\d* bytes \d+ comment "demo/remote/dnat/kup-dcc4266d" : 10\.244\.18\.107 \. 3000`, ctSaveWant, ctRestoreWant},
-	"numbers-routing":    {`(?m)^101:\s+from all to 100\.64\.93\.143 fwmark 0x6b700001 lookup main`, `(?m)^102:\s+from all fwmark 0x6b700001 lookup 201`, `default via 169\.254\.77\.\d+ dev kup-dcc4266d`},
+	"numbers-routing":    {`(?m)^101:\s+from all to 100\.64\.93\.143 fwmark 0x1/0x301f lookup main proto 107`, `(?m)^102:\s+from all fwmark 0x1/0x301f lookup 27505 proto 107`, `default via 169\.254\.77\.\d+ dev kup-dcc4266d proto 107`},
 	"numbers-getmapping": {`"acked": true`, `"forwardedIn"`, `"demo/remote/dnat/enp1s0"`},
 	"numbers-applied":    {`"demo/remote/dnat/enp1s0"`, `"applyTime"`},
 	"lab-look":           {`(?m)^demo\s+remote\s+public\s+TCP\s+3000\s+10\.244\.18\.107\s+True\s*$`, `"demo/remote/dnat/enp1s0"`, `"applyTime": "`},
 	"find-leader":        {`"node": "edge-a"`, `"ackedVersion": "`},
 	"metrics-curl":       {`(?m)^kuport_agents_connected \d`, `"overview"`},
 	"numbers-metrics":    {`kuport_mapping_packets_total\{direction="in",interface="enp1s0",name="remote",namespace="demo",node="edge-a"\} [1-9]`, `kuport_link_tx_errors_total\{link="kup-dcc4266d",node="worker-b",peer="edge-a"\} 0`},
-	"reply-pod-address":  {ctSaveWant, ctRestoreWant, `(?m)^102:\s+from all fwmark 0x6b700001 lookup 201`, `dev kup-dcc4266d table 201`},
+	"reply-pod-address":  {ctSaveWant, ctRestoreWant, `(?m)^102:\s+from all fwmark 0x1/0x301f lookup 27505 proto 107`, `dev kup-dcc4266d table 27505`},
 	"tx-errors":          {`dev wt0`},
 	"rp-filter":          {`net\.ipv4\.conf\.kup-dcc4266d\.rp_filter = 2`, `TcpExtIPReversePathFilter\s+0`},
 	"steering":           {`type filter hook prerouting priority -120; policy accept;`, `ct state new ip daddr set iifname \. meta l4proto \. th dport map @steer-ports accept`, `ct direction original ct status dnat iifname \. meta l4proto \. th dport @steer-ports`, `"enp1s0" \. tcp \. 3000 counter packets [1-9]\d* bytes \d+ : 169\.254\.77\.\d+(,| \})`},
 	"host-firewall":      {`hook forward priority filter; policy drop;`},
 	"cni-rows":           {`(?m)^edge-a\ttrue\t$`, `(?m)^remote\t`},
 	"cni-bypass":         {`10\.244\.18\.107 \. tcp \. 3000 counter packets [1-9]\d* bytes \d+ comment "demo/remote/snat"`, ctRestoreWant},
-	"table-clash":        {`(?m)^102:\s+from all fwmark 0x6b700001 lookup 201`, `(?m)^table 201$`},
+	"table-clash":        {`(?m)^102:\s+from all fwmark 0x1/0x301f lookup 27505 proto 107`, `(?m)^table 27505$`},
 	"mtu-class":          {`edge-a underlayMTU=1420 linkMTU=1370`},
 	"mtu-node":           {`kup-5e30a797: .* mtu 1370 `, `1 received`},
 }
@@ -71,7 +71,7 @@ var docsWant = map[string][]string{
 // arriving on the link saves the link's mark, keyed by the address it dialed (the link's
 // end), and the pod's reply restores it.
 const (
-	ctSaveWant    = `"kup-dcc4266d" \. 169\.254\.77\.\d+ \. tcp \. 3000 counter packets [1-9]\d* bytes \d+ comment "demo/remote/ct-save/kup-dcc4266d" : 0x6b70[0-9a-f]{4}`
+	ctSaveWant    = `"kup-dcc4266d" \. 169\.254\.77\.\d+ \. tcp \. 3000 counter packets [1-9]\d* bytes \d+ comment "demo/remote/ct-save/kup-dcc4266d" : jump kup-ctmark-[0-9a-f]{8}`
 	ctRestoreWant = `10\.244\.18\.107 \. tcp \. 3000 counter packets [1-9]\d* bytes \d+ comment "demo/remote/ct-restore"`
 )
 

@@ -188,9 +188,10 @@ func TestPrivilegedE2EShapes(t *testing.T) {
 		marks := map[string]bool{}
 		for _, line := range strings.Split(strings.TrimSpace(rules), "\n") {
 			f := strings.Fields(line)
-			require.Len(t, f, 7, "102: from all fwmark <mark> lookup <table>: %s", line)
+			require.Len(t, f, 9, "102: from all fwmark <mark>/<mask> lookup <table> proto 107: %s", line)
+			require.Equal(t, "0x301f", f[4][strings.Index(f[4], "/")+1:], "the default mask: %s", line)
 			marks[f[4]] = true
-			tables[f[len(f)-1]] = true
+			tables[f[6]] = true
 		}
 		assert.Len(t, tables, 3, "one table per link on worker-b: %s", rules)
 		assert.Len(t, marks, 3, "one mark per link on worker-b: %s", rules)

@@ -158,9 +158,9 @@ const (
 	// records on the flow which link (so which forwarder) the request came in on; the meta
 	// mark stays untouched so the request is not diverted on its way in.
 	MarkKind_MARK_KIND_CT_SAVE MarkKind = 2
-	// ip saddr <address> <protocol> sport <ports> counter meta mark set ct mark
-	// gives the pod's reply the mark its flow's request recorded (0 for a flow that came in
-	// by no link, which then matches no return path). mark is unused.
+	// ip saddr <address> <protocol> sport <ports> counter ct mark & <mask> vmap @return-marks
+	// gives the pod's reply the mark its flow's request recorded, masked (nothing for a flow
+	// that came in by no link, which then matches no return path). mark is unused.
 	MarkKind_MARK_KIND_CT_RESTORE MarkKind = 3
 )
 
@@ -333,8 +333,13 @@ type NodeProgram struct {
 	MarkRules []*MarkRule `protobuf:"bytes,6,rep,name=mark_rules,json=markRules,proto3" json:"mark_rules,omitempty"`
 	// vxlan links this node holds.
 	Links []*Link `protobuf:"bytes,7,rep,name=links,proto3" json:"links,omitempty"`
-	// Return paths this node routes marked replies through (ip rules pref 101/102 and a table).
-	ReturnPaths   []*ReturnPath `protobuf:"bytes,8,rep,name=return_paths,json=returnPaths,proto3" json:"return_paths,omitempty"`
+	// Return paths this node routes marked replies through (two ip rules and a table each).
+	ReturnPaths []*ReturnPath `protobuf:"bytes,8,rep,name=return_paths,json=returnPaths,proto3" json:"return_paths,omitempty"`
+	// (added) The cluster's return-mark mask, ip rule prefs and routing-table range, which
+	// every mark and return path of the program lies in. Absent (a controller from before
+	// the setting): the values those controllers used, mark mask 0xffffffff, prefs 101/102,
+	// tables from 201.
+	ReturnMarking *ReturnMarking `protobuf:"bytes,9,opt,name=return_marking,json=returnMarking,proto3" json:"return_marking,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -425,6 +430,101 @@ func (x *NodeProgram) GetReturnPaths() []*ReturnPath {
 	return nil
 }
 
+func (x *NodeProgram) GetReturnMarking() *ReturnMarking {
+	if x != nil {
+		return x.ReturnMarking
+	}
+	return nil
+}
+
+// ReturnMarking is how return marks, their ip rules and their routing tables share a node
+// with the CNI, a mesh and kube-proxy (controller flags --return-mark-mask,
+// --return-tables, --return-rule-prefs; docs/operations.md). The agent writes and matches
+// only the mask's bits of the packet mark, the conntrack mark and the rules' fwmark, and
+// recognises its ip rules and routes by their protocol (kuport's own, not a setting), so a
+// changed setting leaves nothing behind.
+type ReturnMarking struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The bits of the packet and conntrack mark that are kuport's return marks. Every mark of
+	// the program is a non-zero value under it.
+	MarkMask uint32 `protobuf:"varint,1,opt,name=mark_mask,json=markMask,proto3" json:"mark_mask,omitempty"`
+	// Pref of the rule that keeps a marked packet bound for the link's peer underlay in main
+	// (founding document, pref 101); before divert_pref.
+	LoopGuardPref uint32 `protobuf:"varint,2,opt,name=loop_guard_pref,json=loopGuardPref,proto3" json:"loop_guard_pref,omitempty"`
+	// Pref of the rule that sends a marked reply to its return path's table (pref 102).
+	DivertPref uint32 `protobuf:"varint,3,opt,name=divert_pref,json=divertPref,proto3" json:"divert_pref,omitempty"`
+	// Inclusive range of the routing tables of return paths.
+	FirstTable    uint32 `protobuf:"varint,4,opt,name=first_table,json=firstTable,proto3" json:"first_table,omitempty"`
+	LastTable     uint32 `protobuf:"varint,5,opt,name=last_table,json=lastTable,proto3" json:"last_table,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReturnMarking) Reset() {
+	*x = ReturnMarking{}
+	mi := &file_kuport_v1_program_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReturnMarking) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReturnMarking) ProtoMessage() {}
+
+func (x *ReturnMarking) ProtoReflect() protoreflect.Message {
+	mi := &file_kuport_v1_program_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReturnMarking.ProtoReflect.Descriptor instead.
+func (*ReturnMarking) Descriptor() ([]byte, []int) {
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ReturnMarking) GetMarkMask() uint32 {
+	if x != nil {
+		return x.MarkMask
+	}
+	return 0
+}
+
+func (x *ReturnMarking) GetLoopGuardPref() uint32 {
+	if x != nil {
+		return x.LoopGuardPref
+	}
+	return 0
+}
+
+func (x *ReturnMarking) GetDivertPref() uint32 {
+	if x != nil {
+		return x.DivertPref
+	}
+	return 0
+}
+
+func (x *ReturnMarking) GetFirstTable() uint32 {
+	if x != nil {
+		return x.FirstTable
+	}
+	return 0
+}
+
+func (x *ReturnMarking) GetLastTable() uint32 {
+	if x != nil {
+		return x.LastTable
+	}
+	return 0
+}
+
 // DnatRule renders, in chain kup-pre (nat, prerouting, priority dstnat - 10):
 //
 //	iifname "<in_interface>" [ip daddr <match_destination>] <protocol> dport <ports>
@@ -470,7 +570,7 @@ type DnatRule struct {
 
 func (x *DnatRule) Reset() {
 	*x = DnatRule{}
-	mi := &file_kuport_v1_program_proto_msgTypes[2]
+	mi := &file_kuport_v1_program_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -482,7 +582,7 @@ func (x *DnatRule) String() string {
 func (*DnatRule) ProtoMessage() {}
 
 func (x *DnatRule) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[2]
+	mi := &file_kuport_v1_program_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -495,7 +595,7 @@ func (x *DnatRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DnatRule.ProtoReflect.Descriptor instead.
 func (*DnatRule) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{2}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *DnatRule) GetId() string {
@@ -580,7 +680,7 @@ type SnatRule struct {
 
 func (x *SnatRule) Reset() {
 	*x = SnatRule{}
-	mi := &file_kuport_v1_program_proto_msgTypes[3]
+	mi := &file_kuport_v1_program_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -592,7 +692,7 @@ func (x *SnatRule) String() string {
 func (*SnatRule) ProtoMessage() {}
 
 func (x *SnatRule) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[3]
+	mi := &file_kuport_v1_program_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -605,7 +705,7 @@ func (x *SnatRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnatRule.ProtoReflect.Descriptor instead.
 func (*SnatRule) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{3}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SnatRule) GetId() string {
@@ -665,7 +765,9 @@ type MarkRule struct {
 	// STATIC and CT_RESTORE: the pod's ports the reply leaves from. CT_SAVE: the dialed ports
 	// the request carries over the link.
 	Ports *PortRange `protobuf:"bytes,5,opt,name=ports,proto3" json:"ports,omitempty"`
-	// Firewall mark, 0x6b70xxxx, unique per node; 0 for CT_RESTORE.
+	// Return mark, a non-zero value under ReturnMarking.mark_mask that a return path of the
+	// program has, unique per node; 0 for CT_RESTORE. Written masked: only the mask's bits of
+	// the packet (STATIC) or conntrack (CT_SAVE) mark change.
 	Mark uint32   `protobuf:"varint,6,opt,name=mark,proto3" json:"mark,omitempty"`
 	Kind MarkKind `protobuf:"varint,7,opt,name=kind,proto3,enum=kuport.v1.MarkKind" json:"kind,omitempty"`
 	// CT_SAVE only: the link device the request arrives on.
@@ -676,7 +778,7 @@ type MarkRule struct {
 
 func (x *MarkRule) Reset() {
 	*x = MarkRule{}
-	mi := &file_kuport_v1_program_proto_msgTypes[4]
+	mi := &file_kuport_v1_program_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -688,7 +790,7 @@ func (x *MarkRule) String() string {
 func (*MarkRule) ProtoMessage() {}
 
 func (x *MarkRule) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[4]
+	mi := &file_kuport_v1_program_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -701,7 +803,7 @@ func (x *MarkRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkRule.ProtoReflect.Descriptor instead.
 func (*MarkRule) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{4}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *MarkRule) GetId() string {
@@ -794,7 +896,7 @@ type Link struct {
 
 func (x *Link) Reset() {
 	*x = Link{}
-	mi := &file_kuport_v1_program_proto_msgTypes[5]
+	mi := &file_kuport_v1_program_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -806,7 +908,7 @@ func (x *Link) String() string {
 func (*Link) ProtoMessage() {}
 
 func (x *Link) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[5]
+	mi := &file_kuport_v1_program_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -819,7 +921,7 @@ func (x *Link) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Link.ProtoReflect.Descriptor instead.
 func (*Link) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{5}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Link) GetName() string {
@@ -901,18 +1003,22 @@ func (x *Link) GetMac() string {
 
 // ReturnPath diverts marked replies into a link (founding document, pref 101/102):
 //
-//	ip rule add pref 101 fwmark <mark> to <peer_underlay>/32 lookup main
-//	ip rule add pref 102 fwmark <mark> lookup <table>
+//	ip rule add pref <loop_guard_pref> fwmark <mark>/<mark_mask> to <peer_underlay>/32 lookup main
+//	ip rule add pref <divert_pref> fwmark <mark>/<mark_mask> lookup <table>
 //	ip route add default via <peer_link_address> dev <link> table <table>
+//
+// (ReturnMarking's values; rules and route carry kuport's protocol.)
 type ReturnPath struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Counter and error id, unique within the program.
 	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// Link device name the replies leave by.
 	Link string `protobuf:"bytes,2,opt,name=link,proto3" json:"link,omitempty"`
-	// Firewall mark, 0x6b70xxxx, unique per node across classes.
+	// Return mark, a non-zero value under ReturnMarking.mark_mask, unique per node across
+	// classes.
 	Mark uint32 `protobuf:"varint,3,opt,name=mark,proto3" json:"mark,omitempty"`
-	// Routing table number, from 201, unique per node across classes.
+	// Routing table number in ReturnMarking's range (never 253-255), unique per node across
+	// classes.
 	Table uint32 `protobuf:"varint,4,opt,name=table,proto3" json:"table,omitempty"`
 	// Peer's underlay IPv4 address, kept in main by pref 101 to stop the encapsulation loop.
 	PeerUnderlay string `protobuf:"bytes,5,opt,name=peer_underlay,json=peerUnderlay,proto3" json:"peer_underlay,omitempty"`
@@ -924,7 +1030,7 @@ type ReturnPath struct {
 
 func (x *ReturnPath) Reset() {
 	*x = ReturnPath{}
-	mi := &file_kuport_v1_program_proto_msgTypes[6]
+	mi := &file_kuport_v1_program_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -936,7 +1042,7 @@ func (x *ReturnPath) String() string {
 func (*ReturnPath) ProtoMessage() {}
 
 func (x *ReturnPath) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[6]
+	mi := &file_kuport_v1_program_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -949,7 +1055,7 @@ func (x *ReturnPath) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnPath.ProtoReflect.Descriptor instead.
 func (*ReturnPath) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{6}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ReturnPath) GetId() string {
@@ -1009,7 +1115,7 @@ type ConnectRequest struct {
 
 func (x *ConnectRequest) Reset() {
 	*x = ConnectRequest{}
-	mi := &file_kuport_v1_program_proto_msgTypes[7]
+	mi := &file_kuport_v1_program_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1021,7 +1127,7 @@ func (x *ConnectRequest) String() string {
 func (*ConnectRequest) ProtoMessage() {}
 
 func (x *ConnectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[7]
+	mi := &file_kuport_v1_program_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1034,7 +1140,7 @@ func (x *ConnectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectRequest.ProtoReflect.Descriptor instead.
 func (*ConnectRequest) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{7}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ConnectRequest) GetMessage() isConnectRequest_Message {
@@ -1107,7 +1213,7 @@ type ConnectResponse struct {
 
 func (x *ConnectResponse) Reset() {
 	*x = ConnectResponse{}
-	mi := &file_kuport_v1_program_proto_msgTypes[8]
+	mi := &file_kuport_v1_program_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1119,7 +1225,7 @@ func (x *ConnectResponse) String() string {
 func (*ConnectResponse) ProtoMessage() {}
 
 func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[8]
+	mi := &file_kuport_v1_program_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1132,7 +1238,7 @@ func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectResponse.ProtoReflect.Descriptor instead.
 func (*ConnectResponse) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{8}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ConnectResponse) GetMessage() isConnectResponse_Message {
@@ -1197,7 +1303,7 @@ type ProgramDelta struct {
 
 func (x *ProgramDelta) Reset() {
 	*x = ProgramDelta{}
-	mi := &file_kuport_v1_program_proto_msgTypes[9]
+	mi := &file_kuport_v1_program_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1209,7 +1315,7 @@ func (x *ProgramDelta) String() string {
 func (*ProgramDelta) ProtoMessage() {}
 
 func (x *ProgramDelta) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[9]
+	mi := &file_kuport_v1_program_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1222,7 +1328,7 @@ func (x *ProgramDelta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProgramDelta.ProtoReflect.Descriptor instead.
 func (*ProgramDelta) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{9}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ProgramDelta) GetBaseVersion() uint64 {
@@ -1263,7 +1369,7 @@ type Keys struct {
 
 func (x *Keys) Reset() {
 	*x = Keys{}
-	mi := &file_kuport_v1_program_proto_msgTypes[10]
+	mi := &file_kuport_v1_program_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1275,7 +1381,7 @@ func (x *Keys) String() string {
 func (*Keys) ProtoMessage() {}
 
 func (x *Keys) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[10]
+	mi := &file_kuport_v1_program_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1288,7 +1394,7 @@ func (x *Keys) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Keys.ProtoReflect.Descriptor instead.
 func (*Keys) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{10}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Keys) GetKeys() []string {
@@ -1323,7 +1429,7 @@ type Interface struct {
 
 func (x *Interface) Reset() {
 	*x = Interface{}
-	mi := &file_kuport_v1_program_proto_msgTypes[11]
+	mi := &file_kuport_v1_program_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1335,7 +1441,7 @@ func (x *Interface) String() string {
 func (*Interface) ProtoMessage() {}
 
 func (x *Interface) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[11]
+	mi := &file_kuport_v1_program_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1348,7 +1454,7 @@ func (x *Interface) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Interface.ProtoReflect.Descriptor instead.
 func (*Interface) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{11}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Interface) GetName() string {
@@ -1408,7 +1514,7 @@ type NodeState struct {
 
 func (x *NodeState) Reset() {
 	*x = NodeState{}
-	mi := &file_kuport_v1_program_proto_msgTypes[12]
+	mi := &file_kuport_v1_program_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1420,7 +1526,7 @@ func (x *NodeState) String() string {
 func (*NodeState) ProtoMessage() {}
 
 func (x *NodeState) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[12]
+	mi := &file_kuport_v1_program_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1433,7 +1539,7 @@ func (x *NodeState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeState.ProtoReflect.Descriptor instead.
 func (*NodeState) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{12}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *NodeState) GetInterfaces() []*Interface {
@@ -1477,7 +1583,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_kuport_v1_program_proto_msgTypes[13]
+	mi := &file_kuport_v1_program_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1489,7 +1595,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[13]
+	mi := &file_kuport_v1_program_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1502,7 +1608,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{13}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Hello) GetNode() string {
@@ -1558,7 +1664,7 @@ type EntryError struct {
 
 func (x *EntryError) Reset() {
 	*x = EntryError{}
-	mi := &file_kuport_v1_program_proto_msgTypes[14]
+	mi := &file_kuport_v1_program_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1570,7 +1676,7 @@ func (x *EntryError) String() string {
 func (*EntryError) ProtoMessage() {}
 
 func (x *EntryError) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[14]
+	mi := &file_kuport_v1_program_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1583,7 +1689,7 @@ func (x *EntryError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EntryError.ProtoReflect.Descriptor instead.
 func (*EntryError) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{14}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *EntryError) GetId() string {
@@ -1618,7 +1724,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_kuport_v1_program_proto_msgTypes[15]
+	mi := &file_kuport_v1_program_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1630,7 +1736,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[15]
+	mi := &file_kuport_v1_program_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1643,7 +1749,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{15}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Ack) GetVersion() uint64 {
@@ -1689,7 +1795,7 @@ type Counter struct {
 
 func (x *Counter) Reset() {
 	*x = Counter{}
-	mi := &file_kuport_v1_program_proto_msgTypes[16]
+	mi := &file_kuport_v1_program_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1701,7 +1807,7 @@ func (x *Counter) String() string {
 func (*Counter) ProtoMessage() {}
 
 func (x *Counter) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[16]
+	mi := &file_kuport_v1_program_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1714,7 +1820,7 @@ func (x *Counter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Counter.ProtoReflect.Descriptor instead.
 func (*Counter) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{16}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Counter) GetId() string {
@@ -1763,7 +1869,7 @@ type Traffic struct {
 
 func (x *Traffic) Reset() {
 	*x = Traffic{}
-	mi := &file_kuport_v1_program_proto_msgTypes[17]
+	mi := &file_kuport_v1_program_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1775,7 +1881,7 @@ func (x *Traffic) String() string {
 func (*Traffic) ProtoMessage() {}
 
 func (x *Traffic) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[17]
+	mi := &file_kuport_v1_program_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1788,7 +1894,7 @@ func (x *Traffic) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Traffic.ProtoReflect.Descriptor instead.
 func (*Traffic) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{17}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Traffic) GetPackets() uint64 {
@@ -1819,7 +1925,7 @@ type LinkStats struct {
 
 func (x *LinkStats) Reset() {
 	*x = LinkStats{}
-	mi := &file_kuport_v1_program_proto_msgTypes[18]
+	mi := &file_kuport_v1_program_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1831,7 +1937,7 @@ func (x *LinkStats) String() string {
 func (*LinkStats) ProtoMessage() {}
 
 func (x *LinkStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[18]
+	mi := &file_kuport_v1_program_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1844,7 +1950,7 @@ func (x *LinkStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkStats.ProtoReflect.Descriptor instead.
 func (*LinkStats) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{18}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *LinkStats) GetName() string {
@@ -1894,7 +2000,7 @@ type Report struct {
 
 func (x *Report) Reset() {
 	*x = Report{}
-	mi := &file_kuport_v1_program_proto_msgTypes[19]
+	mi := &file_kuport_v1_program_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1906,7 +2012,7 @@ func (x *Report) String() string {
 func (*Report) ProtoMessage() {}
 
 func (x *Report) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[19]
+	mi := &file_kuport_v1_program_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1919,7 +2025,7 @@ func (x *Report) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Report.ProtoReflect.Descriptor instead.
 func (*Report) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{19}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Report) GetState() *NodeState {
@@ -1952,7 +2058,7 @@ type GetProgramRequest struct {
 
 func (x *GetProgramRequest) Reset() {
 	*x = GetProgramRequest{}
-	mi := &file_kuport_v1_program_proto_msgTypes[20]
+	mi := &file_kuport_v1_program_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1964,7 +2070,7 @@ func (x *GetProgramRequest) String() string {
 func (*GetProgramRequest) ProtoMessage() {}
 
 func (x *GetProgramRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[20]
+	mi := &file_kuport_v1_program_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1977,7 +2083,7 @@ func (x *GetProgramRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetProgramRequest.ProtoReflect.Descriptor instead.
 func (*GetProgramRequest) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{20}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetProgramRequest) GetNode() string {
@@ -1998,7 +2104,7 @@ type GetProgramResponse struct {
 
 func (x *GetProgramResponse) Reset() {
 	*x = GetProgramResponse{}
-	mi := &file_kuport_v1_program_proto_msgTypes[21]
+	mi := &file_kuport_v1_program_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2010,7 +2116,7 @@ func (x *GetProgramResponse) String() string {
 func (*GetProgramResponse) ProtoMessage() {}
 
 func (x *GetProgramResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[21]
+	mi := &file_kuport_v1_program_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2023,7 +2129,7 @@ func (x *GetProgramResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetProgramResponse.ProtoReflect.Descriptor instead.
 func (*GetProgramResponse) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{21}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GetProgramResponse) GetProgram() *NodeProgram {
@@ -2048,7 +2154,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_kuport_v1_program_proto_msgTypes[22]
+	mi := &file_kuport_v1_program_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2060,7 +2166,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[22]
+	mi := &file_kuport_v1_program_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2073,7 +2179,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{22}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{23}
 }
 
 // NodeInfo describes one node and its agent.
@@ -2097,7 +2203,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_kuport_v1_program_proto_msgTypes[23]
+	mi := &file_kuport_v1_program_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2109,7 +2215,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[23]
+	mi := &file_kuport_v1_program_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2122,7 +2228,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{23}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *NodeInfo) GetNode() string {
@@ -2190,7 +2296,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_kuport_v1_program_proto_msgTypes[24]
+	mi := &file_kuport_v1_program_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2202,7 +2308,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[24]
+	mi := &file_kuport_v1_program_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2215,7 +2321,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{24}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListNodesResponse) GetNodes() []*NodeInfo {
@@ -2237,7 +2343,7 @@ type GetMappingRequest struct {
 
 func (x *GetMappingRequest) Reset() {
 	*x = GetMappingRequest{}
-	mi := &file_kuport_v1_program_proto_msgTypes[25]
+	mi := &file_kuport_v1_program_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2249,7 +2355,7 @@ func (x *GetMappingRequest) String() string {
 func (*GetMappingRequest) ProtoMessage() {}
 
 func (x *GetMappingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[25]
+	mi := &file_kuport_v1_program_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2262,7 +2368,7 @@ func (x *GetMappingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMappingRequest.ProtoReflect.Descriptor instead.
 func (*GetMappingRequest) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{25}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GetMappingRequest) GetNamespace() string {
@@ -2313,7 +2419,7 @@ type MappingNode struct {
 
 func (x *MappingNode) Reset() {
 	*x = MappingNode{}
-	mi := &file_kuport_v1_program_proto_msgTypes[26]
+	mi := &file_kuport_v1_program_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2325,7 +2431,7 @@ func (x *MappingNode) String() string {
 func (*MappingNode) ProtoMessage() {}
 
 func (x *MappingNode) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[26]
+	mi := &file_kuport_v1_program_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2338,7 +2444,7 @@ func (x *MappingNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MappingNode.ProtoReflect.Descriptor instead.
 func (*MappingNode) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{26}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *MappingNode) GetNode() string {
@@ -2428,7 +2534,7 @@ type GetMappingResponse struct {
 
 func (x *GetMappingResponse) Reset() {
 	*x = GetMappingResponse{}
-	mi := &file_kuport_v1_program_proto_msgTypes[27]
+	mi := &file_kuport_v1_program_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2440,7 +2546,7 @@ func (x *GetMappingResponse) String() string {
 func (*GetMappingResponse) ProtoMessage() {}
 
 func (x *GetMappingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[27]
+	mi := &file_kuport_v1_program_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2453,7 +2559,7 @@ func (x *GetMappingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMappingResponse.ProtoReflect.Descriptor instead.
 func (*GetMappingResponse) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{27}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetMappingResponse) GetNodes() []*MappingNode {
@@ -2471,7 +2577,7 @@ type GetAppliedProgramRequest struct {
 
 func (x *GetAppliedProgramRequest) Reset() {
 	*x = GetAppliedProgramRequest{}
-	mi := &file_kuport_v1_program_proto_msgTypes[28]
+	mi := &file_kuport_v1_program_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2483,7 +2589,7 @@ func (x *GetAppliedProgramRequest) String() string {
 func (*GetAppliedProgramRequest) ProtoMessage() {}
 
 func (x *GetAppliedProgramRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[28]
+	mi := &file_kuport_v1_program_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2496,7 +2602,7 @@ func (x *GetAppliedProgramRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAppliedProgramRequest.ProtoReflect.Descriptor instead.
 func (*GetAppliedProgramRequest) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{28}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{29}
 }
 
 type GetAppliedProgramResponse struct {
@@ -2515,7 +2621,7 @@ type GetAppliedProgramResponse struct {
 
 func (x *GetAppliedProgramResponse) Reset() {
 	*x = GetAppliedProgramResponse{}
-	mi := &file_kuport_v1_program_proto_msgTypes[29]
+	mi := &file_kuport_v1_program_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2527,7 +2633,7 @@ func (x *GetAppliedProgramResponse) String() string {
 func (*GetAppliedProgramResponse) ProtoMessage() {}
 
 func (x *GetAppliedProgramResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kuport_v1_program_proto_msgTypes[29]
+	mi := &file_kuport_v1_program_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2540,7 +2646,7 @@ func (x *GetAppliedProgramResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAppliedProgramResponse.ProtoReflect.Descriptor instead.
 func (*GetAppliedProgramResponse) Descriptor() ([]byte, []int) {
-	return file_kuport_v1_program_proto_rawDescGZIP(), []int{29}
+	return file_kuport_v1_program_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetAppliedProgramResponse) GetProgram() *NodeProgram {
@@ -2571,7 +2677,7 @@ const file_kuport_v1_program_proto_rawDesc = "" +
 	"\x17kuport/v1/program.proto\x12\tkuport.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"5\n" +
 	"\tPortRange\x12\x14\n" +
 	"\x05first\x18\x01 \x01(\rR\x05first\x12\x12\n" +
-	"\x04last\x18\x02 \x01(\rR\x04last\"\xce\x02\n" +
+	"\x04last\x18\x02 \x01(\rR\x04last\"\x8f\x03\n" +
 	"\vNodeProgram\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x14\n" +
@@ -2583,7 +2689,17 @@ const file_kuport_v1_program_proto_rawDesc = "" +
 	"\n" +
 	"mark_rules\x18\x06 \x03(\v2\x13.kuport.v1.MarkRuleR\tmarkRules\x12%\n" +
 	"\x05links\x18\a \x03(\v2\x0f.kuport.v1.LinkR\x05links\x128\n" +
-	"\freturn_paths\x18\b \x03(\v2\x15.kuport.v1.ReturnPathR\vreturnPaths\"\xb4\x02\n" +
+	"\freturn_paths\x18\b \x03(\v2\x15.kuport.v1.ReturnPathR\vreturnPaths\x12?\n" +
+	"\x0ereturn_marking\x18\t \x01(\v2\x18.kuport.v1.ReturnMarkingR\rreturnMarking\"\xb5\x01\n" +
+	"\rReturnMarking\x12\x1b\n" +
+	"\tmark_mask\x18\x01 \x01(\rR\bmarkMask\x12&\n" +
+	"\x0floop_guard_pref\x18\x02 \x01(\rR\rloopGuardPref\x12\x1f\n" +
+	"\vdivert_pref\x18\x03 \x01(\rR\n" +
+	"divertPref\x12\x1f\n" +
+	"\vfirst_table\x18\x04 \x01(\rR\n" +
+	"firstTable\x12\x1d\n" +
+	"\n" +
+	"last_table\x18\x05 \x01(\rR\tlastTable\"\xb4\x02\n" +
 	"\bDnatRule\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\amapping\x18\x02 \x01(\tR\amapping\x12!\n" +
@@ -2787,7 +2903,7 @@ func file_kuport_v1_program_proto_rawDescGZIP() []byte {
 }
 
 var file_kuport_v1_program_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_kuport_v1_program_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_kuport_v1_program_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_kuport_v1_program_proto_goTypes = []any{
 	(Protocol)(0),                     // 0: kuport.v1.Protocol
 	(SnatKind)(0),                     // 1: kuport.v1.SnatKind
@@ -2795,94 +2911,96 @@ var file_kuport_v1_program_proto_goTypes = []any{
 	(TunnelKind)(0),                   // 3: kuport.v1.TunnelKind
 	(*PortRange)(nil),                 // 4: kuport.v1.PortRange
 	(*NodeProgram)(nil),               // 5: kuport.v1.NodeProgram
-	(*DnatRule)(nil),                  // 6: kuport.v1.DnatRule
-	(*SnatRule)(nil),                  // 7: kuport.v1.SnatRule
-	(*MarkRule)(nil),                  // 8: kuport.v1.MarkRule
-	(*Link)(nil),                      // 9: kuport.v1.Link
-	(*ReturnPath)(nil),                // 10: kuport.v1.ReturnPath
-	(*ConnectRequest)(nil),            // 11: kuport.v1.ConnectRequest
-	(*ConnectResponse)(nil),           // 12: kuport.v1.ConnectResponse
-	(*ProgramDelta)(nil),              // 13: kuport.v1.ProgramDelta
-	(*Keys)(nil),                      // 14: kuport.v1.Keys
-	(*Interface)(nil),                 // 15: kuport.v1.Interface
-	(*NodeState)(nil),                 // 16: kuport.v1.NodeState
-	(*Hello)(nil),                     // 17: kuport.v1.Hello
-	(*EntryError)(nil),                // 18: kuport.v1.EntryError
-	(*Ack)(nil),                       // 19: kuport.v1.Ack
-	(*Counter)(nil),                   // 20: kuport.v1.Counter
-	(*Traffic)(nil),                   // 21: kuport.v1.Traffic
-	(*LinkStats)(nil),                 // 22: kuport.v1.LinkStats
-	(*Report)(nil),                    // 23: kuport.v1.Report
-	(*GetProgramRequest)(nil),         // 24: kuport.v1.GetProgramRequest
-	(*GetProgramResponse)(nil),        // 25: kuport.v1.GetProgramResponse
-	(*ListNodesRequest)(nil),          // 26: kuport.v1.ListNodesRequest
-	(*NodeInfo)(nil),                  // 27: kuport.v1.NodeInfo
-	(*ListNodesResponse)(nil),         // 28: kuport.v1.ListNodesResponse
-	(*GetMappingRequest)(nil),         // 29: kuport.v1.GetMappingRequest
-	(*MappingNode)(nil),               // 30: kuport.v1.MappingNode
-	(*GetMappingResponse)(nil),        // 31: kuport.v1.GetMappingResponse
-	(*GetAppliedProgramRequest)(nil),  // 32: kuport.v1.GetAppliedProgramRequest
-	(*GetAppliedProgramResponse)(nil), // 33: kuport.v1.GetAppliedProgramResponse
-	nil,                               // 34: kuport.v1.ProgramDelta.RemovedEntry
-	(*timestamppb.Timestamp)(nil),     // 35: google.protobuf.Timestamp
+	(*ReturnMarking)(nil),             // 6: kuport.v1.ReturnMarking
+	(*DnatRule)(nil),                  // 7: kuport.v1.DnatRule
+	(*SnatRule)(nil),                  // 8: kuport.v1.SnatRule
+	(*MarkRule)(nil),                  // 9: kuport.v1.MarkRule
+	(*Link)(nil),                      // 10: kuport.v1.Link
+	(*ReturnPath)(nil),                // 11: kuport.v1.ReturnPath
+	(*ConnectRequest)(nil),            // 12: kuport.v1.ConnectRequest
+	(*ConnectResponse)(nil),           // 13: kuport.v1.ConnectResponse
+	(*ProgramDelta)(nil),              // 14: kuport.v1.ProgramDelta
+	(*Keys)(nil),                      // 15: kuport.v1.Keys
+	(*Interface)(nil),                 // 16: kuport.v1.Interface
+	(*NodeState)(nil),                 // 17: kuport.v1.NodeState
+	(*Hello)(nil),                     // 18: kuport.v1.Hello
+	(*EntryError)(nil),                // 19: kuport.v1.EntryError
+	(*Ack)(nil),                       // 20: kuport.v1.Ack
+	(*Counter)(nil),                   // 21: kuport.v1.Counter
+	(*Traffic)(nil),                   // 22: kuport.v1.Traffic
+	(*LinkStats)(nil),                 // 23: kuport.v1.LinkStats
+	(*Report)(nil),                    // 24: kuport.v1.Report
+	(*GetProgramRequest)(nil),         // 25: kuport.v1.GetProgramRequest
+	(*GetProgramResponse)(nil),        // 26: kuport.v1.GetProgramResponse
+	(*ListNodesRequest)(nil),          // 27: kuport.v1.ListNodesRequest
+	(*NodeInfo)(nil),                  // 28: kuport.v1.NodeInfo
+	(*ListNodesResponse)(nil),         // 29: kuport.v1.ListNodesResponse
+	(*GetMappingRequest)(nil),         // 30: kuport.v1.GetMappingRequest
+	(*MappingNode)(nil),               // 31: kuport.v1.MappingNode
+	(*GetMappingResponse)(nil),        // 32: kuport.v1.GetMappingResponse
+	(*GetAppliedProgramRequest)(nil),  // 33: kuport.v1.GetAppliedProgramRequest
+	(*GetAppliedProgramResponse)(nil), // 34: kuport.v1.GetAppliedProgramResponse
+	nil,                               // 35: kuport.v1.ProgramDelta.RemovedEntry
+	(*timestamppb.Timestamp)(nil),     // 36: google.protobuf.Timestamp
 }
 var file_kuport_v1_program_proto_depIdxs = []int32{
-	6,  // 0: kuport.v1.NodeProgram.dnat_rules:type_name -> kuport.v1.DnatRule
-	7,  // 1: kuport.v1.NodeProgram.snat_rules:type_name -> kuport.v1.SnatRule
-	8,  // 2: kuport.v1.NodeProgram.mark_rules:type_name -> kuport.v1.MarkRule
-	9,  // 3: kuport.v1.NodeProgram.links:type_name -> kuport.v1.Link
-	10, // 4: kuport.v1.NodeProgram.return_paths:type_name -> kuport.v1.ReturnPath
-	0,  // 5: kuport.v1.DnatRule.protocol:type_name -> kuport.v1.Protocol
-	4,  // 6: kuport.v1.DnatRule.ports:type_name -> kuport.v1.PortRange
-	1,  // 7: kuport.v1.SnatRule.kind:type_name -> kuport.v1.SnatKind
-	0,  // 8: kuport.v1.SnatRule.protocol:type_name -> kuport.v1.Protocol
-	4,  // 9: kuport.v1.SnatRule.ports:type_name -> kuport.v1.PortRange
-	0,  // 10: kuport.v1.MarkRule.protocol:type_name -> kuport.v1.Protocol
-	4,  // 11: kuport.v1.MarkRule.ports:type_name -> kuport.v1.PortRange
-	2,  // 12: kuport.v1.MarkRule.kind:type_name -> kuport.v1.MarkKind
-	17, // 13: kuport.v1.ConnectRequest.hello:type_name -> kuport.v1.Hello
-	19, // 14: kuport.v1.ConnectRequest.ack:type_name -> kuport.v1.Ack
-	23, // 15: kuport.v1.ConnectRequest.report:type_name -> kuport.v1.Report
-	5,  // 16: kuport.v1.ConnectResponse.program:type_name -> kuport.v1.NodeProgram
-	13, // 17: kuport.v1.ConnectResponse.delta:type_name -> kuport.v1.ProgramDelta
-	5,  // 18: kuport.v1.ProgramDelta.changed:type_name -> kuport.v1.NodeProgram
-	34, // 19: kuport.v1.ProgramDelta.removed:type_name -> kuport.v1.ProgramDelta.RemovedEntry
-	3,  // 20: kuport.v1.Interface.tunnel:type_name -> kuport.v1.TunnelKind
-	15, // 21: kuport.v1.NodeState.interfaces:type_name -> kuport.v1.Interface
-	16, // 22: kuport.v1.Hello.state:type_name -> kuport.v1.NodeState
-	18, // 23: kuport.v1.Ack.errors:type_name -> kuport.v1.EntryError
-	21, // 24: kuport.v1.Counter.forwarded_in:type_name -> kuport.v1.Traffic
-	21, // 25: kuport.v1.Counter.forwarded_out:type_name -> kuport.v1.Traffic
-	16, // 26: kuport.v1.Report.state:type_name -> kuport.v1.NodeState
-	20, // 27: kuport.v1.Report.counters:type_name -> kuport.v1.Counter
-	22, // 28: kuport.v1.Report.links:type_name -> kuport.v1.LinkStats
-	5,  // 29: kuport.v1.GetProgramResponse.program:type_name -> kuport.v1.NodeProgram
-	35, // 30: kuport.v1.NodeInfo.connected_since:type_name -> google.protobuf.Timestamp
-	35, // 31: kuport.v1.NodeInfo.last_report_time:type_name -> google.protobuf.Timestamp
-	27, // 32: kuport.v1.ListNodesResponse.nodes:type_name -> kuport.v1.NodeInfo
-	20, // 33: kuport.v1.MappingNode.counters:type_name -> kuport.v1.Counter
-	22, // 34: kuport.v1.MappingNode.links:type_name -> kuport.v1.LinkStats
-	35, // 35: kuport.v1.MappingNode.unanswered_since:type_name -> google.protobuf.Timestamp
-	30, // 36: kuport.v1.GetMappingResponse.nodes:type_name -> kuport.v1.MappingNode
-	5,  // 37: kuport.v1.GetAppliedProgramResponse.program:type_name -> kuport.v1.NodeProgram
-	18, // 38: kuport.v1.GetAppliedProgramResponse.errors:type_name -> kuport.v1.EntryError
-	35, // 39: kuport.v1.GetAppliedProgramResponse.apply_time:type_name -> google.protobuf.Timestamp
-	14, // 40: kuport.v1.ProgramDelta.RemovedEntry.value:type_name -> kuport.v1.Keys
-	11, // 41: kuport.v1.AgentService.Connect:input_type -> kuport.v1.ConnectRequest
-	24, // 42: kuport.v1.ProgramService.GetProgram:input_type -> kuport.v1.GetProgramRequest
-	26, // 43: kuport.v1.ProgramService.ListNodes:input_type -> kuport.v1.ListNodesRequest
-	29, // 44: kuport.v1.ProgramService.GetMapping:input_type -> kuport.v1.GetMappingRequest
-	32, // 45: kuport.v1.AgentInspectionService.GetAppliedProgram:input_type -> kuport.v1.GetAppliedProgramRequest
-	12, // 46: kuport.v1.AgentService.Connect:output_type -> kuport.v1.ConnectResponse
-	25, // 47: kuport.v1.ProgramService.GetProgram:output_type -> kuport.v1.GetProgramResponse
-	28, // 48: kuport.v1.ProgramService.ListNodes:output_type -> kuport.v1.ListNodesResponse
-	31, // 49: kuport.v1.ProgramService.GetMapping:output_type -> kuport.v1.GetMappingResponse
-	33, // 50: kuport.v1.AgentInspectionService.GetAppliedProgram:output_type -> kuport.v1.GetAppliedProgramResponse
-	46, // [46:51] is the sub-list for method output_type
-	41, // [41:46] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	7,  // 0: kuport.v1.NodeProgram.dnat_rules:type_name -> kuport.v1.DnatRule
+	8,  // 1: kuport.v1.NodeProgram.snat_rules:type_name -> kuport.v1.SnatRule
+	9,  // 2: kuport.v1.NodeProgram.mark_rules:type_name -> kuport.v1.MarkRule
+	10, // 3: kuport.v1.NodeProgram.links:type_name -> kuport.v1.Link
+	11, // 4: kuport.v1.NodeProgram.return_paths:type_name -> kuport.v1.ReturnPath
+	6,  // 5: kuport.v1.NodeProgram.return_marking:type_name -> kuport.v1.ReturnMarking
+	0,  // 6: kuport.v1.DnatRule.protocol:type_name -> kuport.v1.Protocol
+	4,  // 7: kuport.v1.DnatRule.ports:type_name -> kuport.v1.PortRange
+	1,  // 8: kuport.v1.SnatRule.kind:type_name -> kuport.v1.SnatKind
+	0,  // 9: kuport.v1.SnatRule.protocol:type_name -> kuport.v1.Protocol
+	4,  // 10: kuport.v1.SnatRule.ports:type_name -> kuport.v1.PortRange
+	0,  // 11: kuport.v1.MarkRule.protocol:type_name -> kuport.v1.Protocol
+	4,  // 12: kuport.v1.MarkRule.ports:type_name -> kuport.v1.PortRange
+	2,  // 13: kuport.v1.MarkRule.kind:type_name -> kuport.v1.MarkKind
+	18, // 14: kuport.v1.ConnectRequest.hello:type_name -> kuport.v1.Hello
+	20, // 15: kuport.v1.ConnectRequest.ack:type_name -> kuport.v1.Ack
+	24, // 16: kuport.v1.ConnectRequest.report:type_name -> kuport.v1.Report
+	5,  // 17: kuport.v1.ConnectResponse.program:type_name -> kuport.v1.NodeProgram
+	14, // 18: kuport.v1.ConnectResponse.delta:type_name -> kuport.v1.ProgramDelta
+	5,  // 19: kuport.v1.ProgramDelta.changed:type_name -> kuport.v1.NodeProgram
+	35, // 20: kuport.v1.ProgramDelta.removed:type_name -> kuport.v1.ProgramDelta.RemovedEntry
+	3,  // 21: kuport.v1.Interface.tunnel:type_name -> kuport.v1.TunnelKind
+	16, // 22: kuport.v1.NodeState.interfaces:type_name -> kuport.v1.Interface
+	17, // 23: kuport.v1.Hello.state:type_name -> kuport.v1.NodeState
+	19, // 24: kuport.v1.Ack.errors:type_name -> kuport.v1.EntryError
+	22, // 25: kuport.v1.Counter.forwarded_in:type_name -> kuport.v1.Traffic
+	22, // 26: kuport.v1.Counter.forwarded_out:type_name -> kuport.v1.Traffic
+	17, // 27: kuport.v1.Report.state:type_name -> kuport.v1.NodeState
+	21, // 28: kuport.v1.Report.counters:type_name -> kuport.v1.Counter
+	23, // 29: kuport.v1.Report.links:type_name -> kuport.v1.LinkStats
+	5,  // 30: kuport.v1.GetProgramResponse.program:type_name -> kuport.v1.NodeProgram
+	36, // 31: kuport.v1.NodeInfo.connected_since:type_name -> google.protobuf.Timestamp
+	36, // 32: kuport.v1.NodeInfo.last_report_time:type_name -> google.protobuf.Timestamp
+	28, // 33: kuport.v1.ListNodesResponse.nodes:type_name -> kuport.v1.NodeInfo
+	21, // 34: kuport.v1.MappingNode.counters:type_name -> kuport.v1.Counter
+	23, // 35: kuport.v1.MappingNode.links:type_name -> kuport.v1.LinkStats
+	36, // 36: kuport.v1.MappingNode.unanswered_since:type_name -> google.protobuf.Timestamp
+	31, // 37: kuport.v1.GetMappingResponse.nodes:type_name -> kuport.v1.MappingNode
+	5,  // 38: kuport.v1.GetAppliedProgramResponse.program:type_name -> kuport.v1.NodeProgram
+	19, // 39: kuport.v1.GetAppliedProgramResponse.errors:type_name -> kuport.v1.EntryError
+	36, // 40: kuport.v1.GetAppliedProgramResponse.apply_time:type_name -> google.protobuf.Timestamp
+	15, // 41: kuport.v1.ProgramDelta.RemovedEntry.value:type_name -> kuport.v1.Keys
+	12, // 42: kuport.v1.AgentService.Connect:input_type -> kuport.v1.ConnectRequest
+	25, // 43: kuport.v1.ProgramService.GetProgram:input_type -> kuport.v1.GetProgramRequest
+	27, // 44: kuport.v1.ProgramService.ListNodes:input_type -> kuport.v1.ListNodesRequest
+	30, // 45: kuport.v1.ProgramService.GetMapping:input_type -> kuport.v1.GetMappingRequest
+	33, // 46: kuport.v1.AgentInspectionService.GetAppliedProgram:input_type -> kuport.v1.GetAppliedProgramRequest
+	13, // 47: kuport.v1.AgentService.Connect:output_type -> kuport.v1.ConnectResponse
+	26, // 48: kuport.v1.ProgramService.GetProgram:output_type -> kuport.v1.GetProgramResponse
+	29, // 49: kuport.v1.ProgramService.ListNodes:output_type -> kuport.v1.ListNodesResponse
+	32, // 50: kuport.v1.ProgramService.GetMapping:output_type -> kuport.v1.GetMappingResponse
+	34, // 51: kuport.v1.AgentInspectionService.GetAppliedProgram:output_type -> kuport.v1.GetAppliedProgramResponse
+	47, // [47:52] is the sub-list for method output_type
+	42, // [42:47] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_kuport_v1_program_proto_init() }
@@ -2890,12 +3008,12 @@ func file_kuport_v1_program_proto_init() {
 	if File_kuport_v1_program_proto != nil {
 		return
 	}
-	file_kuport_v1_program_proto_msgTypes[7].OneofWrappers = []any{
+	file_kuport_v1_program_proto_msgTypes[8].OneofWrappers = []any{
 		(*ConnectRequest_Hello)(nil),
 		(*ConnectRequest_Ack)(nil),
 		(*ConnectRequest_Report)(nil),
 	}
-	file_kuport_v1_program_proto_msgTypes[8].OneofWrappers = []any{
+	file_kuport_v1_program_proto_msgTypes[9].OneofWrappers = []any{
 		(*ConnectResponse_Program)(nil),
 		(*ConnectResponse_Delta)(nil),
 	}
@@ -2905,7 +3023,7 @@ func file_kuport_v1_program_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kuport_v1_program_proto_rawDesc), len(file_kuport_v1_program_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   31,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
