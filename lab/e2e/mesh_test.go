@@ -45,18 +45,15 @@ func probeSized(t *testing.T, l *lab.Lab, proto, dst string, size int, timeout t
 	return strings.TrimSpace(out)
 }
 
-// TestPrivilegedE2EMesh runs cross-node mappings over the lab's real WireGuard mesh
-// (wireguard-go on every node's wt0): the client's packets cross inside kuport's link, the
-// outer header between the two nodes' mesh addresses, and never with the client's source;
-// the link's MTU is the mesh's less 50; a request and a reply larger than the link's MTU
-// cross it (path MTU discovery over TCP); a DF datagram too large for the link draws an ICMP
-// "fragmentation needed" with the link's MTU, which the client caches.
-func TestPrivilegedE2EMesh(t *testing.T) {
-	l := startLab(t)
+// testMesh runs the demo's remote mapping (TestPrivilegedE2E has it Programmed) over the
+// lab's real WireGuard mesh (wireguard-go on every node's wt0): the client's packets cross
+// inside kuport's link, the outer header between the two nodes' mesh addresses, and never
+// with the client's source; the link's MTU is the mesh's less 50; a request and a reply
+// larger than the link's MTU cross it (path MTU discovery over TCP); a DF datagram too large
+// for the link draws an ICMP "fragmentation needed" with the link's MTU, which the client
+// caches. It leaves no mapping of its own behind.
+func testMesh(t *testing.T, l *lab.Lab) {
 	ctx := context.Background()
-	remote := lab.DemoScenarios()[1]
-	require.NoError(t, l.StartScenario(ctx, remote))
-	waitCondition(t, l, lab.DemoNamespace, remote.Name, "Programmed", "True", 30*time.Second)
 
 	t.Run("the client's packets cross inside the link", func(t *testing.T) {
 		require.NoError(t, l.Net.NftApply(ctx, "edge-a", meshWatch))
@@ -87,6 +84,11 @@ func TestPrivilegedE2EMesh(t *testing.T) {
 		const name, port = "mesh-mtu", 27330
 		serve(t, l, lab.PodB, corev1.ProtocolUDP, port)
 		mapTo(t, l, name, "public", corev1.ProtocolUDP, port, 0, port, lab.PodB)
+		defer func() {
+			require.NoError(t, l.DeletePortMap(ctx, lab.DemoNamespace, name))
+			require.NoError(t, l.Unexpose(ctx, lab.DemoNamespace, name))
+			require.NoError(t, l.WaitRulesGone(ctx, 30*time.Second, `"demo/`+name+`/`))
+		}()
 		assertAnswersAt(t, l, corev1.ProtocolUDP, lab.PublicAddr, port)
 		_, err := l.Net.Exec(ctx, netlab.ClientNS, "ip", "route", "flush", "cache")
 		require.NoError(t, err)
@@ -100,12 +102,12 @@ func TestPrivilegedE2EMesh(t *testing.T) {
 	})
 }
 
-// TestPrivilegedE2EMeshDown stops the pod node's WireGuard daemon, a real mesh failure: the
-// cross-node mapping through it goes unanswered and the PortMap gets RequestsUnanswered about
-// the accepting node, as an operator would see it; restarting the daemon heals the mapping
-// (the agent rebuilds the link the kernel removed with wt0) and RequestsAnswered follows.
-func TestPrivilegedE2EMeshDown(t *testing.T) {
-	l := startLab(t)
+// testMeshDown stops the pod node's WireGuard daemon, a real mesh failure: a cross-node
+// mapping through it goes unanswered and its PortMap gets RequestsUnanswered about the
+// accepting node, as an operator would see it; restarting the daemon (same keys, a new
+// device) heals the mapping once the peers' handshake completes, and RequestsAnswered
+// follows. TestPrivilegedE2EUnanswered runs it on its lab.
+func testMeshDown(t *testing.T, l *lab.Lab) {
 	ctx := context.Background()
 	const name, port = "mesh-down", 27331
 	serve(t, l, lab.PodB, corev1.ProtocolUDP, port)

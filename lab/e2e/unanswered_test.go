@@ -26,7 +26,8 @@ import (
 // kuport_mapping_unanswered{node="edge-a"} is 1, GetMapping's edge-a row and the dashboard's
 // state say unanswered. Then a server starts on the port: once replies flow, a Normal Event
 // RequestsAnswered, the gauge 0 and GetMapping's row answered. Last, another table's forward
-// chain at policy drop on edge-a makes a served TCP mapping unanswered until it is removed.
+// chain at policy drop on edge-a makes a served TCP mapping unanswered until it is removed,
+// and so does stopping worker-b's WireGuard daemon until it restarts (testMeshDown).
 func TestPrivilegedE2EUnanswered(t *testing.T) {
 	l := startLab(t)
 	ctx := context.Background()
@@ -137,6 +138,8 @@ func TestPrivilegedE2EUnanswered(t *testing.T) {
 		return onEdgeA(eventsOf(served, status.ReasonRequestsAnswered)) != nil
 	})
 	assert.False(t, mappingRow(t, served, "edge-a").GetUnanswered())
+
+	t.Run("the pod node's WireGuard daemon stops, then restarts", func(t *testing.T) { testMeshDown(t, l) })
 }
 
 // mappingRow returns GetMapping's row of node for the demo mapping name (nil if none).

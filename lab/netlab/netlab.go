@@ -152,7 +152,8 @@ type Net struct {
 // Build removes whatever a previous lab left (every lab namespace, and the processes in
 // them), then creates the client, router, mesh and node namespaces with their links,
 // addresses, routes, sysctls and CNI tables, and starts every node's WireGuard daemon (the
-// binary WireGuardEnv names; its version is logged). It waits (bounded by ctx) while another
+// binary WireGuardEnv names; its version is logged) and completes every pair's handshake.
+// It waits (bounded by ctx) while another
 // lab on the machine holds the lock. On error everything it created is removed.
 func Build(ctx context.Context, cfg Config) (*Net, error) {
 	if cfg.Dir == "" || cfg.ToolBin == "" {
@@ -321,7 +322,9 @@ func (n *Net) build(ctx context.Context) error {
 			return err
 		}
 	}
-	return nil
+	// Handshakes now, not on a test's first packet: a busy machine can delay the userspace
+	// daemons' first exchange past a probe's timeout.
+	return n.checkMeshCarries(ctx)
 }
 
 // addNamespace creates ns with lo up and records it for Close.

@@ -73,7 +73,8 @@ func (n *Net) SelfCheck(ctx context.Context) error {
 	return nil
 }
 
-// checkMeshCarries pings every node's wt0 address from every other node.
+// checkMeshCarries pings every node's wt0 address from every other node, which completes
+// the WireGuard handshake of every pair.
 func (n *Net) checkMeshCarries(ctx context.Context) error {
 	for _, from := range nodes {
 		for _, to := range nodes {
