@@ -317,10 +317,14 @@ func (n *Net) build(ctx context.Context) error {
 			return err
 		}
 	}
-	for _, s := range nodes {
-		if err := n.StartWireGuard(ctx, s.Name); err != nil {
-			return err
-		}
+	errs := make([]error, len(nodes))
+	var wg sync.WaitGroup
+	for i, s := range nodes {
+		wg.Go(func() { errs[i] = n.StartWireGuard(ctx, s.Name) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
 	}
 	// Handshakes now, not on a test's first packet: a busy machine can delay the userspace
 	// daemons' first exchange past a probe's timeout.

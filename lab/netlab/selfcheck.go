@@ -18,6 +18,9 @@ const (
 	meshCheckPort  = 3999
 	egressPort     = 3998
 	tunnelPort     = 3997
+	// dropWait is how long the mesh check waits for a reply to a datagram it expects dropped:
+	// the datagram crosses the kernel's path to wt0 before the probe's send returns.
+	dropWait = 200 * time.Millisecond
 	// counterWait bounds how long the mesh check waits to see the drop logged.
 	counterWait = 5 * time.Second
 )
@@ -73,14 +76,11 @@ func (n *Net) SelfCheck(ctx context.Context) error {
 	return nil
 }
 
-// checkMeshCarries pings every node's wt0 address from every other node, which completes
-// the WireGuard handshake of every pair.
+// checkMeshCarries pings, for every pair of nodes, one's wt0 address from the other: the
+// echo and its reply cross the mesh both ways, and complete the pair's WireGuard handshake.
 func (n *Net) checkMeshCarries(ctx context.Context) error {
-	for _, from := range nodes {
-		for _, to := range nodes {
-			if from.Name == to.Name {
-				continue
-			}
+	for i, from := range nodes {
+		for _, to := range nodes[i+1:] {
 			if _, err := n.Exec(ctx, from.Name, "ping", "-c", "1", "-W", "2", "-q", to.UnderlayAddr.Addr().String()); err != nil {
 				return fmt.Errorf("%s cannot reach %s over wt0: %w", from.Name, to.Name, err)
 			}
@@ -120,42 +120,44 @@ func (n *Net) checkMesh(ctx context.Context, acc, remote NodeSpec) (err error) {
 	defer func() { err = errors.Join(err, n.dropSelfCheckTable(ctx, acc.Name)) }()
 
 	dst := netip.AddrPortFrom(acc.UplinkAddr.Addr(), meshCheckPort).String()
-	// probe sends the client's datagram and returns the number of WireGuard data packets
-	// that left for the remote node meanwhile; the pod must not receive it.
-	probe := func(side string) (uint64, error) {
-		before, err := n.NftCounter(ctx, acc.Name, "ip", selfCheckTable, wgDataName)
-		if err != nil {
-			return 0, err
-		}
-		if _, err := n.Probe(ctx, "udp", dst, 500*time.Millisecond); err != nil {
-			return 0, err
-		}
+	// notReceived fails once the pod has received the client's datagram.
+	notReceived := func(side string) error {
 		log, err := n.ServerLog(podName, "udp", meshCheckPort)
 		if err != nil {
-			return 0, err
+			return err
 		}
 		if strings.Contains(log, "saw ") {
-			return 0, fmt.Errorf("%s: pod %s on %s received a datagram DNATed over wt0 with the client's source: %s", side, podAddr, remote.Name, log)
+			return fmt.Errorf("%s: pod %s on %s received a datagram DNATed over wt0 with the client's source: %s", side, podAddr, remote.Name, log)
 		}
-		after, err := n.NftCounter(ctx, acc.Name, "ip", selfCheckTable, wgDataName)
-		return after - before, err
+		return nil
 	}
+	// probe sends the client's datagram, which the pod must not receive.
+	probe := func(side string) error {
+		if _, err := n.Probe(ctx, "udp", dst, dropWait); err != nil {
+			return err
+		}
+		return notReceived(side)
+	}
+	sent := func() (uint64, error) { return n.NftCounter(ctx, acc.Name, "ip", selfCheckTable, wgDataName) }
 
 	txBefore, err := n.linkCounter(ctx, acc.Name, acc.UnderlayIface, "tx_packets")
 	if err != nil {
 		return err
 	}
-	sent, err := probe("send side")
-	if err != nil {
+	if err := probe("send side"); err != nil {
 		return err
 	}
 	txAfter, err := n.linkCounter(ctx, acc.Name, acc.UnderlayIface, "tx_packets")
 	if err != nil {
 		return err
 	}
-	if txAfter == txBefore || sent != 0 {
+	sentBefore, err := sent()
+	if err != nil {
+		return err
+	}
+	if txAfter == txBefore || sentBefore != 0 {
 		return fmt.Errorf("send side: the datagram to %s should enter %s's wt0 (tx_packets %d -> %d) and no WireGuard data packet leave for %s (%d did)",
-			podAddr, acc.Name, txBefore, txAfter, remote.Name, sent)
+			podAddr, acc.Name, txBefore, txAfter, remote.Name, sentBefore)
 	}
 
 	// Receive side: acc now sends the pod's CIDR to remote.
@@ -169,12 +171,10 @@ func (n *Net) checkMesh(ctx context.Context, acc, remote NodeSpec) (err error) {
 	if err != nil {
 		return err
 	}
-	if sent, err = probe("receive side"); err != nil {
+	if err := probe("receive side"); err != nil {
 		return err
 	}
-	if sent == 0 {
-		return fmt.Errorf("receive side: with %s in %s's allowed-IPs for %s no WireGuard data packet left", remote.PodCIDR, acc.Name, remote.Name)
-	}
+	// The userspace daemons encrypt, send and discard in their own time.
 	for deadline := time.Now().Add(counterWait); ; time.Sleep(50 * time.Millisecond) {
 		drops, err := n.disallowedSources(remote.Name)
 		if err != nil {
@@ -184,8 +184,13 @@ func (n *Net) checkMesh(ctx context.Context, acc, remote NodeSpec) (err error) {
 			break
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("receive side: %s's daemon logged no %q for the client's datagram (%s)", remote.Name, disallowedSource, n.MeshLog(remote.Name))
+			after, err := sent()
+			return errors.Join(err, fmt.Errorf("receive side: with %s in %s's allowed-IPs for %s, %d WireGuard data packets left, and %s's daemon logged no %q (%s)",
+				remote.PodCIDR, acc.Name, remote.Name, after-sentBefore, remote.Name, disallowedSource, n.MeshLog(remote.Name)))
 		}
+	}
+	if err := notReceived("receive side"); err != nil {
+		return err
 	}
 
 	// Control: remote accepts the client's address from acc, and the pod receives it.
@@ -196,17 +201,21 @@ func (n *Net) checkMesh(ctx context.Context, acc, remote NodeSpec) (err error) {
 	defer func() {
 		err = errors.Join(err, n.setAllowedIPs(context.WithoutCancel(ctx), remote.Name, acc.Name, meshPeerPrefix(acc)))
 	}()
-	if _, err := n.Probe(ctx, "udp", dst, 500*time.Millisecond); err != nil {
+	if _, err := n.Probe(ctx, "udp", dst, dropWait); err != nil {
 		return err
 	}
-	log, err := n.ServerLog(podName, "udp", meshCheckPort)
-	if err != nil {
-		return err
+	for deadline := time.Now().Add(counterWait); ; time.Sleep(50 * time.Millisecond) {
+		log, err := n.ServerLog(podName, "udp", meshCheckPort)
+		if err != nil {
+			return err
+		}
+		if strings.Contains(log, "saw "+clientAddr.Addr().String()+":") {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("control: with %s in %s's allowed-IPs for %s the pod still received nothing: %q", clientAddr.Addr(), remote.Name, acc.Name, log)
+		}
 	}
-	if !strings.Contains(log, "saw "+clientAddr.Addr().String()+":") {
-		return fmt.Errorf("control: with %s in %s's allowed-IPs for %s the pod still received nothing: %q", clientAddr.Addr(), remote.Name, acc.Name, log)
-	}
-	return nil
 }
 
 // disallowedSource is what wireguard-go's verbose log says when it discards a packet whose
