@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/controller/status"
 	"kuport.wlz.li/kuport/lab"
 	"kuport.wlz.li/kuport/lab/labtest"
@@ -102,11 +103,16 @@ func testMesh(t *testing.T, l *lab.Lab) {
 	})
 }
 
-// testMeshDown stops the pod node's WireGuard daemon, a real mesh failure: a cross-node
-// mapping through it goes unanswered and its PortMap gets RequestsUnanswered about the
-// accepting node, as an operator would see it; restarting the daemon (same keys, a new
-// device) heals the mapping once the peers' handshake completes, and RequestsAnswered
-// follows. TestPrivilegedE2EUnanswered runs it on its lab.
+// testMeshDown breaks the pod node's WireGuard, a real mesh failure, both ways a daemon
+// fails, and checks what an operator sees and that it heals:
+//   - hung (SIGSTOP): wt0 stays and nothing crosses it, so a cross-node mapping through the
+//     node goes unanswered and its PortMap gets RequestsUnanswered about the accepting node;
+//     resumed, the mapping answers and RequestsAnswered follows;
+//   - exited: its wt0 goes with it (a TUN device lives as long as its process), so the
+//     node has no underlay address and the mapping is Programmed=False NodeNotReady naming
+//     it; restarted (same keys, a new device), the mapping is Programmed and answers again.
+//
+// TestPrivilegedE2EUnanswered runs it on its lab.
 func testMeshDown(t *testing.T, l *lab.Lab) {
 	ctx := context.Background()
 	const name, port = "mesh-down", 27331
@@ -139,21 +145,49 @@ func testMeshDown(t *testing.T, l *lab.Lab) {
 			_, _ = l.Net.Probe(ctx, "udp", dst, 500*time.Millisecond)
 		}
 	}
+	heals := func(what string) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			res, err := l.Net.Probe(ctx, "udp", dst, 500*time.Millisecond)
+			return err == nil && res.PodSaw == lab.ClientAddr && res.ReplyFrom == dst
+		}, 60*time.Second, 200*time.Millisecond, "the mapping does not heal once worker-b's WireGuard %s", what)
+	}
 
-	require.NoError(t, l.Net.StopWireGuard(ctx, "worker-b"))
-	res, err := l.Net.Probe(ctx, "udp", dst, time.Second)
-	require.NoError(t, err)
-	assert.Equal(t, netlab.ProbeResult{}, res, "the mapping answers with worker-b's mesh down")
-	warning := probeUntil(status.ReasonRequestsUnanswered)
-	assert.Equal(t, corev1.EventTypeWarning, warning.Type)
-	assert.Contains(t, warning.Message, "0 replies")
-	assert.True(t, mappingRow(t, name, "edge-a").GetUnanswered())
+	t.Run("hung", func(t *testing.T) {
+		require.NoError(t, l.Net.FreezeWireGuard("worker-b"))
+		thawed := false
+		defer func() {
+			if !thawed {
+				_ = l.Net.ThawWireGuard("worker-b")
+			}
+		}()
+		res, err := l.Net.Probe(ctx, "udp", dst, time.Second)
+		require.NoError(t, err)
+		assert.Equal(t, netlab.ProbeResult{}, res, "the mapping answers with worker-b's WireGuard hung")
+		warning := probeUntil(status.ReasonRequestsUnanswered)
+		assert.Equal(t, corev1.EventTypeWarning, warning.Type)
+		assert.Contains(t, warning.Message, "0 replies")
+		assert.True(t, mappingRow(t, name, "edge-a").GetUnanswered())
 
-	require.NoError(t, l.Net.StartWireGuard(ctx, "worker-b"))
-	require.Eventually(t, func() bool {
-		res, err := l.Net.Probe(ctx, "udp", dst, 500*time.Millisecond)
-		return err == nil && res.PodSaw == lab.ClientAddr && res.ReplyFrom == dst
-	}, 60*time.Second, 200*time.Millisecond, "the mapping does not heal once worker-b's WireGuard is back")
-	probeUntil(status.ReasonRequestsAnswered)
-	assert.False(t, mappingRow(t, name, "edge-a").GetUnanswered())
+		require.NoError(t, l.Net.ThawWireGuard("worker-b"))
+		thawed = true
+		heals("resumes")
+		probeUntil(status.ReasonRequestsAnswered)
+		assert.False(t, mappingRow(t, name, "edge-a").GetUnanswered())
+	})
+
+	t.Run("exited", func(t *testing.T) {
+		require.NoError(t, l.Net.StopWireGuard(ctx, "worker-b"))
+		waitCondition(t, l, lab.DemoNamespace, name, v1alpha1.ConditionProgrammed, "False:"+v1alpha1.ReasonNodeNotReady, 30*time.Second)
+		pm, err := l.GetPortMap(ctx, lab.DemoNamespace, name)
+		require.NoError(t, err)
+		assert.Contains(t, fmt.Sprint(pm.Status.Conditions), `node worker-b: underlay interface "wt0" has no IPv4 address`)
+		res, err := l.Net.Probe(ctx, "udp", dst, time.Second)
+		require.NoError(t, err)
+		assert.Equal(t, netlab.ProbeResult{}, res, "the mapping answers with worker-b's WireGuard gone")
+
+		require.NoError(t, l.Net.StartWireGuard(ctx, "worker-b"))
+		waitCondition(t, l, lab.DemoNamespace, name, v1alpha1.ConditionProgrammed, "True", 30*time.Second)
+		heals("is back")
+	})
 }

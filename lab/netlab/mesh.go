@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -188,6 +189,26 @@ func (n *Net) StopWireGuard(ctx context.Context, node string) error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// FreezeWireGuard stops node's WireGuard daemon with SIGSTOP, as a hung daemon: its wt0 stays,
+// with its address and routes, and nothing crosses it until ThawWireGuard.
+func (n *Net) FreezeWireGuard(node string) error { return n.signalWireGuard(node, syscall.SIGSTOP) }
+
+// ThawWireGuard resumes a daemon FreezeWireGuard stopped.
+func (n *Net) ThawWireGuard(node string) error { return n.signalWireGuard(node, syscall.SIGCONT) }
+
+func (n *Net) signalWireGuard(node string, sig syscall.Signal) error {
+	n.mu.Lock()
+	p := n.daemons[node]
+	n.mu.Unlock()
+	if p == nil {
+		return fmt.Errorf("netlab: %s's WireGuard daemon is not running", node)
+	}
+	if err := syscall.Kill(p.Pid(), sig); err != nil {
+		return fmt.Errorf("netlab: %s %s's WireGuard: %w", sig, node, err)
+	}
+	return nil
 }
 
 // MeshLog is the log file of node's WireGuard daemon.
