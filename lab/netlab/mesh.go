@@ -41,6 +41,10 @@ const (
 	// namespace: each daemon gets a private tmpfs there, in the mount namespace `ip netns
 	// exec` gives it, so the nodes' wt0.sock do not collide.
 	wgSocketDir = "/run/wireguard"
+	// keepalive is every peer's persistent keepalive in seconds, netbird's default: a daemon
+	// sends one as soon as it is configured, so a restarted node's peers learn its new
+	// session at once instead of when their stale one times out.
+	keepalive = 25
 	// meshWait bounds how long a daemon may take to open its UAPI socket, and to remove its
 	// device once stopped.
 	meshWait = 10 * time.Second
@@ -149,8 +153,8 @@ func (n *Net) configureWireGuard(ctx context.Context, s NodeSpec, p *Proc) error
 		if peer.Name == s.Name {
 			continue
 		}
-		conf += fmt.Sprintf("\n[Peer]\nPublicKey = %s\nAllowedIPs = %s\nEndpoint = %s\n", n.keys[peer.Name].public,
-			meshPeerPrefix(peer), netip.AddrPortFrom(peer.EndpointAddr.Addr(), WireGuardPort))
+		conf += fmt.Sprintf("\n[Peer]\nPublicKey = %s\nAllowedIPs = %s\nEndpoint = %s\nPersistentKeepalive = %d\n", n.keys[peer.Name].public,
+			meshPeerPrefix(peer), netip.AddrPortFrom(peer.EndpointAddr.Addr(), WireGuardPort), keepalive)
 	}
 	if _, err := n.wg(ctx, p, conf, "setconf", s.UnderlayIface, "/dev/stdin"); err != nil {
 		return err

@@ -100,6 +100,24 @@ func TestPrivilegedNetlab(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, string(mesh), "IPv4 packet with disallowed source address", "worker-b's WireGuard dropped the client's datagram")
 
+	// A stopped daemon takes wt0 with it; restarted, it carries again (same keys). A frozen
+	// one keeps wt0 and carries nothing until thawed.
+	ping := func() error {
+		_, err := n.Exec(ctx, "edge-a", "ping", "-c", "1", "-W", "1", "100.64.93.150")
+		return err
+	}
+	require.NoError(t, n.FreezeWireGuard("worker-b"))
+	assert.Error(t, ping(), "a ping crossed a frozen daemon")
+	_, err = n.Exec(ctx, "worker-b", "ip", "link", "show", "wt0")
+	assert.NoError(t, err, "wt0 stays while its daemon is frozen")
+	require.NoError(t, n.ThawWireGuard("worker-b"))
+	require.Eventually(t, func() bool { return ping() == nil }, 20*time.Second, 100*time.Millisecond, "no ping once thawed")
+	require.NoError(t, n.StopWireGuard(ctx, "worker-b"))
+	_, err = n.Exec(ctx, "worker-b", "ip", "link", "show", "wt0")
+	assert.Error(t, err, "wt0 outlived its daemon")
+	require.NoError(t, n.StartWireGuard(ctx, "worker-b"))
+	require.Eventually(t, func() bool { return ping() == nil }, 20*time.Second, 100*time.Millisecond, "no ping once restarted")
+
 	require.NoError(t, n.AddPod(ctx, "web", "edge-a", "10.244.17.10"))
 	tcp, err := n.Serve("web", "tcp", 3000)
 	require.NoError(t, err)
