@@ -171,9 +171,9 @@ func testMeshDown(t *testing.T, l *lab.Lab) {
 
 		require.NoError(t, l.Net.ThawWireGuard("worker-b"))
 		thawed = true
+		// Clearing the mark once replies flow is TestPrivilegedE2EUnanswered's; the mesh's
+		// part is that they flow again.
 		heals("resumes")
-		probeUntil(status.ReasonRequestsAnswered)
-		assert.False(t, mappingRow(t, name, "edge-a").GetUnanswered())
 	})
 
 	t.Run("exited", func(t *testing.T) {
