@@ -13,6 +13,9 @@ CRD_REF_DOCS_VERSION       := v0.3.0
 # HELM_VERSION is the helm.sh/helm/v3 of go.mod (the chart tests' library): keep them equal.
 HELM_VERSION               := v3.21.4
 ACTIONLINT_VERSION         := v1.7.12
+# Debian's wireguard-tools (wg), which configures the lab's wireguard-go daemons; wireguard-go
+# itself is pinned in lab/build-wireguard.sh.
+WIREGUARD_TOOLS_VERSION    := 1.0.20210914-1+b1
 
 TOOLS := $(CURDIR)/.tools
 BUF            := $(TOOLS)/buf-$(BUF_VERSION)/buf
@@ -161,7 +164,9 @@ lab-images:
 		--label org.opencontainers.image.source=$(IMAGE_SOURCE) --label org.opencontainers.image.title=pause
 
 # deps installs the Debian packages the datapath, the lab and the tests use (sysctl is procps;
-# ping, iputils-ping, is docs/troubleshooting.md's MTU check;
+# ping, iputils-ping, is docs/troubleshooting.md's MTU check and the lab's mesh check;
+# wireguard-tools' wg configures the lab's WireGuard daemons, pinned and without its
+# recommends, which would pull a kernel image;
 # chromium loads the controller's dashboard headless in its tests; containerd, runc, the CNI
 # plugins and socat run the kubelet-backed lab's nodes; installing containerd starts nothing).
 .PHONY: deps
@@ -171,12 +176,19 @@ deps:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables conntrack iproute2 procps iputils-ping chromium \
 			containerd runc containernetworking-plugins socat) >&2; \
 	fi
+	@if [ "$$(dpkg-query -W -f '$${Version}' wireguard-tools 2>/dev/null)" != "$(WIREGUARD_TOOLS_VERSION)" ]; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			wireguard-tools=$(WIREGUARD_TOOLS_VERSION)) >&2; \
+	fi
 
-# lab-binaries builds (once per version, cached outside the repo) etcd, kube-apiserver and
-# kubectl; see lab/build-binaries.sh.
+# lab-binaries builds (once per version, cached outside the repo) etcd, kube-apiserver,
+# kubectl and the rest of lab/build-binaries.sh, and the mesh's wireguard-go
+# (lab/build-wireguard.sh). KUPORT_WIREGUARD tells the lab where wireguard-go is.
 .PHONY: lab-binaries
 lab-binaries:
 	@lab/build-binaries.sh >/dev/null
+	@lab/build-wireguard.sh >/dev/null
+LAB_ENV = KUPORT_WIREGUARD=$$(lab/build-wireguard.sh)
 
 # ---------------------------------------------------------------------------------------
 # Checks and tests
@@ -192,7 +204,7 @@ lint: $(BUF) $(ACTIONLINT)
 # datapath tests in fresh network namespaces, and the end-to-end suite against the lab.
 .PHONY: test
 test: deps tools lab-binaries check-generated lint build images chart lab-images images-next
-	KUPORT_PRIVILEGED=1 KUPORT_LAB_BIN=$$(lab/build-binaries.sh) KUPORT_BIN=$(BIN) \
+	KUPORT_PRIVILEGED=1 KUPORT_LAB_BIN=$$(lab/build-binaries.sh) KUPORT_BIN=$(BIN) $(LAB_ENV) \
 		KUPORT_IMAGES=$(IMAGES) KUPORT_IMAGES_NEXT=$(BIN)/images-next KUPORT_HELM=$(HELM) \
 		$(GO) test -count=1 -p 1 -timeout 45m ./...
 	# bench/datapath.sh once at small N: a smoke test that it completes, not of its timings.
@@ -237,15 +249,15 @@ LAB_ARGS ?=
 .PHONY: demo
 # Only the SCENARIO lines reach stdout: recipes are silent and logs go to stderr.
 demo: deps lab-binaries build
-	@$(BIN)/kuport-lab demo --k8s-bin $$(lab/build-binaries.sh) --bin $(BIN) --dir $(LAB_DIR)
+	@$(LAB_ENV) $(BIN)/kuport-lab demo --k8s-bin $$(lab/build-binaries.sh) --bin $(BIN) --dir $(LAB_DIR)
 
 .PHONY: lab-up
 lab-up: deps tools lab-binaries build
-	@$(BIN)/kuport-lab up --k8s-bin $$(lab/build-binaries.sh) --bin $(BIN) --dir $(LAB_DIR) $(LAB_ARGS)
+	@$(LAB_ENV) $(BIN)/kuport-lab up --k8s-bin $$(lab/build-binaries.sh) --bin $(BIN) --dir $(LAB_DIR) $(LAB_ARGS)
 
 .PHONY: cluster-up
 cluster-up: deps tools lab-binaries build images lab-images
-	@$(BIN)/kuport-lab up --kubelet --images $(IMAGES) --k8s-bin $$(lab/build-binaries.sh) --bin $(BIN) --dir $(LAB_DIR) $(LAB_ARGS)
+	@$(LAB_ENV) $(BIN)/kuport-lab up --kubelet --images $(IMAGES) --k8s-bin $$(lab/build-binaries.sh) --bin $(BIN) --dir $(LAB_DIR) $(LAB_ARGS)
 
 .PHONY: lab-down
 lab-down:

@@ -1,7 +1,7 @@
 // Package lab runs the whole of kuport on one machine with no cluster (DESIGN.md, "The
 // lab"): a real etcd and kube-apiserver on loopback (lab/cluster), network namespaces for a
-// client, the accepting node edge-a, the worker worker-b and pods, with the mesh and CNI
-// emulations (lab/netlab), the controller replicas in the root namespace (they elect a
+// client, the accepting node edge-a, the worker worker-b and pods, with a real WireGuard
+// mesh and the CNI emulation (lab/netlab), the controller replicas in the root namespace (they elect a
 // leader on a Lease in kuport-system) and one agent per node namespace reaching them over
 // their unix sockets, over TLS with the certificate the replicas generate (controllertls.go). Node, Pod, Service and EndpointSlice objects are written by hand, as
 // kwok does, since no kubelet or controller-manager runs; so are the agents' Pods, to which
@@ -164,7 +164,7 @@ func (l *Lab) up(ctx context.Context) error {
 			return fmt.Errorf("lab: %w", err)
 		}
 	}
-	l.log.Info("proving the mesh and CNI emulations bite")
+	l.log.Info("proving the WireGuard mesh's drop and the CNI emulation bite")
 	if err := l.Net.SelfCheck(ctx); err != nil {
 		return fmt.Errorf("lab self-check: %w", err)
 	}

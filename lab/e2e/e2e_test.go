@@ -275,6 +275,8 @@ func TestPrivilegedE2E(t *testing.T) {
 		assert.Contains(t, log, "saw "+lab.ClientAddr+":")
 	})
 
+	t.Run("remote over the real WireGuard mesh", func(t *testing.T) { testMesh(t, l) })
+
 	t.Run("docs/lab.md commands against the lab", func(t *testing.T) {
 		sh := func(cmd string) string { return labShell(t, "", repoRoot, cmd) }
 		out := sh("kubectl get portmaps -A")

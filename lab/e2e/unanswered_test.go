@@ -28,7 +28,8 @@ import (
 // kuport_mapping_unanswered{node="edge-a"} is 1, GetMapping's edge-a row and the dashboard's
 // state say unanswered. Then a server starts on the port: once replies flow, a Normal Event
 // RequestsAnswered, the gauge 0 and GetMapping's row answered. Last, another table's forward
-// chain at policy drop on edge-a makes a served TCP mapping unanswered until it is removed.
+// chain at policy drop on edge-a makes a served TCP mapping unanswered until it is removed,
+// and so does stopping worker-b's WireGuard daemon until it restarts (testMeshDown).
 // edge-a's agent reports at the default interval, and the PortMap's status.unanswered (its
 // UNANSWERED column, kubectl describe) names edge-a within 15 s of the first request and
 // clears once replies flow. The recovery cases (testRecovery) run last, on the same lab.
@@ -182,6 +183,7 @@ func TestPrivilegedE2EUnanswered(t *testing.T) {
 	})
 	assert.False(t, mappingRow(t, served, "edge-a").GetUnanswered())
 
+	t.Run("the pod node's WireGuard daemon stops, then restarts", func(t *testing.T) { testMeshDown(t, l) })
 	t.Run("recovery", func(t *testing.T) { testRecovery(t, l) })
 }
 

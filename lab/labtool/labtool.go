@@ -60,8 +60,13 @@ func ListeningLine(proto string, port int) string {
 	return fmt.Sprintf("listening %s %d", proto, port)
 }
 
-// reply is what serve sends back: `saw=<peer ip>\n`.
-func reply(peer netip.Addr) []byte { return []byte("saw=" + peer.String() + "\n") }
+// reply is what serve sends back: `saw=<peer ip>\n`, padded with spaces before the newline
+// to size bytes when that is longer, so a large request draws a reply as large (the MTU
+// checks: a reply larger than a link's MTU must cross it).
+func reply(peer netip.Addr, size int) []byte {
+	line := "saw=" + peer.String()
+	return []byte(line + strings.Repeat(" ", max(0, size-len(line)-1)) + "\n")
+}
 
 // parseReply returns the address in a reply, or "" if b is not a reply.
 func parseReply(b []byte) string {

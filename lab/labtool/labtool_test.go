@@ -40,8 +40,10 @@ func TestParseProbeResultRejects(t *testing.T) {
 
 func TestReply(t *testing.T) {
 	peer := netip.MustParseAddr("198.51.100.7")
-	assert.Equal(t, "saw=198.51.100.7\n", string(reply(peer)))
-	assert.Equal(t, "198.51.100.7", parseReply(reply(peer)))
+	assert.Equal(t, "saw=198.51.100.7\n", string(reply(peer, 6)))
+	assert.Equal(t, "198.51.100.7", parseReply(reply(peer, 6)))
+	assert.Len(t, reply(peer, 1400), 1400, "a large request draws a reply as large")
+	assert.Equal(t, "198.51.100.7", parseReply(reply(peer, 1400)))
 	assert.Empty(t, parseReply([]byte("xxxxx\n")))
 	assert.Empty(t, parseReply([]byte("saw=not-an-ip\n")))
 }

@@ -19,9 +19,10 @@ const tcpIdle = 10 * time.Second
 
 // Serve runs `kuport-lab serve --proto tcp|udp --port N` until ctx ends (then it returns
 // nil). It listens on 0.0.0.0:N and, once bound, writes ListeningLine to stdout. For each
-// TCP connection it logs `saw <peer ip:port> tcp <port>` and replies `saw=<peer ip>\n` to
-// every line it reads, until the peer closes; for each UDP datagram it logs the same line with `udp`
-// and sends the reply to the datagram's source. Lines are written whole, one at a time.
+// TCP connection it logs `saw <peer ip:port> tcp <port>` and replies `saw=<peer ip>\n`,
+// padded to the request's size (reply), to every line it reads, until the peer closes; for
+// each UDP datagram it logs the same line with `udp` and sends the same reply to the
+// datagram's source. Lines are written whole, one at a time.
 // Errors: ErrUsage for bad arguments, or the listen/accept error.
 func Serve(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
@@ -77,13 +78,14 @@ func answerTCP(c net.Conn, port int, out *lineWriter) {
 			out.line(fmt.Sprintf("error %s: %v", peer, err))
 			return
 		}
-		if _, err := r.ReadString('\n'); err != nil {
+		req, err := r.ReadString('\n')
+		if err != nil {
 			if !errors.Is(err, io.EOF) {
 				out.line(fmt.Sprintf("error %s: read: %v", peer, err))
 			}
 			return
 		}
-		if _, err := c.Write(reply(peer.Addr().Unmap())); err != nil {
+		if _, err := c.Write(reply(peer.Addr().Unmap(), len(req))); err != nil {
 			out.line(fmt.Sprintf("error %s: reply: %v", peer, err))
 			return
 		}
@@ -99,7 +101,7 @@ func serveUDP(ctx context.Context, addr string, port int, out *lineWriter) error
 	out.line(ListeningLine("udp", port))
 	buf := make([]byte, 64<<10)
 	for {
-		_, from, err := pc.ReadFrom(buf)
+		size, from, err := pc.ReadFrom(buf)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -108,7 +110,7 @@ func serveUDP(ctx context.Context, addr string, port int, out *lineWriter) error
 		}
 		peer := from.(*net.UDPAddr).AddrPort()
 		out.line(sawLine(peer, "udp", port))
-		if _, err := pc.WriteTo(reply(peer.Addr().Unmap()), from); err != nil {
+		if _, err := pc.WriteTo(reply(peer.Addr().Unmap(), size), from); err != nil {
 			out.line(fmt.Sprintf("error %s: reply: %v", peer, err))
 		}
 	}

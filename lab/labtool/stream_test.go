@@ -88,7 +88,7 @@ func TestStreamUDPLateReplies(t *testing.T) {
 						return
 					}
 					if tc.answer {
-						time.AfterFunc(tc.delay, func() { _, _ = pc.WriteTo(reply(netip.MustParseAddr("127.0.0.1")), from) })
+						time.AfterFunc(tc.delay, func() { _, _ = pc.WriteTo(reply(netip.MustParseAddr("127.0.0.1"), 0), from) })
 					}
 				}
 			}()

@@ -26,7 +26,8 @@ const (
 
 // firewallRuleset is a block-mode ingress firewall like Talos's: a filter chain at
 // prerouting priority dstnat - 10 (-110) that passes established and related flows, traffic
-// not addressed to this node, loopback and ICMP, opens kuport's link port to the nodes'
+// not addressed to this node, loopback and ICMP, opens the mesh's WireGuard port on its
+// endpoint interface (as every WireGuard node must) and kuport's link port to the nodes'
 // underlays on the underlay interface, and drops every other new connection to the node's
 // own addresses. No nat chain can run ahead of it: the kernel runs every nat chain from its
 // one hook at dstnat (-100).
@@ -45,11 +46,12 @@ func firewallRuleset() string {
 		ct state invalid drop
 		fib daddr type != local accept
 		meta l4proto icmp accept
+		iifname %q udp dport %d accept
 		iifname %q ip saddr { %s } udp dport %d accept
 		counter name %q drop
 	}
 }
-`, FirewallTable, FirewallDrops, nodes[0].UnderlayIface, strings.Join(peers, ", "), linkPort, FirewallDrops)
+`, FirewallTable, FirewallDrops, endpointIface, WireGuardPort, nodes[0].UnderlayIface, strings.Join(peers, ", "), linkPort, FirewallDrops)
 }
 
 // meshMarkRuleset is a mesh's pair like netbird's: at mangle (-150) a packet addressed to

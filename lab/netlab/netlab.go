@@ -1,24 +1,25 @@
-// Package netlab builds the lab's emulated network out of Linux network namespaces
-// (DESIGN.md "The lab" and "Lab facts already verified on this kernel"):
+// Package netlab builds the lab's network out of Linux network namespaces (DESIGN.md "The
+// lab" and "Lab facts already verified on this kernel"):
 //
 //	client (198.51.100.7) ── kup-router (the internet) ── edge-a  enp1s0 203.0.113.9
 //	                                                  ├── worker-b eth0  192.0.2.2
 //	                                                  └── worker-c eth0  198.18.0.3
-//	kup-mesh: a bridge joining every node's wt0 (MTU 1420): edge-a 100.64.93.143,
-//	          worker-b 100.64.93.150, worker-c 100.64.93.160
+//	the mesh: every node's wt0 (MTU 1420) is a real WireGuard device (wireguard-go,
+//	          mesh.go): edge-a 100.64.93.143, worker-b 100.64.93.150, worker-c
+//	          100.64.93.160, each peer's allowed-IPs its /32; the daemons' UDP crosses
+//	          kup-mesh, a bridge joining every node's wg-udp (198.19.93.143, .150, .160)
 //	each node: the pod network of the CNI profile (Config.CNI, cni.go): under cilium a
 //	          bridge cilium_host (first address of its pod CIDR), pods pod-<name> behind it
 //
-// Each node namespace also emulates what the datapath works around: the CNI profile's own
-// masquerade rules (table `ip lab-cni`), and the mesh's allowed-IPs
-// check, which drops on wt0 any packet whose source is not a node's wt0 address (table
-// `ip lab-mesh`, counted in the named counter mesh_drops). SelfCheck proves both bite.
+// Each node namespace also emulates the CNI profile's own masquerade rules (table `ip
+// lab-cni`). The mesh's drop of a packet that keeps a client's source is WireGuard's own
+// (its allowed-IPs), not an emulation. SelfCheck proves both bite.
 //
 // netlab owns the namespaces named in Namespaces plus every `pod-*` namespace, and the
-// processes it starts. It never touches the root network namespace's interfaces, routes,
-// rules or nftables: every link, address, route and rule is created inside a lab
-// namespace (`ip -n NS ...`, `ip netns exec NS ...`). Only one lab exists at a time on a
-// machine: Build holds an exclusive lock (lockPath) until Close.
+// processes it starts (the WireGuard daemons among them). It never touches the root network
+// namespace's interfaces, routes, rules or nftables: every link, address, route and rule is
+// created inside a lab namespace (`ip -n NS ...`, `ip netns exec NS ...`). Only one lab
+// exists at a time on a machine: Build holds an exclusive lock (lockPath) until Close.
 package netlab
 
 import (
@@ -41,13 +42,12 @@ import (
 const (
 	ClientNS     = "client"     // the client: eth0 198.51.100.7/24
 	RouterNS     = "kup-router" // the internet between the client and the nodes' uplinks
-	MeshNS       = "kup-mesh"   // the mesh: a bridge joining every node's wt0
+	MeshNS       = "kup-mesh"   // the mesh's underlay: a bridge joining every node's wg-udp
 	PodNSPrefix  = "pod-"       // a pod's namespace is PodNSPrefix + pod name
-	UnderlayMTU  = 1420
+	UnderlayMTU  = 1420         // wt0's MTU, the one wireguard-go gives its device
 	meshBridge   = "mesh0"
 	clientIface  = "eth0"
 	routerPrefix = "to-" // router side of a veth: "to-" + the peer namespace
-	meshPrefix   = "wt-" // mesh side of a node's wt0: "wt-" + node name
 )
 
 // lockPath serialises labs on one machine: the namespace names are fixed, so two labs
@@ -65,8 +65,9 @@ type NodeSpec struct {
 	UplinkIface   string       // the node's own internet connection, e.g. enp1s0
 	UplinkAddr    netip.Prefix // e.g. 203.0.113.9/24
 	UplinkGateway netip.Addr   // the router's address on that link, the default route
-	UnderlayIface string       // the mesh interface, always wt0
+	UnderlayIface string       // the mesh interface, always wt0, a WireGuard device
 	UnderlayAddr  netip.Prefix // e.g. 100.64.93.143/24, MTU UnderlayMTU
+	EndpointAddr  netip.Prefix // where the node's WireGuard daemon listens, e.g. 198.19.93.143/24
 	PodCIDR       netip.Prefix // e.g. 10.244.17.0/24
 }
 
@@ -87,6 +88,7 @@ var nodes = []NodeSpec{
 		UplinkGateway: netip.MustParseAddr("203.0.113.1"),
 		UnderlayIface: "wt0",
 		UnderlayAddr:  netip.MustParsePrefix("100.64.93.143/24"),
+		EndpointAddr:  netip.MustParsePrefix("198.19.93.143/24"),
 		PodCIDR:       netip.MustParsePrefix("10.244.17.0/24"),
 	},
 	{
@@ -96,6 +98,7 @@ var nodes = []NodeSpec{
 		UplinkGateway: netip.MustParseAddr("192.0.2.1"),
 		UnderlayIface: "wt0",
 		UnderlayAddr:  netip.MustParsePrefix("100.64.93.150/24"),
+		EndpointAddr:  netip.MustParsePrefix("198.19.93.150/24"),
 		PodCIDR:       netip.MustParsePrefix("10.244.18.0/24"),
 	},
 	{
@@ -106,6 +109,7 @@ var nodes = []NodeSpec{
 		UplinkGateway: netip.MustParseAddr("198.18.0.1"),
 		UnderlayIface: "wt0",
 		UnderlayAddr:  netip.MustParsePrefix("100.64.93.160/24"),
+		EndpointAddr:  netip.MustParsePrefix("198.19.93.160/24"),
 		PodCIDR:       netip.MustParsePrefix("10.244.19.0/24"),
 	},
 }
@@ -129,22 +133,27 @@ type Config struct {
 
 // Net is a built lab network. Its methods are safe for concurrent use.
 type Net struct {
-	log     hclog.Logger
-	dir     string
-	toolBin string
-	cni     CNI
+	log       hclog.Logger
+	dir       string
+	toolBin   string
+	cni       CNI
+	wireGuard string             // the wireguard-go binary
+	keys      map[string]meshKey // by node name
 
 	mu      sync.Mutex
 	created []string       // namespaces this Net created, in creation order
 	pods    map[string]pod // by pod name
 	procs   map[*Proc]struct{}
+	daemons map[string]*Proc // each node's WireGuard daemon, by node name
 	lock    *os.File
 	closed  bool
 }
 
 // Build removes whatever a previous lab left (every lab namespace, and the processes in
 // them), then creates the client, router, mesh and node namespaces with their links,
-// addresses, routes, sysctls and emulation tables. It waits (bounded by ctx) while another
+// addresses, routes, sysctls and CNI tables, and starts every node's WireGuard daemon (the
+// binary WireGuardEnv names; its version is logged) and completes every pair's handshake.
+// It waits (bounded by ctx) while another
 // lab on the machine holds the lock. On error everything it created is removed.
 func Build(ctx context.Context, cfg Config) (*Net, error) {
 	if cfg.Dir == "" || cfg.ToolBin == "" {
@@ -160,18 +169,32 @@ func Build(ctx context.Context, cfg Config) (*Net, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("netlab: create log dir: %w", err)
 	}
+	wireGuard, version, err := wireGuardBinary()
+	if err != nil {
+		return nil, fmt.Errorf("netlab: %w", err)
+	}
+	keys := map[string]meshKey{}
+	for _, s := range nodes {
+		if keys[s.Name], err = newMeshKey(); err != nil {
+			return nil, fmt.Errorf("netlab: %w", err)
+		}
+	}
+	cfg.Log.Info("mesh: every node's wt0 is a wireguard-go device", "wireguard-go", version, "binary", wireGuard)
 	lock, err := acquireLock(ctx, cfg.Log)
 	if err != nil {
 		return nil, err
 	}
 	n := &Net{
-		log:     cfg.Log,
-		dir:     cfg.Dir,
-		toolBin: cfg.ToolBin,
-		cni:     cni,
-		pods:    map[string]pod{},
-		procs:   map[*Proc]struct{}{},
-		lock:    lock,
+		log:       cfg.Log,
+		dir:       cfg.Dir,
+		toolBin:   cfg.ToolBin,
+		cni:       cni,
+		wireGuard: wireGuard,
+		keys:      keys,
+		pods:      map[string]pod{},
+		procs:     map[*Proc]struct{}{},
+		daemons:   map[string]*Proc{},
+		lock:      lock,
 	}
 	if err := Teardown(); err != nil {
 		return nil, errors.Join(fmt.Errorf("netlab: remove leftovers: %w", err), n.Close())
@@ -294,7 +317,18 @@ func (n *Net) build(ctx context.Context) error {
 			return err
 		}
 	}
-	return nil
+	errs := make([]error, len(nodes))
+	var wg sync.WaitGroup
+	for i, s := range nodes {
+		wg.Go(func() { errs[i] = n.StartWireGuard(ctx, s.Name) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	// Handshakes now, not on a test's first packet: a busy machine can delay the userspace
+	// daemons' first exchange past a probe's timeout.
+	return n.checkMeshCarries(ctx)
 }
 
 // addNamespace creates ns with lo up and records it for Close.
@@ -343,14 +377,10 @@ func (n *Net) buildNode(ctx context.Context, s NodeSpec) error {
 	if err := n.uplink(ctx, s.Name, s.UplinkIface, s.UplinkAddr, s.UplinkGateway); err != nil {
 		return err
 	}
-	mtu := fmt.Sprint(UnderlayMTU)
-	meshPeer := meshPrefix + s.Name
-	steps := [][]string{
-		{s.Name, "link", "add", s.UnderlayIface, "mtu", mtu, "type", "veth", "peer", "name", meshPeer, "mtu", mtu, "netns", MeshNS},
-		{s.Name, "addr", "add", s.UnderlayAddr.String(), "dev", s.UnderlayIface},
-		{s.Name, "link", "set", s.UnderlayIface, "up"},
-		{MeshNS, "link", "set", meshPeer, "master", meshBridge, "up"},
+	if err := n.endpoint(ctx, s); err != nil {
+		return err
 	}
+	var steps [][]string
 	// The bridge profiles' bridge holds the node's first pod address, as cilium_host does
 	// and as the bridge plugin (isGateway) makes cni0; Calico has no bridge and no address
 	// in the pod network, only a route per pod (pods.go).
@@ -365,30 +395,11 @@ func (n *Net) buildNode(ctx context.Context, s NodeSpec) error {
 			return err
 		}
 	}
-	return n.NftApply(ctx, s.Name, n.cni.ruleset(s)+meshRuleset())
+	return n.NftApply(ctx, s.Name, n.cni.ruleset(s))
 }
 
 // CNI is the lab's CNI profile.
 func (n *Net) CNI() CNI { return n.cni }
-
-// meshRuleset emulates WireGuard's allowed IPs (DESIGN.md "Emulating the mesh"): a packet
-// arriving on wt0 must come from a node's own wt0 /32, else it is dropped before
-// netfilter's NAT sees it, and counted in mesh_drops.
-func meshRuleset() string {
-	peers := make([]string, 0, len(nodes))
-	for _, s := range nodes {
-		peers = append(peers, s.UnderlayAddr.Addr().String())
-	}
-	return fmt.Sprintf(`table ip lab-mesh {
-	counter mesh_drops {
-	}
-	chain prerouting {
-		type filter hook prerouting priority raw; policy accept;
-		iifname %q ip saddr != { %s } counter name "mesh_drops" drop
-	}
-}
-`, nodes[0].UnderlayIface, strings.Join(peers, ", "))
-}
 
 // Nodes returns the node specs, in the lab's order.
 func (n *Net) Nodes() []NodeSpec { return slices.Clone(nodes) }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -56,10 +57,17 @@ func TestPrivilegedNetlab(t *testing.T) {
 	assert.Equal(t, "10.244.17.1/24", edge.PodGateway().String())
 	assert.Len(t, n.Nodes(), 3)
 
-	// The mesh carries node-to-node traffic at the underlay MTU.
-	link, err := n.Exec(ctx, "edge-a", "ip", "link", "show", "wt0")
+	// wt0 is a WireGuard device (a TUN of wireguard-go) with one peer per other node, whose
+	// allowed-IPs is its /32, and it carries node-to-node traffic at the underlay MTU.
+	link, err := n.Exec(ctx, "edge-a", "ip", "-d", "link", "show", "wt0")
 	require.NoError(t, err)
 	assert.Contains(t, link, "mtu 1420")
+	assert.Contains(t, link, "tun type tun")
+	wg, err := n.WireGuard(ctx, "edge-a", "show", "wt0", "allowed-ips")
+	require.NoError(t, err)
+	assert.Regexp(t, `(?m)^\S+=\t100\.64\.93\.150/32$`, wg)
+	assert.Regexp(t, `(?m)^\S+=\t100\.64\.93\.160/32$`, wg)
+	assert.Len(t, strings.Split(strings.TrimSpace(wg), "\n"), 2)
 	nodeLog := filepath.Join(dir, "serve-worker-b.log")
 	_, err = n.Start("worker-b", nodeLog, bin, "serve", "--proto", "udp", "--port", "4000")
 	require.NoError(t, err)
@@ -83,9 +91,32 @@ func TestPrivilegedNetlab(t *testing.T) {
 	rp, err := n.Exec(ctx, "worker-b", "sysctl", "-n", "net.ipv4.conf.wt0.rp_filter")
 	require.NoError(t, err)
 	assert.Equal(t, "1", strings.TrimSpace(rp), "self-check restores the strict rp_filter")
-	drops, err := n.NftCounter(ctx, "worker-b", "ip", "lab-mesh", "mesh_drops")
+	for node, want := range map[string]string{"edge-a": `(?m)^\S+=\t100\.64\.93\.150/32$`, "worker-b": `(?m)^\S+=\t100\.64\.93\.143/32$`} {
+		wg, err := n.WireGuard(ctx, node, "show", "wt0", "allowed-ips")
+		require.NoError(t, err)
+		assert.Regexp(t, want, wg, "self-check restores %s's allowed-IPs", node)
+	}
+	mesh, err := os.ReadFile(n.MeshLog("worker-b"))
 	require.NoError(t, err)
-	assert.Positive(t, drops, "the self-check's SYN is counted on worker-b")
+	assert.Contains(t, string(mesh), "IPv4 packet with disallowed source address", "worker-b's WireGuard dropped the client's datagram")
+
+	// A stopped daemon takes wt0 with it; restarted, it carries again (same keys). A frozen
+	// one keeps wt0 and carries nothing until thawed.
+	ping := func() error {
+		_, err := n.Exec(ctx, "edge-a", "ping", "-c", "1", "-W", "1", "100.64.93.150")
+		return err
+	}
+	require.NoError(t, n.FreezeWireGuard("worker-b"))
+	assert.Error(t, ping(), "a ping crossed a frozen daemon")
+	_, err = n.Exec(ctx, "worker-b", "ip", "link", "show", "wt0")
+	assert.NoError(t, err, "wt0 stays while its daemon is frozen")
+	require.NoError(t, n.ThawWireGuard("worker-b"))
+	require.Eventually(t, func() bool { return ping() == nil }, 20*time.Second, 100*time.Millisecond, "no ping once thawed")
+	require.NoError(t, n.StopWireGuard(ctx, "worker-b"))
+	_, err = n.Exec(ctx, "worker-b", "ip", "link", "show", "wt0")
+	assert.Error(t, err, "wt0 outlived its daemon")
+	require.NoError(t, n.StartWireGuard(ctx, "worker-b"))
+	require.Eventually(t, func() bool { return ping() == nil }, 20*time.Second, 100*time.Millisecond, "no ping once restarted")
 
 	require.NoError(t, n.AddPod(ctx, "web", "edge-a", "10.244.17.10"))
 	tcp, err := n.Serve("web", "tcp", 3000)
@@ -113,6 +144,20 @@ func TestPrivilegedNetlab(t *testing.T) {
 	assert.Equal(t, netlab.ProbeResult{}, res)
 
 	pids := []int{tcp.Pid(), udp.Pid()}
+	daemons := 0
+	for _, node := range []string{"edge-a", "worker-b", "worker-c"} {
+		out, err := exec.Command("ip", "netns", "pids", node).CombinedOutput()
+		require.NoError(t, err, string(out))
+		for _, f := range strings.Fields(string(out)) {
+			if comm, _ := os.ReadFile("/proc/" + f + "/comm"); strings.TrimSpace(string(comm)) == "wireguard" {
+				pid, err := strconv.Atoi(f)
+				require.NoError(t, err)
+				pids = append(pids, pid)
+				daemons++
+			}
+		}
+	}
+	assert.Equal(t, 3, daemons, "one WireGuard daemon per node")
 	require.NoError(t, n.Close())
 	require.NoError(t, n.Close(), "Close is idempotent")
 	list := netnsList(t)
@@ -122,6 +167,9 @@ func TestPrivilegedNetlab(t *testing.T) {
 	for _, pid := range pids {
 		assert.True(t, errors.Is(syscall.Kill(pid, 0), syscall.ESRCH), "pid %d still alive", pid)
 	}
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	require.NoError(t, err)
+	assert.NotContains(t, string(mounts), "kuport-lab-wireguard", "a daemon's tmpfs is left mounted")
 }
 
 func netnsList(t *testing.T) string {
