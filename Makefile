@@ -147,13 +147,15 @@ lab-images:
 # deps installs the Debian packages the datapath, the lab and the tests use (sysctl is procps;
 # ping, iputils-ping, is docs/troubleshooting.md's MTU check;
 # chromium loads the controller's dashboard headless in its tests; containerd, runc, the CNI
-# plugins and socat run the kubelet-backed lab's nodes; installing containerd starts nothing).
+# plugins and socat run the kubelet-backed lab's nodes, and its flanneld runs iptables even in
+# nftables mode, to clear its iptables-mode chains; installing containerd starts nothing).
 .PHONY: deps
 deps:
 	@if ! command -v nft >/dev/null || ! command -v conntrack >/dev/null || ! command -v ip >/dev/null || ! command -v sysctl >/dev/null || ! command -v chromium >/dev/null \
-		|| ! command -v ping >/dev/null || ! command -v containerd >/dev/null || ! command -v runc >/dev/null || ! command -v socat >/dev/null || ! [ -x /usr/lib/cni/bridge ]; then \
+		|| ! command -v ping >/dev/null || ! command -v containerd >/dev/null || ! command -v runc >/dev/null || ! command -v socat >/dev/null || ! [ -x /usr/lib/cni/bridge ] \
+		|| ! command -v iptables >/dev/null; then \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables conntrack iproute2 procps iputils-ping chromium \
-			containerd runc containernetworking-plugins socat) >&2; \
+			containerd runc containernetworking-plugins socat iptables) >&2; \
 	fi
 
 # lab-binaries builds (once per version, cached outside the repo) etcd, kube-apiserver and

@@ -195,3 +195,32 @@ func (n *node) removeFlannel(ctx context.Context) error {
 	}
 	return errors.Join(errs...)
 }
+
+// podNetworkManifest runs the sandbox image on every node, so that Flannel's CNI plugin has
+// made every node's cni0 before anything reads the nodes' state, as on a cluster whose nodes
+// have all run pods: the bridge plugin creates cni0 at a node's first pod and never removes
+// it, which would otherwise show as a change wherever a rollout put a node's first pod.
+const podNetworkManifest = `apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: pod-network, namespace: kube-system}
+spec:
+  selector: {matchLabels: {app: pod-network}}
+  template:
+    metadata: {labels: {app: pod-network}}
+    spec:
+      automountServiceAccountToken: false
+      tolerations: [{operator: Exists}]
+      containers:
+        - {name: pause, image: %s, imagePullPolicy: Never}
+`
+
+// startPodNetwork applies podNetworkManifest and waits until its pod runs on every node.
+func (c *Cluster) startPodNetwork(ctx context.Context) error {
+	if _, err := c.KubectlRun(ctx, fmt.Sprintf(podNetworkManifest, c.cfg.PauseImage), "apply", "-f", "-"); err != nil {
+		return err
+	}
+	if _, err := c.KubectlRun(ctx, "", "-n", "kube-system", "rollout", "status", "daemonset/pod-network", "--timeout=120s"); err != nil {
+		return fmt.Errorf("kubelab: pods on every node's pod network: %w", err)
+	}
+	return nil
+}

@@ -162,7 +162,10 @@ func (c *Cluster) start(ctx context.Context) error {
 	if err := c.waitNodesReady(ctx); err != nil {
 		return err
 	}
-	c.log.Info("nodes ready; starting CoreDNS")
+	c.log.Info("nodes ready; starting a pod on every node and CoreDNS")
+	if err := c.startPodNetwork(ctx); err != nil {
+		return err
+	}
 	return c.startCoreDNS(ctx)
 }
 
