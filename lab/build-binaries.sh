@@ -3,7 +3,9 @@
 # the binaries by version outside the repository (docs/design/lab.md, "A real API server, built
 # from the module proxy" and "A real node"): kube-apiserver, kubectl and etcd for every lab, and kubelet,
 # kube-controller-manager, kube-scheduler, kube-proxy and CoreDNS for the kubelet-backed
-# cluster the install is proven on. Prints the directory holding the binaries on stdout.
+# cluster the install is proven on, and links in flanneld and Flannel's CNI plugin, its CNI,
+# which lab/build-flannel.sh builds into a cache directory of their own. Prints the
+# directory holding the binaries on stdout.
 #
 # Usage: lab/build-binaries.sh            (cache: ${KUPORT_LAB_CACHE:-/var/cache/kuport-lab})
 set -euo pipefail
@@ -17,9 +19,19 @@ OUT="$CACHE/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-coredns-$COREDNS_VERSION"
 K8S_CMDS=(kube-apiserver kubectl kubelet kube-controller-manager kube-scheduler kube-proxy)
 ALL=("${K8S_CMDS[@]}" etcd coredns)
 
+FLANNEL=(flanneld flannel)
+
 complete() {
-  for b in "${ALL[@]}"; do [[ -x "$OUT/$b" ]] || return 1; done
+  for b in "${ALL[@]}" "${FLANNEL[@]}"; do [[ -x "$OUT/$b" ]] || return 1; done
 }
+if complete; then
+  echo "$OUT"
+  exit 0
+fi
+
+mkdir -p "$OUT"
+flannel=$("$(dirname "$0")/build-flannel.sh")
+for b in "${FLANNEL[@]}"; do ln -sfn "$flannel/$b" "$OUT/$b"; done
 if complete; then
   echo "$OUT"
   exit 0

@@ -38,7 +38,7 @@ func parseOptions(name string, args []string, stderr io.Writer) (Options, error)
 	fs.BoolVar(&opt.Kubelet, "kubelet", false, "up: run the kubelet-backed cluster and install kuport with kubectl apply -k instead")
 	fs.StringVar(&opt.Images, "images", "bin/images", "with --kubelet: dir of `make images` and `make lab-images` tarballs")
 	fs.BoolVar(&opt.HostFirewall, "host-firewall", false, "put a Talos-like block-mode firewall and a netbird-like mark-and-drop pair on every node")
-	cni := fs.String("cni", string(netlab.CNICilium), "the namespace lab's CNI profile: cilium, flannel or calico (pod devices and the CNI's own masquerade rules)")
+	cni := fs.String("cni", string(netlab.CNICilium), "the namespace lab's CNI profile: cilium, flannel or calico (pod devices and the CNI's own masquerade rules); the kubelet-backed lab runs real Flannel")
 	level := fs.String("log-level", "info", "log level of stderr")
 	if err := fs.Parse(args); err != nil {
 		return opt, err
@@ -47,11 +47,18 @@ func parseOptions(name string, args []string, stderr io.Writer) (Options, error)
 	if opt.CNI, err = netlab.ParseCNI(*cni); err != nil {
 		return opt, err
 	}
-	if opt.Kubelet && opt.CNI != netlab.CNICilium {
-		return opt, fmt.Errorf("--cni %s: the kubelet-backed lab runs the cilium profile only", opt.CNI)
+	if opt.Kubelet && flagSet(fs, "cni") {
+		return opt, fmt.Errorf("--cni %s: the kubelet-backed lab runs real Flannel, not a CNI profile", opt.CNI)
 	}
 	opt.Log = hclog.New(&hclog.LoggerOptions{Name: "lab", Level: hclog.LevelFromString(*level), Output: stderr})
 	return opt, nil
+}
+
+// flagSet says whether the command line set the flag name.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // upDemo parses a subcommand's flags, starts the lab and writes the demo's classes and

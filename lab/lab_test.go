@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -21,4 +22,16 @@ func TestCloseWithoutTheLockKeepsTheStateDir(t *testing.T) {
 	require.NoError(t, os.MkdirAll(data, 0o755))
 	require.NoError(t, l.Close())
 	assert.DirExists(t, data)
+}
+
+// TestParseOptionsKubeletCNI checks the kubelet-backed lab refuses a CNI profile: it runs
+// real Flannel, so a --cni it would ignore is an error, while the namespace lab takes one.
+func TestParseOptionsKubeletCNI(t *testing.T) {
+	_, err := parseOptions("up", []string{"--kubelet", "--cni", "flannel"}, io.Discard)
+	require.ErrorContains(t, err, "real Flannel")
+	_, err = parseOptions("up", []string{"--kubelet"}, io.Discard)
+	require.NoError(t, err)
+	opt, err := parseOptions("up", []string{"--cni", "calico"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, netlab.CNICalico, opt.CNI)
 }

@@ -3,8 +3,6 @@ package kubelab
 import (
 	"fmt"
 	"path/filepath"
-
-	"kuport.wlz.li/kuport/lab/netlab"
 )
 
 // containerdConfig is containerd 1.6's config for one node (notes/real-node.md): its own
@@ -31,40 +29,10 @@ state = %q
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
+    bin_dir = %q
     conf_dir = %q
 `, filepath.Join(n.state(), "containerd"), filepath.Join(n.dir(), "containerd-state"), n.containerdSocket(),
-		filepath.Join(n.state(), "opt"), n.c.cfg.PauseImage, filepath.Join(n.dir(), "cni"))
-}
-
-// cniConfig attaches pods to the node's cilium_host bridge (netlab made it, with the pod
-// CIDR's first address), so the lab's CNI masquerade applies to them as to the hand-made
-// pods. Addresses from .200 up leave the hand-made pods' room; the default route in ipam is
-// what lets a pod answer a node-address source (notes/real-node.md).
-func (n *node) cniConfig() string {
-	cidr := n.spec.PodCIDR.Masked()
-	base := cidr.Addr().As4()
-	return fmt.Sprintf(`{
-  "cniVersion": "0.4.0",
-  "name": "kuport-lab",
-  "plugins": [{
-    "type": "bridge",
-    "bridge": %q,
-    "isGateway": true,
-    "ipMasq": false,
-    "ipam": {
-      "type": "host-local",
-      "subnet": %q,
-      "rangeStart": "%d.%d.%d.200",
-      "rangeEnd": "%d.%d.%d.250",
-      "gateway": %q,
-      "routes": [{"dst": "0.0.0.0/0"}],
-      "dataDir": %q
-    }
-  }]
-}
-`, netlab.CNICilium.Bridge(), cidr.String(), base[0], base[1], base[2], base[0], base[1], base[2],
-		n.spec.PodGateway().Addr().String(), filepath.Join(n.dir(), "ipam"))
+		filepath.Join(n.state(), "opt"), n.c.cfg.PauseImage, cniBinDir(), filepath.Join(n.dir(), "cni"))
 }
 
 // kubeletConfig is the kubelet's config for one node: cgroup v1 allowed, cgroupfs under

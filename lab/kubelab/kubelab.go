@@ -2,10 +2,12 @@
 // (notes/real-node.md): each node namespace runs containerd and a kubelet (entered with
 // nsenter, so they share the host's mount namespace) and kube-proxy in nftables mode; the
 // root namespace runs kube-controller-manager and kube-scheduler beside the lab's API server,
-// and CoreDNS runs as a Deployment. Pods get their addresses from the CNI bridge plugin on
-// each node's cilium_host bridge, so the lab's emulated CNI masquerade and mesh drop still
-// apply to them. kuport itself is then installed the way operators do, with
-// `kubectl apply -k` of deploy/ (through the lab overlay in lab/kubelab/overlay).
+// and CoreDNS runs as a Deployment. The CNI is real Flannel (flannel.go): flanneld in each
+// node namespace carries pod traffic between nodes in vxlan over the mesh (wt0) and
+// masquerades pods' traffic leaving the cluster with its own nftables rules, and its CNI
+// plugin puts pods on the cni0 bridge; the lab's mesh drop still applies. kuport itself is
+// then installed the way operators do, with `kubectl apply -k` of deploy/ (through the lab
+// overlay in lab/kubelab/overlay).
 //
 // The API server stays on the root namespace's loopback: a unix socket (a filesystem path
 // crosses network namespaces) bridged by socat carries every node's API traffic, reaching
@@ -13,8 +15,9 @@
 // (10.96.0.1:443 through kube-proxy) for pods.
 //
 // It owns the processes it starts, its state directories (Config.Dir and StateRoot), the
-// cgroups named kuport-lab-<node>, and the kube-proxy tables in the node namespaces. Close
-// removes all of them, unmounting what the kubelets and containerd mounted.
+// cgroups named kuport-lab-<node>, and the kube-proxy and Flannel tables and Flannel's
+// devices (flannel.1, cni0) in the node namespaces. Close removes all of them, unmounting
+// what the kubelets and containerd mounted.
 package kubelab
 
 import (
@@ -59,8 +62,8 @@ var labKubeDir = filepath.Join(cluster.DefaultDir, "kube")
 type Config struct {
 	Net *netlab.Net
 	API *cluster.Cluster
-	// K8sBin holds kubelet, kube-proxy, kube-controller-manager and kube-scheduler
-	// (lab/build-binaries.sh).
+	// K8sBin holds kubelet, kube-proxy, kube-controller-manager, kube-scheduler, flanneld
+	// and Flannel's CNI plugin, flannel (lab/build-binaries.sh).
 	K8sBin string
 	// Images are image tarballs imported into every node's containerd; PauseImage names the
 	// sandbox image among them and CoreDNSImage the DNS server's.
@@ -124,13 +127,16 @@ func (c *Cluster) start(ctx context.Context) error {
 	if c.sysctls, err = readKubeletSysctls(); err != nil {
 		return err
 	}
-	if err := c.cfg.Net.RoutePodCIDRs(ctx); err != nil {
-		return fmt.Errorf("kubelab: pod routes: %w", err)
+	if err := c.linkCNIPlugins(); err != nil {
+		return err
 	}
 	if c.proxy, err = startKubeletProxy(EgressSocket, c.nodeNamespace); err != nil {
 		return err
 	}
 	if err := c.startControlPlane(ctx); err != nil {
+		return err
+	}
+	if err := c.flannelRBAC(ctx); err != nil {
 		return err
 	}
 	for _, spec := range c.cfg.Net.Nodes() {
@@ -143,6 +149,12 @@ func (c *Cluster) start(ctx context.Context) error {
 			return fmt.Errorf("kubelab: node %s: %w", n.spec.Name, err)
 		}
 	}
+	// flanneld reads its node's pod CIDR, which the node has once its kubelet registered it.
+	for _, n := range c.nodes {
+		if err := n.startFlannel(ctx); err != nil {
+			return fmt.Errorf("kubelab: node %s: %w", n.spec.Name, err)
+		}
+	}
 	// The kubelet rewrites global sysctls when it starts (notes/real-node.md); put them back.
 	if err := writeKubeletSysctls(c.sysctls); err != nil {
 		return err
@@ -150,7 +162,10 @@ func (c *Cluster) start(ctx context.Context) error {
 	if err := c.waitNodesReady(ctx); err != nil {
 		return err
 	}
-	c.log.Info("nodes ready; starting CoreDNS")
+	c.log.Info("nodes ready; starting a pod on every node and CoreDNS")
+	if err := c.startPodNetwork(ctx); err != nil {
+		return err
+	}
 	return c.startCoreDNS(ctx)
 }
 

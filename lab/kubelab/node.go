@@ -16,7 +16,7 @@ import (
 	"kuport.wlz.li/kuport/lab/netlab"
 )
 
-// node is one lab node namespace running containerd, a kubelet and kube-proxy.
+// node is one lab node namespace running containerd, a kubelet, kube-proxy and flanneld.
 type node struct {
 	c     *Cluster
 	spec  netlab.NodeSpec
@@ -83,10 +83,13 @@ func (n *node) startContainerd(ctx context.Context) error {
 		return err
 	}
 	cniDir := filepath.Join(n.dir(), "cni")
-	if err := os.MkdirAll(cniDir, 0o755); err != nil {
-		return err
+	for _, d := range []string{cniDir, filepath.Dir(n.flannelSubnetFile())} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
 	}
-	if err := os.WriteFile(filepath.Join(cniDir, "10-kuport-lab.conflist"), []byte(n.cniConfig()), 0o644); err != nil {
+	// The file name and network name are Talos's (10-flannel.conflist, cbr0).
+	if err := os.WriteFile(filepath.Join(cniDir, "10-flannel.conflist"), []byte(n.cniConfig()), 0o644); err != nil {
 		return err
 	}
 	p, err := n.c.cfg.Net.StartShared(n.spec.Name, n.logFile("containerd"), "containerd", "--config", conf)
@@ -179,8 +182,9 @@ func (n *node) startKubeProxy() error {
 	return nil
 }
 
-// stop stops kube-proxy, the kubelet and containerd (in reverse start order) and then
-// kube-proxy's tables, which it leaves behind.
+// stop stops flanneld, kube-proxy, the kubelet and containerd (in reverse start order)
+// and then removes kube-proxy's tables and Flannel's tables and devices, which they leave
+// behind.
 func (n *node) stop() error {
 	var errs []error
 	for i := len(n.procs) - 1; i >= 0; i-- {
@@ -195,5 +199,6 @@ func (n *node) stop() error {
 			errs = append(errs, err)
 		}
 	}
+	errs = append(errs, n.removeFlannel(ctx))
 	return errors.Join(errs...)
 }

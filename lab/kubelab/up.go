@@ -48,9 +48,10 @@ type Lab struct {
 	closeErr  error
 }
 
-// Up builds the lab network (proving its emulations bite), starts etcd and the API server
-// and then the cluster's nodes and CoreDNS. Nothing of kuport is installed: that is the
-// caller's `kubectl apply -k`. On error everything started is torn down.
+// Up builds the lab network (proving its emulations bite, then leaving the pod network to
+// real Flannel), starts etcd and the API server and then the cluster's nodes, Flannel and
+// CoreDNS. Nothing of kuport is installed: that is the caller's `kubectl apply -k`. On
+// error everything started is torn down.
 func Up(ctx context.Context, opt Options) (*Lab, error) {
 	if opt.Log == nil {
 		opt.Log = hclog.NewNullLogger()
@@ -66,8 +67,8 @@ func (l *Lab) up(ctx context.Context, opt Options) error {
 	logs := filepath.Join(cluster.DefaultDir, "logs")
 	var err error
 	l.Net, err = netlab.Build(ctx, netlab.Config{Log: opt.Log.Named("net"), Dir: logs, ToolBin: filepath.Join(opt.Bin, "kuport-lab"),
-		// The kubelets' CNI config (config.go) puts pods on cilium_host: the cilium profile.
-		CNI: netlab.CNICilium})
+		// Real Flannel replaces the flannel profile's emulation once the self-check ran.
+		CNI: netlab.CNIFlannel})
 	if err != nil {
 		return err
 	}
@@ -81,6 +82,9 @@ func (l *Lab) up(ctx context.Context, opt Options) error {
 	opt.Log.Info("proving the mesh and CNI emulations bite")
 	if err := l.Net.SelfCheck(ctx); err != nil {
 		return fmt.Errorf("kubelab: self-check: %w", err)
+	}
+	if err := l.Net.RemoveCNIEmulation(ctx); err != nil {
+		return fmt.Errorf("kubelab: %w", err)
 	}
 	opt.Log.Info("starting etcd and kube-apiserver")
 	egress := filepath.Join(cluster.DefaultDir, "egress-selector.yaml")

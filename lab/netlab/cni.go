@@ -1,6 +1,7 @@
 package netlab
 
 import (
+	"context"
 	"crypto/sha1" // only to name devices as Calico does
 	"crypto/sha256"
 	"encoding/hex"
@@ -191,4 +192,22 @@ func (c CNI) ruleset(s NodeSpec) string {
 	}
 	b.WriteString("}\n")
 	return b.String()
+}
+
+// RemoveCNIEmulation deletes the profile's emulated rules (table `ip lab-cni`) and its
+// bridge on every node, for a caller that then runs the CNI itself once SelfCheck has
+// proved the mesh emulation (the kubelet-backed lab runs real Flannel): the pod network is
+// the real CNI's from then on, and AddPod must not be called again.
+func (n *Net) RemoveCNIEmulation(ctx context.Context) error {
+	for _, s := range nodes {
+		if _, err := n.Exec(ctx, s.Name, "nft", "delete", "table", "ip", "lab-cni"); err != nil {
+			return err
+		}
+		if br := n.cni.Bridge(); br != "" {
+			if err := n.ip(ctx, s.Name, "link", "delete", br); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

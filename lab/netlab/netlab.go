@@ -474,20 +474,6 @@ func Teardown() error {
 	return errors.Join(errs...)
 }
 
-// RoutePodCIDRs makes every node's pod CIDR reachable from the other nodes through the
-// router (each node's default route), as a cluster's pod network would: the kubelet-backed
-// cluster's agents reach the controller's pods, and pods reach CoreDNS, across nodes. Pod
-// traffic never crosses the mesh, whose allowed-IPs drop would take it. The embedded lab
-// does not call it: there no packet may reach a pod except through kuport.
-func (n *Net) RoutePodCIDRs(ctx context.Context) error {
-	for _, s := range nodes {
-		if err := n.ip(ctx, RouterNS, "route", "replace", s.PodCIDR.Masked().String(), "via", s.UplinkAddr.Addr().String()); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // RouteVirtual points the router's route for a routed virtual address (a /32 no namespace
 // holds) at a node's uplink address, as a mesh or an upstream router would steer a VIP:
 // clients dialing vip reach that node, which holds no address for it and forwards it by
