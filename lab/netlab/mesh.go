@@ -112,22 +112,36 @@ func (n *Net) StartWireGuard(ctx context.Context, node string) error {
 	if running {
 		return fmt.Errorf("netlab: %s's WireGuard daemon is running", node)
 	}
+	// A daemon that exits before it is configured is started once more: it happened once in
+	// a make test on two busy cores, its log gone with the next lab; the error carries it.
+	var err error
+	for attempt := 1; attempt <= 2; attempt++ {
+		var p *Proc
+		if p, err = n.startWireGuard(ctx, s); err == nil {
+			n.mu.Lock()
+			n.daemons[node] = p
+			n.mu.Unlock()
+			return nil
+		}
+		n.log.Warn("WireGuard daemon failed to start", "node", node, "attempt", attempt, "error", err)
+	}
+	return err
+}
+
+func (n *Net) startWireGuard(ctx context.Context, s NodeSpec) (*Proc, error) {
 	// The tmpfs lives and dies with the daemon's mount namespace: nothing to unmount. mkdir
 	// only makes the mount point, in the machine's /run.
 	script := `mkdir -p ` + wgSocketDir + ` && mount -t tmpfs -o size=64k,mode=0700 kuport-lab-wireguard ` + wgSocketDir +
 		` && LOG_LEVEL=verbose exec "$0" --foreground "$1"`
-	p, err := n.Start(node, n.MeshLog(node), "sh", "-c", script, n.wireGuard, s.UnderlayIface)
+	p, err := n.Start(s.Name, n.MeshLog(s.Name), "sh", "-c", script, n.wireGuard, s.UnderlayIface)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := n.configureWireGuard(ctx, s, p); err != nil {
 		p.Kill()
-		return fmt.Errorf("netlab: %s's WireGuard: %w", node, err)
+		return nil, fmt.Errorf("netlab: %s's WireGuard: %w", s.Name, err)
 	}
-	n.mu.Lock()
-	n.daemons[node] = p
-	n.mu.Unlock()
-	return nil
+	return p, nil
 }
 
 func (n *Net) configureWireGuard(ctx context.Context, s NodeSpec, p *Proc) error {
@@ -139,7 +153,8 @@ func (n *Net) configureWireGuard(ctx context.Context, s NodeSpec, p *Proc) error
 		}
 		select {
 		case <-p.Done():
-			return fmt.Errorf("the daemon exited (see %s): %w", n.MeshLog(s.Name), p.exitErr())
+			log, _ := os.ReadFile(n.MeshLog(s.Name))
+			return fmt.Errorf("the daemon exited: %w; its log %s: %s", p.exitErr(), n.MeshLog(s.Name), lastLines(string(log), 10))
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(20 * time.Millisecond):
@@ -252,3 +267,9 @@ func (n *Net) setAllowedIPs(ctx context.Context, node, peer string, prefixes ...
 
 // meshPeerPrefix is the allowed-IPs the lab gives every peer: its wt0 address as a /32.
 func meshPeerPrefix(s NodeSpec) netip.Prefix { return netip.PrefixFrom(s.UnderlayAddr.Addr(), 32) }
+
+// lastLines returns the last n lines of s, trimmed.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}

@@ -23,6 +23,8 @@ const (
 	dropWait = 200 * time.Millisecond
 	// counterWait bounds how long the mesh check waits to see the drop logged.
 	counterWait = 5 * time.Second
+	// meshReachWait, ping's -w in seconds, covers two handshake attempts on a slow start.
+	meshReachWait = "12"
 )
 
 // SelfCheck proves the mesh and the CNI emulation bite (DESIGN.md "The lab", Self-check),
@@ -78,10 +80,13 @@ func (n *Net) SelfCheck(ctx context.Context) error {
 
 // checkMeshCarries pings, for every pair of nodes, one's wt0 address from the other: the
 // echo and its reply cross the mesh both ways, and complete the pair's WireGuard handshake.
+// It sends every 0.2 s until a reply, for up to meshReachWait: a handshake initiation that
+// reached a daemon still starting is lost, and WireGuard sends the next only after its
+// rekey timeout of 5 s (three such failures in one make test on two busy cores).
 func (n *Net) checkMeshCarries(ctx context.Context) error {
 	for i, from := range nodes {
 		for _, to := range nodes[i+1:] {
-			if _, err := n.Exec(ctx, from.Name, "ping", "-c", "1", "-W", "2", "-q", to.UnderlayAddr.Addr().String()); err != nil {
+			if _, err := n.Exec(ctx, from.Name, "ping", "-c", "1", "-i", "0.2", "-w", meshReachWait, "-q", to.UnderlayAddr.Addr().String()); err != nil {
 				return fmt.Errorf("%s cannot reach %s over wt0: %w", from.Name, to.Name, err)
 			}
 		}
