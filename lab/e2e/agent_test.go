@@ -61,9 +61,9 @@ func assertLossless(t *testing.T, timeout time.Duration, streams map[string]*net
 	}
 }
 
-// TestPrivilegedE2EAgent shows the agent keeps traffic flowing (issue 4): streams through
-// a cross-node mapping lose nothing while agents are killed, restarted and upgraded, and a
-// UDP flow follows its mapping's endpoint within a second.
+// TestPrivilegedE2EAgent shows the agent keeps traffic flowing: streams through a cross-node
+// mapping lose nothing while agents are killed, restarted and upgraded, and a UDP flow
+// follows its mapping's endpoint within a second.
 func TestPrivilegedE2EAgent(t *testing.T) {
 	l := startLab(t)
 	ctx := context.Background()
