@@ -126,12 +126,12 @@ type hold struct {
 
 // plan decides acceptance in one phase, before any link slot is allocated: the checks of
 // accept, then for a mapping that could be programmed its endpoint, serving node and targets
-// (the programming nodes that bind an interface) and the link crossings they
-// need (PortConflict too). Only then does an accepted mapping hold its ports and crossings,
-// so a refused one holds nothing and a newer mapping is judged as if it did not
-// exist; allocate and emit only number and write what is accepted here. A target lacking the
-// pod in a class that builds no links fails the mapping with ReturnPathUnavailable (founding
-// document, refusal table).
+// (the programming nodes that bind an interface) and the link crossings they need
+// (PortConflict too). Only then does an accepted mapping hold its ports and crossings, so a
+// refused one holds nothing and a newer mapping is judged as if it did not exist; allocate
+// and emit only number and write what is accepted here. A target lacking the pod in a class
+// that builds no links fails the mapping with ReturnPathUnavailable
+// (docs/design/datapath.md#return-path-modes-and-the-refusal-matrix).
 func (c *compiler) plan(pm *v1alpha1.PortMap) *plan {
 	p := &plan{pm: pm, key: MappingKey(pm)}
 	first := uint32(max(pm.Spec.Port, 0))

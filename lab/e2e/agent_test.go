@@ -137,10 +137,10 @@ func TestPrivilegedE2EAgent(t *testing.T) {
 	})
 }
 
-// TestPrivilegedE2EDriftRepaired (the hosts issue, item 5): what someone else removes of
-// kuport's on a node (its table, its pref 101 rule, its link) is put back within 2 s, by the
-// agent's watch of its own kernel objects: the lab's agents resync only every minute. Traffic
-// through a cross-node mapping answers again within those 2 s.
+// TestPrivilegedE2EDriftRepaired (docs/design/software.md#the-program): what someone else
+// removes of kuport's on a node (its table, its pref 101 rule, its link) is put back within
+// 2 s, by the agent's watch of its own kernel objects: the lab's agents resync only every
+// minute. Traffic through a cross-node mapping answers again within those 2 s.
 func TestPrivilegedE2EDriftRepaired(t *testing.T) {
 	l := startLab(t)
 	ctx := context.Background()

@@ -240,10 +240,10 @@ func TestPrivilegedNoIdentitySNATOnPodNode(t *testing.T) {
 	}
 }
 
-// Without the pref 101 rule the encapsulated reply, which carries the inner packet's
-// mark, matches pref 102 and is routed back into the link it just left: the kernel
-// refuses it silently, counts a tx_error on the link, and the reply is lost (founding
-// document, pref 101).
+// Without the pref 101 rule the encapsulated reply, which carries the inner packet's mark,
+// matches pref 102 and is routed back into the link it just left: the kernel refuses it
+// silently, counts a tx_error on the link, and the reply is lost
+// (docs/design/datapath.md#the-return-path-ip-rules-101-and-102).
 func TestPrivilegedLoopGuardRule(t *testing.T) {
 	l := startLab(t)
 	workerB := l.applySingle(t)
