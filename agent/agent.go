@@ -2,10 +2,10 @@
 // stream to the controller, applies every NodeProgram it receives through a Datapath,
 // acknowledges each one and reports the node's state, counters and link statistics.
 //
-// The agent makes no decisions (DESIGN.md, "Shape"): everything it writes comes from the
-// program. It owns no kernel state itself; the Datapath does. It never removes kernel state
-// when the stream breaks or the process stops (fail static): the applied program stays in
-// the kernel until the controller sends another one or an operator runs cleanup.
+// The agent makes no decisions (docs/design/software.md#shape): everything it writes comes
+// from the program. It owns no kernel state itself; the Datapath does. It never removes
+// kernel state when the stream breaks or the process stops (fail static): the applied program
+// stays in the kernel until the controller sends another one or an operator runs cleanup.
 package agent
 
 import (

@@ -19,8 +19,8 @@ import (
 // per report, 5.7 MB at 10,000), so the default GOGC (100) lets the heap grow to twice the
 // program between collections. 25 leaves a quarter: measured resident memory at 10,000
 // mappings, reporting every second, went from 45.6 MB (100) and 38.9-39.1 MB (50) to
-// 36.2-37.7 MB (BENCHMARKS.md, issue 11 elements), for about one collection more per report
-// (each 20-25 ms of CPU at 10,000).
+// 36.2-37.7 MB (BENCHMARKS.md, "Four elements a mapping and fewer comments"), for about one
+// collection more per report (each 20-25 ms of CPU at 10,000).
 const steadyGCPercent = 25
 
 // SetSteadyPace sets the process's GOGC to steadyGCPercent, unless the environment sets GOGC.

@@ -1,5 +1,5 @@
 #!/bin/sh
-# bench/compile.sh: compile at 10,000 mappings over 200 nodes (issue 13): a full compile of
+# bench/compile.sh: compile at 10,000 mappings over 200 nodes: a full compile of
 # the snapshot, and the controller's incremental compile after one mapping's endpoint moved.
 # Prints one line:
 #   BENCH compile n=10000 nodes=200 full_ms=<x> change_ms=<x>

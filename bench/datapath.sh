@@ -1,5 +1,5 @@
 #!/bin/sh
-# bench/datapath.sh: kuport's datapath at 1, 1,000 and 10,000 mappings in one run (issue 11),
+# bench/datapath.sh: kuport's datapath at 1, 1,000 and 10,000 mappings in one run,
 # one BENCH line per size. Root: it builds network namespaces (a client, a node, a pod).
 #   sudo bench/datapath.sh                 # the figures BENCHMARKS.md records
 #   sudo bench/datapath.sh --mappings 1,10 --traffic 200ms   # a smoke run

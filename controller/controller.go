@@ -1,12 +1,11 @@
-// Package controller wires kuport's controller runtime (DESIGN.md, "Shape"): informers on
-// PortMapClass, PortMap, Service, EndpointSlice, Node and Namespace (and the CNIs' settings,
-// cni.go) feed one work queue; its
-// worker keeps a compile.Snapshot of the caches and the agent registry up to date from the
-// events, compiles it (compile.Incremental: what the events changed, equal to the pure
-// compile.Compile; a burst's events together, compileWindow apart), hands the programs to
-// the agents.Registry (which versions them and pushes them, or their deltas, to connected
-// agents), and status workers write the statuses whose programmed.Decide verdict changed
-// through the status package, rate-limited.
+// Package controller wires kuport's controller runtime (docs/design/software.md#shape):
+// informers on PortMapClass, PortMap, Service, EndpointSlice, Node and Namespace (and the
+// CNIs' settings, cni.go) feed one work queue; its worker keeps a compile.Snapshot of the
+// caches and the agent registry up to date from the events, compiles it (compile.Incremental:
+// what the events changed, equal to the pure compile.Compile; a burst's events together,
+// compileWindow apart), hands the programs to the agents.Registry (which versions them and
+// pushes them, or their deltas, to connected agents), and status workers write the statuses
+// whose programmed.Decide verdict changed through the status package, rate-limited.
 //
 // It owns the work queue and the informers; it makes no datapath decision (compile does) and
 // touches no kernel state.
@@ -74,14 +73,15 @@ const (
 // the write goes out once every connected agent acknowledged, or after this long. A class
 // of 1,000 nodes is a large write: kube-apiserver spent about 1.3 s of CPU on one in
 // bench/fanout (its apiserver-cpu.pprof), which beside the push competes with the
-// acknowledgements for the CPU (issue 13).
+// acknowledgements for the CPU (BENCHMARKS.md, "a class change at 1,000 agents").
 const DefaultClassStatusWait = time.Second
 
 // Status writes: by default at most DefaultStatusQPS a second (bursts of DefaultStatusBurst),
 // by statusWorkers in parallel. client-go's default (5 a second) made 1,000 PortMaps applied
-// at once take 198 s to all read Programmed=True (issue 13); 4 workers at 200 a second still
-// took 5 s after the last of them was created, each write waiting out its round trip to an
-// API server busy with the creates. Sized so 1,000 at once leave in about a second.
+// at once take 198 s to all read Programmed=True (BENCHMARKS.md, "Control plane"); 4 workers
+// at 200 a second still took 5 s after the last of them was created, each write waiting out
+// its round trip to an API server busy with the creates. Sized so 1,000 at once leave in
+// about a second.
 const (
 	DefaultStatusQPS   = 500
 	DefaultStatusBurst = 1000
@@ -92,7 +92,8 @@ const (
 // (unusedSince, LinkRetention) and a missed event heals.
 const resyncPeriod = time.Minute
 
-// DefaultLinkRetention is how long an unused link slot claim is kept (API.md: 24 h).
+// DefaultLinkRetention is how long an unused link slot claim is kept
+// (docs/design/api.md#links-and-slots: 24 h).
 const DefaultLinkRetention = 24 * time.Hour
 
 // Config configures a Controller.

@@ -7,10 +7,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// When the controller compiles and writes under a burst of events (issue 13: a thousand
-// PortMaps applied at once reached the agent as about 370 program versions, each compiled,
-// pushed, applied and acknowledged, and every PortMap's status was written twice: a
-// Programmed=False awaiting the acknowledgement, then the True a few milliseconds later).
+// When the controller compiles and writes under a burst of events (BENCHMARKS.md,
+// "Bulk and N = 10,000": a thousand PortMaps applied at once reached the agent as about 370
+// program versions, each compiled, pushed, applied and acknowledged, and every PortMap's
+// status was written twice: a Programmed=False awaiting the acknowledgement, then the True a
+// few milliseconds later).
 const (
 	// compileWindow: compiles start at least this far apart. A change after a quiet spell
 	// compiles at once; the events of a burst wait at most this long and leave together, as

@@ -31,15 +31,16 @@ type put struct {
 // compileTable turns the program's entries into the table's elements (Render's and Apply's
 // one source). Every port of a range is its own element: a hash lookup costs the same at any
 // size, where an interval set costs about 15 µs per lookup at 10,000 elements
-// (../shared/notes/nftables-maps.md). So a range keeps each port by mapping each to itself,
-// and a shifted range maps port by port, which NAT to a port range cannot (it picks from the
-// range as a pool; DESIGN.md, "Port ranges").
+// (docs/design/nftables.md#what-a-chain-costs-per-packet). So a range keeps each port by
+// mapping each to itself, and a shifted range maps port by port, which NAT to a port range
+// cannot (it picks from the range as a pool; docs/design/datapath.md#port-ranges).
 //
 // An invalid entry, one whose id repeats, or one that needs a key another entry already
 // holds with other data (a dialed port taken, a pod port marked for another link) becomes an
 // *EntryError and puts nothing. An element another entry already holds with the same data is
-// shared: it stays that entry's, whose id it carries and under which it is counted (the
-// founding document's rules counted it under the first rule that matched, too).
+// shared: it stays that entry's, whose id it carries and under which it is counted (a rule
+// per mapping, the form of docs/design/datapath.md#kup-pre-the-dnat, counted it under the
+// first rule that matched, too).
 func compileTable(p *kuportv1.NodeProgram) (*table, []error) {
 	t, errs, _ := compileEntries(p)
 	return t, errs
@@ -122,13 +123,13 @@ func compileEntries(p *kuportv1.NodeProgram) (*table, []error, map[setKey]bool) 
 	return t, errs, shared
 }
 
-// dnatPuts is the DnatRule form of program.proto (founding document, kup-pre): per port, the
-// translation, the stand-in kup-steer writes over the dialed destination first, and the key
-// that counts the mapping's replies. Both count by the dialed port, the only thing that tells
-// two mappings to one pod port apart: kup-steer's element every request before DNAT,
-// kup-count-out's every reply after its translation back, both on the entry's interface. An
-// entry without a stand-in (a controller older than the steering of every entry) is
-// neither steered nor counted in.
+// dnatPuts is the DnatRule form of program.proto (docs/design/datapath.md#kup-pre-the-dnat):
+// per port, the translation, the stand-in kup-steer writes over the dialed destination first,
+// and the key that counts the mapping's replies. Both count by the dialed port, the only
+// thing that tells two mappings to one pod port apart: kup-steer's element every request
+// before DNAT, kup-count-out's every reply after its translation back, both on the entry's
+// interface. An entry without a stand-in (a controller older than the steering of every
+// entry) is neither steered nor counted in.
 func dnatPuts(fam family, e *kuportv1.DnatRule) ([]put, error) {
 	if err := checkID(e.GetId()); err != nil {
 		return nil, err
@@ -215,8 +216,8 @@ func podPortMatch(fam family, id, address string, p kuportv1.Protocol, r *kuport
 	return addr, proto, pr, nil
 }
 
-// snatPuts is the identity SNAT of program.proto's SnatKind (founding document and
-// DESIGN.md, kup-post), one element per port.
+// snatPuts is the identity SNAT of program.proto's SnatKind
+// (docs/design/datapath.md#kup-post-the-identity-snat), one element per port.
 func snatPuts(fam family, e *kuportv1.SnatRule) ([]put, error) {
 	addr, proto, pr, err := podPortMatch(fam, e.GetId(), e.GetAddress(), e.GetProtocol(), e.GetPorts())
 	if err != nil {
@@ -238,10 +239,10 @@ func snatPuts(fam family, e *kuportv1.SnatRule) ([]put, error) {
 	return puts, nil
 }
 
-// markPuts is a return-marking form of program.proto's MarkKind (DESIGN.md, "Return marking
-// forms that worked"). Single marks the reply by its source. Multi cannot: the reply says
-// nothing about which forwarder its request came through, so the request's arrival link is
-// saved on the flow and the reply takes it back from there (founding document, Multi). The
+// markPuts is a return-marking form of program.proto's MarkKind
+// (docs/design/datapath.md#kup-mangle-return-marking). Single marks the reply by its source.
+// Multi cannot: the reply says nothing about which forwarder its request came through, so the
+// request's arrival link is saved on the flow and the reply takes it back from there. The
 // save writes only the ct mark, so the request itself is not diverted on its way in.
 func markPuts(fam family, e *kuportv1.MarkRule) ([]put, error) {
 	addr, proto, pr, err := checkMarkRule(fam, e)

@@ -14,10 +14,10 @@ import (
 // The table's layout: its chains, sets and rules, which do not depend on how many entries a
 // program has. Every rule is one lookup in a set whose elements are the program's entries
 // (elements.go), so a packet costs one hash lookup per rule whatever the number of mappings
-// (../shared/notes/nftables-maps.md: a chain of N rules costs about 22 ns per rule per
-// packet; a hash set lookup does not move from 2 to 20,000 elements). The founding
-// document's rule forms stay the semantics: each set says which of them its elements stand
-// for.
+// (docs/design/nftables.md#what-a-chain-costs-per-packet: a chain of N rules costs about
+// 22 ns per rule per packet; a hash set lookup does not move from 2 to 20,000 elements). The
+// rule forms of docs/design/datapath.md stay the semantics: each set says which of them its
+// elements stand for.
 
 // tableName is the one nftables table kuport owns.
 const tableName = "kuport"
@@ -124,7 +124,7 @@ func (r setRole) kind() string {
 // entry's own translation carry it (DNAT, identity SNAT, marks): a DNAT entry's steering and
 // reply-counting elements have its DNAT element's key, the dialed port, so `nft list` shows
 // them next to it without the id again, and a comment costs about 1.8 µs an element to write
-// (BENCHMARKS.md, issue 11 elements).
+// (BENCHMARKS.md, "Four elements a mapping and fewer comments").
 type setSpec struct {
 	name string
 	key  []field
@@ -209,16 +209,17 @@ func typeText(fields []field) string {
 
 // chainSpec is one of kuport's base chains. NAT is set up once per hook, so kup-pre and
 // kup-post sort 10 ahead of the standard dstnat/srcnat chains (kube-proxy's, the CNI's) and
-// claim a flow first; kup-mangle marks after the standard mangle chains, so their mark
-// writes cannot undo it (founding document). kup-steer rewrites a new flow's destination to
-// its stand-in at dstnat - 20 (-120): after conntrack (-200) has recorded the dialed address
-// and after a mesh's mark on local destinations (mangle, -150), before a host firewall at
-// dstnat - 10 (-110) drops new connections to the node's own addresses, which no nat chain
-// can run ahead of (the kernel runs every nat chain from its one hook at -100). The counting
-// sees the dialed port, which tells mappings apart: kup-steer counts every request packet
-// before destination NAT (-100) rewrites it (its steering elements' counters), kup-count-out
-// every reply after source NAT (100) has written it back. Everything that reads the dialed
-// destination runs before the rewrite: kup-mangle (-140), and kup-steer's own lookups.
+// claim a flow first; kup-mangle marks after the standard mangle chains, so their mark writes
+// cannot undo it (docs/design/datapath.md#kup-mangle-return-marking). kup-steer rewrites a
+// new flow's destination to its stand-in at dstnat - 20 (-120): after conntrack (-200) has
+// recorded the dialed address and after a mesh's mark on local destinations (mangle, -150),
+// before a host firewall at dstnat - 10 (-110) drops new connections to the node's own
+// addresses, which no nat chain can run ahead of (the kernel runs every nat chain from its
+// one hook at -100). The counting sees the dialed port, which tells mappings apart: kup-steer
+// counts every request packet before destination NAT (-100) rewrites it (its steering
+// elements' counters), kup-count-out every reply after source NAT (100) has written it back.
+// Everything that reads the dialed destination runs before the rewrite: kup-mangle (-140),
+// and kup-steer's own lookups.
 type chainSpec struct {
 	// regular: a chain only jumps reach (a return mark's), with no hook.
 	regular      bool

@@ -16,11 +16,12 @@ import (
 // linkPrefix names every device kuport owns.
 const linkPrefix = "kup-"
 
-// linkTTL is the outer TTL of the encapsulation (founding document, the link).
+// linkTTL is the outer TTL of the encapsulation (docs/design/datapath.md#the-link-device).
 const linkTTL = 64
 
 // rpFilterLoose is the rp_filter value set on each link: the kernel uses max(all, device),
-// and strict (1) drops the decapsulated request after DNAT (DESIGN.md, "rp_filter").
+// and strict (1) drops the decapsulated request after DNAT
+// (docs/design/datapath.md#the-link-device).
 const rpFilterLoose = 2
 
 // wantLink is a validated Link entry.

@@ -211,10 +211,10 @@ func (kt *kernelTable) kernelLayout() *layout {
 }
 
 // rtprotKuport is the protocol of kuport's ip rules and routes (FRA_PROTOCOL, rtm_protocol):
-// what tells the agent its own, whatever pref, mark or table a setting gave them, so a changed
-// setting leaves nothing behind. 0x6b is kuport's byte (its marks were 0x6b70xxxx, its link
-// addresses are 02:6b:...); iproute2's rt_protos assigns 0-4, 8-18, 42, 99, 186-192 and none
-// of the CNIs in ../shared/notes/cni.md use it.
+// what tells the agent its own, whatever pref, mark or table a setting gave them, so a
+// changed setting leaves nothing behind. 0x6b is kuport's byte (its marks were 0x6b70xxxx,
+// its link addresses are 02:6b:...); iproute2's rt_protos assigns 0-4, 8-18, 42, 99, 186-192
+// and none of the CNIs in docs/design/cni.md use it.
 const rtprotKuport = 0x6b
 
 // legacyRule reports whether r is a return path rule an agent from before rtprotKuport wrote:

@@ -12,7 +12,8 @@ import (
 
 // maxElemBatch bounds the encoded size of one element list. google/nftables v0.3.0 sends a
 // list in one netlink attribute whose 16-bit length wraps past 64 KiB, and the kernel then
-// keeps a silently truncated list (../shared/notes/nftables-maps.md: 1,261 elements of a
+// keeps a silently truncated list
+// (docs/design/nftables.md#the-library-versions-and-a-silent-truncation: 1,261 elements of a
 // 52-byte key failed); every list kuport sends is cut below it.
 const maxElemBatch = 60 << 10
 

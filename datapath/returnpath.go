@@ -12,12 +12,13 @@ import (
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
-// The two ip rules of a return path (founding document, return path), at the program's prefs
-// (101 and 102 by default, ReturnMarking): the loop guard keeps the encapsulated packet,
-// which the vxlan driver gives the inner packet's mark, in main so it is not routed back into
-// the link (one tx_error per reply otherwise); the divert sends marked replies to the link's
-// table. Both must be consulted before netbird's 105 (resolve from main) and 110 (its
-// catch-all), where a reply would already have left, and after the local table's 0.
+// The two ip rules of a return path
+// (docs/design/datapath.md#the-return-path-ip-rules-101-and-102), at the program's prefs (101
+// and 102 by default, ReturnMarking): the loop guard keeps the encapsulated packet, which the
+// vxlan driver gives the inner packet's mark, in main so it is not routed back into the link
+// (one tx_error per reply otherwise); the divert sends marked replies to the link's table.
+// Both must be consulted before netbird's 105 (resolve from main) and 110 (its catch-all),
+// where a reply would already have left, and after the local table's 0.
 
 // wantReturn is a validated ReturnPath entry.
 type wantReturn struct {
@@ -91,8 +92,9 @@ func compileReturns(p *kuportv1.NodeProgram) ([]*wantReturn, []error) {
 	return returns, errs
 }
 
-// rules are the return path's two ip rules (founding document, pref 101/102), matching only
-// the mask's bits and carrying kuport's protocol.
+// rules are the return path's two ip rules
+// (docs/design/datapath.md#the-return-path-ip-rules-101-and-102), matching only the mask's
+// bits and carrying kuport's protocol.
 func (w *wantReturn) rules() []*netlink.Rule {
 	mask := w.m.mask
 	guard := netlink.NewRule()

@@ -98,7 +98,7 @@ func nftTable(elements ...[]string) string {
 }
 
 // podMapping is worker-b's part of a mapping whose pod it holds, reached from edge-a over
-// link (founding document, second nft block).
+// link (docs/design/datapath.md#kup-pre-the-dnat, the pod's node).
 type podMapping struct {
 	key   string
 	proto kuportv1.Protocol

@@ -24,11 +24,11 @@ import (
 // sends (layout.go) against the very elements the program compiles to (compileTable), so the
 // element semantics (a range keeps each port, a shifted range maps port by port, a refused
 // entry puts nothing) are Apply's and not restated here. What Trace adds is the kernel's
-// part, as measured in the founding document and README.md: chains run per hook by
-// priority; a NAT chain sees a flow's first packet only, and its nat statement ends the
-// chain; the reply's source is translated back in postrouting at srcnat (100); the ip rules
-// at 101 and 102 and each return path's table route by the mark; a link's /31 is
-// connected.
+// part, as measured in docs/design/datapath.md and set out in
+// datapath/README.md#the-priority-contract: chains run per hook by priority; a NAT chain sees
+// a flow's first packet only, and its nat statement ends the chain; the reply's source is
+// translated back in postrouting at srcnat (100); the ip rules at 101 and 102 and each return
+// path's table route by the mark; a link's /31 is connected.
 //
 // Outside what the program says, the trace assumes symmetric routing: a request that no
 // link and no return path routes leaves by pkt.Out (the device the node's main table

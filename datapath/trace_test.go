@@ -12,8 +12,8 @@ import (
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
-// TestTraceGolden traces flows through the golden programs (testdata/*.program.json): one
-// per rule form, each checked against the founding document's rule it renders.
+// TestTraceGolden traces flows through the golden programs (testdata/*.program.json): one per
+// rule form, each checked against the rule of docs/design/datapath.md it renders.
 func TestTraceGolden(t *testing.T) {
 	programs := goldenPrograms(t)
 	client := netip.MustParseAddrPort("198.51.100.7:40000")

@@ -6,9 +6,8 @@
 #
 # The CNI plugin Flannel ships today, github.com/flannel-io/cni-plugin, is not served by the
 # module proxy; its source was forked from containernetworking/plugins' plugins/meta/flannel,
-# whose last release carrying it (v0.9.1) is served, and its ADD and DEL write the same
-# bridge delegate from flanneld's subnet file (notes/cni.md, "Running Flannel for real in a
-# lab").
+# whose last release carrying it (v0.9.1) is served, and its ADD and DEL write the same bridge
+# delegate from flanneld's subnet file (docs/design/cni.md#running-flannel-for-real).
 #
 # Usage: lab/build-flannel.sh            (cache: ${KUPORT_LAB_CACHE:-/var/cache/kuport-lab})
 set -euo pipefail

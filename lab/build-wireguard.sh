@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Builds the lab's WireGuard daemon, the userspace wireguard-go (notes/real-mesh.md), from
-# the Go module proxy and caches it by version outside the repository, as
-# lab/build-binaries.sh does for the control plane (in a directory of its own, so the two
-# builds never share one). The module has no tags: the pin is a pseudo-version. Prints the
-# path of the binary on stdout; lab/netlab runs it as each node's wt0 (KUPORT_WIREGUARD).
+# Builds the lab's WireGuard daemon, the userspace wireguard-go
+# (docs/design/mesh.md#what-runs), from the Go module proxy and caches it by version outside
+# the repository, as lab/build-binaries.sh does for the control plane (in a directory of its
+# own, so the two builds never share one). The module has no tags: the pin is a
+# pseudo-version. Prints the path of the binary on stdout; lab/netlab runs it as each node's
+# wt0 (KUPORT_WIREGUARD).
 #
 # Usage: lab/build-wireguard.sh            (cache: ${KUPORT_LAB_CACHE:-/var/cache/kuport-lab})
 set -euo pipefail

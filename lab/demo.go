@@ -16,8 +16,9 @@ import (
 	"kuport.wlz.li/kuport/api/v1alpha1"
 )
 
-// The demo's fixed objects (issue 2): namespace demo, the founding document's class
-// `public` and its twin `public-none` with returnPath None, a pod on each node.
+// The demo's fixed objects: namespace demo, the class `public` of
+// docs/design/datapath.md#serving-modes and its twin `public-none` with returnPath None, a
+// pod on each node.
 const (
 	DemoNamespace = "demo"
 	PublicAddr    = "203.0.113.9"
@@ -31,8 +32,8 @@ var (
 	PodB = Pod{Namespace: DemoNamespace, Name: "web-b", Node: "worker-b", IP: "10.244.18.107"}
 )
 
-// DemoClass returns the founding document's class `public` under name with the given
-// return path mode.
+// DemoClass returns the class `public` of docs/design/datapath.md#serving-modes under name
+// with the given return path mode.
 func DemoClass(name string, mode v1alpha1.ReturnPathMode) *v1alpha1.PortMapClass {
 	return &v1alpha1.PortMapClass{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
@@ -55,7 +56,7 @@ type Scenario struct {
 	WantPodSaw, WantReplyFrom, WantProgrammed string
 }
 
-// DemoScenarios are issue 2's four scenarios, in order.
+// DemoScenarios are the demo's four scenarios (docs/lab.md#make-demo), in order.
 func DemoScenarios() []Scenario {
 	return []Scenario{
 		{Name: "local", Class: "public", Pod: PodA, Proto: corev1.ProtocolTCP, Port: 3000,

@@ -1,11 +1,12 @@
-// Package lab runs the whole of kuport on one machine with no cluster (DESIGN.md, "The
-// lab"): a real etcd and kube-apiserver on loopback (lab/cluster), network namespaces for a
-// client, the accepting node edge-a, the worker worker-b and pods, with a real WireGuard
-// mesh and the CNI emulation (lab/netlab), the controller replicas in the root namespace (they elect a
+// Package lab runs the whole of kuport on one machine with no cluster (docs/design/lab.md): a
+// real etcd and kube-apiserver on loopback (lab/cluster), network namespaces for a client,
+// the accepting node edge-a, the worker worker-b and pods, with a real WireGuard mesh and the
+// CNI emulation (lab/netlab), the controller replicas in the root namespace (they elect a
 // leader on a Lease in kuport-system) and one agent per node namespace reaching them over
-// their unix sockets, over TLS with the certificate the replicas generate (controllertls.go). Node, Pod, Service and EndpointSlice objects are written by hand, as
-// kwok does, since no kubelet or controller-manager runs; so are the agents' Pods, to which
-// the lab binds each agent's token (agentauth.go), as a kubelet's projected volume would.
+// their unix sockets, over TLS with the certificate the replicas generate (controllertls.go).
+// Node, Pod, Service and EndpointSlice objects are written by hand, as kwok does, since no
+// kubelet or controller-manager runs; so are the agents' Pods, to which the lab binds each
+// agent's token (agentauth.go), as a kubelet's projected volume would.
 //
 // `make demo`, `make lab-up` and the end-to-end tests all start the lab through Up.
 package lab
@@ -338,10 +339,10 @@ func (l *Lab) StopReplica(i int, kill bool) error {
 	return stop(p, kill)
 }
 
-// StartAgent starts kuport-agent inside the node's namespace, as DESIGN.md pins it, with a
-// freshly minted token (AgentTokenFile), the controller's CA as published now
-// (ControllerCAFile; it waits up to 30 s for a replica to publish it) and its inspection
-// server on 127.0.0.1:7400 there.
+// StartAgent starts kuport-agent inside the node's namespace, as
+// docs/design/lab.md#what-runs-where pins it, with a freshly minted token (AgentTokenFile),
+// the controller's CA as published now (ControllerCAFile; it waits up to 30 s for a replica
+// to publish it) and its inspection server on 127.0.0.1:7400 there.
 func (l *Lab) StartAgent(node string) error {
 	return l.StartAgentBinary(node, filepath.Join(l.opt.Bin, "kuport-agent"))
 }

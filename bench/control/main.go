@@ -1,8 +1,8 @@
-// Command control measures kuport's control plane against kube-proxy's in one run (issue 13,
-// item 5): in the embedded lab (a real API server, the real kuport-controller and
-// kuport-agent binaries), kube-proxy v1.36.3 runs in nftables mode on the same node as
-// kuport's agent, with N NodePort Services of one endpoint each against kuport's N PortMaps.
-// For each size it prints
+// Command control measures kuport's control plane against kube-proxy's in one run (the
+// figures are in BENCHMARKS.md): in the embedded lab (a real API server, the real
+// kuport-controller and kuport-agent binaries), kube-proxy v1.36.3 runs in nftables mode on
+// the same node as kuport's agent, with N NodePort Services of one endpoint each against
+// kuport's N PortMaps. For each size it prints
 //
 //	BENCH control system=<kuport|kube-proxy> n=<N> change_to_kernel_ms_p50=<x> change_to_kernel_ms_p99=<x> full_sync_ms=<x> rss_mb=<x>
 //

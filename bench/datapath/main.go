@@ -1,7 +1,8 @@
-// Command datapath measures kuport's datapath at several program sizes in one run (issue
-// 11): the product's Datapath applies N same-node TCP mappings on enp1s0 to a node
-// namespace between a client namespace and a pod namespace, and traffic goes to the last
-// mapping. It prints one BENCH line per size. Run it as root through bench/datapath.sh.
+// Command datapath measures kuport's datapath at several program sizes in one run (the
+// figures are in BENCHMARKS.md): the product's Datapath applies N same-node TCP mappings on
+// enp1s0 to a node namespace between a client namespace and a pod namespace, and traffic goes
+// to the last mapping. It prints one BENCH line per size. Run it as root through
+// bench/datapath.sh.
 package main
 
 import (

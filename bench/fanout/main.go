@@ -1,6 +1,6 @@
 // Command fanout opens many real agent streams against the real kuport-controller in the
-// embedded lab (issue 13, item 4) and measures how fast a change that touches every node is
-// acknowledged by all of them:
+// embedded lab and measures how fast a change that touches every node is acknowledged by all
+// of them:
 //
 //	BENCH fanout agents=<N> ack_ms_p50=<x> ack_ms_p99=<x> controller_rss_mb=<x>
 //

@@ -1,5 +1,6 @@
 // Command kuport-controller watches the kuport API and the objects it refers to, compiles one
-// program per node and streams it to the node agents over gRPC (DESIGN.md, "Shape").
+// program per node and streams it to the node agents over gRPC
+// (docs/design/software.md#shape).
 //
 //	kuport-controller [--kubeconfig PATH] [--grpc-listen ADDR]... [--link-retention 24h] [--log-level info]
 //	                  [--leader-elect=true] [--lease-namespace kuport-system] [--lease-name kuport-controller]

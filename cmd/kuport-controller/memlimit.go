@@ -40,7 +40,7 @@ func setMemoryLimit(log hclog.Logger, limit memlimit.Provider) int64 {
 // agents (bench/fanout), 25 took the resident memory from 500-638 to 367-377 MiB (heap goal
 // 433-546 to 246-306 MB) for three times the collections: the collector's share of the two
 // cores from 8 to 27 % over the run, most of it while 10,000 PortMaps arrive (BENCHMARKS.md,
-// "Issue 13: controller memory at 10,000 mappings and 1,000 agents").
+// "controller memory at 10,000 mappings and 1,000 agents").
 const gcPercent = 25
 
 // setGCPercent sets the process's GOGC to gcPercent, unless the environment sets GOGC, and

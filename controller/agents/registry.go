@@ -1,8 +1,8 @@
-// Package agents is the controller's side of the agent stream (DESIGN.md, "Shape" and "The
-// program"): a Registry that keeps, per node, the current program and its version, the
-// version at which each mapping's entries last changed, the agent's connection, its last
-// reported NodeState, acknowledgements and counters; and the gRPC services (AgentService,
-// ProgramService, health, reflection) served over it.
+// Package agents is the controller's side of the agent stream
+// (docs/design/software.md#the-stream): a Registry that keeps, per node, the current program
+// and its version, the version at which each mapping's entries last changed, the agent's
+// connection, its last reported NodeState, acknowledgements and counters; and the gRPC
+// services (AgentService, ProgramService, health, reflection) served over it.
 //
 // It decides nothing about what a program holds (compile does) and never talks to the API
 // server; it tells its owner through Config.OnChange when compile or status must run again.
@@ -435,11 +435,12 @@ func find[T proto.Message](list []T, id string, key func(T) string) proto.Messag
 	return nil
 }
 
-// Release ends the startup hold (DESIGN.md: after a restart an agent that reconnects first
-// must not be handed a program missing its peer's link, which would make it tear a live link
-// down). unheard are the nodes the caller expects whose agents' state the programs it just
-// stored were compiled without (programmed.Unheard): the hold lasts while Term(unheard,
-// now).Holding(). It returns true when released, else how long until the hold times out.
+// Release ends the startup hold (docs/design/software.md#leadership: after a restart an agent
+// that reconnects first must not be handed a program missing its peer's link, which would
+// make it tear a live link down). unheard are the nodes the caller expects whose agents'
+// state the programs it just stored were compiled without (programmed.Unheard): the hold
+// lasts while Term(unheard, now).Holding(). It returns true when released, else how long
+// until the hold times out.
 func (r *Registry) Release(unheard []string, now time.Time) (bool, time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -8,11 +8,11 @@ import (
 	"kuport.wlz.li/kuport/controller/compile"
 )
 
-// Unanswered mappings (issue 12, "Why" 3): a DNAT entry whose node keeps forwarding
-// requests (Counter.forwarded_in rising) and sees no reply (forwarded_out not rising) is
-// unanswered there. Another table's forward chain dropping the requests, a CNI bypassing
-// netfilter on the reply path, a pod that does not answer all look like this, while the
-// kernel holds every rule and Programmed stays True.
+// Unanswered mappings (docs/design/api.md#unanswered-mappings): a DNAT entry whose node keeps
+// forwarding requests (Counter.forwarded_in rising) and sees no reply (forwarded_out not
+// rising) is unanswered there. Another table's forward chain dropping the requests, a CNI
+// bypassing netfilter on the reply path, a pod that does not answer all look like this, while
+// the kernel holds every rule and Programmed stays True.
 
 // DefaultUnansweredWindow is the window of Window's defaults: requests without a reply for
 // two reports at least 4 s apart. With the agents' default 5 s reports a mapping is

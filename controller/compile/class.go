@@ -13,8 +13,8 @@ import (
 	"kuport.wlz.li/kuport/api/v1alpha1"
 )
 
-// Defaults of a PortMapClass (API.md), applied here too so an object that skipped the CRD's
-// defaulting compiles the same.
+// Defaults of a PortMapClass (docs/design/api.md#portmapclass), applied here too so an object
+// that skipped the CRD's defaulting compiles the same.
 const (
 	defaultPortMin     = 1
 	defaultPortMax     = 65535
@@ -99,9 +99,11 @@ func (ci *classInfo) buildsLinks() bool {
 	return ci.mode == v1alpha1.ReturnPathVxlan && ci.refusal == ""
 }
 
-// programmingNodes are the nodes that may hold a mapping's DNAT rules (founding document,
-// servingMode table and decision flowchart): the serving node under Single, every accepting
-// node (sorted) under Multi. A mapping's interfaces then narrow them per node.
+// programmingNodes are the nodes that may hold a mapping's DNAT rules
+// (docs/design/datapath.md#serving-modes and
+// docs/design/datapath.md#return-path-modes-and-the-refusal-matrix): the serving node under
+// Single, every accepting node (sorted) under Multi. A mapping's interfaces then narrow them
+// per node.
 func (ci *classInfo) programmingNodes(serving string) []string {
 	if ci.multi {
 		return ci.accepting
@@ -111,8 +113,9 @@ func (ci *classInfo) programmingNodes(serving string) []string {
 
 // validateClasses decides, oldest class first, which Vxlan classes are refused before any
 // allocation: an invalid subnet, or a subnet or base VNI (on the same port) that collides
-// with an older, valid Vxlan class sharing an accepting node (API.md). A CNI's tunnel on the
-// class's port refuses the class on that node only (tunnelConflict).
+// with an older, valid Vxlan class sharing an accepting node
+// (docs/design/api.md#links-and-slots). A CNI's tunnel on the class's port refuses the class
+// on that node only (tunnelConflict).
 func (c *compiler) validateClasses() {
 	for i, ci := range c.classOrder {
 		if ci.mode != v1alpha1.ReturnPathVxlan {
@@ -219,8 +222,8 @@ func (c *compiler) classStatus(ci *classInfo) *v1alpha1.PortMapClassStatus {
 
 // nodeRow reports whether every interface the class gives a node resolves to an IPv4 address
 // there, no tunnel of another program uses the class's port and the node's CNI can carry the
-// reply path, with the underlay and link MTU (API.md, class status); its message also carries
-// the warnings of a CNI that likely cannot (cniView.verdict).
+// reply path, with the underlay and link MTU (docs/design/api.md#status, the class status);
+// its message also carries the warnings of a CNI that likely cannot (cniView.verdict).
 func (c *compiler) nodeRow(ci *classInfo, name string) v1alpha1.ClassNodeStatus {
 	v := c.node(name)
 	row := v1alpha1.ClassNodeStatus{Name: name}
@@ -262,10 +265,11 @@ func (c *compiler) nodeRow(ci *classInfo, name string) v1alpha1.ClassNodeStatus 
 }
 
 // linkMTU is the MTU of a link between ends with these underlay MTUs: the smaller less the
-// vxlan encapsulation (DESIGN.md, MTU), 0 when unknown (a link is then not built, linkUnusable).
+// vxlan encapsulation (docs/design/datapath.md#mtu), 0 when unknown (a link is then not
+// built, linkUnusable).
 func linkMTU(a, b uint32) uint32 {
 	// An end that reports no MTU yet does not drag the link down: the known end's figure
-	// holds until the other's arrives (founding document, MTU agreement).
+	// holds until the other's arrives (docs/design/datapath.md#mtu).
 	m := max(a, b)
 	if a != 0 && b != 0 {
 		m = min(a, b)

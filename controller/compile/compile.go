@@ -18,10 +18,10 @@ import (
 // as its only time, and returns every slice sorted, so the same snapshot always yields an
 // identical result. A nil snapshot yields an empty result.
 //
-// Decisions follow API.md and DESIGN.md "Decisions the controller owns": acceptance in the
+// Decisions follow docs/design/api.md and docs/design/software.md#shape: acceptance in the
 // API's reason order, the endpoint choice, the serving node, per-node interfaces, the return
-// path of the founding document's decision flowchart and refusal table, link slots, per-node
-// tables and marks, and link MTU, under servingMode Single and Multi alike.
+// path of docs/design/datapath.md#return-path-modes-and-the-refusal-matrix, link slots,
+// per-node tables and marks, and link MTU, under servingMode Single and Multi alike.
 func Compile(s *Snapshot) *Result {
 	_, r := compileFull(s)
 	return r

@@ -114,7 +114,7 @@ func TestCompile(t *testing.T) {
 			programs: map[string]*kuportv1.NodeProgram{"edge-a": localEdgeA()},
 		},
 
-		// Accepted, in API.md's order.
+		// Accepted, in the order of docs/design/api.md#status-and-conditions.
 		{
 			name: "ClassNotFound",
 			snap: func() *Snapshot { return world(mkPortMap("local", 0, 3000, className("nope"))) },
@@ -1075,8 +1075,9 @@ func TestLinkCarriesTheDialedPort(t *testing.T) {
 	}
 }
 
-// One port on two interfaces of a node may belong to two mappings (API.md PortConflict is
-// per interface), but not when both cross the same link: the newer is refused.
+// One port on two interfaces of a node may belong to two mappings (PortConflict is per
+// interface, docs/design/api.md#portmap), but not when both cross the same link: the newer is
+// refused.
 func TestSamePortOnTwoInterfacesCannotShareALink(t *testing.T) {
 	s := world(mkPortMap("remote", 0, 3000, interfaces("enp1s0")), mkPortMap("other", 1, 3000, interfaces("wt0")))
 	addService(s, "other", 3000, mkEndpoint("other-0", "10.244.18.200", "worker-b"))

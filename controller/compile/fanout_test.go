@@ -120,9 +120,10 @@ func benchmarkFanout(b *testing.B, n int) {
 }
 
 // BenchmarkRetained measures what Incremental keeps live at bench/fanout's 10,000 mappings
-// over 1,000 nodes (issue 13: the controller within 300 MB): per iteration a full compile of
-// the settled snapshot, then class public's change told by Changes (timed: ns/op is the
-// change's time); retained-MB is the heap live after a collection less the snapshots' own.
+// over 1,000 nodes (the goal: the controller within 300 MB; BENCHMARKS.md, "What compile
+// keeps live"): per iteration a full compile of the settled snapshot, then class public's
+// change told by Changes (timed: ns/op is the change's time); retained-MB is the heap live
+// after a collection less the snapshots' own.
 //
 //	go test -run '^$' -bench Retained -benchtime 3x ./controller/compile/
 func BenchmarkRetained(b *testing.B) {

@@ -23,11 +23,11 @@ var update = flag.Bool("update", false, "rewrite testdata/*.program.json from th
 // lab; when a file of the same name exists there, the compiled program must equal it.
 const datapathGolden = "../../datapath/testdata"
 
-// TestGoldenPrograms compiles the founding document's shapes and compares each node's
-// program with testdata/<case>-<node>.program.json (protojson; -update rewrites them). The
-// remote mapping is narrowed to enp1s0, the founding document's sequence diagram, as the
-// datapath team's golden remote program is. "multi" is the Multi shape of multiWorld: class
-// intranet accepting on edge-a and worker-c, the pod on worker-b reached over a link from each.
+// TestGoldenPrograms compiles the shapes of docs/design/datapath.md#two-shapes and compares
+// each node's program with testdata/<case>-<node>.program.json (protojson; -update rewrites
+// them). The remote mapping is narrowed to enp1s0, as that page draws it and as the datapath
+// team's golden remote program is. "multi" is the Multi shape of multiWorld: class intranet
+// accepting on edge-a and worker-c, the pod on worker-b reached over a link from each.
 // "twoclasses" is class public (demo/remote on enp1s0) beside a second Vxlan class with its
 // own vni 4300 and subnet 169.254.79.0/24 accepting edge-a's wt0 (demo/i-remote, TCP 4000),
 // both reaching pods on worker-b: two links over one node pair.

@@ -13,11 +13,11 @@ import (
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
-// The lab of DESIGN.md and the founding document: class public accepts on edge-a (enp1s0
-// 203.0.113.9, wt0 100.64.93.143); worker-b holds eth0 192.0.2.2 and wt0 100.64.93.150,
-// worker-c (the lab's second accepting node for Multi, pod CIDR 10.244.19.0/24) eth0
-// 198.18.0.3 and wt0 100.64.93.160; every underlay is wt0 at MTU 1420, every eth0 and enp1s0
-// at 1500. Pod local-0 10.244.17.7 on edge-a, pod remote-0 10.244.18.107 on worker-b, TCP 3000.
+// The lab of docs/design/lab.md#topology: class public accepts on edge-a (enp1s0 203.0.113.9,
+// wt0 100.64.93.143); worker-b holds eth0 192.0.2.2 and wt0 100.64.93.150, worker-c (the
+// lab's second accepting node for Multi, pod CIDR 10.244.19.0/24) eth0 198.18.0.3 and wt0
+// 100.64.93.160; every underlay is wt0 at MTU 1420, every eth0 and enp1s0 at 1500. Pod
+// local-0 10.244.17.7 on edge-a, pod remote-0 10.244.18.107 on worker-b, TCP 3000.
 var now = time.Date(2026, 9, 8, 12, 0, 0, 0, time.UTC)
 
 const (
@@ -259,10 +259,11 @@ func claimOf(a, b string, slot int32, subnet string, unusedSince *time.Time, end
 	return ls
 }
 
-// The expected programs of the founding document's Multi shape: class intranet (servingMode
-// Multi, vni 4300, subnet 169.254.79.0/24) accepts on edge-a [enp1s0] and worker-c [eth0],
-// and demo/remote reaches remote-0 on worker-b over one link from each. Slots follow the
-// accepting nodes' order: edge-a/worker-b takes 0, worker-b/worker-c takes 1.
+// The expected programs of the Multi shape (docs/design/datapath.md#serving-modes): class
+// intranet (servingMode Multi, vni 4300, subnet 169.254.79.0/24) accepts on edge-a [enp1s0]
+// and worker-c [eth0], and demo/remote reaches remote-0 on worker-b over one link from each.
+// Slots follow the accepting nodes' order: edge-a/worker-b takes 0, worker-b/worker-c takes
+// 1.
 
 // multiWorld is the world with that class and demo/remote (TCP 3000) in it.
 func multiWorld() *Snapshot {

@@ -7,7 +7,7 @@ import (
 
 // bucketBits: holdings are found by the 256-port bucket of each port they span, so checking a
 // mapping against 10,000 others reads a few, not every one (a list made a compile of 10,000
-// mappings quadratic: 270 ms of its 1 s, issue 13).
+// mappings quadratic: 270 ms of its 1 s; BENCHMARKS.md, "Compile at 10,000 mappings").
 const bucketBits = 8
 
 // fewHoldings: up to this many holdings are one list, read whole. Most links carry a few

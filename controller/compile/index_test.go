@@ -155,8 +155,9 @@ func checkIndexMatchesPrograms(t *testing.T, r *Result) {
 	}
 }
 
-// TestIndexServingNode: the index carries the serving node compile chose (API.md): the
-// endpoint's node when it accepts, else the class's first accepting node by name.
+// TestIndexServingNode: the index carries the serving node compile chose
+// (docs/design/api.md#portmap): the endpoint's node when it accepts, else the class's first
+// accepting node by name.
 func TestIndexServingNode(t *testing.T) {
 	podAccepts := multiWorld()
 	podAccepts.Classes["intranet"] = multiClass(map[string][]string{"edge-a": {"enp1s0"}, "worker-b": {"eth0"}})

@@ -72,10 +72,10 @@ func sameLink(t *testing.T, before, after *Result, class, a, b, pod string) {
 }
 
 // TestStableNumbering follows link numbering across a controller restart, a new class and a
-// new node (API.md: a slot is a recorded claim, never renumbered while a link uses it;
-// DESIGN.md: allocations persist across restarts and failovers) and through the unusedSince
-// lifecycle: stamped when no mapping needs the pair, the slot kept for LinkRetention and free
-// only once the claim is dropped.
+// new node (docs/design/api.md#links-and-slots: a slot is a recorded claim, never renumbered
+// while a link uses it, across restarts and failovers) and through the unusedSince lifecycle:
+// stamped when no mapping needs the pair, the slot kept for LinkRetention and free only once
+// the claim is dropped.
 func TestStableNumbering(t *testing.T) {
 	web := func(s *Snapshot) *Snapshot {
 		addService(s, "web", 3000, mkEndpoint("web-0", "10.244.19.7", "worker-c"))
@@ -170,8 +170,8 @@ func TestStableNumbering(t *testing.T) {
 }
 
 // TestLinkMTUFollowsTheUnderlay: each link runs at the smaller of its ends' underlay MTUs
-// less 50 (DESIGN.md, MTU), and a node reporting a new underlay MTU changes that link at
-// both ends and nothing else.
+// less 50 (docs/design/datapath.md#mtu), and a node reporting a new underlay MTU changes that
+// link at both ends and nothing else.
 func TestLinkMTUFollowsTheUnderlay(t *testing.T) {
 	r0 := Compile(multiWorld())
 	s := carry(multiWorld(), r0, now.Add(time.Minute))
@@ -198,9 +198,10 @@ func TestLinkMTUFollowsTheUnderlay(t *testing.T) {
 	}
 }
 
-// TestEndpointMoves follows a Single mapping's pod from node to node (API.md: the serving
-// node is the endpoint's node when it accepts the class, else the first accepting node):
-// the status says where the pod is and where the port answers, and links come and go with it.
+// TestEndpointMoves follows a Single mapping's pod from node to node
+// (docs/design/api.md#portmap: the serving node is the endpoint's node when it accepts the
+// class, else the first accepting node): the status says where the pod is and where the port
+// answers, and links come and go with it.
 func TestEndpointMoves(t *testing.T) {
 	step := func(at time.Time, prev *Result, pod, ip, node string) *Snapshot {
 		s := world(mkPortMap("web", 0, 3000))
@@ -267,7 +268,8 @@ func TestEndpointMoves(t *testing.T) {
 
 // TestSeveralClassesOnOnePair runs four Vxlan classes over edge-a and worker-b, three
 // forwarding from edge-a and one from worker-b: each gets its own device, VNI and /31, and
-// each node numbers its return paths' tables and marks across every class (DESIGN.md).
+// each node numbers its return paths' tables and marks across every class
+// (docs/design/datapath.md#the-return-path-ip-rules-101-and-102).
 func TestSeveralClassesOnOnePair(t *testing.T) {
 	s := world(mkPortMap("remote", 0, 3000),
 		mkPortMap("i-remote", 1, 4000, className("intranet"), service("i-remote")),

@@ -44,8 +44,8 @@ func (cl *claim) key() string { return pairKey(cl.peers) }
 
 func (cl *claim) vni() uint32 { return cl.class.vni + uint32(cl.slot) }
 
-// address returns a node's end of the claim's /31: the alphabetically first node of the
-// pair takes the lower address (API.md).
+// address returns a node's end of the claim's /31: the alphabetically first node of the pair
+// takes the lower address (docs/design/api.md#links-and-slots).
 func (cl *claim) address(node string) netip.Addr {
 	low := slotBase(cl.class.subnet, cl.slot)
 	if node == cl.peers[0] {
@@ -117,7 +117,7 @@ func vniFits(base uint32, s int32) bool { return s >= 0 && uint64(base)+uint64(s
 const linkPrefix = "kup-"
 
 // linkName is the device a node names after its peer: "kup-" + the first 8 hex digits of
-// sha256("<class>/<peer node>") (API.md).
+// sha256("<class>/<peer node>") (docs/design/datapath.md#the-link-device).
 func linkName(class, peer string) string {
 	sum := sha256.Sum256([]byte(class + "/" + peer))
 	return linkPrefix + hex.EncodeToString(sum[:4])
@@ -243,8 +243,8 @@ func (c *compiler) allocate() {
 
 // claimFor returns the class's claim for a pair, taking the smallest free slot for a new
 // pair: one whose /31 fits the subnet and whose VNI no other class's claim uses on either
-// node of the pair (API.md). It returns nil, and records the pair as exhausted, when none is
-// left.
+// node of the pair (docs/design/api.md#links-and-slots). It returns nil, and records the pair
+// as exhausted, when none is left.
 func (c *compiler) claimFor(ci *classInfo, pair [2]string) *claim {
 	if cl, ok := ci.claims[pairKey(pair)]; ok {
 		return cl

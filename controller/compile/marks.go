@@ -21,12 +21,12 @@ type ReturnMarking struct {
 	// FirstTable and LastTable bound the routing tables of return paths, inclusive.
 	FirstTable, LastTable uint32
 	// LoopGuardPref and DivertPref are the prefs of the two ip rules of every return path
-	// (founding document: 101 and 102).
+	// (docs/design/datapath.md#the-return-path-ip-rules-101-and-102: 101 and 102).
 	LoopGuardPref, DivertPref uint32
 }
 
 // DefaultReturnMarking avoids every mark, table and pref the CNIs, meshes and proxies in
-// knownUsers use (../shared/notes/cni.md, "Marks and routing tables others use";
+// knownUsers use (docs/design/cni.md#marks-and-routing-tables-others-use;
 // TestReturnMarkingAvoidsKnownUsers fails on an overlap):
 //   - marks 0x301f: the low 16 bits free of Cilium's 0x0f00, KubeSpan's 0x60, kuport's own
 //     translated bit 0x80 and kube-proxy's 0x4000/0x8000 (the upper 16 are Calico's, Calico
@@ -100,7 +100,8 @@ func (r ReturnMarking) wire() *kuportv1.ReturnMarking {
 }
 
 // markUser is a component that uses marks, routing tables or ip rule prefs on the nodes
-// kuport runs on (../shared/notes/cni.md; datapath/README.md, the priority contract).
+// kuport runs on (docs/design/cni.md#marks-and-routing-tables-others-use;
+// datapath/README.md#the-priority-contract).
 type markUser struct {
 	name   string
 	marks  uint32     // bits it writes or matches

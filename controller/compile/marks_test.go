@@ -11,10 +11,11 @@ import (
 )
 
 // TestReturnMarkingAvoidsKnownUsers: the default return marking overlaps no known user of
-// marks, routing tables or ip rule prefs (knownUsers, from ../shared/notes/cni.md), and
-// Check passes it without a warning. Each case moves one default into one listed range (a
-// bit of the user's marks added to the mask, the tables shifted onto the user's, a pref set
-// to the user's): each must be reported naming that user, or the check could not fail.
+// marks, routing tables or ip rule prefs (knownUsers, from
+// docs/design/cni.md#marks-and-routing-tables-others-use), and Check passes it without a
+// warning. Each case moves one default into one listed range (a bit of the user's marks added
+// to the mask, the tables shifted onto the user's, a pref set to the user's): each must be
+// reported naming that user, or the check could not fail.
 func TestReturnMarkingAvoidsKnownUsers(t *testing.T) {
 	warnings, err := DefaultReturnMarking.Check()
 	require.NoError(t, err)

@@ -14,10 +14,10 @@ import (
 
 var remoteKey = types.NamespacedName{Namespace: "demo", Name: "remote"}
 
-// TestMulti covers servingMode Multi (founding document, servingMode table and the Multi
-// section; DESIGN.md, return marking forms): every accepting node programs the mapping, the
-// pod's node gets a link per accepting node that lacks the pod and marks replies from the
-// flow's conntrack entry.
+// TestMulti covers servingMode Multi (docs/design/datapath.md#serving-modes and
+// docs/design/datapath.md#kup-mangle-return-marking): every accepting node programs the
+// mapping, the pod's node gets a link per accepting node that lacks the pod and marks replies
+// from the flow's conntrack entry.
 func TestMulti(t *testing.T) {
 	cases := []struct {
 		name      string
@@ -142,8 +142,9 @@ func TestMulti(t *testing.T) {
 			},
 		},
 
-		// Per-mapping interfaces narrow per node (API.md's worker-1/worker-2 example with
-		// edge-a {enp1s0, wt0} and worker-c {eth0, wt0}).
+		// Per-mapping interfaces narrow per node (the worker-1/worker-2 example of
+		// docs/design/api.md#portmap, with edge-a {enp1s0, wt0} and worker-c {eth0,
+		// wt0}).
 		{
 			name: "interfaces narrow per node: enp1s0 binds edge-a alone, nothing names everything",
 			snap: func() *Snapshot {
@@ -336,7 +337,8 @@ func TestMulti(t *testing.T) {
 	}
 }
 
-// TestRefusalMatrix walks the founding document's refusal table (servingMode × where the
+// TestRefusalMatrix walks the refusal matrix of
+// docs/design/datapath.md#return-path-modes-and-the-refusal-matrix (servingMode × where the
 // chosen pod sits × returnPath): which nodes carry the mapping and which links it builds, or
 // the refusal with nothing programmed on any node.
 func TestRefusalMatrix(t *testing.T) {

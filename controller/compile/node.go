@@ -93,8 +93,9 @@ func (v *nodeView) address(iface string) string {
 	return ""
 }
 
-// ifaceProblem says why an interface gives no address on the node ("interface X not
-// present" or "interface X has no IPv4 address"), "" when it has one (API.md node rows).
+// ifaceProblem says why an interface gives no address on the node ("interface X not present"
+// or "interface X has no IPv4 address"), "" when it has one (docs/design/api.md#status, the
+// node rows).
 func (v *nodeView) ifaceProblem(name string) string {
 	switch {
 	case v.iface(name) == nil:

@@ -32,9 +32,10 @@ func (r portRange) String() string {
 func (r portRange) overlaps(o portRange) bool { return r.first <= o.last && o.first <= r.last }
 
 // MaxShiftedRange is the most ports a range translated to other pod ports may span: the
-// datapath renders it as a per-port map inside one rule (DESIGN.md, "Port ranges"), and one
-// netlink message holds about a thousand elements (a 28000-65535 map failed with "message too
-// long"). A range whose pod ports equal its own is one range NAT, with no such limit.
+// datapath renders it as a per-port map inside one rule
+// (docs/design/datapath.md#port-ranges), and one netlink message holds about a thousand
+// elements (a 28000-65535 map failed with "message too long"). A range whose pod ports equal
+// its own is one range NAT, with no such limit.
 const MaxShiftedRange = 512
 
 // startingAt is the range of the same width from first: where a range is translated to.
@@ -79,8 +80,9 @@ type target struct {
 	link   *claim
 }
 
-// serving is the serving node (API.md) of a plan with an endpoint, in a class with an
-// accepting node: derived, not kept (16 bytes a plan put it in the next size class).
+// serving is the serving node (docs/design/api.md#portmap) of a plan with an endpoint, in a
+// class with an accepting node: derived, not kept (16 bytes a plan put it in the next size
+// class).
 func (p *plan) serving() string {
 	if p.class.accepts(p.ep.node) {
 		return p.ep.node
@@ -124,12 +126,12 @@ type hold struct {
 
 // plan decides acceptance in one phase, before any link slot is allocated: the checks of
 // accept, then for a mapping that could be programmed its endpoint, serving node and targets
-// (the programming nodes that bind an interface) and the link crossings they
-// need (PortConflict too). Only then does an accepted mapping hold its ports and crossings,
-// so a refused one holds nothing and a newer mapping is judged as if it did not
-// exist; allocate and emit only number and write what is accepted here. A target lacking the
-// pod in a class that builds no links fails the mapping with ReturnPathUnavailable (founding
-// document, refusal table).
+// (the programming nodes that bind an interface) and the link crossings they need
+// (PortConflict too). Only then does an accepted mapping hold its ports and crossings, so a
+// refused one holds nothing and a newer mapping is judged as if it did not exist; allocate
+// and emit only number and write what is accepted here. A target lacking the pod in a class
+// that builds no links fails the mapping with ReturnPathUnavailable
+// (docs/design/datapath.md#return-path-modes-and-the-refusal-matrix).
 func (c *compiler) plan(pm *v1alpha1.PortMap) *plan {
 	p := &plan{pm: pm, key: MappingKey(pm)}
 	first := uint32(max(pm.Spec.Port, 0))
@@ -169,7 +171,7 @@ func (c *compiler) route(p *plan) {
 		return
 	}
 	// Under Multi an accepting node the narrowing leaves no interface carries nothing
-	// (API.md, interfaces resolve per node).
+	// (docs/design/api.md#portmap: interfaces resolve per node).
 	candidates := ci.programmingNodes(p.serving())
 	for _, n := range candidates {
 		if ifs := narrow(ci.ifaces[n], pm.Spec.Interfaces); len(ifs) > 0 {
@@ -217,8 +219,9 @@ func narrow(classIfaces, want []string) []string {
 	return out
 }
 
-// accept checks a mapping in API.md's order and returns the first failing reason with a
-// message, or ReasonValid. It holds nothing: plan does, once every check has passed.
+// accept checks a mapping in the order of docs/design/api.md#status-and-conditions and
+// returns the first failing reason with a message, or ReasonValid. It holds nothing: plan
+// does, once every check has passed.
 func (c *compiler) accept(p *plan) (string, string) {
 	pm := p.pm
 	ci := c.classes[pm.Spec.ClassName]
@@ -293,11 +296,11 @@ type crossing struct {
 }
 
 // wayTaken returns the PortConflict reason and message of a viable plan whose links an older
-// accepted mapping already takes, "" when none does: its dialed ports may not cross any of its
-// links alongside an older mapping's (two interfaces of one node may hold the same port,
-// API.md PortConflict, but one link cannot carry both to different pods). Any number of
-// mappings, of any classes, may reach one pod port: each reply returns the way its request
-// came, by the flow's conntrack mark (emitPodEnd).
+// accepted mapping already takes, "" when none does: its dialed ports may not cross any of
+// its links alongside an older mapping's (two interfaces of one node may hold the same port,
+// PortConflict in docs/design/api.md#portmap, but one link cannot carry both to different
+// pods). Any number of mappings, of any classes, may reach one pod port: each reply returns
+// the way its request came, by the flow's conntrack mark (emitPodEnd).
 func (c *compiler) wayTaken(p *plan) (string, string) {
 	for _, t := range p.remoteTargets() {
 		pair := pairKey(p.pair(t))
@@ -363,10 +366,10 @@ type endpoint struct {
 	port uint32
 }
 
-// chooseEndpoint picks the mapping's endpoint from its Service's EndpointSlices (API.md):
-// the current endpoint while it remains a candidate; else candidates on an accepting node
-// first, by node name then pod name; else the smallest pod name. It returns nil and the
-// reason when there is no candidate.
+// chooseEndpoint picks the mapping's endpoint from its Service's EndpointSlices
+// (docs/design/api.md#portmap): the current endpoint while it remains a candidate; else
+// candidates on an accepting node first, by node name then pod name; else the smallest pod
+// name. It returns nil and the reason when there is no candidate.
 func (c *compiler) chooseEndpoint(p *plan) (*endpoint, string) {
 	pm := p.pm
 	svc := pm.Namespace + "/" + pm.Spec.ServiceRef.Name

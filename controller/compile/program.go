@@ -132,9 +132,9 @@ func (b *programBuilder) nodeIndex() NodeIndex {
 
 // lacks reports what a node carrying a mapping's entries is missing: addresses on the
 // interfaces it binds, net.ipv4.ip_forward and, when it is a link end, an underlay address.
-// blocking is true when its entries cannot be built at all: no Node object, no reported state,
-// or a link end with no underlay address. Otherwise the entries are built and only the status
-// says what is missing (API.md, NodeNotReady).
+// blocking is true when its entries cannot be built at all: no Node object, no reported
+// state, or a link end with no underlay address. Otherwise the entries are built and only the
+// status says what is missing (docs/design/api.md#status-and-conditions, NodeNotReady).
 func (c *compiler) lacks(name string, ifaces []string, linkEnd bool) (miss []string, blocking bool) {
 	v := c.node(name)
 	switch {
@@ -235,11 +235,11 @@ func (c *compiler) checkNodes(p *plan) (problems, tunnels []string, built []*tar
 	return problems, tunnels, built
 }
 
-// emit writes a viable plan's entries into the programs of its nodes (founding document, the
-// two nft blocks and the return path; DESIGN.md for the identity SNAT on the pod's node): on
-// each programming node a DNAT per interface, translating to the local pod or to the far end
-// of its link, with the request's identity SNAT; on the pod's node that SNAT once, and the
-// far ends of the links (emitPodEnd).
+// emit writes a viable plan's entries into the programs of its nodes
+// (docs/design/datapath.md: kup-pre, kup-post, kup-mangle and the return path, with the
+// identity SNAT on the pod's node too): on each programming node a DNAT per interface,
+// translating to the local pod or to the far end of its link, with the request's identity
+// SNAT; on the pod's node that SNAT once, and the far ends of the links (emitPodEnd).
 func (c *compiler) emit(p *plan) {
 	if !p.ok() {
 		return
@@ -295,8 +295,9 @@ func (c *compiler) emit(p *plan) {
 	p.nodes = slices.Sorted(maps.Keys(carriers))
 }
 
-// requestSnat is the identity SNAT claiming a mapping's forwarded request, translated
-// towards address:ports, before the CNI's masquerade (founding document, kup-post).
+// requestSnat is the identity SNAT claiming a mapping's forwarded request, translated towards
+// address:ports, before the CNI's masquerade
+// (docs/design/datapath.md#kup-post-the-identity-snat).
 func requestSnat(p *plan, address string, ports *kuportv1.PortRange) *kuportv1.SnatRule {
 	return &kuportv1.SnatRule{
 		Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST, Address: address, Protocol: p.proto, Ports: ports,
@@ -321,19 +322,20 @@ func (c *compiler) emitLink(cl *claim, a, b string) {
 	}
 }
 
-// emitPodEnd writes the pod node's side of a plan's links (founding document, second nft
-// block, return path and the Multi section; DESIGN.md, return marking forms): per link the
-// device on both ends, the DNAT of what arrives on it and its return path; the reply's
-// identity SNAT once; and the return marking, the founding document's Multi form under
-// Single too: the arrival link is recorded in the flow's conntrack mark (a CT_SAVE rule per
-// link) and restored onto the reply (one CT_RESTORE rule, shared by every mapping to the pod
-// port). So any number of mappings, of any classes and modes, reach one pod port at once and
-// each reply returns the way its request came: over its link, or by main for a flow that came
-// in by none (a local accepting node's). A static mark (MARK_KIND_STATIC) would send every
-// reply from the pod port into one link. A packet the pod sends first, with no conntrack entry
-// (or one that idled out), takes mark 0 and leaves by the node's own uplink; under the static
-// mark it went over the link, where the accepting node's conntrack had no entry to translate
-// it back either, so it was lost the same (founding document, Multi).
+// emitPodEnd writes the pod node's side of a plan's links (docs/design/datapath.md: the link,
+// kup-mangle, the return path and serving modes): per link the device on both ends, the DNAT
+// of what arrives on it and its return path; the reply's identity SNAT once; and the return
+// marking, the Multi form under Single too
+// (docs/design/datapath.md#kup-mangle-return-marking): the arrival link is recorded in the
+// flow's conntrack mark (a CT_SAVE rule per link) and restored onto the reply (one CT_RESTORE
+// rule, shared by every mapping to the pod port). So any number of mappings, of any classes
+// and modes, reach one pod port at once and each reply returns the way its request came: over
+// its link, or by main for a flow that came in by none (a local accepting node's). A static
+// mark (MARK_KIND_STATIC) would send every reply from the pod port into one link. A packet
+// the pod sends first, with no conntrack entry (or one that idled out), takes mark 0 and
+// leaves by the node's own uplink; under the static mark it went over the link, where the
+// accepting node's conntrack had no entry to translate it back either, so it was lost the
+// same (docs/design/datapath.md#kup-mangle-return-marking).
 func (c *compiler) emitPodEnd(p *plan, links []*target, w wirePorts) {
 	ep := p.ep
 	b := c.programs[ep.node]

@@ -13,10 +13,10 @@ import (
 	"kuport.wlz.li/kuport/api/v1alpha1"
 )
 
-// issue12World is the lab of issue 12, Why 1: class public (Single, Vxlan) accepts on
+// samePortWorld has three pods wanting one port: class public (Single, Vxlan) accepts on
 // edge-a's enp1s0 and wt0; pods pod-b (10.244.18.107) and pod-b2 (10.244.18.108) on worker-b
 // and pod-a (10.244.17.7) on edge-a, each behind its own Service, on port 3300.
-func issue12World(pms ...*v1alpha1.PortMap) *Snapshot {
+func samePortWorld(pms ...*v1alpha1.PortMap) *Snapshot {
 	s := world(pms...)
 	addService(s, "pod-b", 3300, mkEndpoint("pod-b", "10.244.18.107", "worker-b"))
 	addService(s, "pod-b2", 3300, mkEndpoint("pod-b2", "10.244.18.108", "worker-b"))
@@ -24,13 +24,13 @@ func issue12World(pms ...*v1alpha1.PortMap) *Snapshot {
 	return s
 }
 
-// TestLateRefusalHoldsNothing is issue 12's case: xb, refused because its port would cross
-// the link that already carries it for xa, holds nothing, so xc (the same port on the same
-// interface, to a pod on the accepting node) is accepted. The next compilation, reading the
-// statuses back, keeps every verdict; xc now holds wt0's port, which is what refuses xb.
+// TestLateRefusalHoldsNothing: xb, refused because its port would cross the link that already
+// carries it for xa, holds nothing, so xc (the same port on the same interface, to a pod on
+// the accepting node) is accepted. The next compilation, reading the statuses back, keeps
+// every verdict; xc now holds wt0's port, which is what refuses xb.
 func TestLateRefusalHoldsNothing(t *testing.T) {
 	pms := func() *Snapshot {
-		return issue12World(mkPortMap("xa", 0, 3300, service("pod-b"), interfaces("enp1s0")),
+		return samePortWorld(mkPortMap("xa", 0, 3300, service("pod-b"), interfaces("enp1s0")),
 			mkPortMap("xb", 1, 3300, service("pod-b2"), interfaces("wt0")),
 			mkPortMap("xc", 2, 3300, service("pod-a"), interfaces("wt0")))
 	}
@@ -65,12 +65,13 @@ func TestLateRefusalHoldsNothing(t *testing.T) {
 	}
 }
 
-// TestRefusedMappingHoldsNothing refuses demo/bad for each reason of API.md's Accepted
-// condition, PortConflict in each of its forms, beside mappings that want what bad would
-// have held: the same port on the same node, interface and protocol, the link bad would
-// cross, the slot bad would have claimed (in a subnet with no slot to spare), the pod port
-// whose replies bad would have returned. Every other mapping is served, and the result is
-// exactly the one compiled without bad: its refusal holds no port, link, slot, table or mark.
+// TestRefusedMappingHoldsNothing refuses demo/bad for each reason of the Accepted condition
+// (docs/design/api.md#status-and-conditions), PortConflict in each of its forms, beside
+// mappings that want what bad would have held: the same port on the same node, interface and
+// protocol, the link bad would cross, the slot bad would have claimed (in a subnet with no
+// slot to spare), the pod port whose replies bad would have returned. Every other mapping is
+// served, and the result is exactly the one compiled without bad: its refusal holds no port,
+// link, slot, table or mark.
 func TestRefusedMappingHoldsNothing(t *testing.T) {
 	// bad is created between older (age 0) and later (age 2) mappings.
 	bad := func(port int32, muts ...func(*v1alpha1.PortMap)) *v1alpha1.PortMap {
@@ -97,9 +98,9 @@ func TestRefusedMappingHoldsNothing(t *testing.T) {
 		reason, message string
 	}{
 		{name: "ClassNotFound", reason: v1alpha1.ReasonClassNotFound,
-			snap: func() *Snapshot { return issue12World(bad(3300, className("nope")), later()) }},
+			snap: func() *Snapshot { return samePortWorld(bad(3300, className("nope")), later()) }},
 		{name: "NamespaceNotSelected", reason: v1alpha1.ReasonNamespaceNotSelected, snap: func() *Snapshot {
-			s := issue12World(bad(3300, className("picky")), later())
+			s := samePortWorld(bad(3300, className("picky")), later())
 			picky := mkClass("picky", 1, map[string][]string{"edge-a": {"enp1s0", "wt0"}})
 			picky.Spec.ReturnPath.Mode = v1alpha1.ReturnPathNone
 			picky.Spec.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"team": "a"}}
@@ -107,23 +108,23 @@ func TestRefusedMappingHoldsNothing(t *testing.T) {
 			return s
 		}},
 		{name: "InvalidPortRange", reason: v1alpha1.ReasonInvalidPortRange,
-			snap: func() *Snapshot { return issue12World(bad(3300, endPort(3299)), later()) }},
+			snap: func() *Snapshot { return samePortWorld(bad(3300, endPort(3299)), later()) }},
 		{name: "PortOutOfRange", reason: v1alpha1.ReasonPortOutOfRange,
-			snap: func() *Snapshot { return issue12World(bad(3300, endPort(65536)), later()) }},
+			snap: func() *Snapshot { return samePortWorld(bad(3300, endPort(65536)), later()) }},
 		{name: "PortReserved", reason: v1alpha1.ReasonPortReserved,
-			snap: func() *Snapshot { return issue12World(bad(3300, endPort(8080)), later()) }},
+			snap: func() *Snapshot { return samePortWorld(bad(3300, endPort(8080)), later()) }},
 		{name: "PortConflict: an older mapping holds the port on one of its interfaces",
 			reason: v1alpha1.ReasonPortConflict, message: "TCP ports 3300 on edge-a interface wt0 are held by demo/older",
 			snap: func() *Snapshot {
-				return issue12World(mkPortMap("older", 0, 3300, service("pod-a"), interfaces("wt0")), bad(3300),
+				return samePortWorld(mkPortMap("older", 0, 3300, service("pod-a"), interfaces("wt0")), bad(3300),
 					mkPortMap("later", 2, 3300, service("pod-b"), interfaces("enp1s0")))
 			}},
 		{name: "InterfaceNotInClass", reason: v1alpha1.ReasonInterfaceNotInClass,
-			snap: func() *Snapshot { return issue12World(bad(3300, interfaces("wt0", "eth9")), later()) }},
-		{name: "PortConflict: its port would cross a link that carries it for another mapping (issue 12)",
+			snap: func() *Snapshot { return samePortWorld(bad(3300, interfaces("wt0", "eth9")), later()) }},
+		{name: "PortConflict: its port would cross a link that carries it for another mapping",
 			reason: v1alpha1.ReasonPortConflict, message: `TCP ports 3300 cross link edge-a/worker-b of class "public", which already carries them for demo/xa`,
 			snap: func() *Snapshot {
-				return issue12World(mkPortMap("xa", 0, 3300, service("pod-b"), interfaces("enp1s0")),
+				return samePortWorld(mkPortMap("xa", 0, 3300, service("pod-b"), interfaces("enp1s0")),
 					mkPortMap("bad", 1, 3300, service("pod-b2"), interfaces("wt0")),
 					mkPortMap("xc", 2, 3300, service("pod-a"), interfaces("wt0")))
 			}},
@@ -133,7 +134,7 @@ func TestRefusedMappingHoldsNothing(t *testing.T) {
 				// bad would cross edge-a/worker-b beside older, hold 3300 on edge-a's wt0 (which
 				// same wants) and claim worker-b/worker-c, the last slot of a /30 (which later's
 				// edge-a/worker-c needs).
-				s := podC(issue12World(mkPortMap("older", 0, 3300, className("intranet"), service("pod-b"), interfaces("enp1s0")),
+				s := podC(samePortWorld(mkPortMap("older", 0, 3300, className("intranet"), service("pod-b"), interfaces("enp1s0")),
 					bad(3300, className("intranet"), interfaces("wt0", "eth0")),
 					mkPortMap("later", 2, 3301, className("intranet"), service("pod-c"), interfaces("wt0", "eth0")),
 					mkPortMap("same", 3, 3300, className("intranet"), service("pod-a"), interfaces("wt0"))))

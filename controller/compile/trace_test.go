@@ -26,17 +26,19 @@ func TestTraceLab(t *testing.T) {
 		addService(s, "shifted", 7000, mkEndpoint("shifted-0", "10.244.17.8", "edge-a"))
 		return s
 	}
-	// refusal is issue 12's: demo/xb (wt0 to pod-b2 on worker-b) is refused, its port crossing
-	// the link that carries it for demo/xa (enp1s0 to pod-b); demo/xc (wt0 to pod-a on edge-a) is
-	// served.
+	// refusal is a port crossing a link already taken: demo/xb (wt0 to pod-b2 on
+	// worker-b) is refused, its port crossing the link that carries it for demo/xa
+	// (enp1s0 to pod-b); demo/xc (wt0 to pod-a on edge-a) is served.
 	refusal := func() *Snapshot {
-		return issue12World(mkPortMap("xa", 0, 3300, service("pod-b"), interfaces("enp1s0")),
+		return samePortWorld(mkPortMap("xa", 0, 3300, service("pod-b"), interfaces("enp1s0")),
 			mkPortMap("xb", 1, 3300, service("pod-b2"), interfaces("wt0")),
 			mkPortMap("xc", 2, 3300, service("pod-a"), interfaces("wt0")))
 	}
-	// twoWays is issue 12's item 4: pod remote-0's port 3000 exposed publicly (class public,
-	// Single, over edge-a's link) and on the intranet (class intranet, Multi, forwarders
-	// edge-a and worker-c) at once; each reply returns over the link its request came by.
+	// twoWays is one pod port reached two ways
+	// (docs/design/datapath.md#kup-mangle-return-marking): pod remote-0's port 3000
+	// exposed publicly (class public, Single, over edge-a's link) and on the intranet
+	// (class intranet, Multi, forwarders edge-a and worker-c) at once; each reply returns
+	// over the link its request came by.
 	twoWays := func() *Snapshot {
 		s := world(mkPortMap("remote", 0, 3000), mkPortMap("i-remote", 1, 3001, className("intranet"), service("remote")))
 		s.Classes["intranet"] = multiClass(map[string][]string{"edge-a": {"enp1s0"}, "worker-c": {"eth0"}})

@@ -1,8 +1,8 @@
 // Package compile is kuport's brain: a pure function from a snapshot of the cluster (and the
 // allocations recorded in class status) to one fully resolved NodeProgram per node and the
 // status of every PortMap and PortMapClass. It takes no clock, no client and no kernel: the
-// caller passes the time as a value. Every rule it emits comes from the founding document
-// (spec/seed-datapath.md) as corrected by DESIGN.md; every condition and reason from API.md.
+// caller passes the time as a value. Every rule it emits comes from docs/design/datapath.md;
+// every condition and reason from docs/design/api.md.
 package compile
 
 import (
@@ -109,8 +109,8 @@ func (ix NodeIndex) Entry(id string) (string, *Entry) {
 // MappingIndex is what one node's program holds for one mapping, by the ids compile gave.
 type MappingIndex struct {
 	Mapping types.NamespacedName
-	// ServingNode is the mapping's serving node (API.md): the endpoint's node when it
-	// accepts, else the class's first accepting node by name.
+	// ServingNode is the mapping's serving node (docs/design/api.md#portmap): the
+	// endpoint's node when it accepts, else the class's first accepting node by name.
 	ServingNode string
 	// Entries are the mapping's DNAT, SNAT and mark rules in the program, sorted by id. Each
 	// is counted under its id (Counter.id).

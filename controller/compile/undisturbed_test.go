@@ -58,8 +58,9 @@ func mappingView(p *kuportv1.NodeProgram, mapping string) *kuportv1.NodeProgram 
 
 // TestFailuresLeaveOthersUndisturbed adds, beside two serving mappings (demo/by-local on
 // edge-a and demo/by-remote over the edge-a/worker-b link), one failing mapping or class per
-// reason of API.md, and checks the reason and that the bystanders' statuses, entries, links,
-// return paths and link claim are exactly what they are without it.
+// reason of docs/design/api.md#status-and-conditions, and checks the reason and that the
+// bystanders' statuses, entries, links, return paths and link claim are exactly what they are
+// without it.
 func TestFailuresLeaveOthersUndisturbed(t *testing.T) {
 	bystanders := func() *Snapshot {
 		return world(mkPortMap("by-local", 0, 5000, service("local")), mkPortMap("by-remote", 1, 5001, service("remote")))

@@ -1,9 +1,9 @@
-// Package dashboard serves the controller's read-only web page (DESIGN.md, "watch counters
-// on the controller's dashboard"): "/" is one self-contained page (no CDN, no build step)
-// that polls "/api/state" (State: counts and problems over every mapping, nodes, links,
-// classes and a searched, filtered page of mappings) or "/api/mapping" (MappingDetail: one
-// mapping with its path) every second and draws them, with its path and charts as inline
-// SVG. Run samples the counters for the rates and keeps a bounded 15-minute history.
+// Package dashboard serves the controller's read-only web page (docs/dashboard.md): "/" is
+// one self-contained page (no CDN, no build step) that polls "/api/state" (State: counts and
+// problems over every mapping, nodes, links, classes and a searched, filtered page of
+// mappings) or "/api/mapping" (MappingDetail: one mapping with its path) every second and
+// draws them, with its path and charts as inline SVG. Run samples the counters for the rates
+// and keeps a bounded 15-minute history.
 //
 // It reads the agent registry and the controller's informer caches through Source and
 // writes nothing anywhere: no API call, no kernel, no decision. Which entry, link or node

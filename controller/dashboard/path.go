@@ -21,8 +21,8 @@ type MappingDetail struct {
 	Links   []Link    `json:"links"`
 }
 
-// Path is a mapping's path as the founding document draws it: client → accepting node →
-// link → the pod's node → pod, one Branch per accepting node (a forwarder, under Multi
+// Path is a mapping's path as docs/design/datapath.md#two-shapes draws it: client → accepting
+// node → link → the pod's node → pod, one Branch per accepting node (a forwarder, under Multi
 // several). It is read from compile's index: a DNAT entry on one of the mapping's links
 // (MappingIndex.Links) is the pod's node receiving over that link, any other DNAT entry an
 // accepting interface.

@@ -95,8 +95,8 @@ type Mapping struct {
 	// Ports is "27015" or "27015-27115".
 	Ports    string                   `json:"ports"`
 	Endpoint *v1alpha1.EndpointStatus `json:"endpoint,omitempty"`
-	// ServingNode is the node status is about (API.md), as compile's index has it; empty
-	// while no program carries the mapping.
+	// ServingNode is the node status is about (docs/design/api.md#portmap), as compile's
+	// index has it; empty while no program carries the mapping.
 	ServingNode string `json:"servingNode,omitempty"`
 	// Nodes are the nodes whose programs carry the mapping (compile's index), sorted.
 	Nodes []string `json:"nodes"`

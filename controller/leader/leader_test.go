@@ -139,8 +139,8 @@ func TestEpochRisesWithEveryTerm(t *testing.T) {
 
 // TestFollowerTakesOverWhenTheLeaseExpires: while another holder renews the Lease the two
 // followers wait; once the renewals stop exactly one of them takes the Lease, no sooner than
-// LeaseDuration and sooner than LeaseDuration + RetryPeriod after the last renewal (issue
-// 5's bound), with leaseTransitions one higher.
+// LeaseDuration and sooner than LeaseDuration + RetryPeriod after the last renewal (the bound
+// of docs/leader-election.md), with leaseTransitions one higher.
 func TestFollowerTakesOverWhenTheLeaseExpires(t *testing.T) {
 	client := fake.NewClientset()
 	ctx := context.Background()

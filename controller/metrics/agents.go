@@ -40,8 +40,8 @@ type Unit string
 const (
 	// UnitFlows: the rule sits in a NAT chain (kup-pre, kup-post). Netfilter consults NAT
 	// only for a flow's first packet and replays the decision from conntrack for the rest
-	// (DESIGN.md, "NAT chains see only a flow's first packet"), so the counter's packets are
-	// new flows and its bytes those of their first packets.
+	// (docs/design/datapath.md#kup-count-out-counting-every-packet), so the counter's
+	// packets are new flows and its bytes those of their first packets.
 	UnitFlows Unit = "flows"
 	// UnitPackets: the rule sits in kup-mangle (a filter chain): it counts every packet.
 	UnitPackets Unit = "packets"

@@ -1,5 +1,5 @@
-// Package metrics is the controller's Prometheus surface (DESIGN.md, "metrics and
-// dashboard"): one dedicated registry served by Handler, holding
+// Package metrics is the controller's Prometheus surface (docs/dashboard.md): one dedicated
+// registry served by Handler, holding
 //
 //   - what the agents report, read from a Source (the agent registry) at scrape time: per
 //     mapping rule counters, per link statistics, connected agents and program versions;
@@ -84,9 +84,9 @@ func SetLeader(src Source) {
 // ObserveCompile records how long one compile (compile.Incremental) took.
 func ObserveCompile(d time.Duration) { compileSeconds.Observe(d.Seconds()) }
 
-// refusalReasons are the False reasons of API.md that compile decides, in its order:
-// Accepted's, then Programmed's. NotAccepted is absent: a PortMap not accepted is counted
-// under its Accepted reason.
+// refusalReasons are the False reasons of docs/design/api.md#status-and-conditions that
+// compile decides, in its order: Accepted's, then Programmed's. NotAccepted is absent: a
+// PortMap not accepted is counted under its Accepted reason.
 var refusalReasons = []string{
 	v1alpha1.ReasonClassNotFound, v1alpha1.ReasonNamespaceNotSelected, v1alpha1.ReasonInvalidPortRange,
 	v1alpha1.ReasonPortOutOfRange, v1alpha1.ReasonPortReserved, v1alpha1.ReasonPortConflict,
@@ -95,11 +95,11 @@ var refusalReasons = []string{
 	v1alpha1.ReasonNoInterfaceOnNode,
 }
 
-// SetRefusals sets kuport_refusals from one compile's PortMap results (compile.Result.PortMaps):
-// every reason of API.md is set, to 0 when no PortMap has it, so a refusal that clears shows
-// as 0 rather than as a vanished series. A mapping waiting only for an agent's
-// acknowledgement is not refused: compile reports it Programmed, the status writer's
-// downgrade to NodeNotReady is not counted.
+// SetRefusals sets kuport_refusals from one compile's PortMap results
+// (compile.Result.PortMaps): every reason of docs/design/api.md#status-and-conditions is set,
+// to 0 when no PortMap has it, so a refusal that clears shows as 0 rather than as a vanished
+// series. A mapping waiting only for an agent's acknowledgement is not refused: compile
+// reports it Programmed, the status writer's downgrade to NodeNotReady is not counted.
 func SetRefusals(portMaps map[types.NamespacedName]*compile.PortMapResult) {
 	counts := make(map[string]int, len(refusalReasons))
 	for _, r := range refusalReasons {

@@ -1,8 +1,8 @@
 // Package programmed decides a PortMap's Programmed condition and the controller's startup
 // hold: one pure function (Decide) of what compile said, the program versions where the
 // mapping's entries last changed on each node and what each node's agent acknowledged, and
-// the leadership term (API.md: Programmed=True means every node whose program carries the
-// mapping acknowledged the version containing it).
+// the leadership term (docs/design/api.md#status-and-conditions: Programmed=True means every
+// node whose program carries the mapping acknowledged the version containing it).
 //
 // It holds no state, takes the time as a value and touches neither the API server nor an
 // agent: the registry (controller/agents) supplies the values, the status writer
@@ -35,8 +35,9 @@ type Term struct {
 }
 
 // Holding reports whether the startup hold keeps programs back, and with them every status
-// write: compile has not heard every node a class names (DESIGN.md: an agent reconnecting
-// first must not be handed a program missing its peer's link), and the hold has not timed out.
+// write: compile has not heard every node a class names (docs/design/software.md#leadership:
+// an agent reconnecting first must not be handed a program missing its peer's link), and the
+// hold has not timed out.
 func (t Term) Holding() bool {
 	return !t.Released && len(t.Unheard) > 0 && t.Now.Before(t.HoldUntil)
 }
@@ -66,7 +67,7 @@ type Node struct {
 }
 
 // Ready tells whether n's kernel holds the mapping's entries; otherwise why not, naming the
-// node (API.md, NodeNotReady).
+// node (docs/design/api.md#status-and-conditions, NodeNotReady).
 func (n Node) Ready() (bool, string) {
 	switch {
 	case !n.Hello:

@@ -1,6 +1,6 @@
 // Package servingcert provides the TLS serving certificate of the controller's gRPC listeners,
 // so that the agent stream, which carries each agent's token, is encrypted and the agents can
-// verify whom they talk to (issue 10).
+// verify whom they talk to (docs/security.md#the-agent-stream-is-tls).
 //
 // The certificate comes from one of two sources, reloaded every RefreshInterval by a Reloader:
 //   - Files: a certificate and key on disk, for example a cert-manager Certificate's Secret

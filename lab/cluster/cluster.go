@@ -1,8 +1,9 @@
 // Package cluster runs the lab's real Kubernetes control plane: one etcd and one
 // kube-apiserver (v1.36.3, built by lab/build-binaries.sh) on loopback in the root network
-// namespace, with a generated PKI and an admin kubeconfig (DESIGN.md, "A real API server
-// builds here" and "Starting it"). No kubelet, controller-manager or scheduler runs: callers
-// create Nodes, ServiceAccounts and Pod status themselves, and nothing is garbage collected.
+// namespace, with a generated PKI and an admin kubeconfig
+// (docs/design/lab.md#a-real-api-server-built-from-the-module-proxy). No kubelet,
+// controller-manager or scheduler runs: callers create Nodes, ServiceAccounts and Pod status
+// themselves, and nothing is garbage collected.
 //
 // It owns only its state directory and the processes it starts (recorded as pid files there);
 // it listens on 127.0.0.1 only and touches no interface, route or firewall state.

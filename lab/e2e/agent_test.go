@@ -61,9 +61,9 @@ func assertLossless(t *testing.T, timeout time.Duration, streams map[string]*net
 	}
 }
 
-// TestPrivilegedE2EAgent shows the agent keeps traffic flowing (issue 4): streams through
-// a cross-node mapping lose nothing while agents are killed, restarted and upgraded, and a
-// UDP flow follows its mapping's endpoint within a second.
+// TestPrivilegedE2EAgent shows the agent keeps traffic flowing: streams through a cross-node
+// mapping lose nothing while agents are killed, restarted and upgraded, and a UDP flow
+// follows its mapping's endpoint within a second.
 func TestPrivilegedE2EAgent(t *testing.T) {
 	l := startLab(t)
 	ctx := context.Background()
@@ -137,10 +137,10 @@ func TestPrivilegedE2EAgent(t *testing.T) {
 	})
 }
 
-// TestPrivilegedE2EDriftRepaired (the hosts issue, item 5): what someone else removes of
-// kuport's on a node (its table, its pref 101 rule, its link) is put back within 2 s, by the
-// agent's watch of its own kernel objects: the lab's agents resync only every minute. Traffic
-// through a cross-node mapping answers again within those 2 s.
+// TestPrivilegedE2EDriftRepaired (docs/design/software.md#the-program): what someone else
+// removes of kuport's on a node (its table, its pref 101 rule, its link) is put back within
+// 2 s, by the agent's watch of its own kernel objects: the lab's agents resync only every
+// minute. Traffic through a cross-node mapping answers again within those 2 s.
 func TestPrivilegedE2EDriftRepaired(t *testing.T) {
 	l := startLab(t)
 	ctx := context.Background()

@@ -32,11 +32,12 @@ import (
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
-// TestPrivilegedE2EAuth shows agents prove their node (issue 5): over the agents' own unix
-// socket, a stream without a token, with a token of another audience, or with edge-a's
-// token saying Hello as worker-b is refused, and so is inspection; the lab's agents, each with
-// its own minted token, are connected and serve; and the inspection surface shows per-node
-// and per-mapping state.
+// TestPrivilegedE2EAuth shows agents prove their node
+// (docs/security.md#agents-prove-their-node): over the agents' own unix socket, a stream
+// without a token, with a token of another audience, or with edge-a's token saying Hello as
+// worker-b is refused, and so is inspection; the lab's agents, each with its own minted
+// token, are connected and serve; and the inspection surface shows per-node and per-mapping
+// state.
 func TestPrivilegedE2EAuth(t *testing.T) {
 	l := startLab(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -80,10 +80,10 @@ func clientSaw(t *testing.T, l *lab.Lab) []string {
 	return saw
 }
 
-// profileScenarios runs the founding document's scenarios in a lab under a CNI profile, one
-// subtest each: same-node and cross-node TCP and UDP (the demo's), a UDP range, Multi behind
-// a moving virtual address, one pod port two ways, a pod that speaks first, and last (it
-// stays) the host firewall.
+// profileScenarios runs the shapes of docs/design/datapath.md in a lab under a CNI profile,
+// one subtest each: same-node and cross-node TCP and UDP (the demo's), a UDP range, Multi
+// behind a moving virtual address, one pod port two ways, a pod that speaks first, and last
+// (it stays) the host firewall.
 func profileScenarios(t *testing.T, cni netlab.CNI) {
 	start := time.Now()
 	l := startLabWith(t, 1, cni)

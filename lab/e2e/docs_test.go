@@ -79,7 +79,7 @@ const (
 // docsStates put the lab into the state a docs/ block marked state=<name> repairs, check
 // that it bites, and return what checks the block repaired it and then undoes it.
 var docsStates = map[string]func(t *testing.T, l *lab.Lab) (repaired, undo func()){
-	// A host firewall whose forward chain drops by default (troubleshooting.md).
+	// A host firewall whose forward chain drops by default (docs/troubleshooting.md#a-host-firewall).
 	"firewall": func(t *testing.T, l *lab.Lab) (func(), func()) {
 		ctx := context.Background()
 		for _, cmd := range []string{"add table inet filter",

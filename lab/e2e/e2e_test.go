@@ -467,7 +467,7 @@ func TestPrivilegedE2E(t *testing.T) {
 		assert.Equal(t, "none", podSaw)
 		assert.Equal(t, "none", replyFrom)
 	})
-	t.Run("the founding document's classes apply unchanged and get their defaults", func(t *testing.T) {
+	t.Run("the founding project's classes apply unchanged and get their defaults", func(t *testing.T) {
 		labShell(t, "", repoRoot, "kubectl apply -f lab/e2e/testdata/founding-classes.yaml")
 		t.Cleanup(func() { _ = l.DeleteClass(ctx, "public"); _ = l.DeleteClass(ctx, "intranet") })
 		public, err := l.GetClass(ctx, "public")

@@ -91,8 +91,8 @@ func readExamples(t *testing.T) examples {
 }
 
 // TestExamplesAreFound: the examples are where an operator looks for them
-// (`grep -rn "kind: PortMap" docs/ README.md examples/`, issue 31), every file of examples/
-// holding a class or a mapping is found, and the README and the install page point at them.
+// (`grep -rn "kind: PortMap" docs/ README.md examples/`), every file of examples/ holding a
+// class or a mapping is found, and the README and the install page point at them.
 func TestExamplesAreFound(t *testing.T) {
 	c := exec.Command("grep", "-rn", "kind: PortMap", "docs/", "README.md", "examples/")
 	c.Dir = repoRoot

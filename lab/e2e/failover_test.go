@@ -59,10 +59,10 @@ func leads(t *testing.T, c kuportv1.ProgramServiceClient) bool {
 }
 
 // TestPrivilegedE2EFailover runs two controller replicas and SIGKILLs the leader under
-// traffic (issue 5): the streams lose nothing, the follower takes the Lease over and serves
-// with a higher epoch, a PortMap created right after the kill is Programmed by the new leader,
-// and the restarted replica follows, refusing inspection calls with the leader's name. That
-// an agent refuses a program of a lower epoch than the one it applied is
+// traffic (docs/leader-election.md): the streams lose nothing, the follower takes the Lease
+// over and serves with a higher epoch, a PortMap created right after the kill is Programmed
+// by the new leader, and the restarted replica follows, refusing inspection calls with the
+// leader's name. That an agent refuses a program of a lower epoch than the one it applied is
 // agent.TestLowerEpochProgramRefused's to show.
 func TestPrivilegedE2EFailover(t *testing.T) {
 	l := startLabReplicas(t, 2)
@@ -95,9 +95,9 @@ func TestPrivilegedE2EFailover(t *testing.T) {
 	require.NoError(t, l.Expose(ctx, lab.DemoNamespace, "after-kill", "app", corev1.ProtocolTCP, 3002,
 		lab.Backend{Pod: lab.PodB, Ready: true}))
 
-	// Issue 5's bounds, from the kill: the leader renewed at most RetryPeriod before it,
-	// the follower takes the Lease LeaseDuration after the last renewal it saw, and the
-	// new PortMap is Programmed at most 2 s after that.
+	// The takeover's bounds (docs/leader-election.md), from the kill: the leader renewed
+	// at most RetryPeriod before it, the follower takes the Lease LeaseDuration after the
+	// last renewal it saw, and the new PortMap is Programmed at most 2 s after that.
 	takeover := leader.DefaultLeaseDuration + leader.DefaultRetryPeriod
 	programmed := takeover + 2*time.Second
 

@@ -24,7 +24,9 @@ import (
 )
 
 // The recovery bound: traffic through kuport answers within this long of the agent applying
-// its program again (issue 26: a recreated link is the same link to its peer).
+// its program again
+// (docs/troubleshooting.md#traffic-stops-after-a-reboot-or-a-recreated-link: a recreated link
+// is the same link to its peer).
 const recoveredWithin = 2 * time.Second
 
 // probeInterval is the recovery probe's: a UDP request every 50 ms times each recovery to
@@ -264,12 +266,12 @@ func reboot(t *testing.T, l *lab.Lab, node string) {
 	require.NoError(t, l.StartAgent(node))
 }
 
-// testRecovery measures, with real traffic, how soon a mapping across the link answers
-// again after the events operators live through (issue 26), on one lab: each end's link
-// deleted, the table deleted, table and link together, a node reboot, an agent's first start
-// on a node, the mesh interface down and up, and the control plane away (the API server and
-// etcd stopped, every controller replica gone) while established streams lose nothing and
-// no kernel object is rebuilt.
+// testRecovery measures, with real traffic, how soon a mapping across the link answers again
+// after the events operators live through, on one lab: each end's link deleted, the table
+// deleted, table and link together, a node reboot, an agent's first start on a node, the mesh
+// interface down and up, and the control plane away (the API server and etcd stopped, every
+// controller replica gone) while established streams lose nothing and no kernel object is
+// rebuilt.
 func testRecovery(t *testing.T, l *lab.Lab) {
 	ctx := context.Background()
 	const udpPort, tcpPort = 27400, 3400

@@ -28,16 +28,16 @@ const (
 )
 
 // linkName is the device a node names after its peer: "kup-" + the first 8 hex digits of
-// sha256("<class>/<peer node>") (API.md).
+// sha256("<class>/<peer node>") (docs/design/datapath.md#the-link-device).
 func linkName(class, peer string) string {
 	sum := sha256.Sum256([]byte(class + "/" + peer))
 	return "kup-" + hex.EncodeToString(sum[:4])
 }
 
-// intranetClass is the founding document's Multi class `intranet` on the lab's nodes: its
-// own vni and subnet because it shares edge-a with `public`. The lab's client reaches the
-// nodes by their uplinks (a mesh client would need a mesh peer of its own), so the class
-// accepts on edge-a's enp1s0 and worker-c's eth0 rather than wt0.
+// intranetClass is the Multi class `intranet` of docs/design/datapath.md#serving-modes on the
+// lab's nodes: its own vni and subnet because it shares edge-a with `public`. The lab's
+// client reaches the nodes by their uplinks (a mesh client would need a mesh peer of its
+// own), so the class accepts on edge-a's enp1s0 and worker-c's eth0 rather than wt0.
 func intranetClass() *v1alpha1.PortMapClass {
 	return &v1alpha1.PortMapClass{
 		ObjectMeta: metav1.ObjectMeta{Name: "intranet"},
@@ -132,10 +132,10 @@ func vxlanLinks(t *testing.T, l *lab.Lab, node string) map[string]vxlanLink {
 	return m
 }
 
-// TestPrivilegedE2EShapes runs every mapping shape of the founding document in the lab:
-// port ranges, a shifted range, Multi with two forwarders and a routed virtual address,
-// two classes over one node pair, rescheduling under Single, and a controller restart
-// with all of them live.
+// TestPrivilegedE2EShapes runs every mapping shape of docs/design/datapath.md in the lab:
+// port ranges, a shifted range, Multi with two forwarders and a routed virtual address, two
+// classes over one node pair, rescheduling under Single, and a controller restart with all of
+// them live.
 func TestPrivilegedE2EShapes(t *testing.T) {
 	l := startLab(t)
 	ctx := context.Background()

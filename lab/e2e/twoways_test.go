@@ -15,13 +15,14 @@ import (
 	"kuport.wlz.li/kuport/lab/netlab"
 )
 
-// TestPrivilegedE2EOnePodPortTwoWays is issue 12's item 4: web-b's port 3400 exposed publicly
-// (class public, Single, dialed 3400 on edge-a, over public's link) and on the intranet
-// (class intranet, Multi, dialed 3401 on edge-a and worker-c and a routed virtual address,
-// over intranet's links from each), TCP and UDP. Both mappings are Programmed and answer from
-// every accepting node and the virtual address, with the client's address kept and the reply
-// from the dialed address; streams through all three ways at once lose nothing, and each
-// way's replies leave worker-b by the link its requests came in by.
+// TestPrivilegedE2EOnePodPortTwoWays (docs/design/datapath.md#kup-mangle-return-marking):
+// web-b's port 3400 exposed publicly (class public, Single, dialed 3400 on edge-a, over
+// public's link) and on the intranet (class intranet, Multi, dialed 3401 on edge-a and
+// worker-c and a routed virtual address, over intranet's links from each), TCP and UDP. Both
+// mappings are Programmed and answer from every accepting node and the virtual address, with
+// the client's address kept and the reply from the dialed address; streams through all three
+// ways at once lose nothing, and each way's replies leave worker-b by the link its requests
+// came in by.
 //
 // It ends with the scenario every CNI profile runs: a pod that speaks first from its
 // mapped port (podSpeaksFirst).

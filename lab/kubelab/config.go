@@ -5,9 +5,10 @@ import (
 	"path/filepath"
 )
 
-// containerdConfig is containerd 1.6's config for one node (notes/real-node.md): its own
-// root, state and socket; restrict_oom_score_adj, since runc cannot lower oom_score_adj
-// without CAP_SYS_RESOURCE; pod network namespaces under its state dir; the lab's pause image.
+// containerdConfig is containerd 1.6's config for one node
+// (docs/design/lab.md#a-real-node-kubelet-and-containerd): its own root, state and socket;
+// restrict_oom_score_adj, since runc cannot lower oom_score_adj without CAP_SYS_RESOURCE; pod
+// network namespaces under its state dir; the lab's pause image.
 func (n *node) containerdConfig() string {
 	return fmt.Sprintf(`version = 2
 root = %q
@@ -35,9 +36,9 @@ state = %q
 		filepath.Join(n.state(), "opt"), n.c.cfg.PauseImage, cniBinDir(), filepath.Join(n.dir(), "cni"))
 }
 
-// kubeletConfig is the kubelet's config for one node: cgroup v1 allowed, cgroupfs under
-// the node's own cgroupRoot, imported images never collected, eviction thresholds low
-// enough for a shared machine (notes/real-node.md).
+// kubeletConfig is the kubelet's config for one node: cgroup v1 allowed, cgroupfs under the
+// node's own cgroupRoot, imported images never collected, eviction thresholds low enough for
+// a shared machine (docs/design/lab.md#a-real-node-kubelet-and-containerd).
 func (n *node) kubeletConfig() string {
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration

@@ -16,14 +16,14 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
-// The cluster's CNI is Flannel, run for real (notes/cni.md, "Running Flannel for real in a
-// lab"): flanneld on every node with the kube subnet manager, vxlan on UDP 4789, its
-// nftables mode and --ip-masq, as Talos configures it (siderolabs/talos
-// internal/app/machined/pkg/controllers/k8s/internal/k8stemplates/flannel.go), over the
-// mesh interface; pods join through Flannel's CNI plugin, which hands the bridge plugin the
-// node's subnet from flanneld's subnet file. flanneld runs as a plain process in the node
-// namespace, as kube-proxy does here, rather than as Talos's DaemonSet: the lab has no
-// registry for its image.
+// The cluster's CNI is Flannel, run for real (docs/design/cni.md#running-flannel-for-real):
+// flanneld on every node with the kube subnet manager, vxlan on UDP 4789, its nftables mode
+// and --ip-masq, as Talos configures it (siderolabs/talos
+// internal/app/machined/pkg/controllers/k8s/internal/k8stemplates/flannel.go), over the mesh
+// interface; pods join through Flannel's CNI plugin, which hands the bridge plugin the node's
+// subnet from flanneld's subnet file. flanneld runs as a plain process in the node namespace,
+// as kube-proxy does here, rather than as Talos's DaemonSet: the lab has no registry for its
+// image.
 
 // flannelNetConf is Talos's net-conf.json for a cluster with one IPv4 pod network and no
 // KubeSpan (no MTU: flanneld derives it from the mesh interface, wt0's 1420 less vxlan's 50).

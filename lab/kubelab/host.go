@@ -21,7 +21,8 @@ const cgroupFS = "/sys/fs/cgroup"
 // cgroupPrefix names every node's cgroupRoot (node.cgroupName).
 const cgroupPrefix = "kuport-lab-"
 
-// kubeletSysctls are the global settings every kubelet start rewrites (notes/real-node.md).
+// kubeletSysctls are the global settings every kubelet start rewrites
+// (docs/design/lab.md#a-real-node-kubelet-and-containerd).
 var kubeletSysctls = []string{"vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops"}
 
 // runtimeDirs are the container runtime's default directories, which it creates whatever

@@ -1,13 +1,13 @@
 // Package kubelab turns the lab's node namespaces into real Kubernetes nodes
-// (notes/real-node.md): each node namespace runs containerd and a kubelet (entered with
-// nsenter, so they share the host's mount namespace) and kube-proxy in nftables mode; the
-// root namespace runs kube-controller-manager and kube-scheduler beside the lab's API server,
-// and CoreDNS runs as a Deployment. The CNI is real Flannel (flannel.go): flanneld in each
-// node namespace carries pod traffic between nodes in vxlan over the mesh (wt0) and
-// masquerades pods' traffic leaving the cluster with its own nftables rules, and its CNI
-// plugin puts pods on the cni0 bridge; the lab's mesh drop still applies. kuport itself is
-// then installed the way operators do, with `kubectl apply -k` of deploy/ (through the lab
-// overlay in lab/kubelab/overlay).
+// (docs/design/lab.md#a-real-node-kubelet-and-containerd): each node namespace runs
+// containerd and a kubelet (entered with nsenter, so they share the host's mount namespace)
+// and kube-proxy in nftables mode; the root namespace runs kube-controller-manager and
+// kube-scheduler beside the lab's API server, and CoreDNS runs as a Deployment. The CNI is
+// real Flannel (flannel.go): flanneld in each node namespace carries pod traffic between
+// nodes in vxlan over the mesh (wt0) and masquerades pods' traffic leaving the cluster with
+// its own nftables rules, and its CNI plugin puts pods on the cni0 bridge; the lab's mesh
+// drop still applies. kuport itself is then installed the way operators do, with `kubectl
+// apply -k` of deploy/ (through the lab overlay in lab/kubelab/overlay).
 //
 // The API server stays on the root namespace's loopback: a unix socket (a filesystem path
 // crosses network namespaces) bridged by socat carries every node's API traffic, reaching
@@ -155,7 +155,8 @@ func (c *Cluster) start(ctx context.Context) error {
 			return fmt.Errorf("kubelab: node %s: %w", n.spec.Name, err)
 		}
 	}
-	// The kubelet rewrites global sysctls when it starts (notes/real-node.md); put them back.
+	// The kubelet rewrites global sysctls when it starts
+	// (docs/design/lab.md#a-real-node-kubelet-and-containerd); put them back.
 	if err := writeKubeletSysctls(c.sysctls); err != nil {
 		return err
 	}

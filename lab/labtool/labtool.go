@@ -1,7 +1,7 @@
-// Package labtool is the lab's pod server and client: the `serve` and `probe` subcommands
-// of kuport-lab. A pod runs `serve` and answers every request with the peer address it saw
-// (not an echo of the input); the client runs `probe` and prints what the pod saw and
-// which address the answer came from (DESIGN.md "The lab", "Reading replies").
+// Package labtool is the lab's pod server and client: the `serve` and `probe` subcommands of
+// kuport-lab. A pod runs `serve` and answers every request with the peer address it saw (not
+// an echo of the input); the client runs `probe` and prints what the pod saw and which
+// address the answer came from (docs/design/lab.md#what-runs-where, "Reading replies").
 //
 // The package only opens sockets; it never configures the network. The lab runs both
 // sides inside network namespaces it created.

@@ -1,11 +1,11 @@
-// Package negative shows each element of the founding document's datapath load-bearing
-// (spec/seed-datapath.md, DESIGN.md "Lab facts already verified"): on the lab network
-// (lab/netlab), with no API server, controller or agent, programs written by hand are
-// applied straight through datapath into the node namespaces. Each test first proves the
-// full program works (the pod sees the client, the reply comes from the dialed address),
-// then takes one element away and asserts the failure the founding document measured.
-// No agent runs, so nothing repairs what a test removes. It runs only as root with
-// KUPORT_PRIVILEGED=1.
+// Package negative shows each element of the datapath load-bearing
+// (docs/design/datapath.md#shown-load-bearing,
+// docs/design/lab.md#datapath-facts-verified-in-namespaces): on the lab network (lab/netlab),
+// with no API server, controller or agent, programs written by hand are applied straight
+// through datapath into the node namespaces. Each test first proves the full program works
+// (the pod sees the client, the reply comes from the dialed address), then takes one element
+// away and asserts the failure measured there. No agent runs, so nothing repairs what a test
+// removes. It runs only as root with KUPORT_PRIVILEGED=1.
 package negative
 
 import (
@@ -134,7 +134,8 @@ func (l *testLab) seenSince(t *testing.T, proto string, from int) string {
 	return log[from:]
 }
 
-// link is one end of a vxlan link (founding document, the link), 1370 = wt0's 1420 - 50.
+// link is one end of a vxlan link (docs/design/datapath.md#the-link-device), 1370 = wt0's
+// 1420 - 50.
 func link(name, peer string, vni uint32, local, remote, addr, peerAddr string) *kuportv1.Link {
 	return &kuportv1.Link{Name: name, ClassName: "negative", PeerNode: peer, Vni: vni, Port: 4790,
 		LocalUnderlay: local, RemoteUnderlay: remote, LocalAddress: addr, PeerAddress: peerAddr, Mtu: 1370}
@@ -216,12 +217,12 @@ func (l *testLab) applySingle(t *testing.T) (workerB *kuportv1.NodeProgram) {
 	return workerB
 }
 
-// Without the identity SNAT on the pod's node the forwarded request leaves by
-// cilium_host with a foreign source, and Cilium's own rules leave it alone: its tunnel-mode
-// host->cluster masquerade (cilium/cilium pkg/datapath/iptables/iptables.go) spares
-// destinations in the node's pod CIDR, so the pod still sees the client. The strict
-// masquerade DESIGN.md describes, under which the pod saw worker-b's cilium_host address,
-// is stricter than Cilium (lab/netlab/cni.go has the real rules).
+// Without the identity SNAT on the pod's node the forwarded request leaves by cilium_host
+// with a foreign source, and Cilium's own rules leave it alone: its tunnel-mode host->cluster
+// masquerade (cilium/cilium pkg/datapath/iptables/iptables.go) spares destinations in the
+// node's pod CIDR, so the pod still sees the client. The strict masquerade of
+// docs/design/lab.md#emulating-the-cni-and-the-mesh, under which the pod saw worker-b's
+// cilium_host address, is stricter than Cilium (lab/netlab/cni.go has the real rules).
 func TestPrivilegedNoIdentitySNATOnPodNode(t *testing.T) {
 	l := startLab(t)
 	workerB := l.applySingle(t)
@@ -239,10 +240,10 @@ func TestPrivilegedNoIdentitySNATOnPodNode(t *testing.T) {
 	}
 }
 
-// Without the pref 101 rule the encapsulated reply, which carries the inner packet's
-// mark, matches pref 102 and is routed back into the link it just left: the kernel
-// refuses it silently, counts a tx_error on the link, and the reply is lost (founding
-// document, pref 101).
+// Without the pref 101 rule the encapsulated reply, which carries the inner packet's mark,
+// matches pref 102 and is routed back into the link it just left: the kernel refuses it
+// silently, counts a tx_error on the link, and the reply is lost
+// (docs/design/datapath.md#the-return-path-ip-rules-101-and-102).
 func TestPrivilegedLoopGuardRule(t *testing.T) {
 	l := startLab(t)
 	workerB := l.applySingle(t)
@@ -273,11 +274,11 @@ func (l *testLab) txErrors(t *testing.T, name string) uint64 {
 	return 0
 }
 
-// Multi with two forwarders, edge-a and worker-c, each with its own link to worker-b.
-// Saving the arrival link's mark on the flow and restoring it on the reply sends each
-// reply back through the forwarder that holds its conntrack entry. A static mark sends
-// every reply to edge-a, so a client that came in through worker-c gets nothing
-// (DESIGN.md, "Return marking forms that worked").
+// Multi with two forwarders, edge-a and worker-c, each with its own link to worker-b. Saving
+// the arrival link's mark on the flow and restoring it on the reply sends each reply back
+// through the forwarder that holds its conntrack entry. A static mark sends every reply to
+// edge-a, so a client that came in through worker-c gets nothing
+// (docs/design/datapath.md#kup-mangle-return-marking).
 func TestPrivilegedMultiReturnMarking(t *testing.T) {
 	l := startLab(t)
 	edgeA := link("kup-e2b", "worker-b", 4300, "100.64.93.143", "100.64.93.150", "169.254.79.0", "169.254.79.1")
@@ -300,11 +301,11 @@ func TestPrivilegedMultiReturnMarking(t *testing.T) {
 	assert.Equal(t, netlab.ProbeResult{}, l.probe(t, "tcp", dialWorkerC, lostWait), "no tcp reply through worker-c")
 }
 
-// A DNAT on the accepting node straight to the remote pod sends a packet with the
-// client's source into the mesh, where WireGuard's cryptokey routing finds no peer whose
-// allowed-IPs (each a node's own /32) holds the pod: the packet enters wt0 and dies there
-// (founding document, why the link exists; the receive side of the drop is the lab
-// self-check's, lab/netlab/selfcheck.go).
+// A DNAT on the accepting node straight to the remote pod sends a packet with the client's
+// source into the mesh, where WireGuard's cryptokey routing finds no peer whose allowed-IPs
+// (each a node's own /32) holds the pod: the packet enters wt0 and dies there
+// (docs/design/datapath.md#why-a-link; the receive side of the drop is the lab self-check's,
+// lab/netlab/selfcheck.go).
 func TestPrivilegedDirectDNATDiesAtMesh(t *testing.T) {
 	l := startLab(t)
 	l.applySingle(t)

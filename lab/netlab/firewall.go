@@ -6,9 +6,10 @@ import (
 	"strings"
 )
 
-// Host firewalls as real nodes run them (issue 12): a block-mode ingress firewall like
-// Talos's, and a mesh's mark-and-drop pair like netbird's. Neither is part of the lab until
-// a test adds it to a node; both live in tables of their own, which kuport never touches.
+// Host firewalls as real nodes run them (docs/design/datapath.md#kup-steer-host-firewalls): a
+// block-mode ingress firewall like Talos's, and a mesh's mark-and-drop pair like netbird's.
+// Neither is part of the lab until a test adds it to a node; both live in tables of their
+// own, which kuport never touches.
 
 // Names of the firewall tables and their named counters, for NftCounter.
 const (

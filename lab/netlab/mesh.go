@@ -17,15 +17,15 @@ import (
 	"time"
 )
 
-// The mesh is real WireGuard (notes/real-mesh.md): every node's wt0 is a device of the
+// The mesh is real WireGuard (docs/design/mesh.md): every node's wt0 is a device of the
 // userspace implementation wireguard-go, one daemon per node, configured with the lab's keys
 // through its UAPI socket by `wg` (Debian's wireguard-tools). Each peer's allowed-IPs is
 // exactly the peer's wt0 /32, as a mesh such as netbird configures it, so WireGuard's
 // cryptokey routing drops a packet that keeps a client's source, from both ends: the sender
-// finds no peer for a destination outside every allowed-IPs, the receiver discards a
-// source outside the sending peer's. The daemons' UDP crosses an underlay of its own, the
-// bridge in MeshNS, on addresses (NodeSpec.EndpointAddr, 198.19.93.0/24) that no interface
-// of the machine's root namespace holds.
+// finds no peer for a destination outside every allowed-IPs, the receiver discards a source
+// outside the sending peer's. The daemons' UDP crosses an underlay of its own, the bridge in
+// MeshNS, on addresses (NodeSpec.EndpointAddr, 198.19.93.0/24) that no interface of the
+// machine's root namespace holds.
 
 const (
 	// WireGuardEnv names the environment variable holding the path of the wireguard-go

@@ -1,5 +1,5 @@
-// Package netlab builds the lab's network out of Linux network namespaces (DESIGN.md "The
-// lab" and "Lab facts already verified on this kernel"):
+// Package netlab builds the lab's network out of Linux network namespaces
+// (docs/design/lab.md#topology and docs/design/lab.md#datapath-facts-verified-in-namespaces):
 //
 //	client (198.51.100.7) ── kup-router (the internet) ── edge-a  enp1s0 203.0.113.9
 //	                                                  ├── worker-b eth0  192.0.2.2

@@ -19,9 +19,9 @@ import (
 	"kuport.wlz.li/kuport/lab/netlab"
 )
 
-// testRuleset is what the datapath will program for a local pod (founding document,
-// first diagram): a plain DNAT on the uplink plus the identity SNAT that claims the
-// connection before any CNI masquerade could.
+// testRuleset is what the datapath will program for a local pod
+// (docs/design/datapath.md#two-shapes, the first): a plain DNAT on the uplink plus the
+// identity SNAT that claims the connection before any CNI masquerade could.
 const testRuleset = `table ip test-dnat {
 	chain pre {
 		type nat hook prerouting priority dstnat - 10; policy accept;

@@ -41,10 +41,11 @@ func (n *Net) Start(netns, logFile string, args ...string) (*Proc, error) {
 	return n.start(netns, logFile, args)
 }
 
-// StartShared is Start for processes that must share the root mount namespace while they
-// run in netns: `ip netns exec` gives its command a private mount namespace (to remount
-// /sys), which would hide a kubelet's volume mounts from the container runtime
-// (notes/real-node.md), so this enters only the network namespace, with nsenter.
+// StartShared is Start for processes that must share the root mount namespace while they run
+// in netns: `ip netns exec` gives its command a private mount namespace (to remount /sys),
+// which would hide a kubelet's volume mounts from the container runtime
+// (docs/design/lab.md#a-real-node-kubelet-and-containerd), so this enters only the network
+// namespace, with nsenter.
 func (n *Net) StartShared(netns, logFile string, args ...string) (*Proc, error) {
 	if len(args) == 0 || netns == "" {
 		return nil, errors.New("netlab: StartShared needs a namespace and a command")

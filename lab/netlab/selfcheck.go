@@ -27,8 +27,9 @@ const (
 	meshReachWait = "12"
 )
 
-// SelfCheck proves the mesh and the CNI emulation bite (DESIGN.md "The lab", Self-check),
-// using the first node as the accepting node and the second as the remote one:
+// SelfCheck proves the mesh and the CNI emulation bite
+// (docs/design/lab.md#emulating-the-cni-and-the-mesh), using the first node as the accepting
+// node and the second as the remote one:
 //  1. the mesh carries node-to-node traffic: every node pings every other node's wt0
 //     address (which also completes the WireGuard handshakes);
 //  2. the mesh drops a forwarded packet that keeps the client's source, from both ends

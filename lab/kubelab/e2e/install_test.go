@@ -1,10 +1,9 @@
-// Package e2e proves kuport's install as operators run it (the install issue): real
-// kubelets and containerd in the lab's node namespaces, kube-controller-manager, the
-// scheduler, kube-proxy and CoreDNS, kuport installed with `kubectl apply -k` of deploy/
-// (through the lab overlay) from image tarballs `make images` built, then upgraded, failed
-// over, drained and uninstalled exactly as docs/install.md and docs/upgrade.md say, with real
-// traffic throughout.
-// It runs only as root with KUPORT_PRIVILEGED=1 (`make test` sets it).
+// Package e2e proves kuport's install as operators run it: real kubelets and containerd in
+// the lab's node namespaces, kube-controller-manager, the scheduler, kube-proxy and CoreDNS,
+// kuport installed with `kubectl apply -k` of deploy/ (through the lab overlay) from image
+// tarballs `make images` built, then upgraded, failed over, drained and uninstalled exactly
+// as docs/install.md and docs/upgrade.md say, with real traffic throughout. It runs only as
+// root with KUPORT_PRIVILEGED=1 (`make test` sets it).
 package e2e
 
 import (

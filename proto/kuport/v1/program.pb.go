@@ -8,8 +8,8 @@
 //
 // The controller compiles every decision (endpoint, serving node, links, slots, marks,
 // tables, MTU) into one fully resolved NodeProgram per node; an agent applies exactly what it
-// is given and makes no choices of its own. Rule forms are those of the founding document
-// (spec/seed-datapath.md) as corrected by DESIGN.md.
+// is given and makes no choices of its own. Rule forms are those of
+// docs/design/datapath.md.
 
 package kuportv1
 
@@ -91,7 +91,7 @@ const (
 	//
 	// Claims a request kup-pre translated (kup-pre sets the translated bit on its first
 	// packet) before the CNI's masquerade, whatever device it leaves by: the CNI's bridge, a
-	// pod's own veth, a link (founding document, kup-post).
+	// pod's own veth, a link (docs/design/datapath.md#kup-post-the-identity-snat).
 	SnatKind_SNAT_KIND_REQUEST SnatKind = 1
 	// oifname "kup-*" ip saddr <address> <protocol> sport <ports> counter snat to ip saddr
 	// Exempts a packet the pod sends first into one of kuport's links from the CNI's
@@ -140,8 +140,8 @@ func (SnatKind) EnumDescriptor() ([]byte, []int) {
 	return file_kuport_v1_program_proto_rawDescGZIP(), []int{1}
 }
 
-// MarkKind selects the form of a return-marking rule in kup-mangle (DESIGN.md, "Return
-// marking forms that worked").
+// MarkKind selects the form of a return-marking rule in kup-mangle
+// (docs/design/datapath.md#kup-mangle-return-marking).
 type MarkKind int32
 
 const (
@@ -449,7 +449,8 @@ type ReturnMarking struct {
 	// the program is a non-zero value under it.
 	MarkMask uint32 `protobuf:"varint,1,opt,name=mark_mask,json=markMask,proto3" json:"mark_mask,omitempty"`
 	// Pref of the rule that keeps a marked packet bound for the link's peer underlay in main
-	// (founding document, pref 101); before divert_pref.
+	// (docs/design/datapath.md#the-return-path-ip-rules-101-and-102, pref 101); before
+	// divert_pref.
 	LoopGuardPref uint32 `protobuf:"varint,2,opt,name=loop_guard_pref,json=loopGuardPref,proto3" json:"loop_guard_pref,omitempty"`
 	// Pref of the rule that sends a marked reply to its return path's table (pref 102).
 	DivertPref uint32 `protobuf:"varint,3,opt,name=divert_pref,json=divertPref,proto3" json:"divert_pref,omitempty"`
@@ -862,7 +863,8 @@ func (x *MarkRule) GetInInterface() string {
 	return ""
 }
 
-// Link is one vxlan device between this node and a peer (founding document, the link).
+// Link is one vxlan device between this node and a peer
+// (docs/design/datapath.md#the-link-device).
 type Link struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Device name: "kup-" + first 8 hex digits of sha256("<class>/<peer node>").
@@ -1001,7 +1003,8 @@ func (x *Link) GetMac() string {
 	return ""
 }
 
-// ReturnPath diverts marked replies into a link (founding document, pref 101/102):
+// ReturnPath diverts marked replies into a link
+// (docs/design/datapath.md#the-return-path-ip-rules-101-and-102):
 //
 //	ip rule add pref <loop_guard_pref> fwmark <mark>/<mark_mask> to <peer_underlay>/32 lookup main
 //	ip rule add pref <divert_pref> fwmark <mark>/<mark_mask> lookup <table>

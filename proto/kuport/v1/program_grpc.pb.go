@@ -8,8 +8,8 @@
 //
 // The controller compiles every decision (endpoint, serving node, links, slots, marks,
 // tables, MTU) into one fully resolved NodeProgram per node; an agent applies exactly what it
-// is given and makes no choices of its own. Rule forms are those of the founding document
-// (spec/seed-datapath.md) as corrected by DESIGN.md.
+// is given and makes no choices of its own. Rule forms are those of
+// docs/design/datapath.md.
 
 package kuportv1
 
