@@ -287,7 +287,3 @@ func TestTunnelOf(t *testing.T) {
 		assert.Equal(t, c.port, port, "%T", c.link)
 	}
 }
-
-// kuportTable reports the tables the tests' programs give return paths: from 201 (programs
-// without return_marking) or the default range, never the kernel's.
-func kuportTable(t int) bool { return t >= 201 && !reservedTable(t) }
