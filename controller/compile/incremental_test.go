@@ -26,6 +26,30 @@ type events struct {
 	next int
 }
 
+// newEvents starts a sequence drawn from seed in the lab's world with two classes: public,
+// whose links share a wide subnet, and direct, which builds no links.
+func newEvents(seed uint64) *events {
+	e := &events{r: rand.New(rand.NewPCG(seed, 13)), s: world()}
+	e.s.Classes["public"].Spec.ReturnPath.Vxlan.Subnet = "169.254.0.0/16"
+	direct := mkClass("direct", 1, map[string][]string{"edge-a": {"enp1s0"}, "worker-b": {"eth0"}})
+	direct.Spec.ReturnPath = v1alpha1.ReturnPath{Mode: v1alpha1.ReturnPathNone}
+	e.s.Classes["direct"] = direct
+	return e
+}
+
+// advance is step, with the statuses of a full compile written back when the step is the
+// controller writing statuses: the next snapshot, the Changes from the one before as the
+// informers' events would tell them, and what happened.
+func (e *events) advance() (*Snapshot, *Changes, string) {
+	prev := e.s
+	s, what := e.step()
+	if what == "statuses written" {
+		e.writeBack(Compile(s))
+		s = e.s
+	}
+	return s, changesBetween(prev, s), what
+}
+
 // step returns the next snapshot and what changed.
 func (e *events) step() (*Snapshot, string) {
 	prev := e.s
@@ -156,22 +180,13 @@ func (e *events) writeBack(res *Result) {
 func TestIncrementalEqualsFull(t *testing.T) {
 	for seed := range uint64(6) {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
-			e := &events{r: rand.New(rand.NewPCG(seed, 13)), s: world()}
-			e.s.Classes["public"].Spec.ReturnPath.Vxlan.Subnet = "169.254.0.0/16"
-			direct := mkClass("direct", 1, map[string][]string{"edge-a": {"enp1s0"}, "worker-b": {"eth0"}})
-			direct.Spec.ReturnPath = v1alpha1.ReturnPath{Mode: v1alpha1.ReturnPathNone}
-			e.s.Classes["direct"] = direct
+			e := newEvents(seed)
 			classEdits := 0
 			var inc, told Incremental
 			var prevGot *Result
 			partial := 0
-			prev := e.s
 			for step := range 300 {
-				s, what := e.step()
-				if what == "statuses written" {
-					e.writeBack(Compile(s))
-					s = e.s
-				}
+				s, ch, what := e.advance()
 				want := Compile(s)
 				got := inc.Compile(s)
 				if !same(t, want, got) {
@@ -179,11 +194,10 @@ func TestIncrementalEqualsFull(t *testing.T) {
 						cmp.Diff(canonicalResult(want), canonicalResult(got)))
 				}
 				checkPrograms(t, got)
-				if gotTold := told.CompileChanges(s, changesBetween(prev, s)); !same(t, want, gotTold) {
+				if gotTold := told.CompileChanges(s, ch); !same(t, want, gotTold) {
 					t.Fatalf("step %d (%s): incremental from Changes differs from full (-full +incremental):\n%s", step, what,
 						cmp.Diff(canonicalResult(want), canonicalResult(gotTold)))
 				}
-				prev = s
 				if changed := inc.Changed(); changed != nil {
 					for k, r := range got.PortMaps {
 						if !slices.Contains(changed, k) && prevGot.PortMaps[k] != r {
