@@ -649,7 +649,12 @@ func (k *fakeKernel) dumpText() (string, error) {
 		if r.Table == unix.RT_TABLE_MAIN {
 			table = "main"
 		}
-		fmt.Fprintf(&b, " fwmark %#x lookup %s proto %d\n", r.Mark, table, r.Protocol)
+		// As ip rule prints it: the mask when it is not the whole mark.
+		fmt.Fprintf(&b, " fwmark %#x", r.Mark)
+		if r.Mask != nil && *r.Mask != 0xffffffff {
+			fmt.Fprintf(&b, "/%#x", *r.Mask)
+		}
+		fmt.Fprintf(&b, " lookup %s proto %d\n", table, r.Protocol)
 	}
 	routes := slices.DeleteFunc(slices.Clone(k.routes), func(r netlink.Route) bool { return !kuportTable(r.Table) })
 	slices.SortStableFunc(routes, func(a, b netlink.Route) int { return a.Table - b.Table })
