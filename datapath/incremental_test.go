@@ -174,7 +174,10 @@ func TestIncrementalSteps(t *testing.T) {
 
 // TestIncrementalEqualsFull draws random programs, each a few random edits from the last,
 // and checks that every compile equals the whole program's and that the fake kernel holds
-// what Render prints, with Validate compiling before Apply as the agent does.
+// what Render prints, with Validate compiling before Apply as the agent does. Mark entries
+// take the forms compile emits (a return marking, the arrival link saved on the flow and the
+// reply's mark restored by its pod port), so mappings to one pod port share a
+// mark-ct-restore element.
 func TestIncrementalEqualsFull(t *testing.T) {
 	r := rand.New(rand.NewPCG(11, 12))
 	pods := []string{"10.244.1.1", "10.244.1.2", "10.244.1.3", "10.244.2.1", "10.244.2.2", "10.244.2.3"}
@@ -192,16 +195,23 @@ func TestIncrementalEqualsFull(t *testing.T) {
 		return &kuportv1.SnatRule{Id: id, Kind: kuportv1.SnatKind(1 + pick(2)), Address: pods[pick(len(pods))],
 			Protocol: kuportv1.Protocol(1 + pick(2)), Ports: ports()}
 	}
+	links := []struct{ name, addr string }{{"kup-l1", "169.254.77.1"}, {"kup-l2", "169.254.79.1"}}
 	newMark := func(id string) *kuportv1.MarkRule {
-		return &kuportv1.MarkRule{Id: id, Address: pods[pick(len(pods))], Protocol: kuportv1.Protocol(1 + pick(2)), Ports: ports(),
-			Mark: 0x1000 + uint32(pick(2)), Kind: kuportv1.MarkKind_MARK_KIND_STATIC}
+		if pick(2) == 0 {
+			return &kuportv1.MarkRule{Id: id, Kind: kuportv1.MarkKind_MARK_KIND_CT_RESTORE, Address: pods[pick(len(pods))],
+				Protocol: kuportv1.Protocol(1 + pick(2)), Ports: ports()}
+		}
+		l := links[pick(len(links))]
+		return &kuportv1.MarkRule{Id: id, Kind: kuportv1.MarkKind_MARK_KIND_CT_SAVE, InInterface: l.name, Address: l.addr,
+			Protocol: kuportv1.Protocol(1 + pick(2)), Ports: ports(), Mark: 1 + uint32(pick(2))}
 	}
 	k := newFakeKernel("100.64.93.150")
 	dp := k.datapath(t)
-	p := &kuportv1.NodeProgram{Node: "edge-a"}
+	p := &kuportv1.NodeProgram{Node: "edge-a", ReturnMarking: &kuportv1.ReturnMarking{MarkMask: 0x301f, FirstTable: 0x6b71,
+		LastTable: 0x6b71 + 126, LoopGuardPref: 101, DivertPref: 102}}
 	next := 0
 	id := func() string { next++; return fmt.Sprintf("e%d", next) }
-	incremental := 0
+	incremental, sharedRestore := 0, 0
 	for i := range 400 {
 		p = proto.CloneOf(p)
 		for range 1 + pick(3) {
@@ -221,10 +231,23 @@ func TestIncrementalEqualsFull(t *testing.T) {
 				e := proto.CloneOf(p.SnatRules[pick(len(p.SnatRules))])
 				e.Id = id()
 				p.SnatRules = slices.Insert(p.SnatRules, pick(len(p.SnatRules)+1), e)
-			case op < 6:
+			case op < 6 && pick(2) == 0:
 				p.MarkRules = append(p.MarkRules, newMark(id()))
+			case op < 6:
+				// Anywhere, another mapping to a pod port one has: its restore element is
+				// shared (joined, or held for a later entry).
+				restores := slices.DeleteFunc(slices.Clone(p.MarkRules), func(e *kuportv1.MarkRule) bool {
+					return e.Kind != kuportv1.MarkKind_MARK_KIND_CT_RESTORE
+				})
+				if len(restores) > 0 {
+					e := proto.CloneOf(restores[pick(len(restores))])
+					e.Id = id()
+					p.MarkRules = slices.Insert(p.MarkRules, pick(len(p.MarkRules)+1), e)
+				}
 			case op < 7 && len(p.MarkRules) > 0:
-				p.MarkRules[pick(len(p.MarkRules))].Mark = 0x1000 + uint32(pick(3))
+				if e := p.MarkRules[pick(len(p.MarkRules))]; e.Kind == kuportv1.MarkKind_MARK_KIND_CT_SAVE {
+					e.Mark = 1 + uint32(pick(3))
+				}
 			case op < 8 && len(p.DnatRules) > 0:
 				// Retargeted.
 				e := p.DnatRules[pick(len(p.DnatRules))]
@@ -244,6 +267,18 @@ func TestIncrementalEqualsFull(t *testing.T) {
 			}
 		}
 		step := fmt.Sprintf("step %d", i)
+		restores := map[string]int{}
+		for _, e := range p.MarkRules {
+			if e.Kind == kuportv1.MarkKind_MARK_KIND_CT_RESTORE {
+				restores[fmt.Sprint(e.Address, e.Protocol, e.Ports.First)]++
+			}
+		}
+		for _, n := range restores {
+			if n > 1 {
+				sharedRestore++
+				break
+			}
+		}
 		if checkCompile(t, dp, p, step) {
 			incremental++
 		}
@@ -254,8 +289,9 @@ func TestIncrementalEqualsFull(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, Render(p), dump, step)
 	}
-	t.Logf("%d of 400 steps compiled entry by entry", incremental)
+	t.Logf("%d of 400 steps compiled entry by entry, %d shared a restore element", incremental, sharedRestore)
 	assert.Greater(t, incremental, 100, "most steps compile entry by entry")
+	assert.Greater(t, sharedRestore, 100, "steps sharing a restore element")
 }
 
 // TestSameCoversEveryField changes each field of each entry kind in turn: its same must see

@@ -66,7 +66,7 @@ func (tn *testNS) kernelDump(t *testing.T) string {
 }
 
 // nftTable is the text `nft list table ip kuport` prints (elements sorted) for these
-// element lines, each "<set>\t<element>".
+// element lines, each "<set>\t<element>", in the default return marking.
 func nftTable(elements ...[]string) string {
 	bySet := map[string][]string{}
 	var marks []uint32
@@ -79,7 +79,7 @@ func nftTable(elements ...[]string) string {
 		}
 	}
 	slices.Sort(marks)
-	l := newLayout(familyIPv4, legacyMarking.mask, slices.Compact(marks))
+	l := newLayout(familyIPv4, stateMarking.GetMarkMask(), slices.Compact(marks))
 	var blocks []block
 	for _, s := range l.sets {
 		slices.Sort(bySet[s.name])
@@ -108,10 +108,15 @@ type podMapping struct {
 	mark  uint32
 }
 
-// workerB is worker-b's program for the mappings: their rules, and each link and return
-// path they use once.
+// stateMarking is compile's default return marking (controller/compile/marks.go).
+var stateMarking = &kuportv1.ReturnMarking{MarkMask: 0x301f, FirstTable: 0x6b71, LastTable: 0x6b71 + 126,
+	LoopGuardPref: 101, DivertPref: 102}
+
+// workerB is worker-b's program for the mappings as compile emits it: their rules (the
+// arrival link saved on the flow, the reply's mark restored by its pod port), and each link
+// and return path they use once.
 func workerB(version uint64, ms ...podMapping) *kuportv1.NodeProgram {
-	p := &kuportv1.NodeProgram{Node: "worker-b", Version: version, Epoch: 1}
+	p := &kuportv1.NodeProgram{Node: "worker-b", Version: version, Epoch: 1, ReturnMarking: stateMarking}
 	seen := map[string]bool{}
 	for _, m := range ms {
 		ports := &kuportv1.PortRange{First: m.port, Last: m.port}
@@ -123,13 +128,16 @@ func workerB(version uint64, ms ...podMapping) *kuportv1.NodeProgram {
 				Address: m.pod, Protocol: m.proto, Ports: ports},
 			&kuportv1.SnatRule{Id: m.key + "/snat-reply", Mapping: m.key, Kind: kuportv1.SnatKind_SNAT_KIND_REPLY,
 				Address: m.pod, Protocol: m.proto, Ports: ports})
-		p.MarkRules = append(p.MarkRules, &kuportv1.MarkRule{Id: m.key + "/mark", Mapping: m.key, Kind: kuportv1.MarkKind_MARK_KIND_STATIC,
-			Address: m.pod, Protocol: m.proto, Ports: ports, Mark: m.mark})
+		p.MarkRules = append(p.MarkRules,
+			&kuportv1.MarkRule{Id: m.key + "/ct-restore", Mapping: m.key, Kind: kuportv1.MarkKind_MARK_KIND_CT_RESTORE,
+				Address: m.pod, Protocol: m.proto, Ports: ports},
+			&kuportv1.MarkRule{Id: m.key + "/ct-save/" + m.link.Name, Mapping: m.key, Kind: kuportv1.MarkKind_MARK_KIND_CT_SAVE,
+				InInterface: m.link.Name, Address: m.link.LocalAddress, Protocol: m.proto, Ports: ports, Mark: m.mark})
 		if !seen[m.link.Name] {
 			seen[m.link.Name] = true
 			p.Links = append(p.Links, m.link)
 			p.ReturnPaths = append(p.ReturnPaths, &kuportv1.ReturnPath{Id: m.link.Name + "/return", Link: m.link.Name,
-				Mark: m.mark, Table: 201 + m.mark - 0x6b700001, PeerUnderlay: m.link.RemoteUnderlay, PeerLinkAddress: m.link.PeerAddress})
+				Mark: m.mark, Table: stateMarking.GetFirstTable() + m.mark - 1, PeerUnderlay: m.link.RemoteUnderlay, PeerLinkAddress: m.link.PeerAddress})
 		}
 	}
 	return p
@@ -151,27 +159,28 @@ func workerBStates() []stateStep {
 		LocalUnderlay: "100.64.93.150", RemoteUnderlay: "100.64.93.143", LocalAddress: "169.254.77.1", PeerAddress: "169.254.77.0", Mtu: 1370}
 	intranet := &kuportv1.Link{Name: "kup-2b1e7a90", ClassName: "intranet", PeerNode: "edge-c", Vni: 4300, Port: 4790,
 		LocalUnderlay: "100.64.93.150", RemoteUnderlay: "100.64.93.160", LocalAddress: "169.254.79.0", PeerAddress: "169.254.79.1", Mtu: 1370}
-	a := podMapping{"games/a", kuportv1.Protocol_PROTOCOL_UDP, 27015, "10.244.18.107", public, 0x6b700001}
+	a := podMapping{"games/a", kuportv1.Protocol_PROTOCOL_UDP, 27015, "10.244.18.107", public, 1}
 	aMoved := a
 	aMoved.pod = "10.244.18.120"
-	b := podMapping{"games/b", kuportv1.Protocol_PROTOCOL_TCP, 8080, "10.244.18.108", public, 0x6b700001}
-	c := podMapping{"web/c", kuportv1.Protocol_PROTOCOL_TCP, 443, "10.244.18.109", intranet, 0x6b700002}
+	b := podMapping{"games/b", kuportv1.Protocol_PROTOCOL_TCP, 8080, "10.244.18.108", public, 1}
+	c := podMapping{"web/c", kuportv1.Protocol_PROTOCOL_TCP, 443, "10.244.18.109", intranet, 2}
 
 	const (
 		linkPublic   = "link kup-dcc4266d vxlan id 4242 local 100.64.93.150 remote 100.64.93.143 dstport 4790 ttl 64 mtu 1370 up 169.254.77.1/31 rp_filter 2\n"
 		linkIntranet = "link kup-2b1e7a90 vxlan id 4300 local 100.64.93.150 remote 100.64.93.160 dstport 4790 ttl 64 mtu 1370 up 169.254.79.0/31 rp_filter 2\n"
-		rulesPublic  = "101:\tfrom all to 100.64.93.143 fwmark 0x6b700001 lookup main proto 107\n" +
-			"102:\tfrom all fwmark 0x6b700001 lookup 201 proto 107\n"
-		rulesBoth = "101:\tfrom all to 100.64.93.143 fwmark 0x6b700001 lookup main proto 107\n" +
-			"101:\tfrom all to 100.64.93.160 fwmark 0x6b700002 lookup main proto 107\n" +
-			"102:\tfrom all fwmark 0x6b700001 lookup 201 proto 107\n" +
-			"102:\tfrom all fwmark 0x6b700002 lookup 202 proto 107\n"
-		routePublic   = "default via 169.254.77.0 dev kup-dcc4266d table 201 proto 107 \n"
-		routeIntranet = "default via 169.254.79.1 dev kup-2b1e7a90 table 202 proto 107 \n"
+		rulesPublic  = "101:\tfrom all to 100.64.93.143 fwmark 0x1/0x301f lookup main proto 107\n" +
+			"102:\tfrom all fwmark 0x1/0x301f lookup 27505 proto 107\n"
+		rulesBoth = "101:\tfrom all to 100.64.93.143 fwmark 0x1/0x301f lookup main proto 107\n" +
+			"101:\tfrom all to 100.64.93.160 fwmark 0x2/0x301f lookup main proto 107\n" +
+			"102:\tfrom all fwmark 0x1/0x301f lookup 27505 proto 107\n" +
+			"102:\tfrom all fwmark 0x2/0x301f lookup 27506 proto 107\n"
+		routePublic   = "default via 169.254.77.0 dev kup-dcc4266d table 27505 proto 107 \n"
+		routeIntranet = "default via 169.254.79.1 dev kup-2b1e7a90 table 27506 proto 107 \n"
 	)
 	// elems are a mapping's elements on worker-b: its translation (of the stand-in, its pod),
 	// the steering that also counts its requests over the link, the counting of its replies,
-	// the request's identity SNAT, the reply exemption and the return mark.
+	// the request's identity SNAT, the reply exemption, the arrival link saved on the flow,
+	// the reply's mark restored and the return mark.
 	elems := func(m podMapping) []string {
 		p := strings.ToLower(strings.TrimPrefix(m.proto.String(), "PROTOCOL_"))
 		dialed := fmt.Sprintf(`%q . %s . %s . %d counter`, m.link.Name, m.link.LocalAddress, p, m.port)
@@ -182,7 +191,8 @@ func workerBStates() []stateStep {
 			"count-out-addr-ports\t" + dialed,
 			"snat-request\t" + fmt.Sprintf(`%s comment "%s/snat"`, pod, m.key),
 			"snat-reply\t" + fmt.Sprintf(`%s comment "%s/snat-reply"`, pod, m.key),
-			"mark-static\t" + fmt.Sprintf(`%s comment "%s/mark" : jump %s`, pod, m.key, markChain(m.mark)),
+			"mark-ct-save\t" + fmt.Sprintf(`%s comment "%s/ct-save/%s" : jump %s`, dialed, m.key, m.link.Name, ctMarkChain(m.mark)),
+			"mark-ct-restore\t" + fmt.Sprintf(`%s comment "%s/ct-restore"`, pod, m.key),
 			"return-marks\t" + fmt.Sprintf(`0x%08x counter : jump %s`, m.mark, markChain(m.mark)),
 		}
 	}
@@ -287,7 +297,3 @@ func TestTunnelOf(t *testing.T) {
 		assert.Equal(t, c.port, port, "%T", c.link)
 	}
 }
-
-// kuportTable reports the tables the tests' programs give return paths: from 201 (programs
-// without return_marking) or the default range, never the kernel's.
-func kuportTable(t int) bool { return t >= 201 && !reservedTable(t) }

@@ -3,7 +3,6 @@ package compile
 import (
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -309,26 +308,5 @@ func TestCNIDatapath(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-// TestCNIDatapathIncremental: a change of the CNI's settings alone (a new CNI value, the
-// other inputs the very same) compiles as Compile does, both ways.
-func TestCNIDatapathIncremental(t *testing.T) {
-	var inc Incremental
-	s := world(mkPortMap("local", 0, 3000), mkPortMap("remote", 1, 3001))
-	first := inc.Compile(s)
-	for i, cni := range []*CNI{cilium(map[string]string{"datapath-mode": "netkit"}), nil} {
-		next := *s
-		next.Now = now.Add(time.Duration(i+1) * time.Second)
-		next.CNI = cni
-		got := inc.Compile(&next)
-		if d := cmp.Diff(Compile(&next), got, cmpOpts...); d != "" {
-			t.Errorf("step %d: incremental differs from Compile (-Compile +Incremental):\n%s", i, d)
-		}
-		s = &next
-	}
-	if d := cmp.Diff(first.Programs, inc.Compile(s).Programs, cmpOpts...); d != "" {
-		t.Errorf("without the CNI again, the programs differ from the first (-first +last):\n%s", d)
 	}
 }

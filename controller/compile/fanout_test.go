@@ -99,7 +99,7 @@ func benchmarkFanout(b *testing.B, n int) {
 	})
 	b.Run("class-change", func(b *testing.B) {
 		var inc Incremental
-		inc.Compile(settled)
+		inc.CompileChanges(settled, nil)
 		if !same(b, Compile(changed), inc.CompileChanges(changed, &Changes{Classes: map[string]bool{"public": true}})) {
 			b.Fatal("the class change differs from a full compile")
 		}
@@ -137,7 +137,7 @@ func BenchmarkRetained(b *testing.B) {
 	for range b.N {
 		b.StopTimer()
 		var inc Incremental
-		inc.Compile(settled)
+		inc.CompileChanges(settled, nil)
 		b.StartTimer()
 		inc.CompileChanges(changed, ch)
 		b.StopTimer()

@@ -7,8 +7,6 @@ import (
 	"slices"
 	"strings"
 
-	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,8 +26,8 @@ const maxDirtyShare = 8
 // or reply way with another, and needs only links other mappings keep. Any other change
 // (a class, a node, an agent's state, a namespace, a contested port, a link appearing or
 // going unused, a pod on a node whose tunnel uses its class's port) compiles the whole
-// snapshot. Objects are compared by identity: a snapshot's objects are never mutated
-// (informer caches replace an object on update).
+// snapshot. It is told what changed (Changes), as the controller's informers tell it, and
+// compares no objects.
 //
 // It keeps the last snapshot's compiler state, never mutates a snapshot and shares unchanged
 // parts of the previous Result (its programs, indexes and statuses), which the caller must
@@ -45,14 +43,6 @@ type Incremental struct {
 
 	// plans by PortMap: each plan's pm is the PortMap compiled.
 	plans map[types.NamespacedName]*plan
-	// pmSet, svcSet and sliceSet hold the previous snapshot's objects by identity, built by
-	// the first compile that compares objects (nil until then: the controller, which names
-	// its changes, never needs them, 2.3 MB at 10,000 mappings); changedServices are the
-	// Services whose object or slices the last dirty found changed.
-	pmSet           map[*v1alpha1.PortMap]types.NamespacedName
-	svcSet          map[*corev1.Service]types.NamespacedName
-	sliceSet        map[*discoveryv1.EndpointSlice]types.NamespacedName
-	changedServices map[types.NamespacedName]bool
 	// byService: the PortMaps whose serviceRef names each Service, but one named after it
 	// (bench/fanout's every one: 1.3 MB at 10,000), which plans has by that key (mappingsOf).
 	// Nearly always one: a list, where a set per Service took 10,000 small maps.
@@ -67,10 +57,6 @@ type Incremental struct {
 	// status); classStamped: some class's does. A new second recompiles them.
 	stamped      map[types.NamespacedName]bool
 	classStamped bool
-	// identity: the previous snapshot's maps hold the objects compiled, to compare by
-	// identity (false after a compile from Changes, whose snapshot maps may be the previous
-	// ones updated in place).
-	identity bool
 	// settled: every class's status records the link claims compile left (after a compile
 	// that allocated a slot or a table, the next full compile allocates again, in mapping
 	// order, until the class status records them).
@@ -85,14 +71,10 @@ func (inc *Incremental) Recompiled() int { return inc.recompiled }
 // other PortMap's result is the previous one's, the same pointer.
 func (inc *Incremental) Changed() []types.NamespacedName { return inc.changed }
 
-// Compile returns Compile(s), reusing the previous call's work where s's changes allow; it
-// finds them by comparing s's objects with the previous snapshot's.
-func (inc *Incremental) Compile(s *Snapshot) *Result { return inc.CompileChanges(s, nil) }
-
 // Changes names what changed from the snapshot given to Incremental before to the next, as
-// the informers' events tell it: then nothing is compared, and the snapshot's maps may be
-// the previous ones updated in place. It must name every change (a missed one stays
-// uncompiled until a compile without Changes).
+// the informers' events tell it: nothing is compared, and the snapshot's maps may be the
+// previous ones updated in place. It must name every change (a missed one stays uncompiled
+// until a full compile).
 type Changes struct {
 	// PortMaps created or updated (the object) or deleted (nil).
 	PortMaps map[types.NamespacedName]*v1alpha1.PortMap
@@ -105,8 +87,8 @@ type Changes struct {
 	Others bool
 }
 
-// CompileChanges returns Compile(s), with ch naming what changed since the previous call
-// (nil: unknown, every object is compared).
+// CompileChanges returns Compile(s), with ch naming what changed since the previous call,
+// reusing that call's work where the changes allow (ch nil: unknown, a full compile).
 func (inc *Incremental) CompileChanges(s *Snapshot, ch *Changes) *Result {
 	if s == nil {
 		s = &Snapshot{}
@@ -137,7 +119,6 @@ func (inc *Incremental) reset(s *Snapshot, c *compiler, r *Result) {
 	}
 	// inc.plans holds them by key: the list would keep the plans an update replaces live.
 	c.plans = nil
-	inc.identity = true
 	for name, idx := range r.Index {
 		u := map[string]int{}
 		for _, mi := range idx {
@@ -237,7 +218,7 @@ func (inc *Incremental) update(s *Snapshot, ch *Changes) *Result {
 	if prev == nil || !inc.settled || s.LinkRetention != prev.LinkRetention || s.marking() != prev.marking() {
 		return nil
 	}
-	if ch == nil && (!inc.identity || !sameOthers(s, prev)) || ch != nil && ch.Others {
+	if ch == nil || ch.Others {
 		return nil
 	}
 	edits, ok := inc.changedClasses(s, ch)
@@ -249,16 +230,7 @@ func (inc *Incremental) update(s *Snapshot, ch *Changes) *Result {
 	if restamp && (inc.classStamped || c.anyUnusedClaim()) {
 		return nil
 	}
-	dirty, pms, ok := inc.hinted(ch)
-	if ch == nil {
-		if inc.pmSet == nil {
-			inc.indexObjects(prev)
-		}
-		dirty, pms, ok = inc.dirty(s)
-	}
-	if !ok {
-		return nil
-	}
+	dirty, pms := inc.dirty(ch)
 	if extra := inc.classMappings(edits); len(extra) > 0 {
 		for _, k := range extra {
 			if !slices.Contains(dirty, k) {
@@ -269,10 +241,6 @@ func (inc *Incremental) update(s *Snapshot, ch *Changes) *Result {
 	}
 	if len(dirty)*maxDirtyShare > len(inc.plans)+maxDirtyShare {
 		return nil
-	}
-	olds := make([]*v1alpha1.PortMap, len(dirty))
-	for i, k := range dirty {
-		olds[i] = inc.portMap(k)
 	}
 	c.s, c.stamp = s, stamp
 	r := &Result{Programs: maps.Clone(inc.res.Programs), PortMaps: maps.Clone(inc.res.PortMaps),
@@ -327,20 +295,13 @@ func (inc *Incremental) update(s *Snapshot, ch *Changes) *Result {
 		changed = []types.NamespacedName{}
 	}
 	inc.changed = changed
-	if ch == nil {
-		inc.reindex(prev, s, dirty, olds)
-	} else {
-		inc.identity = false
-		inc.pmSet, inc.svcSet, inc.sliceSet = nil, nil, nil
-	}
 	return r
 }
 
-// hinted is dirty from Changes (nil: nothing).
-func (inc *Incremental) hinted(ch *Changes) ([]types.NamespacedName, map[types.NamespacedName]*v1alpha1.PortMap, bool) {
-	if ch == nil {
-		return nil, nil, false
-	}
+// dirty returns the PortMaps whose inputs ch says changed (created, deleted, updated, or
+// their Service or EndpointSlices changed), sorted, and each as compiled now: ch's, else the
+// one compiled before (nil: deleted).
+func (inc *Incremental) dirty(ch *Changes) ([]types.NamespacedName, map[types.NamespacedName]*v1alpha1.PortMap) {
 	pms := maps.Clone(ch.PortMaps)
 	if pms == nil {
 		pms = map[types.NamespacedName]*v1alpha1.PortMap{}
@@ -352,34 +313,7 @@ func (inc *Incremental) hinted(ch *Changes) ([]types.NamespacedName, map[types.N
 			}
 		}
 	}
-	return slices.SortedFunc(maps.Keys(pms), compareKeys), pms, true
-}
-
-// sameOthers reports whether everything but PortMaps, Services, EndpointSlices and
-// PortMapClasses is the very same in a and b (the CNI's settings included).
-func sameOthers(a, b *Snapshot) bool {
-	if len(a.Agents) != len(b.Agents) {
-		return false
-	}
-	for n, x := range a.Agents {
-		y, ok := b.Agents[n]
-		if !ok || (x == nil) != (y == nil) || x != nil && x.State != y.State {
-			return false
-		}
-	}
-	return a.CNI == b.CNI && samePointers(a.Nodes, b.Nodes) && samePointers(a.Namespaces, b.Namespaces)
-}
-
-func samePointers[K comparable, V any](a, b map[K]*V) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, x := range a {
-		if y, ok := b[k]; !ok || x != y {
-			return false
-		}
-	}
-	return true
+	return slices.SortedFunc(maps.Keys(pms), compareKeys), pms
 }
 
 // anyUnusedClaim: a claim no mapping needs is stamped, and ages, with the snapshot's time.
@@ -392,160 +326,6 @@ func (c *compiler) anyUnusedClaim() bool {
 		}
 	}
 	return false
-}
-
-// dirty returns the PortMaps of s whose inputs changed since the previous snapshot (created,
-// deleted, updated, or their Service or EndpointSlices changed), sorted, and those of them s
-// lists by key (a deleted one is absent); ok is false when s lists a PortMap twice. Objects
-// are found by identity, without hashing names, so a snapshot of 10,000 PortMaps, Services
-// and EndpointSlices with one changed takes a fraction of a millisecond.
-func (inc *Incremental) dirty(s *Snapshot) ([]types.NamespacedName, map[types.NamespacedName]*v1alpha1.PortMap, bool) {
-	pms := map[types.NamespacedName]*v1alpha1.PortMap{}
-	set, deleted := map[types.NamespacedName]bool{}, map[types.NamespacedName]bool{}
-	matched, replaced := 0, 0
-	for _, pm := range s.PortMaps {
-		if pm == nil {
-			continue
-		}
-		if _, ok := inc.pmSet[pm]; ok {
-			matched++
-			continue
-		}
-		k := nsName(pm.Namespace, pm.Name)
-		if _, dup := pms[k]; dup {
-			return nil, nil, false
-		}
-		pms[k], set[k] = pm, true
-		if inc.plans[k] != nil {
-			replaced++
-		}
-	}
-	if matched+replaced != len(inc.pmSet) {
-		// A PortMap was deleted, or one is listed twice: find which by key.
-		listed := make(map[*v1alpha1.PortMap]bool, len(s.PortMaps))
-		for _, pm := range s.PortMaps {
-			listed[pm] = true
-		}
-		for pm, k := range inc.pmSet {
-			switch {
-			case !listed[pm]:
-				set[k] = true
-				if pms[k] == nil {
-					deleted[k] = true
-				}
-			case pms[k] != nil:
-				return nil, nil, false
-			}
-		}
-	}
-	svcs := map[types.NamespacedName]bool{}
-	// Each count below is of the previous objects accounted for: still listed, or replaced
-	// under the same key. Any other is gone, which only a scan finds.
-	matched = 0
-	for k, svc := range s.Services {
-		if inc.svcSet[svc] == k {
-			matched++
-			continue
-		}
-		svcs[k] = true
-		if old := inc.prev.Services[k]; old != nil && inc.svcSet[old] == k {
-			matched++
-		}
-	}
-	if matched != len(inc.svcSet) {
-		for svc, k := range inc.svcSet {
-			if s.Services[k] != svc {
-				svcs[k] = true
-			}
-		}
-	}
-	matched = 0
-	var changed []types.NamespacedName
-	for k, list := range s.EndpointSlices {
-		same := true
-		for _, sl := range list {
-			if k2, ok := inc.sliceSet[sl]; ok && k2 == k {
-				matched++
-			} else {
-				same = false
-			}
-		}
-		if !same {
-			changed = append(changed, k)
-		}
-	}
-	for _, k := range changed {
-		svcs[k] = true
-		for _, old := range inc.prev.EndpointSlices[k] {
-			if inc.sliceSet[old] == k && !slices.Contains(s.EndpointSlices[k], old) {
-				matched++
-			}
-		}
-	}
-	if matched != len(inc.sliceSet) {
-		for sl, k := range inc.sliceSet {
-			if !slices.Contains(s.EndpointSlices[k], sl) {
-				svcs[k] = true
-			}
-		}
-	}
-	for svc := range svcs {
-		for k := range inc.mappingsOf(svc) {
-			set[k] = true
-			if pms[k] == nil && !deleted[k] {
-				pms[k] = inc.portMap(k)
-			}
-		}
-	}
-	inc.changedServices = svcs
-	return slices.SortedFunc(maps.Keys(set), compareKeys), pms, true
-}
-
-// indexObjects records s's PortMaps, Services and EndpointSlices by identity (dirty reads them).
-func (inc *Incremental) indexObjects(s *Snapshot) {
-	inc.pmSet = make(map[*v1alpha1.PortMap]types.NamespacedName, len(inc.plans))
-	for k, p := range inc.plans {
-		inc.pmSet[p.pm] = k
-	}
-	inc.svcSet = make(map[*corev1.Service]types.NamespacedName, len(s.Services))
-	for k, svc := range s.Services {
-		inc.svcSet[svc] = k
-	}
-	inc.sliceSet = map[*discoveryv1.EndpointSlice]types.NamespacedName{}
-	for k, list := range s.EndpointSlices {
-		for _, sl := range list {
-			inc.sliceSet[sl] = k
-		}
-	}
-}
-
-// reindex updates the identity indexes after an update from prev to s, which replaced olds
-// (nil for a PortMap created) of the PortMaps dirty.
-func (inc *Incremental) reindex(prev, s *Snapshot, dirty []types.NamespacedName, olds []*v1alpha1.PortMap) {
-	for i, k := range dirty {
-		if olds[i] != nil {
-			delete(inc.pmSet, olds[i])
-		}
-		if pm := inc.portMap(k); pm != nil {
-			inc.pmSet[pm] = k
-		}
-	}
-	for k := range inc.changedServices {
-		if svc := prev.Services[k]; svc != nil && inc.svcSet[svc] == k {
-			delete(inc.svcSet, svc)
-		}
-		if svc := s.Services[k]; svc != nil {
-			inc.svcSet[svc] = k
-		}
-		for _, sl := range prev.EndpointSlices[k] {
-			if inc.sliceSet[sl] == k {
-				delete(inc.sliceSet, sl)
-			}
-		}
-		for _, sl := range s.EndpointSlices[k] {
-			inc.sliceSet[sl] = k
-		}
-	}
 }
 
 // compareKeys orders PortMaps by namespace, then name.

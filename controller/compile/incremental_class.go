@@ -17,26 +17,13 @@ import (
 // conflict with another class's mappings, or among its own, falls back to a full compile.
 type classEdits map[string]*v1alpha1.PortMapClass
 
-// changedClasses returns the classes that changed from the previous snapshot to s (named by
-// ch, else found by identity), or ok false when one cannot be edited in place: created or
-// deleted, or building links before or after.
+// changedClasses returns the classes ch says changed from the previous snapshot to s, or ok
+// false when one cannot be edited in place: created or deleted, or building links before or
+// after.
 func (inc *Incremental) changedClasses(s *Snapshot, ch *Changes) (classEdits, bool) {
 	c := inc.c
-	var names []string
-	if ch != nil {
-		names = slices.Collect(maps.Keys(ch.Classes))
-	} else {
-		if len(s.Classes) != len(inc.prev.Classes) {
-			return nil, false
-		}
-		for name, cl := range s.Classes {
-			if old, ok := inc.prev.Classes[name]; !ok || old != cl {
-				names = append(names, name)
-			}
-		}
-	}
 	edits := classEdits{}
-	for _, name := range names {
+	for name := range ch.Classes {
 		obj, old := s.Classes[name], c.classes[name]
 		if obj == nil || old == nil || !linkless(old.obj) || !linkless(obj) || len(old.claims) > 0 ||
 			!obj.CreationTimestamp.Equal(&old.obj.CreationTimestamp) {
@@ -52,7 +39,7 @@ func linkless(cl *v1alpha1.PortMapClass) bool {
 	return cmp.Or(cl.Spec.ReturnPath.Mode, v1alpha1.ReturnPathVxlan) != v1alpha1.ReturnPathVxlan && len(cl.Status.Links) == 0
 }
 
-// classMappings are the PortMaps of the edited classes, for dirty.
+// classMappings are the PortMaps of the edited classes, recompiled with the dirty ones.
 func (inc *Incremental) classMappings(edits classEdits) []types.NamespacedName {
 	if len(edits) == 0 {
 		// Most updates edit no class: no scan of every plan.
