@@ -1,0 +1,168 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/types"
+
+	"kuport.wlz.li/kuport/api/v1alpha1"
+	"kuport.wlz.li/kuport/controller/compile"
+	"kuport.wlz.li/kuport/controller/programmed"
+)
+
+// Status writes: PortMaps' by the status workers (programmed.Decide), PortMapClasses' by the
+// compile worker (their link claims before the push, or behind it).
+
+// DefaultClassStatusWait is the longest a class status write is put off behind the push of
+// the compile it comes from (when its link claims are already recorded, nothing waits for it):
+// the write goes out once every connected agent acknowledged, or after this long. A class
+// of 1,000 nodes is a large write: kube-apiserver spent about 1.3 s of CPU on one in
+// bench/fanout (its apiserver-cpu.pprof), which beside the push competes with the
+// acknowledgements for the CPU (BENCHMARKS.md, "a class change at 1,000 agents").
+const DefaultClassStatusWait = time.Second
+
+// Status writes: by default at most DefaultStatusQPS a second (bursts of DefaultStatusBurst),
+// by statusWorkers in parallel. client-go's default (5 a second) made 1,000 PortMaps applied
+// at once take 198 s to all read Programmed=True (BENCHMARKS.md, "Control plane"); 4 workers
+// at 200 a second still took 5 s after the last of them was created, each write waiting out
+// its round trip to an API server busy with the creates. Sized so 1,000 at once leave in
+// about a second.
+const (
+	DefaultStatusQPS   = 500
+	DefaultStatusBurst = 1000
+	statusWorkers      = 16
+)
+
+// processStatus writes the status of one queued PortMap; a failed write (a conflict: the
+// cache had not seen a write yet) is retried rate-limited.
+func (c *Controller) processStatus(ctx context.Context) bool {
+	key, quit := c.statuses.Get()
+	if quit {
+		return false
+	}
+	defer c.statuses.Done(key)
+	if err := c.writeStatus(ctx, key); err != nil {
+		log := c.log.Warn
+		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) || ctx.Err() != nil {
+			log = c.log.Debug
+		}
+		log("status write failed, retrying", "portmap", key, "error", err)
+		c.statuses.AddRateLimited(key)
+		return true
+	}
+	c.statuses.Forget(key)
+	return true
+}
+
+// writeStatus decides the PortMap's Programmed condition (programmed.Decide over the last
+// compile's result and the registry's acks) and writes its status when it changed; a verdict
+// that only awaits an acknowledgement waits for it as long as Verdict.MayWait says.
+func (c *Controller) writeStatus(ctx context.Context, key types.NamespacedName) error {
+	c.mu.Lock()
+	last, unheard := c.last, c.unheard
+	c.mu.Unlock()
+	if last == nil {
+		return nil // the first compile queues every PortMap
+	}
+	res := last.PortMaps[key]
+	obj, ok, err := c.pms.GetByKey(key.String())
+	if res == nil || err != nil || !ok {
+		c.waits.forget(key)
+		return nil
+	}
+	pm := obj.(*v1alpha1.PortMap)
+	now := time.Now()
+	if c.bursts.hold(key, now) {
+		c.queue.AddAfter(keyBurstHeld, compileWindow) // which queues key again
+		return nil
+	}
+	in := programmed.Input{
+		Term:       c.reg.Term(unheard, now),
+		Compiled:   meta.FindStatusCondition(res.Status.Conditions, v1alpha1.ConditionProgrammed),
+		Recorded:   meta.FindStatusCondition(pm.Status.Conditions, v1alpha1.ConditionProgrammed),
+		Generation: pm.Generation,
+		Nodes:      c.reg.Acks(compile.MappingKey(pm), res.Nodes),
+	}
+	v := programmed.Decide(in)
+	if wait := c.waits.delay(key, now, v.MayWait(in)); wait > 0 {
+		// The acknowledgement queues key again, and its True is written at once.
+		c.statuses.AddAfter(key, wait)
+		return nil
+	}
+	written, err := c.writer.PortMap(ctx, pm, res, v, c.reg.UnansweredNodes(key.String()))
+	if written && v.Programmed != nil {
+		c.log.Debug("status written", "portmap", key, "programmed", v.Programmed.Status, "reason", v.Programmed.Reason)
+	}
+	return err
+}
+
+// claimsRecorded reports whether every class's compiled link claims are those its cached
+// object records.
+func (c *Controller) claimsRecorded(res *compile.Result) bool {
+	for name, st := range res.Classes {
+		obj, ok, err := c.classes.GetByKey(name)
+		if err != nil || !ok {
+			return false
+		}
+		cls := obj.(*v1alpha1.PortMapClass)
+		if c.classSettled.known(name, cls, st, claimsEqual) {
+			continue
+		}
+		if !equality.Semantic.DeepEqual(cls.Status.Links, st.Links) {
+			return false
+		}
+		c.classSettled.set(name, cls, st, claimsEqual)
+	}
+	return true
+}
+
+// writePutOffClassStatuses writes the class statuses of the last compile that were put off
+// behind its push, once no connected agent has the push unacknowledged or at classStatusDue.
+func (c *Controller) writePutOffClassStatuses(ctx context.Context, now time.Time) error {
+	if c.classStatusDue.IsZero() {
+		return nil
+	}
+	if now.Before(c.classStatusDue) && c.reg.Unacknowledged() > 0 {
+		// The queue keeps a key's earliest time only: an earlier put-off's may have been it.
+		c.queue.AddAfter(keyClassStatus, c.classStatusDue.Sub(now))
+		return nil
+	}
+	return c.writeClassStatuses(ctx, c.last)
+}
+
+// writeClassStatuses writes every PortMapClass status of res that differs from the cached
+// object; errors (conflicts included) are joined so the key retries. Nothing stays put off
+// after it succeeds.
+func (c *Controller) writeClassStatuses(ctx context.Context, res *compile.Result) error {
+	c.classSettled.keep(res.Classes)
+	var errs []error
+	for name, st := range res.Classes {
+		obj, ok, err := c.classes.GetByKey(name)
+		if err != nil || !ok {
+			continue
+		}
+		cls := obj.(*v1alpha1.PortMapClass)
+		if c.classSettled.known(name, cls, st, statusWritten) {
+			continue
+		}
+		written, err := c.writer.Class(ctx, cls, st)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if written {
+			c.log.Debug("class status written", "class", name, "put_off", !c.classStatusDue.IsZero())
+		}
+		c.classSettled.set(name, cls, st, statusWritten)
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	c.classStatusDue = time.Time{}
+	return nil
+}
