@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"google.golang.org/protobuf/proto"
 
+	"kuport.wlz.li/kuport/internal/testenv"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -179,7 +180,7 @@ func (tn *testNS) waitFlows(t *testing.T, want map[uint16]string) {
 // checks which conntrack entries Apply deleted: the flow whose target moved, the flow that
 // arrived before its rule existed, the flow of a removed mapping; never the others.
 func TestPrivilegedConntrack(t *testing.T) {
-	privileged(t)
+	testenv.Privileged(t)
 	tn := newTestNS(t, "100.64.93.143")
 	tn.addPodNetwork(t)
 	client := tn.addPeer(t, "enp1s0", "203.0.113.9", "203.0.113.7")
