@@ -2,7 +2,6 @@ package agent
 
 import (
 	"io"
-	"os"
 	"runtime/debug"
 	"slices"
 	"testing"
@@ -15,6 +14,7 @@ import (
 
 	"kuport.wlz.li/kuport/datapath"
 	"kuport.wlz.li/kuport/datapath/datapathtest"
+	"kuport.wlz.li/kuport/internal/testenv"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -29,9 +29,7 @@ import (
 //
 //	KUPORT_PRIVILEGED=1 go test -run '^$' -bench PrivilegedAgentChange -benchtime 20x ./agent/
 func BenchmarkPrivilegedAgentChange(b *testing.B) {
-	if os.Getenv("KUPORT_PRIVILEGED") != "1" {
-		b.Skip("needs root and network namespaces: set KUPORT_PRIVILEGED=1")
-	}
+	testenv.Privileged(b)
 	const n = 10000
 	full := datapathtest.Program(n+1, "wt0")
 	version := func(v uint64, m int) *kuportv1.NodeProgram {

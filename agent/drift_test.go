@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"kuport.wlz.li/kuport/datapath"
+	"kuport.wlz.li/kuport/internal/testenv"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -84,9 +85,7 @@ func (d *driftNS) try(args ...string) (string, error) {
 // each back whole within 2 s. Changes to another table, device, rule or route
 // cause no Apply at all.
 func TestPrivilegedDriftRepaired(t *testing.T) {
-	if os.Getenv("KUPORT_PRIVILEGED") != "1" {
-		t.Skip("needs root and network namespaces: set KUPORT_PRIVILEGED=1")
-	}
+	testenv.Privileged(t)
 	b, err := os.ReadFile("../datapath/testdata/remote-worker-b.program.json")
 	require.NoError(t, err)
 	p := &kuportv1.NodeProgram{}

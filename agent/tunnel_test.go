@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"os"
 	"testing"
 
 	"github.com/google/nftables"
@@ -11,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"kuport.wlz.li/kuport/datapath"
+	"kuport.wlz.li/kuport/internal/testenv"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -19,9 +19,7 @@ import (
 // Hello reports the device's kind and port, which the controller checks a class's vxlan
 // port against, and reports no tunnel for the veth beside it.
 func TestPrivilegedHelloReportsTunnelPorts(t *testing.T) {
-	if os.Getenv("KUPORT_PRIVILEGED") != "1" {
-		t.Skip("needs root and network namespaces: set KUPORT_PRIVILEGED=1")
-	}
+	testenv.Privileged(t)
 	d := newDriftNS(t)
 	d.exec(t, "ip", "link", "add", "flannel.1", "type", "vxlan", "id", "1", "dstport", "4789", "dev", "wt0")
 	conn, err := nftables.New(nftables.WithNetNSFd(int(d.ns)), datapath.NFTSocketOption())

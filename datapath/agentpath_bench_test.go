@@ -1,7 +1,6 @@
 package datapath
 
 import (
-	"os"
 	"runtime/debug"
 	"testing"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"kuport.wlz.li/kuport/datapath/datapathtest"
+	"kuport.wlz.li/kuport/internal/testenv"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -28,9 +28,7 @@ import (
 //
 //	KUPORT_PRIVILEGED=1 go test -run '^$' -bench AgentChange -benchtime 20x ./datapath/
 func BenchmarkAgentChange(b *testing.B) {
-	if os.Getenv("KUPORT_PRIVILEGED") != "1" {
-		b.Skip("needs root (network namespaces, nftables): set KUPORT_PRIVILEGED=1")
-	}
+	testenv.Privileged(b)
 	const n = 10000
 	b.Run("pods", func(b *testing.B) { benchAgentChange(b, datapathtest.Program(n+1, "enp1s0"), 4) })
 	onePort := datapathtest.Program(n+1, "enp1s0")

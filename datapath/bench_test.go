@@ -2,7 +2,6 @@ package datapath
 
 import (
 	"fmt"
-	"os"
 	"testing"
 
 	"github.com/hashicorp/go-hclog"
@@ -10,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"kuport.wlz.li/kuport/datapath/datapathtest"
+	"kuport.wlz.li/kuport/internal/testenv"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -29,9 +29,7 @@ func retarget(p *kuportv1.NodeProgram, i int, pod string) *kuportv1.NodeProgram 
 //
 //	KUPORT_PRIVILEGED=1 go test -run '^$' -bench Apply -benchtime 5x ./datapath/
 func BenchmarkApply(b *testing.B) {
-	if os.Getenv("KUPORT_PRIVILEGED") != "1" {
-		b.Skip("needs root (network namespaces, nftables): set KUPORT_PRIVILEGED=1")
-	}
+	testenv.Privileged(b)
 	for _, n := range []int{10, 1000, 10000} {
 		p := datapathtest.Program(n, "enp1s0")
 		b.Run(fmt.Sprintf("first/mappings=%d", n), func(b *testing.B) {

@@ -176,7 +176,7 @@ func tableStaleFlows(old, want *table) *staleFlows {
 	return staleFlowsOf(want, keys, was, func() map[string]netip.Addr { return dialed(old) })
 }
 
-// dirtyStaleFlows is the filter for the change of the compiler's dirty elements into want,
+// dirtyStaleFlows is the filter for the change of the planner's dirty elements into want,
 // each as it was before in dirty; nil when kup-pre's maps translate as before.
 func dirtyStaleFlows(want *table, dirty map[setKey]prior) *staleFlows {
 	was := func(k setKey) prior { return dirty[k] }

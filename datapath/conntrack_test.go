@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"google.golang.org/protobuf/proto"
 
+	"kuport.wlz.li/kuport/internal/testenv"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -37,10 +38,10 @@ func steered(entries []*kuportv1.DnatRule) []*kuportv1.DnatRule {
 	return out
 }
 
-// tableOf compiles DNAT entries, all valid.
+// tableOf plans DNAT entries, all valid.
 func tableOf(t *testing.T, entries ...*kuportv1.DnatRule) *table {
 	t.Helper()
-	tbl, errs := compileTable(&kuportv1.NodeProgram{DnatRules: entries})
+	tbl, errs := planTable(&kuportv1.NodeProgram{DnatRules: entries})
 	require.Empty(t, errs)
 	return tbl
 }
@@ -137,7 +138,7 @@ func testStaleFlows(t *testing.T, steer bool) {
 
 	assert.Nil(t, tableStaleFlows(tableOf(t, old...), tableOf(t, old...)), "the same DNAT entries change nothing")
 	assert.Nil(t, tableStaleFlows(nil, tableOf(t)))
-	marked, errs := compileTable(&kuportv1.NodeProgram{DnatRules: old, MarkRules: []*kuportv1.MarkRule{{Id: "m",
+	marked, errs := planTable(&kuportv1.NodeProgram{DnatRules: old, MarkRules: []*kuportv1.MarkRule{{Id: "m",
 		Kind: kuportv1.MarkKind_MARK_KIND_STATIC, Address: "10.244.17.5", Protocol: tcp, Ports: &kuportv1.PortRange{First: 1, Last: 1}, Mark: 1}}})
 	require.Empty(t, errs)
 	assert.Nil(t, tableStaleFlows(tableOf(t, old...), marked), "only DNAT elements count")
@@ -179,7 +180,7 @@ func (tn *testNS) waitFlows(t *testing.T, want map[uint16]string) {
 // checks which conntrack entries Apply deleted: the flow whose target moved, the flow that
 // arrived before its rule existed, the flow of a removed mapping; never the others.
 func TestPrivilegedConntrack(t *testing.T) {
-	privileged(t)
+	testenv.Privileged(t)
 	tn := newTestNS(t, "100.64.93.143")
 	tn.addPodNetwork(t)
 	client := tn.addPeer(t, "enp1s0", "203.0.113.9", "203.0.113.7")

@@ -13,9 +13,9 @@ import (
 // last applied, one Counter per entry id, sorted by id: the sum over the entry's elements
 // (one per port) of the set they are in. A DNAT entry's kup-pre elements count its new flows,
 // its kup-steer and kup-count-out elements fill forwarded_in and forwarded_out. Each element
-// is the entry's that the compiled table gives its key to (the one whose id the element
+// is the entry's that the planned table gives its key to (the one whose id the element
 // carries, in a set with comments); an element two entries share counts under the entry it is
-// compiled for (compileTable), and the other reports none. An element the compiled table
+// planned for (planTable), and the other reports none. An element the planned table
 // lacks (someone else's, or one the next Apply removes) is left out.
 //
 // It reads the sets one at a time, each element's key and counter only, and keeps only the
@@ -71,15 +71,15 @@ func (d *Datapath) counters(yield func() bool) ([]*kuportv1.Counter, error) {
 		return nil, fmt.Errorf("list sets: %w", err)
 	}
 	l := newLayout(fam, 0, nil)
-	byID := make(map[string]*kuportv1.Counter, len(d.comp.dnat.msgs)+len(d.comp.snat.msgs)+len(d.comp.mark.msgs))
+	byID := make(map[string]*kuportv1.Counter, len(d.planned.dnat.msgs)+len(d.planned.snat.msgs)+len(d.planned.mark.msgs))
 	for _, ks := range sets {
 		s := l.byName[ks.Name]
-		if s == nil || !setMatches(ks, s) || d.comp.tab == nil || d.comp.tab.elems[s.name] == nil {
+		if s == nil || !setMatches(ks, s) || d.planned.tab == nil || d.planned.tab.elems[s.name] == nil {
 			continue
 		}
-		compiled := d.comp.tab.elems[s.name]
+		planned := d.planned.tab.elems[s.name]
 		err := d.counterSocket.setCounters(fam.table, tableName, ks.Name, func(key []byte, packets, bytes uint64) {
-			e, ok := compiled[string(key)]
+			e, ok := planned[string(key)]
 			if !ok {
 				return
 			}

@@ -2,7 +2,6 @@ package datapath
 
 import (
 	"errors"
-	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"kuport.wlz.li/kuport/datapath/datapathtest"
+	"kuport.wlz.li/kuport/internal/testenv"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -41,9 +41,7 @@ func (p *pausedCounts) setCounters(fam nftables.TableFamily, table, set string, 
 // and start over after it, so each element counts under the entry of the table it was read
 // beside: Counters' answer is what a Counters after the Apply gives.
 func TestPrivilegedCountersBesideApply(t *testing.T) {
-	if os.Getenv("KUPORT_PRIVILEGED") != "1" {
-		t.Skip("needs root (network namespaces, nftables): set KUPORT_PRIVILEGED=1")
-	}
+	testenv.Privileged(t)
 	tn := newTestNS(t, "100.64.93.143")
 	both := datapathtest.Program(2, "enp1s0")
 	one := &kuportv1.NodeProgram{Node: both.Node, Version: 1, Epoch: both.Epoch, DnatRules: both.DnatRules[:1], SnatRules: both.SnatRules[:1]}
@@ -89,9 +87,7 @@ func TestPrivilegedCountersBesideApply(t *testing.T) {
 // part way through the set, and the next read on the socket (the dump's rest drained) gives
 // the whole set again.
 func TestPrivilegedElementReadGivesWay(t *testing.T) {
-	if os.Getenv("KUPORT_PRIVILEGED") != "1" {
-		t.Skip("needs root (network namespaces, nftables): set KUPORT_PRIVILEGED=1")
-	}
+	testenv.Privileged(t)
 	tn := newTestNS(t, "100.64.93.143")
 	const n = 3000
 	require.NoError(t, tn.dp.Apply(datapathtest.Program(n, "enp1s0")))

@@ -64,13 +64,13 @@ type Datapath struct {
 	// nftables transaction committed, its links and return paths synced), before the
 	// conntrack sweep.
 	lastInKernel time.Duration
-	// lastCompiled is how long the last Apply took to compile its program, the first part of
-	// lastInKernel.
-	lastCompiled time.Duration
+	// lastPlanned is how long the last Apply took to plan its program (logged as
+	// compile_us), the first part of lastInKernel.
+	lastPlanned time.Duration
 	// known is the table the kernel holds as of a ruleset generation (gen.go, sync.go), and
-	// comp the last compile (incremental.go).
-	known *known
-	comp  compiler
+	// planned the last plan (incremental.go).
+	known   *known
+	planned planner
 	// routeTables are the routing tables the last Apply synced (the program's and those
 	// its band's rules pointed at), read by Watch without the lock (watch.go).
 	routeTables atomic.Pointer[map[int]bool]
@@ -171,16 +171,16 @@ func (d *Datapath) Apply(p *kuportv1.NodeProgram) error {
 		log = d.log.Info
 	}
 	log("applied program", "node", p.GetNode(), "version", p.GetVersion(), "kernel_writes", changes,
-		"compile_us", d.lastCompiled.Microseconds(), "in_kernel_us", d.lastInKernel.Microseconds(), "took_us", time.Since(start).Microseconds())
+		"compile_us", d.lastPlanned.Microseconds(), "in_kernel_us", d.lastInKernel.Microseconds(), "took_us", time.Since(start).Microseconds())
 	return err
 }
 
 func (d *Datapath) apply(p *kuportv1.NodeProgram, changes *int, start time.Time) error {
-	want, errs := d.compile(p)
-	d.lastCompiled = time.Since(start)
+	want, errs := d.plan(p)
+	d.lastPlanned = time.Since(start)
 	// The program's table entries differ from what the kernel was last known to hold: not
 	// a resync of the same program (which reads and repairs everything).
-	entriesChanged := len(d.comp.dirty) > 0 || d.known == nil || d.known.t != want
+	entriesChanged := len(d.planned.dirty) > 0 || d.known == nil || d.known.t != want
 	stale, err := d.syncTable(want, changes)
 	if err != nil {
 		errs = append(errs, err)
@@ -213,7 +213,7 @@ func (d *Datapath) syncNet(p *kuportv1.NodeProgram, changes *int) []error {
 	d.netKnown = nil
 	notes, watched := d.netNotes.Load(), d.netWatches.Load() > 0
 	// Links and return paths that fail validation are reported and left out (Validate).
-	links, returns, errs := compileLinks(p)
+	links, returns, errs := planLinks(p)
 	keep := map[string]bool{}
 	for _, l := range p.GetLinks() {
 		keep[l.GetName()] = true

@@ -13,7 +13,7 @@
 //
 // The table's layout (layout.go) is the same for every program: a few rules, each looking
 // up one set, so the per-packet cost does not grow with the number of mappings. The
-// program's entries compile into the sets' elements (entries.go, elements.go), which Render,
+// program's entries are planned into the sets' elements (entries.go, elements.go), which Render,
 // Dump and the golden files in testdata/ print as nft lists them. Apply writes only the
 // elements that differ (nftwrite.go), and reads the table only when the ruleset generation says
 // someone else may have changed it (sync.go, gen.go).

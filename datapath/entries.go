@@ -28,7 +28,7 @@ type put struct {
 	elem
 }
 
-// compileTable turns the program's entries into the table's elements (Render's and Apply's
+// planTable turns the program's entries into the table's elements (Render's and Apply's
 // one source). Every port of a range is its own element: a hash lookup costs the same at any
 // size, where an interval set costs about 15 µs per lookup at 10,000 elements
 // (docs/design/nftables.md#what-a-chain-costs-per-packet). So a range keeps each port by
@@ -41,15 +41,15 @@ type put struct {
 // shared: it stays that entry's, whose id it carries and under which it is counted (a rule
 // per mapping, the form of docs/design/datapath.md#kup-pre-the-dnat, counted it under the
 // first rule that matched, too).
-func compileTable(p *kuportv1.NodeProgram) (*table, []error) {
-	t, errs, _ := compileEntries(p)
+func planTable(p *kuportv1.NodeProgram) (*table, []error) {
+	t, errs, _ := planEntries(p)
 	return t, errs
 }
 
-// compileEntries is compileTable, and the elements that more than one entry needs (one
-// identity SNAT for two mappings to one pod port), which incremental compiles leave to a
-// compile of the whole program (incremental.go).
-func compileEntries(p *kuportv1.NodeProgram) (*table, []error, map[setKey]bool) {
+// planEntries is planTable, and the elements that more than one entry needs (one
+// identity SNAT for two mappings to one pod port), which incremental plans leave to a
+// plan of the whole program (incremental.go).
+func planEntries(p *kuportv1.NodeProgram) (*table, []error, map[setKey]bool) {
 	fam := familyIPv4
 	var errs []error
 	n := len(p.GetDnatRules()) + len(p.GetSnatRules()) + len(p.GetMarkRules())

@@ -14,7 +14,7 @@ import (
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
-func TestCompileRejectsInvalidEntries(t *testing.T) {
+func TestPlanRejectsInvalidEntries(t *testing.T) {
 	tcp := kuportv1.Protocol_PROTOCOL_TCP
 	one := &kuportv1.PortRange{First: 3000, Last: 3000}
 	p := &kuportv1.NodeProgram{
@@ -30,7 +30,7 @@ func TestCompileRejectsInvalidEntries(t *testing.T) {
 		SnatRules: []*kuportv1.SnatRule{{Id: "kind", Address: "10.0.0.1", Protocol: tcp, Ports: one}},
 		MarkRules: []*kuportv1.MarkRule{{Id: "mark0", Address: "10.0.0.1", Protocol: tcp, Ports: one}},
 	}
-	tbl, errs := compileTable(p)
+	tbl, errs := planTable(p)
 	n := 0
 	for _, elems := range tbl.elems {
 		for _, e := range elems {
@@ -91,7 +91,7 @@ func TestMarkRuleForms(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			c.entry.Id = "id"
-			tbl, errs := compileTable(&kuportv1.NodeProgram{MarkRules: []*kuportv1.MarkRule{c.entry}})
+			tbl, errs := planTable(&kuportv1.NodeProgram{MarkRules: []*kuportv1.MarkRule{c.entry}})
 			if c.wantErr != "" {
 				require.Len(t, errs, 1)
 				assert.ErrorContains(t, errs[0], "mark id: "+c.wantErr)
@@ -127,7 +127,7 @@ func TestElementConflicts(t *testing.T) {
 		return &kuportv1.SnatRule{Id: id, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST, Address: "10.0.0.1", Protocol: tcp,
 			Ports: &kuportv1.PortRange{First: 3000, Last: 3000}}
 	}
-	tbl, errs := compileTable(&kuportv1.NodeProgram{
+	tbl, errs := planTable(&kuportv1.NodeProgram{
 		DnatRules: []*kuportv1.DnatRule{dnat("a", 4000, "10.0.0.1"), dnat("b", 4001, "10.0.0.2"), dnat("c", 4002, "10.0.0.1")},
 		SnatRules: []*kuportv1.SnatRule{snat("s1"), snat("s2")},
 	})

@@ -21,7 +21,7 @@ import (
 // quoted names, IPv6 and garbage addresses, marks 0, duplicate ids, links missing). On every
 // input: no panic; Validate neither changes the program nor answers differently twice; an
 // invalid program is refused with one error per refused entry, each naming an entry of the
-// program ("<kind> <id>: ..."); a valid one compiles into nftables sets, elements and rules
+// program ("<kind> <id>: ..."); a valid one is planned into nftables sets, elements and rules
 // the kernel would take (every key and value the size of its set's type, every comment an
 // entry's id) and renders.
 func FuzzValidateProgram(f *testing.F) {
@@ -295,10 +295,10 @@ func checkRefusal(t *testing.T, p *kuportv1.NodeProgram, err error) {
 	}
 }
 
-// checkRenders: a valid program compiles into kernel objects of the right sizes and renders.
+// checkRenders: a valid program is planned into kernel objects of the right sizes and renders.
 func checkRenders(t *testing.T, p *kuportv1.NodeProgram) {
 	t.Helper()
-	tbl, errs := compileTable(p)
+	tbl, errs := planTable(p)
 	if len(errs) > 0 {
 		t.Fatalf("valid program's table has errors: %v", errs)
 	}
@@ -345,7 +345,7 @@ func checkRenders(t *testing.T, p *kuportv1.NodeProgram) {
 	if (text == "") != tbl.empty() {
 		t.Fatalf("rendered %d bytes of a table empty=%v", len(text), tbl.empty())
 	}
-	if _, _, lerrs := compileLinks(p); len(lerrs) > 0 {
+	if _, _, lerrs := planLinks(p); len(lerrs) > 0 {
 		t.Fatalf("valid program's links have errors: %v", lerrs)
 	}
 }

@@ -38,7 +38,7 @@ func goldenPath(name string) string { return filepath.Join("testdata", name+".nf
 func TestGolden(t *testing.T) {
 	for name, p := range goldenPrograms(t) {
 		t.Run(name, func(t *testing.T) {
-			_, errs := compileTable(p)
+			_, errs := planTable(p)
 			require.Empty(t, errs, "golden programs are valid")
 			got := Render(p)
 			if *update {

@@ -6,25 +6,25 @@ import (
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
-// Incremental compilation. A Datapath keeps the table it compiled last, the program entries
-// it compiled it from (the caller's: Apply and Validate say the program must not change
+// Incremental planning. A Datapath keeps the table it planned last, the program entries
+// it planned it from (the caller's: Apply and Validate say the program must not change
 // after the call, which saves a copy of every entry) and, since its last write, every
 // element it changed with what the element was before (dirty). A program that differs from
 // the last in a few entries renders only those: their old elements go, their new ones come,
 // and the write that follows sends only the dirty elements. An element two entries need is
 // the first one's: a changed entry that needs one an earlier entry holds (two mappings to one
 // pod port share its identity SNAT element) joins it, and one that leaves it leaves it as it
-// is. The result is the table compileTable makes of the whole program
+// is. The result is the table planTable makes of the whole program
 // (TestIncrementalEqualsFull): every case where an entry's elements could depend on other
-// entries otherwise is compiled whole instead. Those are a previous compile that refused an
+// entries otherwise is planned whole instead. Those are a previous plan that refused an
 // entry, most entries of a kind changed, entries reordered or an id repeated, a changed entry
 // holding an element it shares with another, or needing one a later entry holds (it would
 // hold it first), an id moving between kinds, and a change of the reply exemptions' device
 // prefixes (the layout).
 
-// wholeCompileAt is the number of changed entries of one kind above which a change of most
-// of them is compiled whole.
-const wholeCompileAt = 64
+// wholePlanAt is the number of changed entries of one kind above which a change of most
+// of them is planned whole.
+const wholePlanAt = 64
 
 // setKey names one element: its set and key.
 type setKey struct{ set, key string }
@@ -41,7 +41,7 @@ type entryMsg interface {
 	GetId() string
 }
 
-// each renders every entry of the kind in p for compileEntries.
+// each renders every entry of the kind in p for planEntries.
 func (k entryKind[T]) each(fam family, p *kuportv1.NodeProgram, add func(kind, id string, puts []put, err error)) {
 	for _, e := range k.list(p) {
 		puts, err := k.puts(fam, e)
@@ -49,11 +49,11 @@ func (k entryKind[T]) each(fam family, p *kuportv1.NodeProgram, add func(kind, i
 	}
 }
 
-// entryKind is what compiling one kind of entry takes: the program's list of it, its
+// entryKind is what planning one kind of entry takes: the program's list of it, its
 // rendering, and equality of two entries (every field: TestSameCoversEveryField).
 type entryKind[T entryMsg] struct {
 	name string
-	// order is the kind's place in a compile: DNAT, then SNAT, then mark entries.
+	// order is the kind's place in a plan: DNAT, then SNAT, then mark entries.
 	order int
 	list  func(*kuportv1.NodeProgram) []T
 	puts  func(family, T) ([]put, error)
@@ -89,7 +89,7 @@ func sameMark(a, b *kuportv1.MarkRule) bool {
 		a.GetKind() == b.GetKind() && a.GetInInterface() == b.GetInInterface()
 }
 
-// entryList is the compiled entries of one kind, in program order, and their positions by id.
+// entryList is the planned entries of one kind, in program order, and their positions by id.
 type entryList[T entryMsg] struct {
 	msgs []T
 	pos  map[string]int
@@ -106,7 +106,7 @@ func newEntryList[T entryMsg](list []T) entryList[T] {
 
 // change is one entry whose elements change: the ones it had (none for an added entry) and
 // the ones it needs (none for a removed one). after, for an entry of the program (not a
-// removed one), tells whether it comes after the compiled entry of kind order at position pos
+// removed one), tells whether it comes after the planned entry of kind order at position pos
 // in the program, which (not removed) keeps its place among the others.
 type change struct {
 	kind, id string
@@ -114,10 +114,10 @@ type change struct {
 	after    func(order, pos int) bool
 }
 
-// diff compares list with the compiled entries: the entries to render anew, the entries that
+// diff compares list with the planned entries: the entries to render anew, the entries that
 // replace es (es itself when nothing changed) and the update of es's positions that makes
 // them next's, to run when the step commits (it changes es), or false when list cannot be
-// compiled entry by entry (reordered, an id repeated, an entry that does not render). The
+// planned entry by entry (reordered, an id repeated, an entry that does not render). The
 // positions are updated in place, for the entries that moved, rather than built anew: at
 // 10,000 mappings a new map cost more than the rest of the step.
 func diff[T entryMsg](k entryKind[T], fam family, es entryList[T], list []T) (changes []change, added []string, next entryList[T], update func(), ok bool) {
@@ -159,8 +159,8 @@ func diff[T entryMsg](k entryKind[T], fam family, es entryList[T], list []T) (ch
 		return nil, nil, es, nil, true
 	}
 	// Rendering most entries twice (as they were and as they are) costs more than a whole
-	// compile.
-	if n := len(changed) + len(gone); n > wholeCompileAt && n > max(len(list), len(es.msgs))/2 {
+	// plan.
+	if n := len(changed) + len(gone); n > wholePlanAt && n > max(len(list), len(es.msgs))/2 {
 		return nil, nil, es, nil, false
 	}
 	for _, j := range gone {
@@ -195,8 +195,8 @@ func diff[T entryMsg](k entryKind[T], fam family, es entryList[T], list []T) (ch
 			if order != k.order {
 				return order < k.order
 			}
-			// The compiled entries keep their order: the entry is after the one at pos when
-			// the nearest compiled entry before it is that one or comes after it.
+			// The planned entries keep their order: the entry is after the one at pos when
+			// the nearest planned entry before it is that one or comes after it.
 			for j := i - 1; j >= 0; j-- {
 				if q, ok := es.pos[list[j].GetId()]; ok {
 					return pos <= q
@@ -220,10 +220,10 @@ func diff[T entryMsg](k entryKind[T], fam family, es entryList[T], list []T) (ch
 	return changes, added, next, update, true
 }
 
-// compiler is the incremental state: the table, the errors of its compile, the entries it
-// was compiled from, the elements two or more entries need (shared), and the elements
+// planner is the incremental state: the table, the errors of its plan, the entries it
+// was planned from, the elements two or more entries need (shared), and the elements
 // changed since the last write (sync.go).
-type compiler struct {
+type planner struct {
 	tab    *table
 	errs   []error
 	dnat   entryList[*kuportv1.DnatRule]
@@ -233,29 +233,29 @@ type compiler struct {
 	dirty  map[setKey]prior
 }
 
-// compile returns the table p compiles to and its refused entries, entry by entry where it
-// can (see above), else whole. Either way the compiler then holds p.
-func (d *Datapath) compile(p *kuportv1.NodeProgram) (*table, []error) {
-	c := &d.comp
+// plan returns the table planned from p and its refused entries, entry by entry where it
+// can (see above), else whole. Either way the planner then holds p.
+func (d *Datapath) plan(p *kuportv1.NodeProgram) (*table, []error) {
+	c := &d.planned
 	if c.tab != nil && len(c.errs) == 0 && c.step(p) {
 		return c.tab, nil
 	}
-	// The table the kernel is known to hold is the compiler's with its dirty elements as
+	// The table the kernel is known to hold is the planner's with its dirty elements as
 	// they were: put them back, so that the write compares it with the new table whole.
 	if d.known != nil && d.known.t == c.tab {
 		c.revert()
 	}
-	t, errs, shared := compileEntries(p)
-	*c = compiler{tab: t, errs: errs, shared: shared,
+	t, errs, shared := planEntries(p)
+	*c = planner{tab: t, errs: errs, shared: shared,
 		dnat: newEntryList(p.GetDnatRules()), snat: newEntryList(p.GetSnatRules()), mark: newEntryList(p.GetMarkRules())}
 	return t, errs
 }
 
-// step compiles p from the compiler's state entry by entry; false (and nothing changed)
-// when p must be compiled whole.
-func (c *compiler) step(p *kuportv1.NodeProgram) bool {
+// step plans p from the planner's state entry by entry; false (and nothing changed)
+// when p must be planned whole.
+func (c *planner) step(p *kuportv1.NodeProgram) bool {
 	fam := c.tab.layout.fam
-	// Another mask or set of return marks is another layout: compiled and written whole.
+	// Another mask or set of return marks is another layout: planned and written whole.
 	if !c.tab.layout.sameMarks(programMarks(fam, p)) {
 		return false
 	}
@@ -269,7 +269,7 @@ func (c *compiler) step(p *kuportv1.NodeProgram) bool {
 	if len(changes) == 0 {
 		return true
 	}
-	// An added id must be new to every kind (compileTable refuses a repeated id).
+	// An added id must be new to every kind (planTable refuses a repeated id).
 	seen := map[string]bool{}
 	for _, id := range append(append(da, sa...), ma...) {
 		_, d := c.dnat.pos[id]
@@ -281,10 +281,10 @@ func (c *compiler) step(p *kuportv1.NodeProgram) bool {
 		seen[id] = true
 	}
 	// Check everything before changing anything. An element two entries need is the first
-	// one's (compileEntries): an entry that needs an element an earlier entry holds, the
+	// one's (planEntries): an entry that needs an element an earlier entry holds, the
 	// same, shares it (joins), and one that leaves an element an earlier entry holds leaves
 	// it as it is; an entry that would hold such an element first, or that leaves one it
-	// holds for others, is compiled whole.
+	// holds for others, is planned whole.
 	gone := map[setKey]bool{}
 	var drops []put
 	for _, ch := range changes {
@@ -313,7 +313,7 @@ func (c *compiler) step(p *kuportv1.NodeProgram) bool {
 			}
 			comes[k] = true
 			if c.tab.layout.jumps(pt) != nil {
-				return false // refused by the whole compile
+				return false // refused by the whole plan
 			}
 			if e, held := m[pt.key]; held && !gone[k] {
 				if e.id == ch.id || e.val != pt.val || !c.earlier(e.id, ch) {
@@ -325,7 +325,7 @@ func (c *compiler) step(p *kuportv1.NodeProgram) bool {
 			puts = append(puts, pt)
 		}
 	}
-	// A program without elements has no table at all, which a whole compile and write make.
+	// A program without elements has no table at all, which a whole plan and write make.
 	total := len(puts) - len(drops)
 	for _, m := range c.tab.elems {
 		total += len(m)
@@ -353,9 +353,9 @@ func (c *compiler) step(p *kuportv1.NodeProgram) bool {
 	return true
 }
 
-// earlier reports whether the compiled entry id, which stays, comes before ch's entry in
+// earlier reports whether the planned entry id, which stays, comes before ch's entry in
 // the program.
-func (c *compiler) earlier(id string, ch change) bool {
+func (c *planner) earlier(id string, ch change) bool {
 	for _, k := range []struct {
 		order int
 		pos   map[string]int
@@ -368,7 +368,7 @@ func (c *compiler) earlier(id string, ch change) bool {
 }
 
 // touch records what the element is before its first change since the last write.
-func (c *compiler) touch(k setKey) {
+func (c *planner) touch(k setKey) {
 	if _, ok := c.dirty[k]; ok {
 		return
 	}
@@ -380,7 +380,7 @@ func (c *compiler) touch(k setKey) {
 }
 
 // revert puts the dirty elements back as they were at the last write.
-func (c *compiler) revert() {
+func (c *planner) revert() {
 	for k, b := range c.dirty {
 		if b.present {
 			c.tab.elems[k.set][k.key] = b.e

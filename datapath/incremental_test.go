@@ -25,14 +25,14 @@ func errTexts(errs []error) []string {
 	return out
 }
 
-// checkCompile compiles p through dp's compiler and checks the result against compileTable
+// checkPlan plans p through dp's planner and checks the result against planTable
 // of the whole program: the same elements (ids included), layout and errors. It reports
-// whether the compile was incremental (the compiler kept its table).
-func checkCompile(t *testing.T, dp *Datapath, p *kuportv1.NodeProgram, step string) bool {
+// whether the plan was incremental (the planner kept its table).
+func checkPlan(t *testing.T, dp *Datapath, p *kuportv1.NodeProgram, step string) bool {
 	t.Helper()
-	before := dp.comp.tab
-	got, gotErrs := dp.compile(p)
-	want, wantErrs := compileTable(p)
+	before := dp.planned.tab
+	got, gotErrs := dp.plan(p)
+	want, wantErrs := planTable(p)
 	require.Equal(t, want.elems, got.elems, step)
 	require.Equal(t, want.text(), got.text(), step)
 	require.Equal(t, errTexts(wantErrs), errTexts(gotErrs), step)
@@ -51,10 +51,10 @@ func snatEntry(id, addr string, port uint32, kind kuportv1.SnatKind) *kuportv1.S
 		Protocol: kuportv1.Protocol_PROTOCOL_TCP, Ports: &kuportv1.PortRange{First: port, Last: port}}
 }
 
-// TestIncrementalSteps runs a sequence of programs through the compiler and the fake
-// kernel: each compile equals the whole program's, one mapping changed is compiled
+// TestIncrementalSteps runs a sequence of programs through the planner and the fake
+// kernel: each plan equals the whole program's, one mapping changed is planned
 // incrementally and writes only its elements, and the cases that depend on other entries
-// are compiled whole.
+// are planned whole.
 func TestIncrementalSteps(t *testing.T) {
 	req, rep := kuportv1.SnatKind_SNAT_KIND_REQUEST, kuportv1.SnatKind_SNAT_KIND_REPLY
 	base := func() *kuportv1.NodeProgram {
@@ -159,7 +159,7 @@ func TestIncrementalSteps(t *testing.T) {
 			m5 = proto.CloneOf(p)
 		}
 		s.edit(p)
-		assert.Equal(t, s.incremental, checkCompile(t, dp, p, s.name), "%s: compiled entry by entry", s.name)
+		assert.Equal(t, s.incremental, checkPlan(t, dp, p, s.name), "%s: planned entry by entry", s.name)
 		_ = dp.Apply(p)
 		if s.writes >= 0 {
 			assert.Equal(t, s.writes, dp.lastChanges, "%s: kernel writes", s.name)
@@ -173,8 +173,8 @@ func TestIncrementalSteps(t *testing.T) {
 }
 
 // TestIncrementalEqualsFull draws random programs, each a few random edits from the last,
-// and checks that every compile equals the whole program's and that the fake kernel holds
-// what Render prints, with Validate compiling before Apply as the agent does. Mark entries
+// and checks that every plan equals the whole program's and that the fake kernel holds
+// what Render prints, with Validate planning before Apply as the agent does. Mark entries
 // take the forms compile emits (a return marking, the arrival link saved on the flow and the
 // reply's mark restored by its pod port), so mappings to one pod port share a
 // mark-ct-restore element.
@@ -279,7 +279,7 @@ func TestIncrementalEqualsFull(t *testing.T) {
 				break
 			}
 		}
-		if checkCompile(t, dp, p, step) {
+		if checkPlan(t, dp, p, step) {
 			incremental++
 		}
 		verr := dp.Validate(p)
@@ -289,8 +289,8 @@ func TestIncrementalEqualsFull(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, Render(p), dump, step)
 	}
-	t.Logf("%d of 400 steps compiled entry by entry, %d shared a restore element", incremental, sharedRestore)
-	assert.Greater(t, incremental, 100, "most steps compile entry by entry")
+	t.Logf("%d of 400 steps planned entry by entry, %d shared a restore element", incremental, sharedRestore)
+	assert.Greater(t, incremental, 100, "most steps plan entry by entry")
 	assert.Greater(t, sharedRestore, 100, "steps sharing a restore element")
 }
 

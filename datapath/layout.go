@@ -120,7 +120,7 @@ func (r setRole) kind() string {
 // counts per element (`counter` in its body), and every counter is read (Counters).
 //
 // An element's comment is the id of the entry it renders, for an operator reading `nft list`
-// (Counters attributes counters by key, through the compiled table). Only the elements of an
+// (Counters attributes counters by key, through the planned table). Only the elements of an
 // entry's own translation carry it (DNAT, identity SNAT, marks): a DNAT entry's steering and
 // reply-counting elements have its DNAT element's key, the dialed port, so `nft list` shows
 // them next to it without the id again, and a comment costs about 1.8 µs an element to write
@@ -148,8 +148,8 @@ func (s *setSpec) written(e elem) elem {
 	return e
 }
 
-// holds reports whether element have, compiled or read back from the kernel, is want: a
-// compiled one the same in every part, id included (an element that moves to another entry is
+// holds reports whether element have, planned or read back from the kernel, is want: a
+// planned one the same in every part, id included (an element that moves to another entry is
 // written anew, its counter with it), one read back as the kernel holds want.
 func (s *setSpec) holds(have, want elem) bool {
 	return have == want || have.id == "" && have == s.written(want)

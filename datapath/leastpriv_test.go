@@ -19,6 +19,7 @@ import (
 	"github.com/vishvananda/netns"
 	"google.golang.org/protobuf/proto"
 
+	"kuport.wlz.li/kuport/internal/testenv"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -53,7 +54,7 @@ func leastPrivProgram(t *testing.T) *kuportv1.NodeProgram {
 // repairs a reset rp_filter and cleans up, conntrack entry included. Any setns
 // (CAP_SYS_ADMIN), /proc/sys write or need of CAP_NET_RAW would fail it.
 func TestPrivilegedLeastPrivilege(t *testing.T) {
-	privileged(t)
+	testenv.Privileged(t)
 	if step := os.Getenv(leastPrivStep); step != "" {
 		restrictedStep(t, step)
 		return

@@ -37,7 +37,7 @@ type wantLink struct {
 	mac net.HardwareAddr
 }
 
-func compileLink(l *kuportv1.Link) (*wantLink, error) {
+func planLink(l *kuportv1.Link) (*wantLink, error) {
 	w := &wantLink{name: l.GetName(), vni: int(l.GetVni()), port: int(l.GetPort()), mtu: int(l.GetMtu())}
 	if err := checkIfname(w.name); err != nil || !strings.HasPrefix(w.name, linkPrefix) {
 		return nil, fmt.Errorf("name %q is not a %s* device name", w.name, linkPrefix)

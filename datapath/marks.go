@@ -158,7 +158,7 @@ func (l *layout) jumps(pt put) error {
 // programMarks are the return-mark mask of program p and its return marks, sorted and each
 // once: the marks its valid mark entries write, when valid under the mask, and those its
 // valid return paths match. Each has its two chains and its return-marks element, whether or
-// not another entry's key refuses the entry (compileEntries).
+// not another entry's key refuses the entry (planEntries).
 func programMarks(fam family, p *kuportv1.NodeProgram) (uint32, []uint32) {
 	m := markingOf(p)
 	var marks []uint32
@@ -167,7 +167,7 @@ func programMarks(fam family, p *kuportv1.NodeProgram) (uint32, []uint32) {
 			marks = append(marks, e.GetMark())
 		}
 	}
-	returns, _ := compileReturns(p)
+	returns, _ := planReturns(p)
 	for _, w := range returns {
 		marks = append(marks, w.mark)
 	}
@@ -175,7 +175,7 @@ func programMarks(fam family, p *kuportv1.NodeProgram) (uint32, []uint32) {
 	return m.mask, slices.Compact(marks)
 }
 
-// programLayout is the layout program p compiles to.
+// programLayout is the layout planned from program p.
 func programLayout(fam family, p *kuportv1.NodeProgram) *layout {
 	mask, marks := programMarks(fam, p)
 	return newLayout(fam, mask, marks)

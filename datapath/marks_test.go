@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
 
+	"kuport.wlz.li/kuport/internal/testenv"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -20,7 +21,7 @@ import (
 // conntrack mark is 0x10000001, the pod's reply carries 0x4001, and the divert rule
 // (fwmark 0x1/0x301f) still sends it to the return path's table, out of the link.
 func TestPrivilegedReturnMarkKeepsOthersBits(t *testing.T) {
-	privileged(t)
+	testenv.Privileged(t)
 	tn := newTestNS(t, "100.64.93.150")
 	tn.addPod(t, "10.244.17.5", 3000)
 	client := tn.addPeer(t, "enp1s0", "203.0.113.9", "203.0.113.7")

@@ -111,7 +111,7 @@ func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes in
 	fam := want.layout.fam
 	t := &nftables.Table{Name: tableName, Family: fam.table}
 	if have == want && intact {
-		return 0, nil, nil // the table compiled from the program the kernel is known to hold
+		return 0, nil, nil // the table planned from the program the kernel is known to hold
 	}
 	if want.empty() {
 		if have == nil {

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"kuport.wlz.li/kuport/datapath/datapathtest"
+	"kuport.wlz.li/kuport/internal/testenv"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -32,13 +33,6 @@ type testNS struct {
 	ns   netns.NsHandle
 	nl   *netlink.Handle
 	dp   *Datapath
-}
-
-func privileged(t *testing.T) {
-	t.Helper()
-	if os.Getenv("KUPORT_PRIVILEGED") != "1" {
-		t.Skip("needs root and network namespaces: set KUPORT_PRIVILEGED=1")
-	}
 }
 
 // newTestNS creates a namespace holding wt0 (a veth, standing in for the mesh device)
@@ -195,7 +189,7 @@ func underlayOf(p *kuportv1.NodeProgram) string {
 // TestPrivilegedGolden applies every golden program in its own namespace, compares the
 // kernel's listing with the golden file, and checks that re-applying writes nothing.
 func TestPrivilegedGolden(t *testing.T) {
-	privileged(t)
+	testenv.Privileged(t)
 	for name, p := range goldenPrograms(t) {
 		t.Run(name, func(t *testing.T) {
 			tn := newTestNS(t, underlayOf(p))
@@ -275,7 +269,7 @@ func itoa(v uint32) string { return strconv.FormatUint(uint64(v), 10) }
 // kernel after each: a change keeps what did not change, damage is repaired, an empty
 // program and Cleanup remove everything kuport made and nothing else.
 func TestPrivilegedLifecycle(t *testing.T) {
-	privileged(t)
+	testenv.Privileged(t)
 	base := goldenPrograms(t)["remote-worker-b"]
 	tn := newTestNS(t, "100.64.93.150")
 	// Foreign state that must survive everything below byte for byte: a filter table with
@@ -393,7 +387,7 @@ func (tn *testNS) assertNothingOwned(t *testing.T, tables ...string) {
 
 // TestPrivilegedReadState checks NodeState and LinkStats against the namespace.
 func TestPrivilegedReadState(t *testing.T) {
-	privileged(t)
+	testenv.Privileged(t)
 	p := goldenPrograms(t)["remote-worker-b"]
 	tn := newTestNS(t, "100.64.93.150")
 	tn.exec(t, "ip", "route", "add", "default", "via", "100.64.93.1", "dev", "wt0")
@@ -428,7 +422,7 @@ func TestPrivilegedReadState(t *testing.T) {
 // TestPrivilegedReadStateNetkit: a netkit pair (Cilium's pod device in its netkit modes) is
 // reported as netkit, a veth is not. iproute2 6.1 cannot make one: netlink does.
 func TestPrivilegedReadStateNetkit(t *testing.T) {
-	privileged(t)
+	testenv.Privileged(t)
 	tn := newTestNS(t, "100.64.93.150")
 	nk := &netlink.Netkit{LinkAttrs: netlink.LinkAttrs{Name: "nk0"}, Mode: netlink.NETKIT_MODE_L3,
 		Policy: netlink.NETKIT_POLICY_FORWARD, PeerPolicy: netlink.NETKIT_POLICY_FORWARD}
@@ -448,7 +442,7 @@ func TestPrivilegedReadStateNetkit(t *testing.T) {
 // TestPrivilegedEntryErrors applies a program with one bad entry of each kind: the good
 // entries land, each bad one is reported by id.
 func TestPrivilegedEntryErrors(t *testing.T) {
-	privileged(t)
+	testenv.Privileged(t)
 	p := proto.Clone(goldenPrograms(t)["remote-worker-b"]).(*kuportv1.NodeProgram)
 	p.DnatRules = append(p.DnatRules, &kuportv1.DnatRule{Id: "bad/dnat", InInterface: "enp1s0", Protocol: kuportv1.Protocol_PROTOCOL_TCP,
 		Ports: &kuportv1.PortRange{First: 1, Last: 1}, ToAddress: "not-an-ip", ToPort: 1})
@@ -475,7 +469,7 @@ func TestPrivilegedEntryErrors(t *testing.T) {
 // the device was kept (same ifindex) or replaced, and that the kernel then holds the
 // changed program. The split is README.md's (Reconciling, links).
 func TestPrivilegedLinkChanges(t *testing.T) {
-	privileged(t)
+	testenv.Privileged(t)
 	cases := []struct {
 		name   string
 		change func(p *kuportv1.NodeProgram)
@@ -527,7 +521,7 @@ func TestPrivilegedLinkChanges(t *testing.T) {
 // one the peer's neighbor entry holds, so the peer's cached entry stays right. A device that
 // exists with another address keeps it (changing it would stale the peer's entry).
 func TestPrivilegedRecreatedLinkKeepsItsAddress(t *testing.T) {
-	privileged(t)
+	testenv.Privileged(t)
 	p := goldenPrograms(t)["remote-worker-b"]
 	want := p.Links[0].GetMac()
 	require.NotEmpty(t, want, "the golden program names the link's address")
@@ -559,7 +553,7 @@ func TestPrivilegedRecreatedLinkKeepsItsAddress(t *testing.T) {
 // transaction rides one sendmsg, which the default 208 KiB send buffer refused ("message too
 // long") until NFTSocketOption raised it.
 func TestPrivilegedWideShiftedRanges(t *testing.T) {
-	privileged(t)
+	testenv.Privileged(t)
 	const width, ranges = 512, 16
 	p := &kuportv1.NodeProgram{Node: "worker-b"}
 	for i := range ranges {
@@ -584,7 +578,7 @@ func TestPrivilegedWideShiftedRanges(t *testing.T) {
 // every message of the transaction, which overflowed the socket's default receive buffer
 // ("recvmsg: no buffer space available") until NFTSocketOption raised it.
 func TestPrivilegedTenThousandMappings(t *testing.T) {
-	privileged(t)
+	testenv.Privileged(t)
 	const n = 10000
 	p := datapathtest.Program(n, "enp1s0")
 	tn := newTestNS(t, "100.64.93.143")
@@ -617,7 +611,7 @@ func TestPrivilegedTenThousandMappings(t *testing.T) {
 // the links and return paths reads none of them again, and one after someone deleted the
 // link (notified) reads them and puts it back; a resync of the same program always reads.
 func TestPrivilegedNetReadSkipped(t *testing.T) {
-	privileged(t)
+	testenv.Privileged(t)
 	base := goldenPrograms(t)["remote-worker-b"]
 	tn := newTestNS(t, "100.64.93.150")
 	_, err := tn.dp.Watch(t.Context())

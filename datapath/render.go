@@ -67,7 +67,7 @@ func render(fam family, blocks []block) string {
 	return b.String()
 }
 
-// Render returns the nftables table a program compiles to, as `nft list table ip kuport`
+// Render returns the nftables table planned from a program, as `nft list table ip kuport`
 // (nft 1.0.6) prints it once applied, with every "counter packets N bytes M" normalised to
 // "counter" and each set's elements sorted (nft prints them in hash order): tab
 // indentation, the sets, then chains kup-pre, kup-post, kup-mangle, kup-count-in, kup-steer
@@ -75,7 +75,7 @@ func render(fam family, blocks []block) string {
 // order they were added). A program with no valid entry renders as "" (Apply removes the table).
 // Entries that fail validation are left out; Apply reports them.
 func Render(p *kuportv1.NodeProgram) string {
-	t, _ := compileTable(p)
+	t, _ := planTable(p)
 	return t.text()
 }
 

@@ -31,7 +31,7 @@ type wantReturn struct {
 	m     marking
 }
 
-func compileReturn(rp *kuportv1.ReturnPath, m marking) (*wantReturn, error) {
+func planReturn(rp *kuportv1.ReturnPath, m marking) (*wantReturn, error) {
 	w := &wantReturn{id: rp.GetId(), link: rp.GetLink(), mark: rp.GetMark(), table: int(rp.GetTable()), m: m}
 	if err := checkID(w.id); err != nil {
 		return nil, err
@@ -60,10 +60,10 @@ func compileReturn(rp *kuportv1.ReturnPath, m marking) (*wantReturn, error) {
 	return w, nil
 }
 
-// compileReturns are the program's valid return paths (Apply's and Trace's one source): a
+// planReturns are the program's valid return paths (Apply's and Trace's one source): a
 // return path whose id or table another holds, or whose link the program does not have,
 // is an *EntryError.
-func compileReturns(p *kuportv1.NodeProgram) ([]*wantReturn, []error) {
+func planReturns(p *kuportv1.NodeProgram) ([]*wantReturn, []error) {
 	links := map[string]bool{}
 	for _, l := range p.GetLinks() {
 		links[l.GetName()] = true
@@ -74,7 +74,7 @@ func compileReturns(p *kuportv1.NodeProgram) ([]*wantReturn, []error) {
 	tables, marks := map[uint32]bool{}, map[uint32]bool{}
 	m := markingOf(p)
 	for _, rp := range p.GetReturnPaths() {
-		w, err := compileReturn(rp, m)
+		w, err := planReturn(rp, m)
 		switch {
 		case err != nil:
 		case ids[w.id] || tables[rp.GetTable()] || marks[w.mark]:

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
 
+	"kuport.wlz.li/kuport/internal/testenv"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -237,7 +238,7 @@ func workerBStates() []stateStep {
 // owns in the kernel with the expected text after each, then checks that re-applying the
 // step writes nothing.
 func TestPrivilegedStates(t *testing.T) {
-	privileged(t)
+	testenv.Privileged(t)
 	tn := newTestNS(t, "100.64.93.150")
 	for _, s := range workerBStates() {
 		require.NoError(t, tn.dp.Apply(s.program), s.name)

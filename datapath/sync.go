@@ -7,23 +7,23 @@ import (
 )
 
 // known is what table ip kuport holds as of ruleset generation gen, without reading it: the
-// table Apply last wrote or read (nil: no table). While t is the compiler's table, the kernel
-// holds it with the elements changed since (the compiler's dirty ones) as they were.
+// table Apply last wrote or read (nil: no table). While t is the planner's table, the kernel
+// holds it with the elements changed since (the planner's dirty ones) as they were.
 type known struct {
 	t   *table
 	gen uint32
 }
 
-// syncTable makes table ip kuport hold want (the compiler's table), in one transaction and
+// syncTable makes table ip kuport hold want (the planner's table), in one transaction and
 // only where it differs, and returns the conntrack filter of the flows its change of kup-pre's
 // maps leaves going the old way (nil: none). While the ruleset
 // generation is the one its last write made, nobody changed the table, so it reads nothing:
-// it writes the elements compiled anew since (incremental.go), or, after a whole compile,
+// it writes the elements planned anew since (incremental.go), or, after a whole plan,
 // compares want with what it wrote. Otherwise it reads the whole table first (gen.go), which
 // finds and repairs whatever someone changed.
 func (d *Datapath) syncTable(want *table, changes *int) (*staleFlows, error) {
-	dirty := d.comp.dirty
-	d.comp.dirty = nil
+	dirty := d.planned.dirty
+	d.planned.dirty = nil
 	gen, gerr := d.own.generation()
 	if gerr != nil {
 		d.log.Debug("reading the whole table", "error", gerr)

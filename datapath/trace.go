@@ -21,7 +21,7 @@ import (
 
 // Trace follows one flow through what a program puts in a node's kernel, without a kernel:
 // the request's first packet, then the reply to it. It runs the very rule expressions Apply
-// sends (layout.go) against the very elements the program compiles to (compileTable), so the
+// sends (layout.go) against the very elements planned from the program (planTable), so the
 // element semantics (a range keeps each port, a shifted range maps port by port, a refused
 // entry puts nothing) are Apply's and not restated here. What Trace adds is the kernel's
 // part, as measured in docs/design/datapath.md and set out in
@@ -35,11 +35,11 @@ import (
 // reaches the translated destination by, such as the CNI's toward a local pod), and a reply
 // they do not route leaves by the device its request arrived on.
 func Trace(p *kuportv1.NodeProgram, pkt Packet) (*Verdict, error) {
-	t, _ := compileTable(p)
-	returns, _ := compileReturns(p)
+	t, _ := planTable(p)
+	returns, _ := planReturns(p)
 	tr := &tracer{t: t, returns: returns}
 	for _, l := range p.GetLinks() {
-		if w, err := compileLink(l); err == nil {
+		if w, err := planLink(l); err == nil {
 			tr.links = append(tr.links, w)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"kuport.wlz.li/kuport/internal/testenv"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -112,7 +113,7 @@ func TestTraceGolden(t *testing.T) {
 // compared with the elements Trace says the flow matches; the pod answers on 3000 only,
 // so an answer shows the translation Trace gives.
 func TestPrivilegedTraceAgrees(t *testing.T) {
-	privileged(t)
+	testenv.Privileged(t)
 	tn := newTestNS(t, "100.64.93.143")
 	tn.addPod(t, "10.244.17.5", 3000)
 	client := tn.addPeer(t, "enp1s0", "203.0.113.9", "203.0.113.7")

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netns"
 
+	"kuport.wlz.li/kuport/internal/testenv"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -89,7 +90,7 @@ func (tn *testNS) addPodNetwork(t *testing.T) {
 // does not exist yet, then creates it: the rule matches its traffic (nft matches the
 // name) without another Apply.
 func TestPrivilegedLateInterface(t *testing.T) {
-	privileged(t)
+	testenv.Privileged(t)
 	tn := newTestNS(t, "100.64.93.143")
 	tn.addPodNetwork(t)
 	p := &kuportv1.NodeProgram{Node: "edge-a", Version: 1, DnatRules: []*kuportv1.DnatRule{{
@@ -221,7 +222,7 @@ func (p *peerNS) flowUDP(t *testing.T, dst string, dport int, rounds ...int) ([]
 // after (an established flow's), so kup-steer's two counting rules both count, each packet
 // once. The pod sees the client's address and the answers come from the dialed ports.
 func TestPrivilegedSharedPodPortCounts(t *testing.T) {
-	privileged(t)
+	testenv.Privileged(t)
 	tn := newTestNS(t, "100.64.93.143")
 	tn.addPod(t, "10.244.17.5", 3000)
 	client := tn.addPeer(t, "enp1s0", "203.0.113.9", "203.0.113.7")
@@ -265,7 +266,7 @@ func TestPrivilegedSharedPodPortCounts(t *testing.T) {
 // translated to the listener's port and answered from the dialed address and port, and
 // every packet is counted once each way.
 func TestPrivilegedHostNetworkTarget(t *testing.T) {
-	privileged(t)
+	testenv.Privileged(t)
 	tn := newTestNS(t, "100.64.93.143")
 	serveUDP(t, tn.ns, "100.64.93.143", 3000)
 	client := tn.addPeer(t, "enp1s0", "203.0.113.9", "203.0.113.7")

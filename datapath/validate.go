@@ -19,34 +19,34 @@ import (
 // the rest, and the agent refuses a program Validate rejects whole, before calling Apply, so
 // a peer cannot get part of an invalid program into the kernel.
 func Validate(p *kuportv1.NodeProgram) error {
-	_, errs := compileTable(p)
+	_, errs := planTable(p)
 	return validation(p, errs)
 }
 
-// Validate is the package's Validate through d's compiler (incremental.go): a program that
-// differs from the last one d compiled in a few entries renders only those, and the Apply
+// Validate is the package's Validate through d's planner (incremental.go): a program that
+// differs from the last one d planned in a few entries renders only those, and the Apply
 // of it that follows renders nothing again. The agent validates with it. As with Apply, p
 // must not be modified after the call.
 func (d *Datapath) Validate(p *kuportv1.NodeProgram) error {
 	d.lock()
 	defer d.mu.Unlock()
-	_, errs := d.compile(p)
+	_, errs := d.plan(p)
 	return validation(p, errs)
 }
 
 // validation joins the entries' errors with those of the links and return paths.
 func validation(p *kuportv1.NodeProgram, entryErrs []error) error {
-	_, _, linkErrs := compileLinks(p)
+	_, _, linkErrs := planLinks(p)
 	return errors.Join(append(slices.Clone(entryErrs), linkErrs...)...)
 }
 
-// compileLinks validates the program's links and (compileReturns) return paths: the valid
+// planLinks validates the program's links and (planReturns) return paths: the valid
 // links by name, the valid return paths in program order, and one *EntryError per invalid
 // one.
-func compileLinks(p *kuportv1.NodeProgram) (links []*wantLink, returns []*wantReturn, errs []error) {
+func planLinks(p *kuportv1.NodeProgram) (links []*wantLink, returns []*wantReturn, errs []error) {
 	names := map[string]bool{}
 	for _, l := range p.GetLinks() {
-		w, err := compileLink(l)
+		w, err := planLink(l)
 		if err == nil && names[w.name] {
 			err = fmt.Errorf("name used by another link")
 		}
@@ -57,6 +57,6 @@ func compileLinks(p *kuportv1.NodeProgram) (links []*wantLink, returns []*wantRe
 		}
 		links = append(links, w)
 	}
-	returns, rerrs := compileReturns(p)
+	returns, rerrs := planReturns(p)
 	return links, returns, append(errs, rerrs...)
 }

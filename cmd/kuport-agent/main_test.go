@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"kuport.wlz.li/kuport/controller/servingcert"
+	"kuport.wlz.li/kuport/internal/testenv"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -111,9 +112,7 @@ type agentNS struct {
 
 func newAgentNS(t *testing.T, suffix string) *agentNS {
 	t.Helper()
-	if os.Getenv("KUPORT_PRIVILEGED") != "1" {
-		t.Skip("needs root and network namespaces: set KUPORT_PRIVILEGED=1")
-	}
+	testenv.Privileged(t)
 	n := &agentNS{name: fmt.Sprintf("kup-agent-%s-%d", suffix, os.Getpid())}
 	sh(t, "ip", "netns", "add", n.name)
 	t.Cleanup(func() { _ = exec.Command("ip", "netns", "delete", n.name).Run() })

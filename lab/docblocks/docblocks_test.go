@@ -107,11 +107,11 @@ func TestStep(t *testing.T) {
 // link is a markdown link's target.
 var link = regexp.MustCompile(`\]\(([^)\s]+)\)`)
 
-// TestLinksResolve checks that every relative link of README.md and the markdown under docs/
-// names a file of the repository, so a page or a code comment that cites one can be
-// followed from a clone.
+// TestLinksResolve checks that every relative link of README.md, CONTRIBUTING.md and the
+// markdown under docs/ names a file of the repository, so a page or a code comment that
+// cites one can be followed from a clone.
 func TestLinksResolve(t *testing.T) {
-	files := []string{filepath.Join(repoRoot, "README.md")}
+	files := []string{filepath.Join(repoRoot, "README.md"), filepath.Join(repoRoot, "CONTRIBUTING.md")}
 	require.NoError(t, filepath.WalkDir(filepath.Join(repoRoot, "docs"), func(p string, d fs.DirEntry, err error) error {
 		if err == nil && !d.IsDir() && filepath.Ext(p) == ".md" {
 			files = append(files, p)

@@ -8,6 +8,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"kuport.wlz.li/kuport/internal/testenv"
 )
 
 // K8sBin returns KUPORT_LAB_BIN, the dir holding the lab's etcd, kube-apiserver and kubectl
@@ -15,9 +17,7 @@ import (
 // KUPORT_PRIVILEGED=1, and fails it when the binaries are not there.
 func K8sBin(t testing.TB) string {
 	t.Helper()
-	if os.Getenv("KUPORT_PRIVILEGED") != "1" {
-		t.Skip("set KUPORT_PRIVILEGED=1 (as root) to run against the lab's control plane; `make test` does")
-	}
+	testenv.Privileged(t)
 	bin := os.Getenv("KUPORT_LAB_BIN")
 	for _, b := range []string{"etcd", "kube-apiserver", "kubectl"} {
 		if _, err := os.Stat(filepath.Join(bin, b)); bin == "" || err != nil {

@@ -10,7 +10,6 @@ package negative
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -25,6 +24,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"kuport.wlz.li/kuport/datapath"
+	"kuport.wlz.li/kuport/internal/testenv"
 	"kuport.wlz.li/kuport/lab/labtest"
 	"kuport.wlz.li/kuport/lab/netlab"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
@@ -59,9 +59,7 @@ type testLab struct {
 
 func startLab(t *testing.T) *testLab {
 	t.Helper()
-	if os.Getenv("KUPORT_PRIVILEGED") != "1" {
-		t.Skip("needs root and network namespaces: set KUPORT_PRIVILEGED=1")
-	}
+	testenv.Privileged(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	dir := t.TempDir()

@@ -3,7 +3,6 @@ package netlab
 import (
 	"bytes"
 	"context"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -11,15 +10,15 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"kuport.wlz.li/kuport/internal/testenv"
 )
 
 // Only one lab runs on a machine at a time: a second waits for the lock and gives up when
 // its context ends, then gets it once the first releases it (docs/lab.md); clean-up
 // runs only while no lab holds it.
 func TestPrivilegedLabLockIsExclusive(t *testing.T) {
-	if os.Getenv("KUPORT_PRIVILEGED") != "1" {
-		t.Skip("needs root (the lock lives in /run): set KUPORT_PRIVILEGED=1")
-	}
+	testenv.Privileged(t)
 	var logged bytes.Buffer
 	log := hclog.New(&hclog.LoggerOptions{Output: &logged})
 	first, err := acquireLock(context.Background(), log)

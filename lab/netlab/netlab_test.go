@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"kuport.wlz.li/kuport/internal/testenv"
 	"kuport.wlz.li/kuport/lab/netlab"
 )
 
@@ -37,9 +38,7 @@ const testRuleset = `table ip test-dnat {
 `
 
 func TestPrivilegedNetlab(t *testing.T) {
-	if os.Getenv("KUPORT_PRIVILEGED") != "1" {
-		t.Skip("needs root and network namespaces: set KUPORT_PRIVILEGED=1")
-	}
+	testenv.Privileged(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
@@ -184,9 +183,7 @@ func netnsList(t *testing.T) string {
 // profile's device, a DNAT with the identity SNAT reaches it with the client's address, and
 // a pod speaking first reaches the client from its node's address.
 func TestPrivilegedNetlabProfiles(t *testing.T) {
-	if os.Getenv("KUPORT_PRIVILEGED") != "1" {
-		t.Skip("needs root and network namespaces: set KUPORT_PRIVILEGED=1")
-	}
+	testenv.Privileged(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
