@@ -128,6 +128,7 @@ func (e *env) assertLossless(streams map[string]*netlab.Stream) {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	lossy := false
 	for name, s := range streams {
 		res, err := s.Wait(ctx)
 		require.NoError(e.t, err)
@@ -135,6 +136,21 @@ func (e *env) assertLossless(streams map[string]*netlab.Stream) {
 		assert.Positive(e.t, res.Sent, name)
 		assert.Zero(e.t, res.Lost(), "%s stream lost packets: %s", name, res)
 		assert.Empty(e.t, res.Error, "%s stream", name)
+		lossy = lossy || res.Lost() > 0 || res.Error != ""
+	}
+	if lossy {
+		e.logKuportLogs()
+	}
+}
+
+// logKuportLogs puts the last few minutes of every kuport pod's log into the test's log,
+// so a stream's loss can be told apart from the machine's: an agent that rewrote the
+// kernel says so ("applied program" with kernel_writes, "deleted conntrack entries").
+func (e *env) logKuportLogs() {
+	for _, app := range []string{"kuport-controller", "kuport-agent"} {
+		out, err := e.l.Cluster.KubectlRun(context.Background(), "", "-n", kuportNS, "logs", "--prefix", "--tail=200",
+			"--since=3m", "-l", "app.kubernetes.io/name="+app)
+		e.t.Logf("%s logs (error %v):\n%s", app, err, out)
 	}
 }
 
