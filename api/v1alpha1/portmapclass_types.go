@@ -136,7 +136,7 @@ const (
 	ReasonSubnetOverlap     = "SubnetOverlap"
 )
 
-// The NodePortsReserved condition of a PortMapClass (added): whether every well-known port of
+// The NodePortsReserved condition of a PortMapClass: whether every well-known port of
 // the accepting nodes' own listeners inside the class's window is reserved (kubelet 10250,
 // kube-apiserver 6443, etcd 2379-2380, the class's link port, the UDP ports of the tunnel
 // devices the accepting nodes' agents report). False only warns: mappings are accepted as

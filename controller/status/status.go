@@ -226,7 +226,7 @@ func (w *Writer) update(ctx context.Context, gvr schema.GroupVersionResource, na
 }
 
 // Event reasons on a PortMap whose requests a node forwards without seeing a reply
-// (agents.Judge over the node's reports), and when replies flow again. (added)
+// (agents.Judge over the node's reports), and when replies flow again.
 const (
 	ReasonRequestsUnanswered = "RequestsUnanswered"
 	ReasonRequestsAnswered   = "RequestsAnswered"

@@ -335,7 +335,7 @@ type NodeProgram struct {
 	Links []*Link `protobuf:"bytes,7,rep,name=links,proto3" json:"links,omitempty"`
 	// Return paths this node routes marked replies through (two ip rules and a table each).
 	ReturnPaths []*ReturnPath `protobuf:"bytes,8,rep,name=return_paths,json=returnPaths,proto3" json:"return_paths,omitempty"`
-	// (added) The cluster's return-mark mask, ip rule prefs and routing-table range, which
+	// The cluster's return-mark mask, ip rule prefs and routing-table range, which
 	// every mark and return path of the program lies in. Absent (a controller from before
 	// the setting): the values those controllers used, mark mask 0xffffffff, prefs 101/102,
 	// tables from 201.
