@@ -111,47 +111,79 @@ func (e *env) deployWorkloads() {
 	}
 }
 
+// liveStreams are a TCP and a UDP stream through the cross-node mappings, and when they
+// started.
+type liveStreams struct {
+	byProto map[string]*netlab.Stream
+	started time.Time
+}
+
 // streams starts a TCP and a UDP stream through the cross-node mappings.
-func (e *env) streams(d time.Duration) map[string]*netlab.Stream {
+func (e *env) streams(d time.Duration) liveStreams {
 	e.t.Helper()
-	out := map[string]*netlab.Stream{}
+	ls := liveStreams{byProto: map[string]*netlab.Stream{}, started: time.Now()}
 	for name, dst := range map[string]string{"tcp": publicAddr + ":3001", "udp": publicAddr + ":27015"} {
 		s, err := e.l.Net.StartStream(name, dst, 20*time.Millisecond, d)
 		require.NoError(e.t, err)
-		out[name] = s
+		ls.byProto[name] = s
 	}
-	return out
+	return ls
 }
 
-// assertLossless waits for each stream and asserts it lost nothing.
-func (e *env) assertLossless(streams map[string]*netlab.Stream) {
+// udpLossAllowed is the datagrams a UDP stream through this cluster may lose while kuport
+// leaves the kernel alone: every pod, the CNI and the userspace WireGuard share two cores
+// here, and one datagram of 2000 was once lost across a failover while TCP lost nothing and
+// no reply waited over 90 ms. TCP must lose nothing, and a sweep fails the step.
+const udpLossAllowed = 1
+
+// maxStreamGap bounds the longest stretch between replies: kuport tearing down what a
+// stream crosses shows as a gap of TCP's retransmission timeout or more.
+const maxStreamGap = 2 * time.Second
+
+// sweptRe is the agent's Info line for conntrack entries it deleted because a DNAT rule
+// changed (datapath/conntrack.go): a step that must leave traffic alone changes none.
+var sweptRe = regexp.MustCompile(`deleted conntrack entries of changed DNAT rules.*deleted=[1-9]`)
+
+// assertLossless waits for the streams and asserts that TCP lost nothing, UDP at most
+// udpLossAllowed, no reply waited longer than maxStreamGap and no agent swept a flow since
+// they started.
+func (e *env) assertLossless(ls liveStreams) {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	lossy := false
-	for name, s := range streams {
+	for name, s := range ls.byProto {
 		res, err := s.Wait(ctx)
 		require.NoError(e.t, err)
 		e.t.Logf("BENCH stream proto=%s sent=%d lost=%d max_gap_ms=%d", name, res.Sent, res.Lost(), res.MaxGapMillis)
 		assert.Positive(e.t, res.Sent, name)
-		assert.Zero(e.t, res.Lost(), "%s stream lost packets: %s", name, res)
+		allowed := 0
+		if name == "udp" {
+			allowed = udpLossAllowed
+		}
+		assert.LessOrEqual(e.t, res.Lost(), allowed, "%s stream lost packets: %s", name, res)
+		assert.Less(e.t, res.MaxGapMillis, maxStreamGap.Milliseconds(), "%s stream's longest gap: %s", name, res)
 		assert.Empty(e.t, res.Error, "%s stream", name)
 		lossy = lossy || res.Lost() > 0 || res.Error != ""
 	}
+	agents := e.kuportLogs("kuport-agent", ls.started)
+	assert.Empty(e.t, sweptRe.FindAllString(agents, -1), "an agent swept live flows while the streams ran")
 	if lossy {
-		e.logKuportLogs()
+		e.t.Logf("kuport-controller logs:\n%s\nkuport-agent logs:\n%s", e.kuportLogs("kuport-controller", ls.started), agents)
 	}
 }
 
-// logKuportLogs puts the last few minutes of every kuport pod's log into the test's log,
-// so a stream's loss can be told apart from the machine's: an agent that rewrote the
-// kernel says so ("applied program" with kernel_writes, "deleted conntrack entries").
-func (e *env) logKuportLogs() {
-	for _, app := range []string{"kuport-controller", "kuport-agent"} {
-		out, err := e.l.Cluster.KubectlRun(context.Background(), "", "-n", kuportNS, "logs", "--prefix", "--tail=200",
-			"--since=3m", "-l", "app.kubernetes.io/name="+app)
-		e.t.Logf("%s logs (error %v):\n%s", app, err, out)
+// kuportLogs is the log of every pod of app (kuport-controller, kuport-agent) since, each
+// line prefixed with its pod, or the error kubectl gave: a stream's loss can be told apart
+// from the machine's, as an agent that rewrote the kernel says so ("applied program" with
+// kernel_writes, "deleted conntrack entries").
+func (e *env) kuportLogs(app string, since time.Time) string {
+	out, err := e.l.Cluster.KubectlRun(context.Background(), "", "-n", kuportNS, "logs", "--prefix", "--tail=-1",
+		"--since-time="+since.UTC().Format(time.RFC3339), "-l", "app.kubernetes.io/name="+app)
+	if err != nil {
+		return fmt.Sprintf("kubectl logs: %v", err)
 	}
+	return out
 }
 
 var (
