@@ -68,7 +68,7 @@ func newClassInfo(name string, obj *v1alpha1.PortMapClass, nodes map[string]*nod
 		portMin:     max(cmp.Or(spec.Ports.Min, defaultPortMin), 1),
 		portMax:     min(cmp.Or(spec.Ports.Max, defaultPortMax), 65535),
 		multi:       spec.ServingMode == v1alpha1.ServingModeMulti,
-		mode:        cmp.Or(spec.ReturnPath.Mode, v1alpha1.ReturnPathVxlan),
+		mode:        spec.ReturnPath.Mode.OrDefault(),
 		vni:         uint32(max(cmp.Or(spec.ReturnPath.Vxlan.VNI, defaultVNI), 0)),
 		port:        uint32(max(cmp.Or(spec.ReturnPath.Vxlan.Port, defaultVxlanPort), 0)),
 		subnetText:  cmp.Or(spec.ReturnPath.Vxlan.Subnet, defaultSubnet),
