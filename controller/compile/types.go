@@ -121,8 +121,9 @@ type MappingIndex struct {
 	ReturnPaths []string
 }
 
-// EntryKind is the list of the program an entry is in.
-type EntryKind int
+// EntryKind is the list of the program an entry is in. A byte, so Entry's Kind and OverLink
+// share a word: the index holds an Entry per rule of every program.
+type EntryKind uint8
 
 const (
 	// KindDNAT is a DnatRule: in a NAT chain (kup-pre), it counts a flow's first packet.
@@ -149,6 +150,9 @@ type Entry struct {
 	// "mark", "ct-save/<link>" or "ct-restore".
 	Name string
 	Kind EntryKind
+	// OverLink: a DNAT entry on the pod's node matching what arrives over one of the mapping's
+	// links, so it counts traffic an accepting node already counted; else it faces clients.
+	OverLink bool
 	// Direction is DirectionIn or DirectionOut.
 	Direction string
 	// Interface is the interface a DNAT entry matches arrivals on (an accepting interface or,

@@ -78,7 +78,7 @@ func (f *fakeAgents) Index(node string) compile.NodeIndex {
 		}}}
 	case "worker-b":
 		return compile.NodeIndex{remote: {Mapping: m, ServingNode: "edge-a", Links: []string{"kup-dcc4266d"}, Entries: []compile.Entry{
-			{ID: remote + "/dnat/kup-dcc4266d", Name: "dnat/kup-dcc4266d", Kind: compile.KindDNAT, Direction: compile.DirectionIn, Interface: "kup-dcc4266d"},
+			{ID: remote + "/dnat/kup-dcc4266d", Name: "dnat/kup-dcc4266d", Kind: compile.KindDNAT, Direction: compile.DirectionIn, Interface: "kup-dcc4266d", OverLink: true},
 			{ID: remote + "/mark", Name: "mark", Kind: compile.KindMark, Direction: compile.DirectionOut},
 		}}}
 	}

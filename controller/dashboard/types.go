@@ -139,7 +139,7 @@ type Counter struct {
 
 	// interfaceName is the interface a forwarded row counts on, forwarded whether it is
 	// one, and overLink whether that interface is one of the mapping's links on the node
-	// (compile's index): else it faces clients.
+	// (metrics.Rule.OverLink): else it faces clients.
 	interfaceName       string
 	forwarded, overLink bool
 }

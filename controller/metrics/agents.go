@@ -2,7 +2,6 @@ package metrics
 
 import (
 	"iter"
-	"slices"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -72,9 +71,8 @@ type Rule struct {
 	// forwarded_out): every packet of its flows on the node, in = arriving on
 	// Interface towards the pod, out = leaving by it from the pod.
 	Forwarded bool
-	// OverLink: Interface is one of the mapping's links on the node (compile's index: the
-	// pod's node of a cross-node mapping), so the rule counts traffic that crossed a link;
-	// else it faces clients.
+	// OverLink: Interface is one of the mapping's links on the node (compile.Entry.OverLink),
+	// so the rule counts traffic that crossed a link; else it faces clients.
 	OverLink bool
 }
 
@@ -100,7 +98,7 @@ func rule(mi *compile.MappingIndex, e compile.Entry) Rule {
 		unit = UnitPackets
 	}
 	return Rule{Mapping: mi.Mapping, Name: e.Name, Unit: unit, Direction: e.Direction, Interface: e.Interface,
-		OverLink: slices.Contains(mi.Links, e.Interface)}
+		OverLink: e.OverLink}
 }
 
 // Counted pairs each of a node's reported counters with the Rule of index (compile's index

@@ -52,6 +52,13 @@ func dnat(m, iface string) compile.Entry {
 	return entry(m, "dnat/"+iface, compile.KindDNAT, DirectionIn, iface)
 }
 
+// linkDnat is the DNAT entry of m on the pod's node matching arrivals over link.
+func linkDnat(m, link string) compile.Entry {
+	e := dnat(m, link)
+	e.OverLink = true
+	return e
+}
+
 // labSource is the lab's cross-node Single mapping demo/remote-udp (edge-a forwards to
 // web-b on worker-b) plus a Multi mapping demo/shared whose pod is on worker-b. The programs
 // hold only their links: what the counted entries are comes from the index.
@@ -75,7 +82,7 @@ func labSource() *fakeSource {
 			}}},
 			"worker-b": {
 				m: {Mapping: remote, ServingNode: "edge-a", Links: []string{"kup-dcc4266d"}, Entries: []compile.Entry{
-					dnat(m, "kup-dcc4266d"),
+					linkDnat(m, "kup-dcc4266d"),
 					entry(m, "mark", compile.KindMark, DirectionOut, ""),
 					entry(m, "snat", compile.KindSNAT, DirectionIn, ""),
 					entry(m, "snat-reply", compile.KindSNAT, DirectionOut, ""),
@@ -84,7 +91,7 @@ func labSource() *fakeSource {
 					entry(s, "ct-restore", compile.KindMark, DirectionOut, ""),
 					entry(s, "ct-save/kup-1", compile.KindMark, DirectionIn, ""),
 					entry(s, "ct-save/kup-2", compile.KindMark, DirectionIn, ""),
-					dnat(s, "kup-1"), dnat(s, "kup-2"),
+					linkDnat(s, "kup-1"), linkDnat(s, "kup-2"),
 				}},
 			},
 		},
