@@ -126,13 +126,36 @@ type MappingIndex struct {
 type EntryKind uint8
 
 const (
-	// KindDNAT is a DnatRule: in a NAT chain (kup-pre), it counts a flow's first packet.
+	// KindDNAT is a DnatRule, in kup-pre.
 	KindDNAT EntryKind = iota + 1
-	// KindSNAT is a SnatRule: in a NAT chain (kup-post), it counts a flow's first packet.
+	// KindSNAT is a SnatRule, in kup-post.
 	KindSNAT
-	// KindMark is a MarkRule: in kup-mangle, it counts every packet it marks.
+	// KindMark is a MarkRule, in kup-mangle.
 	KindMark
 )
+
+// Unit says what a counter counts.
+type Unit string
+
+const (
+	// UnitFlows: the rule sits in a NAT chain (kup-pre, kup-post). Netfilter consults NAT
+	// only for a flow's first packet and replays the decision from conntrack for the rest
+	// (docs/design/datapath.md#kup-count-out-counting-every-packet), so the counter's
+	// packets are new flows and its bytes those of their first packets.
+	UnitFlows Unit = "flows"
+	// UnitPackets: the rule sits in a filter chain (kup-mangle, or kup-steer and
+	// kup-count-out for a DNAT entry's forwarded counts): it counts every packet.
+	UnitPackets Unit = "packets"
+)
+
+// Unit is what the counter of an entry of kind k counts: a mark rule's every packet, a DNAT
+// or SNAT rule's new flows.
+func (k EntryKind) Unit() Unit {
+	if k == KindMark {
+		return UnitPackets
+	}
+	return UnitFlows
+}
 
 // Directions of an entry's traffic relative to the pod.
 const (

@@ -138,17 +138,17 @@ func TestRules(t *testing.T) {
 	remote := types.NamespacedName{Namespace: "demo", Name: "remote-udp"}
 	byID := rules(labSource().index["worker-b"])
 	// worker-b's DNAT rule matches arrivals over the mapping's link: OverLink.
-	assert.Equal(t, Rule{Mapping: remote, Name: "dnat/kup-dcc4266d", Unit: UnitFlows, Direction: DirectionIn, Interface: "kup-dcc4266d", OverLink: true},
+	assert.Equal(t, Rule{Mapping: remote, Name: "dnat/kup-dcc4266d", Unit: compile.UnitFlows, Direction: DirectionIn, Interface: "kup-dcc4266d", OverLink: true},
 		byID["demo/remote-udp/dnat/kup-dcc4266d"])
-	assert.Equal(t, Rule{Mapping: remote, Name: "snat-reply", Unit: UnitFlows, Direction: DirectionOut},
+	assert.Equal(t, Rule{Mapping: remote, Name: "snat-reply", Unit: compile.UnitFlows, Direction: DirectionOut},
 		byID["demo/remote-udp/snat-reply"])
-	assert.Equal(t, Rule{Mapping: remote, Name: "mark", Unit: UnitPackets, Direction: DirectionOut},
+	assert.Equal(t, Rule{Mapping: remote, Name: "mark", Unit: compile.UnitPackets, Direction: DirectionOut},
 		byID["demo/remote-udp/mark"])
-	assert.Equal(t, Rule{Mapping: types.NamespacedName{Namespace: "demo", Name: "shared"}, Name: "ct-save/kup-2", Unit: UnitPackets, Direction: DirectionIn},
+	assert.Equal(t, Rule{Mapping: types.NamespacedName{Namespace: "demo", Name: "shared"}, Name: "ct-save/kup-2", Unit: compile.UnitPackets, Direction: DirectionIn},
 		byID["demo/shared/ct-save/kup-2"])
 	assert.Len(t, byID, 9)
 	// edge-a's accepting interface faces clients.
-	assert.Equal(t, Rule{Mapping: remote, Name: "dnat/enp1s0", Unit: UnitFlows, Direction: DirectionIn, Interface: "enp1s0"},
+	assert.Equal(t, Rule{Mapping: remote, Name: "dnat/enp1s0", Unit: compile.UnitFlows, Direction: DirectionIn, Interface: "enp1s0"},
 		rules(labSource().index["edge-a"])["demo/remote-udp/dnat/enp1s0"])
 	assert.Empty(t, rules(nil))
 }
