@@ -131,11 +131,13 @@ func (b *programBuilder) nodeIndex() NodeIndex {
 	return b.index
 }
 
-// lacks reports what a node carrying a mapping's entries is missing: addresses on the
-// interfaces it binds, net.ipv4.ip_forward and, when it is a link end, an underlay address.
-// blocking is true when its entries cannot be built at all: no Node object, no reported
-// state, or a link end with no underlay address. Otherwise the entries are built and only the
-// status says what is missing (docs/design/api.md#status-and-conditions, NodeNotReady).
+// lacks reports what a node carrying entries on ifaces is missing: addresses on those
+// interfaces, net.ipv4.ip_forward and, when it is a link end, an underlay address; the one
+// readiness check of a node, for a mapping's NodeNotReady (checkNodes) and a class's node
+// rows (nodeRow). blocking is true when its entries cannot be built at all: no Node object,
+// no reported state, or a link end with no underlay address. Otherwise the entries are built
+// and only the status says what is missing (docs/design/api.md#status-and-conditions,
+// NodeNotReady).
 func (c *compiler) lacks(name string, ifaces []string, linkEnd bool) (miss []string, blocking bool) {
 	v := c.node(name)
 	switch {
