@@ -50,10 +50,10 @@ type Snapshot struct {
 	CNI *CNI
 }
 
-// AgentState is what the controller knows about one node's agent.
+// AgentState is what the controller knows about one node's agent. Whether its stream is open
+// is no input: a disconnected agent's last state still builds the programs, and the status
+// writer gates Programmed on the connection (controller/programmed).
 type AgentState struct {
-	// Connected is true while the agent's stream is open.
-	Connected bool
 	// State is the node state from the agent's latest Hello or Report.
 	State *kuportv1.NodeState
 }

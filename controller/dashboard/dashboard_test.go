@@ -41,7 +41,7 @@ func (f *fakeAgents) Nodes() []*kuportv1.NodeInfo {
 
 func (f *fakeAgents) Agents() map[string]*compile.AgentState {
 	state := func(underlay string, mtu uint32) *compile.AgentState {
-		return &compile.AgentState{Connected: true, State: &kuportv1.NodeState{UnderlayInterface: underlay,
+		return &compile.AgentState{State: &kuportv1.NodeState{UnderlayInterface: underlay,
 			Interfaces: []*kuportv1.Interface{{Name: "lo", Mtu: 65536}, {Name: underlay, Mtu: mtu}}}}
 	}
 	return map[string]*compile.AgentState{"edge-a": state("wt0", 1420), "worker-b": state("wt0", 1400)}
