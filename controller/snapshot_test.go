@@ -59,8 +59,8 @@ func TestChangesTake(t *testing.T) {
 
 func TestAgentsChanged(t *testing.T) {
 	st := &kuportv1.NodeState{}
-	a := map[string]*compile.AgentState{"edge-a": {Connected: true, State: st}}
-	assert.False(t, agentsChanged(a, map[string]*compile.AgentState{"edge-a": {State: st}}), "a disconnect alone compiles nothing new")
+	a := map[string]*compile.AgentState{"edge-a": {State: st}}
+	assert.False(t, agentsChanged(a, map[string]*compile.AgentState{"edge-a": {State: st}}), "the same state compiles nothing new")
 	assert.True(t, agentsChanged(a, map[string]*compile.AgentState{"edge-a": {State: &kuportv1.NodeState{}}}))
 	assert.True(t, agentsChanged(a, map[string]*compile.AgentState{}))
 }

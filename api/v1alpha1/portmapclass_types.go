@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"cmp"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -15,6 +17,10 @@ const (
 	ServingModeMulti ServingMode = "Multi"
 )
 
+// OrDefault is m, or Single when unset: the CRD's default, for an object read before the
+// API server applied it.
+func (m ServingMode) OrDefault() ServingMode { return cmp.Or(m, ServingModeSingle) }
+
 // ReturnPathMode selects how replies from a pod on another node get back.
 // +kubebuilder:validation:Enum=Vxlan;None
 type ReturnPathMode string
@@ -25,6 +31,10 @@ const (
 	// ReturnPathNone builds no link and refuses any mapping that would need one.
 	ReturnPathNone ReturnPathMode = "None"
 )
+
+// OrDefault is m, or Vxlan when unset: the CRD's default, for an object read before the API
+// server applied it.
+func (m ReturnPathMode) OrDefault() ReturnPathMode { return cmp.Or(m, ReturnPathVxlan) }
 
 // PortMapClassSpec is the admin's description of which nodes accept traffic, on which
 // interfaces and ports, and how replies return.

@@ -125,7 +125,7 @@ func TestServerOverUnixSocket(t *testing.T) {
 	require.NoError(t, agent.CloseSend())
 	_, err = agent.Recv()
 	require.Error(t, err)
-	require.Eventually(t, func() bool { return !reg.Agents()["edge-a"].Connected }, 20*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return !connected(reg, "edge-a") }, 20*time.Second, 10*time.Millisecond)
 	ln, err = ps.ListNodes(ctx, &kuportv1.ListNodesRequest{})
 	require.NoError(t, err)
 	assert.False(t, ln.Nodes[0].Connected)

@@ -20,7 +20,7 @@ func (r *Registry) Agents() map[string]*compile.AgentState {
 	out := map[string]*compile.AgentState{}
 	for name, n := range r.nodes {
 		if n.everHello {
-			out[name] = &compile.AgentState{Connected: n.session != nil, State: n.state}
+			out[name] = &compile.AgentState{State: n.state}
 		}
 	}
 	return out

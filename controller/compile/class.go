@@ -68,7 +68,7 @@ func newClassInfo(name string, obj *v1alpha1.PortMapClass, nodes map[string]*nod
 		portMin:     max(cmp.Or(spec.Ports.Min, defaultPortMin), 1),
 		portMax:     min(cmp.Or(spec.Ports.Max, defaultPortMax), 65535),
 		multi:       spec.ServingMode == v1alpha1.ServingModeMulti,
-		mode:        cmp.Or(spec.ReturnPath.Mode, v1alpha1.ReturnPathVxlan),
+		mode:        spec.ReturnPath.Mode.OrDefault(),
 		vni:         uint32(max(cmp.Or(spec.ReturnPath.Vxlan.VNI, defaultVNI), 0)),
 		port:        uint32(max(cmp.Or(spec.ReturnPath.Vxlan.Port, defaultVxlanPort), 0)),
 		subnetText:  cmp.Or(spec.ReturnPath.Vxlan.Subnet, defaultSubnet),
@@ -227,23 +227,18 @@ func (c *compiler) classStatus(ci *classInfo) *v1alpha1.PortMapClassStatus {
 func (c *compiler) nodeRow(ci *classInfo, name string) v1alpha1.ClassNodeStatus {
 	v := c.node(name)
 	row := v1alpha1.ClassNodeStatus{Name: name}
-	if v.state == nil {
-		row.Message = "no agent has connected"
+	problems, blocking := c.lacks(name, ci.ifaces[name], false)
+	if blocking {
+		row.Message = strings.Join(problems, ", ")
 		return row
 	}
-	var problems []string
 	for _, ifn := range ci.ifaces[name] {
-		if p := v.ifaceProblem(ifn); p != "" {
-			problems = append(problems, p)
-			continue
+		if a := v.address(ifn); a != "" {
+			if row.Addresses == nil {
+				row.Addresses = map[string]string{}
+			}
+			row.Addresses[ifn] = a
 		}
-		if row.Addresses == nil {
-			row.Addresses = map[string]string{}
-		}
-		row.Addresses[ifn] = v.address(ifn)
-	}
-	if !v.state.GetIpForward() {
-		problems = append(problems, "net.ipv4.ip_forward is 0")
 	}
 	if dev := c.tunnelConflict(ci, name); dev != "" {
 		problems = append(problems, fmt.Sprintf("%s: UDP port %d is used by %s on this node",

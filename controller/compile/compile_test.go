@@ -430,7 +430,7 @@ func TestCompile(t *testing.T) {
 			name: "NodeNotReady: an agent that never reported state",
 			snap: func() *Snapshot {
 				s := world(mkPortMap("remote", 0, 3000))
-				s.Agents["worker-b"] = &AgentState{Connected: true}
+				s.Agents["worker-b"] = &AgentState{}
 				return s
 			},
 			want: map[string]outcome{"demo/remote": unprogrammed(v1alpha1.ReasonNodeNotReady, epRemote).msg(
@@ -506,16 +506,6 @@ func TestCompile(t *testing.T) {
 			want: map[string]outcome{"demo/web": unprogrammed(v1alpha1.ReasonNodeNotReady, "worker-z 10.244.30.1").msg(
 				"node worker-z: no Node object")},
 			programs: map[string]*kuportv1.NodeProgram{"edge-a": empty("edge-a")},
-		},
-		{
-			name: "a disconnected agent's last state still builds the programs; the status writer gates Programmed",
-			snap: func() *Snapshot {
-				s := world(mkPortMap("remote", 0, 3000))
-				s.Agents["worker-b"].Connected = false
-				return s
-			},
-			want:     map[string]outcome{"demo/remote": served(epRemote, "edge-a", "worker-b")},
-			programs: map[string]*kuportv1.NodeProgram{"edge-a": remoteEdgeA(), "worker-b": remoteWorkerB()},
 		},
 
 		// Class readiness.

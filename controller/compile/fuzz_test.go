@@ -373,7 +373,8 @@ func (r *fuzzReader) tunnel(s *Snapshot) {
 }
 
 func (r *fuzzReader) agent() *AgentState {
-	a := &AgentState{Connected: r.bool(), State: &kuportv1.NodeState{
+	r.byte() // once the agent's connection, which compile does not read: the corpus keeps its meaning
+	a := &AgentState{State: &kuportv1.NodeState{
 		UnderlayInterface: pick(r, []string{"wt0", "eth0", "", "nope"}), IpForward: r.byte()%4 != 0}}
 	for range r.n(4) {
 		i := &kuportv1.Interface{Name: pick(r, fuzzIfaces), Mtu: pick(r, fuzzMTUs)}

@@ -157,7 +157,7 @@ func currentEndpoint(node, addr string) func(*v1alpha1.PortMap) {
 
 // mkAgent is a connected agent with ip_forward on and wt0 as underlay.
 func mkAgent(ifs ...*kuportv1.Interface) *AgentState {
-	return &AgentState{Connected: true, State: &kuportv1.NodeState{Interfaces: ifs, UnderlayInterface: "wt0", IpForward: true}}
+	return &AgentState{State: &kuportv1.NodeState{Interfaces: ifs, UnderlayInterface: "wt0", IpForward: true}}
 }
 
 func iface(name, addr string, mtu uint32) *kuportv1.Interface {

@@ -1,7 +1,6 @@
 package compile
 
 import (
-	"cmp"
 	"maps"
 	"slices"
 
@@ -36,7 +35,7 @@ func (inc *Incremental) changedClasses(s *Snapshot, ch *Changes) (classEdits, bo
 
 // linkless: the class builds no links and records no claim.
 func linkless(cl *v1alpha1.PortMapClass) bool {
-	return cmp.Or(cl.Spec.ReturnPath.Mode, v1alpha1.ReturnPathVxlan) != v1alpha1.ReturnPathVxlan && len(cl.Status.Links) == 0
+	return cl.Spec.ReturnPath.Mode.OrDefault() != v1alpha1.ReturnPathVxlan && len(cl.Status.Links) == 0
 }
 
 // classMappings are the PortMaps of the edited classes, recompiled with the dirty ones.

@@ -14,6 +14,11 @@ func TestIndex(t *testing.T) {
 	dnat := func(m, i string) Entry {
 		return Entry{ID: m + "/dnat/" + i, Name: "dnat/" + i, Kind: KindDNAT, Direction: DirectionIn, Interface: i}
 	}
+	overLink := func(m, i string) Entry {
+		e := dnat(m, i)
+		e.OverLink = true
+		return e
+	}
 	other := func(m, name string, kind EntryKind, dir string) Entry {
 		return Entry{ID: m + "/" + name, Name: name, Kind: kind, Direction: dir}
 	}
@@ -46,7 +51,7 @@ func TestIndex(t *testing.T) {
 			"worker-b": {"demo/remote": {
 				Mapping: remote, ServingNode: "edge-a",
 				Entries: []Entry{other("demo/remote", "ct-restore", KindMark, DirectionOut),
-					other("demo/remote", "ct-save/"+linkToEdgeA, KindMark, DirectionIn), dnat("demo/remote", linkToEdgeA),
+					other("demo/remote", "ct-save/"+linkToEdgeA, KindMark, DirectionIn), overLink("demo/remote", linkToEdgeA),
 					snat("demo/remote"), snatReply("demo/remote")},
 				Links:       []string{linkToEdgeA},
 				ReturnPaths: []string{linkToEdgeA + "/return"},
@@ -73,7 +78,7 @@ func TestIndex(t *testing.T) {
 					other("demo/remote", "ct-restore", KindMark, DirectionOut),
 					other("demo/remote", "ct-save/"+intranetToEA, KindMark, DirectionIn),
 					other("demo/remote", "ct-save/"+intranetToWC, KindMark, DirectionIn),
-					dnat("demo/remote", intranetToEA), dnat("demo/remote", intranetToWC),
+					overLink("demo/remote", intranetToEA), overLink("demo/remote", intranetToWC),
 					snat("demo/remote"), snatReply("demo/remote"),
 				},
 				Links:       []string{intranetToEA, intranetToWC},

@@ -37,29 +37,30 @@ func (b *programBuilder) of(p *plan) *MappingIndex {
 	return mi
 }
 
-// entry indexes p's entry name and returns its id.
-func (b *programBuilder) entry(p *plan, name string, kind EntryKind, dir, iface string) string {
-	id := p.key + "/" + name
+// entry indexes p's entry e, named and given its id here, and returns the id.
+func (b *programBuilder) entry(p *plan, name string, e Entry) string {
+	e.ID, e.Name = p.key+"/"+name, name
 	mi := b.of(p)
-	mi.Entries = append(mi.Entries, Entry{ID: id, Name: name, Kind: kind, Direction: dir, Interface: iface})
-	return id
+	mi.Entries = append(mi.Entries, e)
+	return e.ID
 }
 
-// addDnat adds p's DNAT entry name, counted in, on r.InInterface.
-func (b *programBuilder) addDnat(p *plan, name string, r *kuportv1.DnatRule) {
-	r.Id, r.Mapping = b.entry(p, name, KindDNAT, DirectionIn, r.InInterface), p.key
+// addDnat adds p's DNAT entry name, counted in, on r.InInterface; overLink when that is one of
+// p's links (Entry.OverLink).
+func (b *programBuilder) addDnat(p *plan, name string, r *kuportv1.DnatRule, overLink bool) {
+	r.Id, r.Mapping = b.entry(p, name, Entry{Kind: KindDNAT, Direction: DirectionIn, Interface: r.InInterface, OverLink: overLink}), p.key
 	b.p.DnatRules = append(b.p.DnatRules, r)
 }
 
 // addSnat adds p's SNAT entry name, counted in direction dir.
 func (b *programBuilder) addSnat(p *plan, name, dir string, r *kuportv1.SnatRule) {
-	r.Id, r.Mapping = b.entry(p, name, KindSNAT, dir, ""), p.key
+	r.Id, r.Mapping = b.entry(p, name, Entry{Kind: KindSNAT, Direction: dir}), p.key
 	b.p.SnatRules = append(b.p.SnatRules, r)
 }
 
 // addMark adds p's mark entry name, counted in direction dir.
 func (b *programBuilder) addMark(p *plan, name, dir string, r *kuportv1.MarkRule) {
-	r.Id, r.Mapping = b.entry(p, name, KindMark, dir, ""), p.key
+	r.Id, r.Mapping = b.entry(p, name, Entry{Kind: KindMark, Direction: dir}), p.key
 	b.p.MarkRules = append(b.p.MarkRules, r)
 }
 
@@ -130,11 +131,13 @@ func (b *programBuilder) nodeIndex() NodeIndex {
 	return b.index
 }
 
-// lacks reports what a node carrying a mapping's entries is missing: addresses on the
-// interfaces it binds, net.ipv4.ip_forward and, when it is a link end, an underlay address.
-// blocking is true when its entries cannot be built at all: no Node object, no reported
-// state, or a link end with no underlay address. Otherwise the entries are built and only the
-// status says what is missing (docs/design/api.md#status-and-conditions, NodeNotReady).
+// lacks reports what a node carrying entries on ifaces is missing: addresses on those
+// interfaces, net.ipv4.ip_forward and, when it is a link end, an underlay address; the one
+// readiness check of a node, for a mapping's NodeNotReady (checkNodes) and a class's node
+// rows (nodeRow). blocking is true when its entries cannot be built at all: no Node object,
+// no reported state, or a link end with no underlay address. Otherwise the entries are built
+// and only the status says what is missing (docs/design/api.md#status-and-conditions,
+// NodeNotReady).
 func (c *compiler) lacks(name string, ifaces []string, linkEnd bool) (miss []string, blocking bool) {
 	v := c.node(name)
 	switch {
@@ -279,7 +282,7 @@ func (c *compiler) emit(p *plan) {
 			b.addDnat(p, c.intern("dnat/"+i), &kuportv1.DnatRule{
 				InInterface: i, Protocol: p.proto, Ports: w.dialed, ToAddress: to, ToPort: toPorts.first,
 				StandIn: to,
-			})
+			}, false)
 			p.published = append(p.published, v1alpha1.PublishedAddress{
 				Node: t.node, Interface: i, Address: c.node(t.node).address(i),
 			})
@@ -351,7 +354,7 @@ func (c *compiler) emitPodEnd(p *plan, links []*target, w wirePorts) {
 		b.addDnat(p, d.dnat, &kuportv1.DnatRule{
 			InInterface: dev, MatchDestination: here, Protocol: p.proto, Ports: w.dialed,
 			ToAddress: ep.address, ToPort: ep.port, StandIn: ep.address,
-		})
+		}, true)
 		b.addMark(p, d.ctSave, DirectionIn, &kuportv1.MarkRule{
 			Kind:        kuportv1.MarkKind_MARK_KIND_CT_SAVE,
 			InInterface: dev, Address: here, Protocol: p.proto, Ports: w.dialed, Mark: mark,

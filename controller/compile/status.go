@@ -9,18 +9,24 @@ import (
 	"kuport.wlz.li/kuport/api/v1alpha1"
 )
 
-// condition builds a condition as meta.SetStatusCondition would leave it: its
-// LastTransitionTime is the snapshot's time, or the previous one when the status is unchanged.
+// TransitionTime is the lastTransitionTime of cond written over the conditions old: old's
+// condition of its type's while its status is unchanged, so re-deciding a condition is no
+// churn; now when it is new or its status changed.
+func TransitionTime(old []metav1.Condition, cond metav1.Condition, now metav1.Time) metav1.Time {
+	if prev := meta.FindStatusCondition(old, cond.Type); prev != nil && prev.Status == cond.Status {
+		return prev.LastTransitionTime
+	}
+	return now
+}
+
+// condition builds a condition over old with its TransitionTime at the snapshot's time.
 func (c *compiler) condition(old []metav1.Condition, typ string, ok bool, reason, msg string, gen int64) metav1.Condition {
 	status := metav1.ConditionFalse
 	if ok {
 		status = metav1.ConditionTrue
 	}
-	cond := metav1.Condition{Type: typ, Status: status, ObservedGeneration: gen,
-		LastTransitionTime: c.stamp, Reason: reason, Message: msg}
-	if prev := meta.FindStatusCondition(old, typ); prev != nil && prev.Status == status {
-		cond.LastTransitionTime = prev.LastTransitionTime
-	}
+	cond := metav1.Condition{Type: typ, Status: status, ObservedGeneration: gen, Reason: reason, Message: msg}
+	cond.LastTransitionTime = TransitionTime(old, cond, c.stamp)
 	return cond
 }
 

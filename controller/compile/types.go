@@ -50,10 +50,10 @@ type Snapshot struct {
 	CNI *CNI
 }
 
-// AgentState is what the controller knows about one node's agent.
+// AgentState is what the controller knows about one node's agent. Whether its stream is open
+// is no input: a disconnected agent's last state still builds the programs, and the status
+// writer gates Programmed on the connection (controller/programmed).
 type AgentState struct {
-	// Connected is true while the agent's stream is open.
-	Connected bool
 	// State is the node state from the agent's latest Hello or Report.
 	State *kuportv1.NodeState
 }
@@ -121,17 +121,41 @@ type MappingIndex struct {
 	ReturnPaths []string
 }
 
-// EntryKind is the list of the program an entry is in.
-type EntryKind int
+// EntryKind is the list of the program an entry is in. A byte, so Entry's Kind and OverLink
+// share a word: the index holds an Entry per rule of every program.
+type EntryKind uint8
 
 const (
-	// KindDNAT is a DnatRule: in a NAT chain (kup-pre), it counts a flow's first packet.
+	// KindDNAT is a DnatRule, in kup-pre.
 	KindDNAT EntryKind = iota + 1
-	// KindSNAT is a SnatRule: in a NAT chain (kup-post), it counts a flow's first packet.
+	// KindSNAT is a SnatRule, in kup-post.
 	KindSNAT
-	// KindMark is a MarkRule: in kup-mangle, it counts every packet it marks.
+	// KindMark is a MarkRule, in kup-mangle.
 	KindMark
 )
+
+// Unit says what a counter counts.
+type Unit string
+
+const (
+	// UnitFlows: the rule sits in a NAT chain (kup-pre, kup-post). Netfilter consults NAT
+	// only for a flow's first packet and replays the decision from conntrack for the rest
+	// (docs/design/datapath.md#kup-count-out-counting-every-packet), so the counter's
+	// packets are new flows and its bytes those of their first packets.
+	UnitFlows Unit = "flows"
+	// UnitPackets: the rule sits in a filter chain (kup-mangle, or kup-steer and
+	// kup-count-out for a DNAT entry's forwarded counts): it counts every packet.
+	UnitPackets Unit = "packets"
+)
+
+// Unit is what the counter of an entry of kind k counts: a mark rule's every packet, a DNAT
+// or SNAT rule's new flows.
+func (k EntryKind) Unit() Unit {
+	if k == KindMark {
+		return UnitPackets
+	}
+	return UnitFlows
+}
 
 // Directions of an entry's traffic relative to the pod.
 const (
@@ -149,6 +173,9 @@ type Entry struct {
 	// "mark", "ct-save/<link>" or "ct-restore".
 	Name string
 	Kind EntryKind
+	// OverLink: a DNAT entry on the pod's node matching what arrives over one of the mapping's
+	// links, so it counts traffic an accepting node already counted; else it faces clients.
+	OverLink bool
 	// Direction is DirectionIn or DirectionOut.
 	Direction string
 	// Interface is the interface a DNAT entry matches arrivals on (an accepting interface or,

@@ -41,7 +41,7 @@ func newScaleAgents(n int) *scaleAgents {
 				{ID: key + "/snat", Name: "snat", Kind: compile.KindSNAT, Direction: compile.DirectionIn}}}
 		s.index["worker-b"][key] = &compile.MappingIndex{Mapping: m, ServingNode: "edge-a", Links: []string{"kup-dcc4266d"},
 			Entries: []compile.Entry{
-				{ID: key + "/dnat/kup-dcc4266d", Name: "dnat/kup-dcc4266d", Kind: compile.KindDNAT, Direction: compile.DirectionIn, Interface: "kup-dcc4266d"},
+				{ID: key + "/dnat/kup-dcc4266d", Name: "dnat/kup-dcc4266d", Kind: compile.KindDNAT, Direction: compile.DirectionIn, Interface: "kup-dcc4266d", OverLink: true},
 				{ID: key + "/mark", Name: "mark", Kind: compile.KindMark, Direction: compile.DirectionOut}}}
 		s.counters["edge-a"] = append(s.counters["edge-a"],
 			agents.Counter{ID: key + "/dnat/enp1s0", Packets: 1,

@@ -466,10 +466,9 @@ func condition(c *metav1.Condition) Condition {
 }
 
 func class(c *v1alpha1.PortMapClass) Class {
-	// The API's defaults stand in for a class read before the API server applied them.
 	return Class{Name: c.Name,
-		ServingMode: string(cmp.Or(c.Spec.ServingMode, v1alpha1.ServingModeSingle)),
-		ReturnPath:  string(cmp.Or(c.Spec.ReturnPath.Mode, v1alpha1.ReturnPathVxlan)),
+		ServingMode: string(c.Spec.ServingMode.OrDefault()),
+		ReturnPath:  string(c.Spec.ReturnPath.Mode.OrDefault()),
 		Ready:       condition(meta.FindStatusCondition(c.Status.Conditions, v1alpha1.ClassConditionReady)),
 		Nodes:       slices.Sorted(maps.Keys(c.Spec.Nodes)),
 	}

@@ -41,7 +41,7 @@ func (f *fakeAgents) Nodes() []*kuportv1.NodeInfo {
 
 func (f *fakeAgents) Agents() map[string]*compile.AgentState {
 	state := func(underlay string, mtu uint32) *compile.AgentState {
-		return &compile.AgentState{Connected: true, State: &kuportv1.NodeState{UnderlayInterface: underlay,
+		return &compile.AgentState{State: &kuportv1.NodeState{UnderlayInterface: underlay,
 			Interfaces: []*kuportv1.Interface{{Name: "lo", Mtu: 65536}, {Name: underlay, Mtu: mtu}}}}
 	}
 	return map[string]*compile.AgentState{"edge-a": state("wt0", 1420), "worker-b": state("wt0", 1400)}
@@ -78,7 +78,7 @@ func (f *fakeAgents) Index(node string) compile.NodeIndex {
 		}}}
 	case "worker-b":
 		return compile.NodeIndex{remote: {Mapping: m, ServingNode: "edge-a", Links: []string{"kup-dcc4266d"}, Entries: []compile.Entry{
-			{ID: remote + "/dnat/kup-dcc4266d", Name: "dnat/kup-dcc4266d", Kind: compile.KindDNAT, Direction: compile.DirectionIn, Interface: "kup-dcc4266d"},
+			{ID: remote + "/dnat/kup-dcc4266d", Name: "dnat/kup-dcc4266d", Kind: compile.KindDNAT, Direction: compile.DirectionIn, Interface: "kup-dcc4266d", OverLink: true},
 			{ID: remote + "/mark", Name: "mark", Kind: compile.KindMark, Direction: compile.DirectionOut},
 		}}}
 	}

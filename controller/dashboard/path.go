@@ -23,9 +23,8 @@ type MappingDetail struct {
 
 // Path is a mapping's path as docs/design/datapath.md#two-shapes draws it: client → accepting
 // node → link → the pod's node → pod, one Branch per accepting node (a forwarder, under Multi
-// several). It is read from compile's index: a DNAT entry on one of the mapping's links
-// (MappingIndex.Links) is the pod's node receiving over that link, any other DNAT entry an
-// accepting interface.
+// several). It is read from compile's index: a DNAT entry over a link (Entry.OverLink) is the
+// pod's node receiving over that link, any other DNAT entry an accepting interface.
 type Path struct {
 	Branches []Branch `json:"branches"`
 	// PodNode and Pod are the endpoint's node and address as status has them; empty while
@@ -166,7 +165,7 @@ func path(m Mapping, index map[string]*compile.MappingIndex, links []Link) *Path
 		mi := index[node]
 		b := Branch{Node: node, Interfaces: []Hop{}}
 		for _, e := range mi.Entries {
-			if e.Kind != compile.KindDNAT || slices.Contains(mi.Links, e.Interface) {
+			if e.Kind != compile.KindDNAT || e.OverLink {
 				continue
 			}
 			h := hops[node+"/"+e.Interface]
@@ -186,7 +185,7 @@ func path(m Mapping, index map[string]*compile.MappingIndex, links []Link) *Path
 			b.Link = &end
 			for _, e := range indexEntries(index[end.PeerNode]) {
 				peer, ok := ends[end.PeerNode+"/"+e.Interface]
-				if e.Kind == compile.KindDNAT && ok && peer.PeerNode == node {
+				if e.Kind == compile.KindDNAT && e.OverLink && ok && peer.PeerNode == node {
 					h := hops[end.PeerNode+"/"+e.Interface]
 					if h == nil {
 						h = &Hop{Node: end.PeerNode, Interface: e.Interface, Addresses: []string{}, Health: HealthUnknown}

@@ -142,6 +142,11 @@ func (multiAgents) Index(node string) compile.NodeIndex {
 	dnat := func(iface string) compile.Entry {
 		return compile.Entry{ID: "demo/multi/dnat/" + iface, Name: "dnat/" + iface, Kind: compile.KindDNAT, Direction: compile.DirectionIn, Interface: iface}
 	}
+	overLink := func(link string) compile.Entry {
+		e := dnat(link)
+		e.OverLink = true
+		return e
+	}
 	switch node {
 	case "edge-a":
 		return compile.NodeIndex{"demo/multi": {Mapping: m, ServingNode: "edge-a", Links: []string{"kup-a-to-b"}, Entries: []compile.Entry{dnat("enp1s0")}}}
@@ -149,7 +154,7 @@ func (multiAgents) Index(node string) compile.NodeIndex {
 		return compile.NodeIndex{"demo/multi": {Mapping: m, ServingNode: "edge-a", Links: []string{"kup-c-to-b"}, Entries: []compile.Entry{dnat("enp1s0")}}}
 	case "worker-b":
 		return compile.NodeIndex{"demo/multi": {Mapping: m, ServingNode: "edge-a", Links: []string{"kup-b-to-a", "kup-b-to-c"},
-			Entries: []compile.Entry{dnat("kup-b-to-a"), dnat("kup-b-to-c")}}}
+			Entries: []compile.Entry{overLink("kup-b-to-a"), overLink("kup-b-to-c")}}}
 	}
 	return nil
 }

@@ -4,7 +4,7 @@ import (
 	"time"
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
-	"kuport.wlz.li/kuport/controller/metrics"
+	"kuport.wlz.li/kuport/controller/compile"
 )
 
 // State is everything the page's overview shows: counts and problems over every mapping,
@@ -131,7 +131,7 @@ type Unanswered struct {
 type Counter struct {
 	Node      string       `json:"node"`
 	Rule      string       `json:"rule"`
-	Unit      metrics.Unit `json:"unit"`
+	Unit      compile.Unit `json:"unit"`
 	Direction string       `json:"direction"`
 	Packets   uint64       `json:"packets"`
 	Bytes     uint64       `json:"bytes"`
@@ -139,7 +139,7 @@ type Counter struct {
 
 	// interfaceName is the interface a forwarded row counts on, forwarded whether it is
 	// one, and overLink whether that interface is one of the mapping's links on the node
-	// (compile's index): else it faces clients.
+	// (metrics.Rule.OverLink): else it faces clients.
 	interfaceName       string
 	forwarded, overLink bool
 }

@@ -2,7 +2,6 @@ package metrics
 
 import (
 	"iter"
-	"slices"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,19 +33,6 @@ type UnansweredSource interface {
 	UnansweredMappings(node string) map[string]bool
 }
 
-// Unit says what a rule's counter counts.
-type Unit string
-
-const (
-	// UnitFlows: the rule sits in a NAT chain (kup-pre, kup-post). Netfilter consults NAT
-	// only for a flow's first packet and replays the decision from conntrack for the rest
-	// (docs/design/datapath.md#kup-count-out-counting-every-packet), so the counter's
-	// packets are new flows and its bytes those of their first packets.
-	UnitFlows Unit = "flows"
-	// UnitPackets: the rule sits in kup-mangle (a filter chain): it counts every packet.
-	UnitPackets Unit = "packets"
-)
-
 // Directions of a rule's traffic relative to the pod, as compile gives them.
 const (
 	// DirectionIn is the request side: towards the pod.
@@ -63,7 +49,7 @@ type Rule struct {
 	// "snat", "snat-reply", "mark", "ct-save/<link>" or "ct-restore"; for Forwarded rows
 	// "forwarded/<interface>".
 	Name      string
-	Unit      Unit
+	Unit      compile.Unit
 	Direction string
 	// Interface is the interface a DNAT rule matches arrivals on (an accepting interface, or
 	// on the pod's node a kup-* link); empty for other rules.
@@ -72,9 +58,8 @@ type Rule struct {
 	// forwarded_out): every packet of its flows on the node, in = arriving on
 	// Interface towards the pod, out = leaving by it from the pod.
 	Forwarded bool
-	// OverLink: Interface is one of the mapping's links on the node (compile's index: the
-	// pod's node of a cross-node mapping), so the rule counts traffic that crossed a link;
-	// else it faces clients.
+	// OverLink: Interface is one of the mapping's links on the node (compile.Entry.OverLink),
+	// so the rule counts traffic that crossed a link; else it faces clients.
 	OverLink bool
 }
 
@@ -95,12 +80,8 @@ type Count struct{ Packets, Bytes uint64 }
 //	forwarded/<if> kup-steer      packets in   a packet of its flows arriving on <if>, by dialed port
 //	forwarded/<if> kup-count-out  packets out  a packet of its flows leaving by <if>, by dialed port
 func rule(mi *compile.MappingIndex, e compile.Entry) Rule {
-	unit := UnitFlows
-	if e.Kind == compile.KindMark {
-		unit = UnitPackets
-	}
-	return Rule{Mapping: mi.Mapping, Name: e.Name, Unit: unit, Direction: e.Direction, Interface: e.Interface,
-		OverLink: slices.Contains(mi.Links, e.Interface)}
+	return Rule{Mapping: mi.Mapping, Name: e.Name, Unit: e.Kind.Unit(), Direction: e.Direction, Interface: e.Interface,
+		OverLink: e.OverLink}
 }
 
 // Counted pairs each of a node's reported counters with the Rule of index (compile's index
@@ -126,7 +107,7 @@ func Counted(index compile.NodeIndex, counters []agents.Counter) iter.Seq2[Rule,
 				t   agents.Traffic
 				has bool
 			}{{DirectionIn, c.ForwardedIn, c.HasIn}, {DirectionOut, c.ForwardedOut, c.HasOut}} {
-				fwd := Rule{Mapping: r.Mapping, Name: "forwarded/" + r.Interface, Unit: UnitPackets,
+				fwd := Rule{Mapping: r.Mapping, Name: "forwarded/" + r.Interface, Unit: compile.UnitPackets,
 					Direction: f.dir, Interface: r.Interface, Forwarded: true, OverLink: r.OverLink}
 				if f.has && !yield(fwd, Count{f.t.Packets, f.t.Bytes}) {
 					return
@@ -248,7 +229,7 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 			switch {
 			case r.Forwarded:
 				packets.add([5]string{ns, name, n.Node, r.Interface, r.Direction}, ctr.Packets, ctr.Bytes)
-			case r.Unit == UnitFlows && r.Interface != "":
+			case r.Unit == compile.UnitFlows && r.Interface != "":
 				flows.add([4]string{ns, name, n.Node, r.Interface}, ctr.Packets, 0)
 			}
 		}

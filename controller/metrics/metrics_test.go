@@ -52,6 +52,13 @@ func dnat(m, iface string) compile.Entry {
 	return entry(m, "dnat/"+iface, compile.KindDNAT, DirectionIn, iface)
 }
 
+// linkDnat is the DNAT entry of m on the pod's node matching arrivals over link.
+func linkDnat(m, link string) compile.Entry {
+	e := dnat(m, link)
+	e.OverLink = true
+	return e
+}
+
 // labSource is the lab's cross-node Single mapping demo/remote-udp (edge-a forwards to
 // web-b on worker-b) plus a Multi mapping demo/shared whose pod is on worker-b. The programs
 // hold only their links: what the counted entries are comes from the index.
@@ -75,7 +82,7 @@ func labSource() *fakeSource {
 			}}},
 			"worker-b": {
 				m: {Mapping: remote, ServingNode: "edge-a", Links: []string{"kup-dcc4266d"}, Entries: []compile.Entry{
-					dnat(m, "kup-dcc4266d"),
+					linkDnat(m, "kup-dcc4266d"),
 					entry(m, "mark", compile.KindMark, DirectionOut, ""),
 					entry(m, "snat", compile.KindSNAT, DirectionIn, ""),
 					entry(m, "snat-reply", compile.KindSNAT, DirectionOut, ""),
@@ -84,7 +91,7 @@ func labSource() *fakeSource {
 					entry(s, "ct-restore", compile.KindMark, DirectionOut, ""),
 					entry(s, "ct-save/kup-1", compile.KindMark, DirectionIn, ""),
 					entry(s, "ct-save/kup-2", compile.KindMark, DirectionIn, ""),
-					dnat(s, "kup-1"), dnat(s, "kup-2"),
+					linkDnat(s, "kup-1"), linkDnat(s, "kup-2"),
 				}},
 			},
 		},
@@ -131,17 +138,17 @@ func TestRules(t *testing.T) {
 	remote := types.NamespacedName{Namespace: "demo", Name: "remote-udp"}
 	byID := rules(labSource().index["worker-b"])
 	// worker-b's DNAT rule matches arrivals over the mapping's link: OverLink.
-	assert.Equal(t, Rule{Mapping: remote, Name: "dnat/kup-dcc4266d", Unit: UnitFlows, Direction: DirectionIn, Interface: "kup-dcc4266d", OverLink: true},
+	assert.Equal(t, Rule{Mapping: remote, Name: "dnat/kup-dcc4266d", Unit: compile.UnitFlows, Direction: DirectionIn, Interface: "kup-dcc4266d", OverLink: true},
 		byID["demo/remote-udp/dnat/kup-dcc4266d"])
-	assert.Equal(t, Rule{Mapping: remote, Name: "snat-reply", Unit: UnitFlows, Direction: DirectionOut},
+	assert.Equal(t, Rule{Mapping: remote, Name: "snat-reply", Unit: compile.UnitFlows, Direction: DirectionOut},
 		byID["demo/remote-udp/snat-reply"])
-	assert.Equal(t, Rule{Mapping: remote, Name: "mark", Unit: UnitPackets, Direction: DirectionOut},
+	assert.Equal(t, Rule{Mapping: remote, Name: "mark", Unit: compile.UnitPackets, Direction: DirectionOut},
 		byID["demo/remote-udp/mark"])
-	assert.Equal(t, Rule{Mapping: types.NamespacedName{Namespace: "demo", Name: "shared"}, Name: "ct-save/kup-2", Unit: UnitPackets, Direction: DirectionIn},
+	assert.Equal(t, Rule{Mapping: types.NamespacedName{Namespace: "demo", Name: "shared"}, Name: "ct-save/kup-2", Unit: compile.UnitPackets, Direction: DirectionIn},
 		byID["demo/shared/ct-save/kup-2"])
 	assert.Len(t, byID, 9)
 	// edge-a's accepting interface faces clients.
-	assert.Equal(t, Rule{Mapping: remote, Name: "dnat/enp1s0", Unit: UnitFlows, Direction: DirectionIn, Interface: "enp1s0"},
+	assert.Equal(t, Rule{Mapping: remote, Name: "dnat/enp1s0", Unit: compile.UnitFlows, Direction: DirectionIn, Interface: "enp1s0"},
 		rules(labSource().index["edge-a"])["demo/remote-udp/dnat/enp1s0"])
 	assert.Empty(t, rules(nil))
 }

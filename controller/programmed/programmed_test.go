@@ -185,7 +185,7 @@ func TestUnheard(t *testing.T) {
 			},
 			"mesh": {Spec: v1alpha1.PortMapClassSpec{Nodes: map[string]v1alpha1.ClassNode{"edge-a": {}}}},
 		},
-		Agents: map[string]*compile.AgentState{"worker-d": {State: &kuportv1.NodeState{}}, "edge-a": {Connected: true}},
+		Agents: map[string]*compile.AgentState{"worker-d": {State: &kuportv1.NodeState{}}, "edge-a": {}},
 	}
 	// worker-c carries nothing a class names; "gone" has no Node object; worker-d was heard;
 	// edge-a's agent connected but its state is unknown.

@@ -66,20 +66,24 @@ func NewWriter(client dynamic.Interface, recorder record.EventRecorder, limiter 
 	return &Writer{client: client, recorder: recorder, limiter: limiter, classes: map[string]*classWrite{}}
 }
 
-// mergeConditions returns want with each condition's lastTransitionTime owned here: old's
-// when the condition's status is unchanged (so re-computing a condition is no churn), now
-// when it is new or its status changed (whatever time compile put there); old's order is
-// kept and conditions absent from want are dropped.
+// mergeConditions returns want written over old, each condition's lastTransitionTime
+// compile.TransitionTime's at now (whatever time compile put there): old's order is kept,
+// conditions new in want follow in want's order and those absent from want are dropped.
 func mergeConditions(old, want []metav1.Condition, now metav1.Time) []metav1.Condition {
 	out := make([]metav1.Condition, 0, len(want))
+	stamped := func(c metav1.Condition) metav1.Condition {
+		c.LastTransitionTime = compile.TransitionTime(old, c, now)
+		return c
+	}
 	for _, c := range old {
-		if meta.FindStatusCondition(want, c.Type) != nil {
-			out = append(out, c)
+		if w := meta.FindStatusCondition(want, c.Type); w != nil {
+			out = append(out, stamped(*w))
 		}
 	}
 	for _, c := range want {
-		c.LastTransitionTime = now
-		meta.SetStatusCondition(&out, c)
+		if meta.FindStatusCondition(old, c.Type) == nil {
+			out = append(out, stamped(c))
+		}
 	}
 	return out
 }

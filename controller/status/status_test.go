@@ -381,3 +381,23 @@ func TestRequestsEvent(t *testing.T) {
 	w.RequestsEvent(pm, Answers{Node: "edge-a", Interface: "enp1s0", Requests: 9, Since: since})
 	assert.Equal(t, "Normal RequestsAnswered node edge-a interface enp1s0: replies flow again (9 requests had gone unanswered since 2026-12-01T09:30:00Z)", nextEvent(t, rec))
 }
+
+// TestMergeConditions: written over old, a condition keeps old's place and, while its status
+// holds, old's lastTransitionTime (not the time compile put there); a changed or new one gets
+// now, and one want lacks is dropped.
+func TestMergeConditions(t *testing.T) {
+	now := metav1.NewTime(t1.Add(time.Hour))
+	compiled := func(c metav1.Condition) metav1.Condition {
+		c.LastTransitionTime = metav1.NewTime(t1.Add(time.Minute))
+		return c
+	}
+	old := []metav1.Condition{cond("A", "True", "a"), cond("B", "False", "b"), cond("C", "True", "c")}
+	want := []metav1.Condition{compiled(cond("D", "False", "d")), compiled(cond("B", "True", "b2")), compiled(cond("A", "True", "a2"))}
+	at := func(c metav1.Condition, when metav1.Time) metav1.Condition {
+		c.LastTransitionTime = when
+		return c
+	}
+	assert.Equal(t, []metav1.Condition{
+		at(cond("A", "True", "a2"), t1), at(cond("B", "True", "b2"), now), at(cond("D", "False", "d"), now),
+	}, mergeConditions(old, want, now))
+}
