@@ -5,28 +5,13 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+
+	"kuport.wlz.li/kuport/controller/timing"
 )
 
-// When the controller compiles and writes under a burst of events (BENCHMARKS.md,
-// "Bulk and N = 10,000": a thousand PortMaps applied at once reached the agent as about 370
-// program versions, each compiled, pushed, applied and acknowledged, and every PortMap's
-// status was written twice: a Programmed=False awaiting the acknowledgement, then the True a
-// few milliseconds later).
-const (
-	// compileWindow: compiles start at least this far apart. A change after a quiet spell
-	// compiles at once; the events of a burst wait at most this long and leave together, as
-	// one program version.
-	compileWindow = 50 * time.Millisecond
-)
-
-// compileDelay is how long a compile due at now waits for its window, given when the last
-// compile started (zero: none yet).
-func compileDelay(last, now time.Time, window time.Duration) time.Duration {
-	if last.IsZero() {
-		return 0
-	}
-	return max(last.Add(window).Sub(now), 0)
-}
+// The status workers' pacing: what they remember of the status writes put off for an
+// acknowledgement or behind a burst of PortMap arrivals (timing.Decide says how often the
+// compile worker looks at a burst again).
 
 // ackWaits remembers since when each PortMap's verdict may wait (programmed.Verdict.MayWait),
 // so its write is put off for that long at most; the acknowledgement's True, written at
@@ -68,7 +53,7 @@ func (w *ackWaits) forget(key types.NamespacedName) {
 // their 1,000 status writes, 1.8 s with the controller running and the writes held back,
 // and the kernel waited for the last create).
 const (
-	// burstArrivals PortMaps arriving within one compileWindow start a burst.
+	// burstArrivals PortMaps arriving within one timing.CompileWindow start a burst.
 	burstArrivals = 10
 	// burstQuiet without an arrival ends it. Longer than the gaps an API server busy with a
 	// burst leaves between the events it sends.
@@ -100,7 +85,7 @@ func (b *bursts) arrived(now time.Time) {
 	b.burst = b.on(now) // a burst over (burstQuiet since the last) ends here if not released
 	b.at[b.next] = now
 	b.next = (b.next + 1) % burstArrivals
-	if oldest := b.at[b.next]; !oldest.IsZero() && now.Sub(oldest) < compileWindow {
+	if oldest := b.at[b.next]; !oldest.IsZero() && now.Sub(oldest) < timing.CompileWindow {
 		b.burst = true
 	}
 }

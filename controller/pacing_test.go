@@ -8,15 +8,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-func TestCompileDelay(t *testing.T) {
-	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	w := 50 * time.Millisecond
-	assert.Equal(t, time.Duration(0), compileDelay(time.Time{}, t0, w), "first compile")
-	assert.Equal(t, time.Duration(0), compileDelay(t0, t0.Add(time.Second), w), "after a quiet spell")
-	assert.Equal(t, time.Duration(0), compileDelay(t0, t0.Add(w), w), "window just over")
-	assert.Equal(t, 30*time.Millisecond, compileDelay(t0, t0.Add(20*time.Millisecond), w), "within the window")
-}
-
 func TestAckWaits(t *testing.T) {
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	a, b := types.NamespacedName{Namespace: "n", Name: "a"}, types.NamespacedName{Namespace: "n", Name: "b"}

@@ -13,6 +13,7 @@ import (
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/controller/compile"
 	"kuport.wlz.li/kuport/controller/programmed"
+	"kuport.wlz.li/kuport/controller/timing"
 )
 
 // Status writes: PortMaps' by the status workers (programmed.Decide), PortMapClasses' by the
@@ -78,7 +79,8 @@ func (c *Controller) writeStatus(ctx context.Context, key types.NamespacedName) 
 	pm := obj.(*v1alpha1.PortMap)
 	now := time.Now()
 	if c.bursts.hold(key, now) {
-		c.queue.AddAfter(keyBurstHeld, compileWindow) // which queues key again
+		// keyBurstHeld queues key again.
+		c.queue.AddAfter(keyBurstHeld, timing.Decide(timing.Input{At: timing.BurstAsked, BurstOn: true}).BurstAfter)
 		return nil
 	}
 	in := programmed.Input{
@@ -122,14 +124,18 @@ func (c *Controller) claimsRecorded(res *compile.Result) bool {
 }
 
 // writePutOffClassStatuses writes the class statuses of the last compile that were put off
-// behind its push, once no connected agent has the push unacknowledged or at classStatusDue.
+// behind its push when timing.Decide says they are due.
 func (c *Controller) writePutOffClassStatuses(ctx context.Context, now time.Time) error {
-	if c.classStatusDue.IsZero() {
-		return nil
+	in := timing.Input{At: timing.ClassStatusAsked, Now: now, ClassStatusDue: c.classStatusDue}
+	if !in.ClassStatusDue.IsZero() {
+		in.Unacknowledged = c.reg.Unacknowledged() // counted only when something is put off: it visits every node
 	}
-	if now.Before(c.classStatusDue) && c.reg.Unacknowledged() > 0 {
+	d := timing.Decide(in)
+	if d.ClassStatusAfter > 0 {
 		// The queue keeps a key's earliest time only: an earlier put-off's may have been it.
-		c.queue.AddAfter(keyClassStatus, c.classStatusDue.Sub(now))
+		c.queue.AddAfter(keyClassStatus, d.ClassStatusAfter)
+	}
+	if !d.WriteClassStatuses {
 		return nil
 	}
 	return c.writeClassStatuses(ctx, c.last)
