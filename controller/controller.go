@@ -56,9 +56,9 @@ const (
 	keyStatusAll = "status-all"
 	// keyClassStatus: write the class statuses put off behind a push (DefaultClassStatusWait).
 	keyClassStatus = "class-status"
-	// keyBurstHeld: queue the PortMap statuses put off behind a burst once it is over or they
-	// waited burstHold (bursts.release).
-	keyBurstHeld = "burst-held"
+	// keyBurstPutOff: queue the PortMap statuses put off behind a burst once it is over or they
+	// waited burstMaxPutOff (bursts.release).
+	keyBurstPutOff = "burst-put-off"
 )
 
 // DefaultLinkRetention is how long an unused link slot claim is kept

@@ -50,7 +50,7 @@ func (w *ackWaits) forget(key types.NamespacedName) {
 // A burst of PortMaps arriving (created, deleted, their spec changed) puts their status
 // writes off until it is over: each write costs the API server more than a create
 // (bench/control's bulk: it took 3.1-4.0 s to accept 1,000 PortMaps applied at once beside
-// their 1,000 status writes, 1.8 s with the controller running and the writes held back,
+// their 1,000 status writes, 1.8 s with the controller running and the writes put off,
 // and the kernel waited for the last create).
 const (
 	// burstArrivals PortMaps arriving within one timing.CompileWindow start a burst.
@@ -58,9 +58,9 @@ const (
 	// burstQuiet without an arrival ends it. Longer than the gaps an API server busy with a
 	// burst leaves between the events it sends.
 	burstQuiet = 250 * time.Millisecond
-	// burstHold is the longest a PortMap's status write waits behind a burst: one that lasts
+	// burstMaxPutOff is the longest a PortMap's status write waits behind a burst: one that lasts
 	// longer has its statuses trail it by this much.
-	burstHold = 2 * time.Second
+	burstMaxPutOff = 2 * time.Second
 )
 
 // bursts tells a burst of PortMap arrivals from the arrivals themselves and remembers since
@@ -72,9 +72,9 @@ type bursts struct {
 	next int
 	// burst is whether arrivals started a burst; it lasts until burstQuiet after the last.
 	burst bool
-	// held are the PortMaps whose write the burst puts off, with since when; spent, those
-	// held burstHold already, whose writes it puts off no more.
-	held  map[types.NamespacedName]time.Time
+	// since are the PortMaps whose write the burst puts off, with since when; spent, those
+	// put off burstMaxPutOff already, whose writes it puts off no more.
+	since map[types.NamespacedName]time.Time
 	spent map[types.NamespacedName]bool
 }
 
@@ -97,33 +97,33 @@ func (b *bursts) on(now time.Time) bool {
 	return b.burst && now.Sub(last) < burstQuiet
 }
 
-// hold reports whether key's status write is put off at now: while a burst is on, for
-// burstHold at most. release hands it back.
-func (b *bursts) hold(key types.NamespacedName, now time.Time) bool {
+// putOff reports whether key's status write is put off at now: while a burst is on, for
+// burstMaxPutOff at most. release hands it back.
+func (b *bursts) putOff(key types.NamespacedName, now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if !b.on(now) || b.spent[key] {
 		return false
 	}
-	if b.held == nil {
-		b.held = map[types.NamespacedName]time.Time{}
+	if b.since == nil {
+		b.since = map[types.NamespacedName]time.Time{}
 	}
-	if _, ok := b.held[key]; !ok {
-		b.held[key] = now
+	if _, ok := b.since[key]; !ok {
+		b.since[key] = now
 	}
 	return true
 }
 
-// release returns the PortMaps to write at now: every one held once the burst is over
-// (over: true), else those held burstHold.
+// release returns the PortMaps to write at now: every one put off once the burst is over
+// (over: true), else those put off burstMaxPutOff.
 func (b *bursts) release(now time.Time) (keys []types.NamespacedName, over bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	over = !b.on(now)
-	for k, since := range b.held {
-		if over || now.Sub(since) >= burstHold {
+	for k, since := range b.since {
+		if over || now.Sub(since) >= burstMaxPutOff {
 			keys = append(keys, k)
-			delete(b.held, k)
+			delete(b.since, k)
 			if !over {
 				if b.spent == nil {
 					b.spent = map[types.NamespacedName]bool{}
@@ -133,7 +133,7 @@ func (b *bursts) release(now time.Time) (keys []types.NamespacedName, over bool)
 		}
 	}
 	if over {
-		b.burst, b.held, b.spent = false, nil, nil
+		b.burst, b.since, b.spent = false, nil, nil
 	}
 	return keys, over
 }

@@ -78,9 +78,9 @@ func (c *Controller) writeStatus(ctx context.Context, key types.NamespacedName) 
 	}
 	pm := obj.(*v1alpha1.PortMap)
 	now := time.Now()
-	if c.bursts.hold(key, now) {
-		// keyBurstHeld queues key again.
-		c.queue.AddAfter(keyBurstHeld, timing.Decide(timing.Input{At: timing.BurstAsked, BurstOn: true}).BurstAfter)
+	if c.bursts.putOff(key, now) {
+		// keyBurstPutOff queues key again.
+		c.queue.AddAfter(keyBurstPutOff, timing.Decide(timing.Input{At: timing.BurstAsked, BurstOn: true}).BurstAfter)
 		return nil
 	}
 	in := programmed.Input{

@@ -41,10 +41,10 @@ func (c *Controller) processNext(ctx context.Context) bool {
 		c.decideAll()
 	case keyClassStatus:
 		err = c.writePutOffClassStatuses(ctx, time.Now())
-	case keyBurstHeld:
+	case keyBurstPutOff:
 		keys, over := c.bursts.release(time.Now())
 		if d := timing.Decide(timing.Input{At: timing.BurstAsked, BurstOn: !over}); d.BurstAfter > 0 {
-			c.queue.AddAfter(keyBurstHeld, d.BurstAfter)
+			c.queue.AddAfter(keyBurstPutOff, d.BurstAfter)
 		}
 		if len(keys) > 0 {
 			c.log.Debug("writing the statuses put off behind a burst", "portmaps", len(keys), "burst_over", over)
