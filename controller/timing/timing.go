@@ -41,8 +41,8 @@ const (
 	// ClassStatusAsked: an agent acknowledged a version, or the class statuses put off behind
 	// a push fell due.
 	ClassStatusAsked
-	// BurstAsked: a burst of PortMap arrivals put a status write off, or the worker handed
-	// back the writes put off behind it.
+	// BurstAsked: a status worker put a write off behind a burst of PortMap arrivals, or the
+	// worker handed back the writes put off behind it.
 	BurstAsked
 )
 

@@ -76,7 +76,7 @@ func TestDecide(t *testing.T) {
 			stored(func(in *Input) { in.ClaimsRecorded, in.ProgramsChanged = false, true }),
 			Decision{Statuses: StatusesChanged, CompileAfter: ResyncPeriod}},
 
-		{"nothing put off: nothing to write, no look again", Input{At: ClassStatusAsked, Now: t0, Unacknowledged: 3}, Decision{}},
+		{"nothing pending: nothing written, no look again", Input{At: ClassStatusAsked, Now: t0, Unacknowledged: 3}, Decision{}},
 		{"an unacknowledged node: the put-off waits until its due time",
 			Input{At: ClassStatusAsked, Now: due.Add(-300 * time.Millisecond), ClassStatusDue: due, Unacknowledged: 1},
 			Decision{ClassStatusAfter: 300 * time.Millisecond}},
