@@ -5,7 +5,7 @@
 // what the events changed, equal to the pure compile.Compile), hands the programs to the
 // agents.Registry (which versions them and pushes them, or their deltas, to connected agents),
 // and status workers write the statuses whose programmed.Decide verdict changed through the
-// status package, rate-limited. When the worker compiles, writes and looks again is
+// status package, rate-limited. When the workers compile, write and look again is
 // timing.Decide's.
 //
 // It owns the work queue and the informers; it makes no datapath decision (compile does) and

@@ -14,21 +14,20 @@ import (
 // compile worker looks at a burst again).
 
 // ackWaits remembers since when each PortMap's verdict may wait (programmed.Verdict.MayWait),
-// so its write is put off for that long at most; the acknowledgement's True, written at
-// once, normally comes first.
+// so that timing.Decide puts its write off for that long at most.
 type ackWaits struct {
 	mu    sync.Mutex
 	since map[types.NamespacedName]time.Time
 }
 
-// delay is how long key's write of a verdict that may wait grace is put off at now; 0: write
-// it. A verdict that may not wait (grace 0) forgets key's wait.
-func (w *ackWaits) delay(key types.NamespacedName, now time.Time, grace time.Duration) time.Duration {
+// start returns since when key's verdict may wait, now the first time it may; zero when it
+// may not (mayWait false), which forgets key's wait.
+func (w *ackWaits) start(key types.NamespacedName, now time.Time, mayWait bool) time.Time {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if grace <= 0 {
+	if !mayWait {
 		delete(w.since, key)
-		return 0
+		return time.Time{}
 	}
 	if w.since == nil {
 		w.since = map[types.NamespacedName]time.Time{}
@@ -37,7 +36,7 @@ func (w *ackWaits) delay(key types.NamespacedName, now time.Time, grace time.Dur
 	if !ok {
 		since, w.since[key] = now, now
 	}
-	return max(since.Add(grace).Sub(now), 0)
+	return since
 }
 
 // forget drops key's wait (its PortMap is gone).

@@ -12,15 +12,14 @@ func TestAckWaits(t *testing.T) {
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	a, b := types.NamespacedName{Namespace: "n", Name: "a"}, types.NamespacedName{Namespace: "n", Name: "b"}
 	var w ackWaits
-	assert.Equal(t, time.Second, w.delay(a, t0, time.Second), "first wait: the whole grace")
-	assert.Equal(t, 600*time.Millisecond, w.delay(a, t0.Add(400*time.Millisecond), time.Second), "counted from the first")
-	assert.Equal(t, time.Second, w.delay(b, t0.Add(400*time.Millisecond), time.Second), "per PortMap")
-	assert.Equal(t, time.Duration(0), w.delay(a, t0.Add(time.Second), time.Second), "grace over: written")
-	assert.Equal(t, time.Duration(0), w.delay(a, t0.Add(2*time.Second), time.Second), "still waiting: written at once")
-	assert.Equal(t, time.Duration(0), w.delay(a, t0.Add(3*time.Second), 0), "may not wait")
-	assert.Equal(t, time.Second, w.delay(a, t0.Add(4*time.Second), time.Second), "a new wait starts over")
+	assert.Equal(t, t0, w.start(a, t0, true), "first wait: from now")
+	assert.Equal(t, t0, w.start(a, t0.Add(400*time.Millisecond), true), "counted from the first")
+	assert.Equal(t, t0.Add(400*time.Millisecond), w.start(b, t0.Add(400*time.Millisecond), true), "per PortMap")
+	assert.Equal(t, t0, w.start(a, t0.Add(2*time.Second), true), "still waiting: from the first")
+	assert.Zero(t, w.start(a, t0.Add(3*time.Second), false), "may not wait")
+	assert.Equal(t, t0.Add(4*time.Second), w.start(a, t0.Add(4*time.Second), true), "a new wait starts over")
 	w.forget(b)
-	assert.Equal(t, time.Second, w.delay(b, t0.Add(5*time.Second), time.Second), "forgotten")
+	assert.Equal(t, t0.Add(5*time.Second), w.start(b, t0.Add(5*time.Second), true), "forgotten")
 }
 
 func TestBursts(t *testing.T) {

@@ -62,7 +62,8 @@ func (c *Controller) processStatus(ctx context.Context) bool {
 
 // writeStatus decides the PortMap's Programmed condition (programmed.Decide over the last
 // compile's result and the registry's acks) and writes its status when it changed; a verdict
-// that only awaits an acknowledgement waits for it as long as Verdict.MayWait says.
+// that only awaits an acknowledgement waits for it as long as Verdict.MayWait says
+// (timing.Decide).
 func (c *Controller) writeStatus(ctx context.Context, key types.NamespacedName) error {
 	c.mu.Lock()
 	last, unheard := c.last, c.unheard
@@ -91,9 +92,11 @@ func (c *Controller) writeStatus(ctx context.Context, key types.NamespacedName) 
 		Nodes:      c.reg.Acks(compile.MappingKey(pm), res.Nodes),
 	}
 	v := programmed.Decide(in)
-	if wait := c.waits.delay(key, now, v.MayWait(in)); wait > 0 {
+	grace := v.MayWait(in)
+	d := timing.Decide(timing.Input{At: timing.StatusAsked, Now: now, AckGrace: grace, AckWaitSince: c.waits.start(key, now, grace > 0)})
+	if !d.WriteStatus {
 		// The acknowledgement queues key again, and its True is written at once.
-		c.statuses.AddAfter(key, wait)
+		c.statuses.AddAfter(key, d.StatusAfter)
 		return nil
 	}
 	written, err := c.writer.PortMap(ctx, pm, res, v, c.reg.UnansweredNodes(key.String()))

@@ -1,12 +1,13 @@
-// Package timing decides when the controller's compile worker acts: one pure function,
-// Decide, of where the worker is, the startup hold (programmed.Term), whether the classes
-// record a compile's link claims, whether storing its programs changed any, the due times
-// and the nodes that have not acknowledged their program yet. It returns what to write now,
-// what to put off and when to look again (docs/design/software.md#scale and
+// Package timing decides when the controller's workers act: one pure function, Decide, of
+// where a worker is, the startup hold (programmed.Term), whether the classes record a
+// compile's link claims, whether storing its programs changed any, the due times and the
+// nodes that have not acknowledged their program yet. It returns what to write now, what to
+// put off and when to look again (docs/design/software.md#scale and
 // docs/design/api.md#when-status-is-written say why each wait exists).
 //
-// It holds no state, takes the time as a value and queues nothing: the worker
-// (controller/worker.go) gathers the inputs, calls Decide and acts on the Decision.
+// It holds no state, takes the time as a value and queues nothing: the compile worker
+// (controller/worker.go) and the status workers (controller/statuses.go) gather the inputs,
+// call Decide and act on the Decision.
 package timing
 
 import (
@@ -27,7 +28,7 @@ const (
 	ResyncPeriod = time.Minute
 )
 
-// Step is where the compile worker is when it asks Decide.
+// Step is where a worker is when it asks Decide.
 type Step int
 
 const (
@@ -42,8 +43,10 @@ const (
 	// a push fell due.
 	ClassStatusAsked
 	// BurstAsked: a status worker put a write off behind a burst of PortMap arrivals, or the
-	// worker handed back the writes put off behind it.
+	// compile worker handed back the writes put off behind it.
 	BurstAsked
+	// StatusAsked: a status worker has a PortMap's verdict (programmed.Decide) to write.
+	StatusAsked
 )
 
 // Input is what Decide reads; each field says at which steps it counts.
@@ -74,6 +77,11 @@ type Input struct {
 	Unacknowledged int
 	// BurstOn: a burst of PortMap arrivals is on and puts status writes off (BurstAsked).
 	BurstOn bool
+	// AckGrace is how long the verdict may wait for the acknowledgements it awaits
+	// (programmed.Verdict.MayWait; 0: it may not), counted from AckWaitSince, when the
+	// PortMap's verdict first could wait (StatusAsked).
+	AckGrace     time.Duration
+	AckWaitSince time.Time
 }
 
 // Statuses says which PortMaps' statuses the worker decides again after a compile.
@@ -93,6 +101,8 @@ const (
 type Decision struct {
 	// Compile: compile now (CompileAsked).
 	Compile bool
+	// WriteStatus: write the PortMap's verdict now (StatusAsked).
+	WriteStatus bool
 	// WriteClassStatuses: write the class statuses now: at Compiled before the programs are
 	// stored (they carry link claims the classes do not record, and no program may use a
 	// claim before it is recorded); at Stored the compile's, nothing being put off; at
@@ -113,6 +123,9 @@ type Decision struct {
 	ClassStatusAfter time.Duration
 	// BurstAfter: look at the status writes put off behind a burst again then.
 	BurstAfter time.Duration
+	// StatusAfter: the PortMap's verdict, put off for acknowledgements, is written then
+	// unless one comes first (StatusAsked).
+	StatusAfter time.Duration
 }
 
 // Decide decides what the compile worker writes now, what it puts off and when it looks
@@ -128,7 +141,10 @@ type Decision struct {
 //     and decides every status again when the settling the hold bounds is over;
 //   - ClassStatusAsked: the class statuses put off are written once no connected node has the
 //     push unacknowledged, or at their due time;
-//   - BurstAsked: while a burst is on, look at it again every CompileWindow.
+//   - BurstAsked: while a burst is on, look at it again every CompileWindow;
+//   - StatusAsked: a PortMap's verdict that may wait for acknowledgements is put off until
+//     AckGrace has passed since it first could (the acknowledgement's True, written at
+//     once, normally comes first), else written now.
 func Decide(in Input) Decision {
 	switch in.At {
 	case CompileAsked:
@@ -153,6 +169,11 @@ func Decide(in Input) Decision {
 		if in.BurstOn {
 			return Decision{BurstAfter: CompileWindow}
 		}
+	case StatusAsked:
+		if wait := in.AckWaitSince.Add(in.AckGrace).Sub(in.Now); in.AckGrace > 0 && wait > 0 {
+			return Decision{StatusAfter: wait}
+		}
+		return Decision{WriteStatus: true}
 	}
 	return Decision{}
 }

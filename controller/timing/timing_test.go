@@ -88,6 +88,16 @@ func TestDecide(t *testing.T) {
 
 		{"a burst on: look at it again a window later", Input{At: BurstAsked, BurstOn: true}, Decision{BurstAfter: CompileWindow}},
 		{"the burst over: no look again", Input{At: BurstAsked}, Decision{}},
+
+		{"a verdict that may not wait: written", Input{At: StatusAsked, Now: t0}, Decision{WriteStatus: true}},
+		{"awaiting an unacknowledged node: put off for the whole grace",
+			Input{At: StatusAsked, Now: t0, AckGrace: time.Second, AckWaitSince: t0}, Decision{StatusAfter: time.Second}},
+		{"still awaiting it: put off what is left of the grace, counted from the first wait",
+			Input{At: StatusAsked, Now: ms(400), AckGrace: time.Second, AckWaitSince: t0}, Decision{StatusAfter: 600 * time.Millisecond}},
+		{"now exactly at the grace's end: written",
+			Input{At: StatusAsked, Now: ms(1000), AckGrace: time.Second, AckWaitSince: t0}, Decision{WriteStatus: true}},
+		{"long past the grace: written", Input{At: StatusAsked, Now: ms(2000), AckGrace: time.Second, AckWaitSince: t0},
+			Decision{WriteStatus: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if diff := cmp.Diff(tc.want, Decide(tc.in)); diff != "" {
