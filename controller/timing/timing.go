@@ -96,7 +96,7 @@ const (
 	StatusesAll
 )
 
-// Decision is Decide's answer. The durations say when the worker takes each queue key again,
+// Decision is Decide's answer. The durations say when a worker's queue hands it the key again,
 // counted from Now (from Startup.Now for what the startup hold bounds); zero: no need.
 type Decision struct {
 	// Compile: compile now (CompileAsked).
@@ -128,8 +128,8 @@ type Decision struct {
 	StatusAfter time.Duration
 }
 
-// Decide decides what the compile worker writes now, what it puts off and when it looks
-// again, at the step in.At:
+// Decide decides what a worker writes now, what it puts off and when it looks again, at the
+// step in.At:
 //   - CompileAsked: compile now after a quiet spell, else once CompileWindow has passed since
 //     the last compile started, so a burst's events leave together;
 //   - Compiled: while the startup hold is on nothing is written; otherwise the class
