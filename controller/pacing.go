@@ -10,8 +10,7 @@ import (
 )
 
 // The status workers' pacing: what they remember of the status writes put off for an
-// acknowledgement or behind a burst of PortMap arrivals (timing.Decide says how often the
-// compile worker looks at a burst again).
+// acknowledgement (timing.Decide says for how long) or behind a burst of PortMap arrivals.
 
 // ackWaits remembers since when each PortMap's verdict may wait (programmed.Verdict.MayWait),
 // so that timing.Decide puts its write off for that long at most.
