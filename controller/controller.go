@@ -2,10 +2,11 @@
 // informers on PortMapClass, PortMap, Service, EndpointSlice, Node and Namespace (and the
 // CNIs' settings, cni.go) feed one work queue; its worker keeps a compile.Snapshot of the
 // caches and the agent registry up to date from the events, compiles it (compile.Incremental:
-// what the events changed, equal to the pure compile.Compile; a burst's events together,
-// compileWindow apart), hands the programs to the agents.Registry (which versions them and
-// pushes them, or their deltas, to connected agents), and status workers write the statuses
-// whose programmed.Decide verdict changed through the status package, rate-limited.
+// what the events changed, equal to the pure compile.Compile), hands the programs to the
+// agents.Registry (which versions them and pushes them, or their deltas, to connected agents),
+// and status workers write the statuses whose programmed.Decide verdict changed through the
+// status package, rate-limited. When the workers compile, write and look again is
+// timing.Decide's.
 //
 // It owns the work queue and the informers; it makes no datapath decision (compile does) and
 // touches no kernel state.
@@ -55,14 +56,10 @@ const (
 	keyStatusAll = "status-all"
 	// keyClassStatus: write the class statuses put off behind a push (DefaultClassStatusWait).
 	keyClassStatus = "class-status"
-	// keyBurstHeld: queue the PortMap statuses put off behind a burst once it is over or they
-	// waited burstHold (bursts.release).
-	keyBurstHeld = "burst-held"
+	// keyBurstPutOff: queue the PortMap statuses put off behind a burst once it is over or they
+	// waited burstMaxPutOff (bursts.release).
+	keyBurstPutOff = "burst-put-off"
 )
-
-// resyncPeriod recompiles periodically even without events, so link claims age
-// (unusedSince, LinkRetention) and a missed event heals.
-const resyncPeriod = time.Minute
 
 // DefaultLinkRetention is how long an unused link slot claim is kept
 // (docs/design/api.md#links-and-slots: 24 h).
@@ -151,7 +148,7 @@ type Controller struct {
 	unheard []string
 	// holding is true while the last compile found the startup hold on (compile worker only).
 	holding bool
-	// compiled is when the last compile started (compile worker only; compileWindow).
+	// compiled is when the last compile started (compile worker only; timing.CompileWindow).
 	compiled time.Time
 	// classSettled remembers, by class, the cached object and compiled status last found
 	// settled (compile worker only): see settledClasses.

@@ -41,6 +41,7 @@ import (
 	"kuport.wlz.li/kuport/controller/metrics"
 	"kuport.wlz.li/kuport/controller/programmed"
 	"kuport.wlz.li/kuport/controller/servingcert"
+	"kuport.wlz.li/kuport/controller/timing"
 	"kuport.wlz.li/kuport/lab/cluster"
 	"kuport.wlz.li/kuport/lab/labtest"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
@@ -262,7 +263,7 @@ func TestIsOnlyConflicts(t *testing.T) {
 }
 
 // TestPrivilegedBulkCreate: PortMaps created at once, with an agent acknowledging every
-// program at once, reach it as few program versions (a compile per compileWindow, not per
+// program at once, reach it as few program versions (a compile per timing.CompileWindow, not per
 // event), and each PortMap's status is written once, Programmed=True: no Programmed=False
 // awaiting the acknowledgement goes before it (programmed.AckGrace).
 func TestPrivilegedBulkCreate(t *testing.T) {
@@ -369,12 +370,12 @@ func TestPrivilegedBulkCreate(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	// Compiles start compileWindow apart while the creates come (each version's own compile
+	// Compiles start timing.CompileWindow apart while the creates come (each version's own compile
 	// and send time varies by a few milliseconds): a compile per event or two would send
 	// them about a millisecond apart.
 	t.Logf("%d PortMaps created in %s reached the agent in %d program versions", n, created, len(came))
 	for i := 1; i < len(came); i++ {
-		assert.GreaterOrEqual(t, came[i].Sub(came[i-1]), compileWindow/2, "versions %d and %d", i-1, i)
+		assert.GreaterOrEqual(t, came[i].Sub(came[i-1]), timing.CompileWindow/2, "versions %d and %d", i-1, i)
 	}
 }
 

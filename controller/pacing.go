@@ -5,45 +5,28 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+
+	"kuport.wlz.li/kuport/controller/timing"
 )
 
-// When the controller compiles and writes under a burst of events (BENCHMARKS.md,
-// "Bulk and N = 10,000": a thousand PortMaps applied at once reached the agent as about 370
-// program versions, each compiled, pushed, applied and acknowledged, and every PortMap's
-// status was written twice: a Programmed=False awaiting the acknowledgement, then the True a
-// few milliseconds later).
-const (
-	// compileWindow: compiles start at least this far apart. A change after a quiet spell
-	// compiles at once; the events of a burst wait at most this long and leave together, as
-	// one program version.
-	compileWindow = 50 * time.Millisecond
-)
-
-// compileDelay is how long a compile due at now waits for its window, given when the last
-// compile started (zero: none yet).
-func compileDelay(last, now time.Time, window time.Duration) time.Duration {
-	if last.IsZero() {
-		return 0
-	}
-	return max(last.Add(window).Sub(now), 0)
-}
+// The status workers' pacing: what they remember of the status writes put off for an
+// acknowledgement (timing.Decide says for how long) or behind a burst of PortMap arrivals.
 
 // ackWaits remembers since when each PortMap's verdict may wait (programmed.Verdict.MayWait),
-// so its write is put off for that long at most; the acknowledgement's True, written at
-// once, normally comes first.
+// so that timing.Decide puts its write off for that long at most.
 type ackWaits struct {
 	mu    sync.Mutex
 	since map[types.NamespacedName]time.Time
 }
 
-// delay is how long key's write of a verdict that may wait grace is put off at now; 0: write
-// it. A verdict that may not wait (grace 0) forgets key's wait.
-func (w *ackWaits) delay(key types.NamespacedName, now time.Time, grace time.Duration) time.Duration {
+// start returns since when key's verdict may wait, now the first time it may; zero when it
+// may not (mayWait false), which forgets key's wait.
+func (w *ackWaits) start(key types.NamespacedName, now time.Time, mayWait bool) time.Time {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if grace <= 0 {
+	if !mayWait {
 		delete(w.since, key)
-		return 0
+		return time.Time{}
 	}
 	if w.since == nil {
 		w.since = map[types.NamespacedName]time.Time{}
@@ -52,7 +35,7 @@ func (w *ackWaits) delay(key types.NamespacedName, now time.Time, grace time.Dur
 	if !ok {
 		since, w.since[key] = now, now
 	}
-	return max(since.Add(grace).Sub(now), 0)
+	return since
 }
 
 // forget drops key's wait (its PortMap is gone).
@@ -65,17 +48,17 @@ func (w *ackWaits) forget(key types.NamespacedName) {
 // A burst of PortMaps arriving (created, deleted, their spec changed) puts their status
 // writes off until it is over: each write costs the API server more than a create
 // (bench/control's bulk: it took 3.1-4.0 s to accept 1,000 PortMaps applied at once beside
-// their 1,000 status writes, 1.8 s with the controller running and the writes held back,
+// their 1,000 status writes, 1.8 s with the controller running and the writes put off,
 // and the kernel waited for the last create).
 const (
-	// burstArrivals PortMaps arriving within one compileWindow start a burst.
+	// burstArrivals PortMaps arriving within one timing.CompileWindow start a burst.
 	burstArrivals = 10
 	// burstQuiet without an arrival ends it. Longer than the gaps an API server busy with a
 	// burst leaves between the events it sends.
 	burstQuiet = 250 * time.Millisecond
-	// burstHold is the longest a PortMap's status write waits behind a burst: one that lasts
+	// burstMaxPutOff is the longest a PortMap's status write waits behind a burst: one that lasts
 	// longer has its statuses trail it by this much.
-	burstHold = 2 * time.Second
+	burstMaxPutOff = 2 * time.Second
 )
 
 // bursts tells a burst of PortMap arrivals from the arrivals themselves and remembers since
@@ -87,9 +70,9 @@ type bursts struct {
 	next int
 	// burst is whether arrivals started a burst; it lasts until burstQuiet after the last.
 	burst bool
-	// held are the PortMaps whose write the burst puts off, with since when; spent, those
-	// held burstHold already, whose writes it puts off no more.
-	held  map[types.NamespacedName]time.Time
+	// since are the PortMaps whose write the burst puts off, with since when; spent, those
+	// put off burstMaxPutOff already, whose writes it puts off no more.
+	since map[types.NamespacedName]time.Time
 	spent map[types.NamespacedName]bool
 }
 
@@ -100,7 +83,7 @@ func (b *bursts) arrived(now time.Time) {
 	b.burst = b.on(now) // a burst over (burstQuiet since the last) ends here if not released
 	b.at[b.next] = now
 	b.next = (b.next + 1) % burstArrivals
-	if oldest := b.at[b.next]; !oldest.IsZero() && now.Sub(oldest) < compileWindow {
+	if oldest := b.at[b.next]; !oldest.IsZero() && now.Sub(oldest) < timing.CompileWindow {
 		b.burst = true
 	}
 }
@@ -112,33 +95,33 @@ func (b *bursts) on(now time.Time) bool {
 	return b.burst && now.Sub(last) < burstQuiet
 }
 
-// hold reports whether key's status write is put off at now: while a burst is on, for
-// burstHold at most. release hands it back.
-func (b *bursts) hold(key types.NamespacedName, now time.Time) bool {
+// putOff reports whether key's status write is put off at now: while a burst is on, for
+// burstMaxPutOff at most. release hands it back.
+func (b *bursts) putOff(key types.NamespacedName, now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if !b.on(now) || b.spent[key] {
 		return false
 	}
-	if b.held == nil {
-		b.held = map[types.NamespacedName]time.Time{}
+	if b.since == nil {
+		b.since = map[types.NamespacedName]time.Time{}
 	}
-	if _, ok := b.held[key]; !ok {
-		b.held[key] = now
+	if _, ok := b.since[key]; !ok {
+		b.since[key] = now
 	}
 	return true
 }
 
-// release returns the PortMaps to write at now: every one held once the burst is over
-// (over: true), else those held burstHold.
+// release returns the PortMaps to write at now: every one put off once the burst is over
+// (over: true), else those put off burstMaxPutOff.
 func (b *bursts) release(now time.Time) (keys []types.NamespacedName, over bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	over = !b.on(now)
-	for k, since := range b.held {
-		if over || now.Sub(since) >= burstHold {
+	for k, since := range b.since {
+		if over || now.Sub(since) >= burstMaxPutOff {
 			keys = append(keys, k)
-			delete(b.held, k)
+			delete(b.since, k)
 			if !over {
 				if b.spent == nil {
 					b.spent = map[types.NamespacedName]bool{}
@@ -148,7 +131,7 @@ func (b *bursts) release(now time.Time) (keys []types.NamespacedName, over bool)
 		}
 	}
 	if over {
-		b.burst, b.held, b.spent = false, nil, nil
+		b.burst, b.since, b.spent = false, nil, nil
 	}
 	return keys, over
 }

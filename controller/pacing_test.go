@@ -8,28 +8,18 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-func TestCompileDelay(t *testing.T) {
-	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	w := 50 * time.Millisecond
-	assert.Equal(t, time.Duration(0), compileDelay(time.Time{}, t0, w), "first compile")
-	assert.Equal(t, time.Duration(0), compileDelay(t0, t0.Add(time.Second), w), "after a quiet spell")
-	assert.Equal(t, time.Duration(0), compileDelay(t0, t0.Add(w), w), "window just over")
-	assert.Equal(t, 30*time.Millisecond, compileDelay(t0, t0.Add(20*time.Millisecond), w), "within the window")
-}
-
 func TestAckWaits(t *testing.T) {
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	a, b := types.NamespacedName{Namespace: "n", Name: "a"}, types.NamespacedName{Namespace: "n", Name: "b"}
 	var w ackWaits
-	assert.Equal(t, time.Second, w.delay(a, t0, time.Second), "first wait: the whole grace")
-	assert.Equal(t, 600*time.Millisecond, w.delay(a, t0.Add(400*time.Millisecond), time.Second), "counted from the first")
-	assert.Equal(t, time.Second, w.delay(b, t0.Add(400*time.Millisecond), time.Second), "per PortMap")
-	assert.Equal(t, time.Duration(0), w.delay(a, t0.Add(time.Second), time.Second), "grace over: written")
-	assert.Equal(t, time.Duration(0), w.delay(a, t0.Add(2*time.Second), time.Second), "still waiting: written at once")
-	assert.Equal(t, time.Duration(0), w.delay(a, t0.Add(3*time.Second), 0), "may not wait")
-	assert.Equal(t, time.Second, w.delay(a, t0.Add(4*time.Second), time.Second), "a new wait starts over")
+	assert.Equal(t, t0, w.start(a, t0, true), "first wait: from now")
+	assert.Equal(t, t0, w.start(a, t0.Add(400*time.Millisecond), true), "counted from the first")
+	assert.Equal(t, t0.Add(400*time.Millisecond), w.start(b, t0.Add(400*time.Millisecond), true), "per PortMap")
+	assert.Equal(t, t0, w.start(a, t0.Add(2*time.Second), true), "still waiting: from the first")
+	assert.Zero(t, w.start(a, t0.Add(3*time.Second), false), "may not wait")
+	assert.Equal(t, t0.Add(4*time.Second), w.start(a, t0.Add(4*time.Second), true), "a new wait starts over")
 	w.forget(b)
-	assert.Equal(t, time.Second, w.delay(b, t0.Add(5*time.Second), time.Second), "forgotten")
+	assert.Equal(t, t0.Add(5*time.Second), w.start(b, t0.Add(5*time.Second), true), "forgotten")
 }
 
 func TestBursts(t *testing.T) {
@@ -40,50 +30,50 @@ func TestBursts(t *testing.T) {
 	for i := range burstArrivals - 1 {
 		bs.arrived(ms(i))
 	}
-	assert.False(t, bs.hold(a, ms(10)), "one arrival short of a burst: written")
+	assert.False(t, bs.putOff(a, ms(10)), "one arrival short of a burst: written")
 	keys, over := bs.release(ms(10))
 	assert.True(t, over)
-	assert.Empty(t, keys, "nothing held")
+	assert.Empty(t, keys, "nothing put off")
 
 	bs.arrived(ms(10))
-	assert.True(t, bs.hold(a, ms(20)), "a burst: put off")
-	assert.True(t, bs.hold(a, ms(30)), "and again")
-	assert.True(t, bs.hold(b, ms(30)), "any PortMap")
+	assert.True(t, bs.putOff(a, ms(20)), "a burst: put off")
+	assert.True(t, bs.putOff(a, ms(30)), "and again")
+	assert.True(t, bs.putOff(b, ms(30)), "any PortMap")
 	keys, over = bs.release(ms(30))
 	assert.False(t, over, "the burst is on")
-	assert.Empty(t, keys, "none held burstHold")
+	assert.Empty(t, keys, "none put off burstMaxPutOff")
 
 	// Arrivals slower than a burst starts keep it on while they are less than burstQuiet
-	// apart, past a's and b's burstHold.
+	// apart, past a's and b's burstMaxPutOff.
 	last := 10
 	for last < 2200 {
 		last += 200
 		bs.arrived(ms(last))
 	}
-	assert.True(t, bs.hold(c, ms(last-100)), "still a burst")
-	keys, over = bs.release(ms(20).Add(burstHold))
+	assert.True(t, bs.putOff(c, ms(last-100)), "still a burst")
+	keys, over = bs.release(ms(20).Add(burstMaxPutOff))
 	assert.False(t, over)
-	assert.Equal(t, []types.NamespacedName{a}, keys, "a held burstHold (counted from its first hold): handed back")
-	assert.False(t, bs.hold(a, ms(20).Add(burstHold)), "and written from now on though the burst is on")
-	keys, _ = bs.release(ms(30).Add(burstHold))
-	assert.Equal(t, []types.NamespacedName{b}, keys, "b held burstHold")
-	assert.True(t, bs.hold(c, ms(last)), "c still held")
+	assert.Equal(t, []types.NamespacedName{a}, keys, "a put off burstMaxPutOff (counted from its first put-off): handed back")
+	assert.False(t, bs.putOff(a, ms(20).Add(burstMaxPutOff)), "and written from now on though the burst is on")
+	keys, _ = bs.release(ms(30).Add(burstMaxPutOff))
+	assert.Equal(t, []types.NamespacedName{b}, keys, "b put off burstMaxPutOff")
+	assert.True(t, bs.putOff(c, ms(last)), "c still put off")
 
 	keys, over = bs.release(ms(last).Add(burstQuiet - time.Millisecond))
 	assert.False(t, over, "within burstQuiet of the last arrival")
 	assert.Empty(t, keys)
 	keys, over = bs.release(ms(last).Add(burstQuiet))
 	assert.True(t, over)
-	assert.Equal(t, []types.NamespacedName{c}, keys, "the burst over: every PortMap still held")
-	assert.False(t, bs.hold(c, ms(last).Add(burstQuiet)), "no burst: written")
+	assert.Equal(t, []types.NamespacedName{c}, keys, "the burst over: every PortMap still put off")
+	assert.False(t, bs.putOff(c, ms(last).Add(burstQuiet)), "no burst: written")
 	keys, _ = bs.release(ms(last).Add(burstQuiet))
 	assert.Empty(t, keys, "released once")
 
-	// The next burst holds a again.
+	// The next burst puts a off again.
 	for i := range burstArrivals {
 		bs.arrived(ms(5000 + i))
 	}
-	assert.True(t, bs.hold(a, ms(5010)), "a new burst puts a off again")
+	assert.True(t, bs.putOff(a, ms(5010)), "a new burst puts a off again")
 
 	// A burst nothing released (no status was put off behind it) is over all the same: one
 	// arrival a second later is not a burst.
@@ -92,5 +82,5 @@ func TestBursts(t *testing.T) {
 		quiet.arrived(ms(i))
 	}
 	quiet.arrived(ms(1000))
-	assert.False(t, quiet.hold(a, ms(1001)), "one create after a burst: written")
+	assert.False(t, quiet.putOff(a, ms(1001)), "one create after a burst: written")
 }

@@ -15,6 +15,7 @@ import (
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/controller/compile"
+	"kuport.wlz.li/kuport/controller/timing"
 )
 
 // sliceByService indexes EndpointSlices by "<namespace>/<service>" (their
@@ -107,7 +108,7 @@ func (ch *changes) take() (portMaps, services, classes map[types.NamespacedName]
 }
 
 // nextSnapshot returns the snapshot to compile and what changed since the last one. After a
-// change of a node, a namespace or an agent's state, and once per resyncPeriod (a missed
+// change of a node, a namespace or an agent's state, and once per timing.ResyncPeriod (a missed
 // event heals), it lists the caches whole (Changes.Others); otherwise it updates the last
 // snapshot with the objects the events named alone (classes too: compile decides what a
 // class's change costs), so a change costs O(the change)
@@ -117,7 +118,7 @@ func (c *Controller) nextSnapshot() (*compile.Snapshot, *compile.Changes, error)
 	pms, svcs, classes, others := c.changes.take()
 	now := time.Now()
 	agents := c.reg.Agents()
-	if c.snap == nil || others || now.Sub(c.fullAt) >= resyncPeriod || agentsChanged(c.snap.Agents, agents) {
+	if c.snap == nil || others || now.Sub(c.fullAt) >= timing.ResyncPeriod || agentsChanged(c.snap.Agents, agents) {
 		s, err := c.snapshot(now, agents)
 		if err != nil {
 			c.snap = nil

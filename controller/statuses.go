@@ -13,6 +13,7 @@ import (
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/controller/compile"
 	"kuport.wlz.li/kuport/controller/programmed"
+	"kuport.wlz.li/kuport/controller/timing"
 )
 
 // Status writes: PortMaps' by the status workers (programmed.Decide), PortMapClasses' by the
@@ -61,7 +62,8 @@ func (c *Controller) processStatus(ctx context.Context) bool {
 
 // writeStatus decides the PortMap's Programmed condition (programmed.Decide over the last
 // compile's result and the registry's acks) and writes its status when it changed; a verdict
-// that only awaits an acknowledgement waits for it as long as Verdict.MayWait says.
+// that only awaits an acknowledgement waits for it as long as Verdict.MayWait says
+// (timing.Decide).
 func (c *Controller) writeStatus(ctx context.Context, key types.NamespacedName) error {
 	c.mu.Lock()
 	last, unheard := c.last, c.unheard
@@ -77,8 +79,9 @@ func (c *Controller) writeStatus(ctx context.Context, key types.NamespacedName) 
 	}
 	pm := obj.(*v1alpha1.PortMap)
 	now := time.Now()
-	if c.bursts.hold(key, now) {
-		c.queue.AddAfter(keyBurstHeld, compileWindow) // which queues key again
+	if c.bursts.putOff(key, now) {
+		// keyBurstPutOff queues key again.
+		c.queue.AddAfter(keyBurstPutOff, timing.Decide(timing.Input{At: timing.BurstAsked, BurstOn: true}).BurstAfter)
 		return nil
 	}
 	in := programmed.Input{
@@ -89,9 +92,11 @@ func (c *Controller) writeStatus(ctx context.Context, key types.NamespacedName) 
 		Nodes:      c.reg.Acks(compile.MappingKey(pm), res.Nodes),
 	}
 	v := programmed.Decide(in)
-	if wait := c.waits.delay(key, now, v.MayWait(in)); wait > 0 {
+	grace := v.MayWait(in)
+	d := timing.Decide(timing.Input{At: timing.StatusAsked, Now: now, AckGrace: grace, AckWaitSince: c.waits.start(key, now, grace > 0)})
+	if !d.WriteStatus {
 		// The acknowledgement queues key again, and its True is written at once.
-		c.statuses.AddAfter(key, wait)
+		c.statuses.AddAfter(key, d.StatusAfter)
 		return nil
 	}
 	written, err := c.writer.PortMap(ctx, pm, res, v, c.reg.UnansweredNodes(key.String()))
@@ -122,14 +127,18 @@ func (c *Controller) claimsRecorded(res *compile.Result) bool {
 }
 
 // writePutOffClassStatuses writes the class statuses of the last compile that were put off
-// behind its push, once no connected agent has the push unacknowledged or at classStatusDue.
+// behind its push when timing.Decide says they are due.
 func (c *Controller) writePutOffClassStatuses(ctx context.Context, now time.Time) error {
-	if c.classStatusDue.IsZero() {
-		return nil
+	in := timing.Input{At: timing.ClassStatusAsked, Now: now, ClassStatusDue: c.classStatusDue}
+	if !in.ClassStatusDue.IsZero() {
+		in.Unacknowledged = c.reg.Unacknowledged() // counted only when something is put off: it visits every node
 	}
-	if now.Before(c.classStatusDue) && c.reg.Unacknowledged() > 0 {
+	d := timing.Decide(in)
+	if d.ClassStatusAfter > 0 {
 		// The queue keeps a key's earliest time only: an earlier put-off's may have been it.
-		c.queue.AddAfter(keyClassStatus, c.classStatusDue.Sub(now))
+		c.queue.AddAfter(keyClassStatus, d.ClassStatusAfter)
+	}
+	if !d.WriteClassStatuses {
 		return nil
 	}
 	return c.writeClassStatuses(ctx, c.last)

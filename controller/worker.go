@@ -11,6 +11,7 @@ import (
 
 	"kuport.wlz.li/kuport/controller/metrics"
 	"kuport.wlz.li/kuport/controller/programmed"
+	"kuport.wlz.li/kuport/controller/timing"
 )
 
 // The compile worker: one work queue, whose keys say what to do again, and the compile that
@@ -26,9 +27,9 @@ func (c *Controller) processNext(ctx context.Context) bool {
 	switch key {
 	case keyCompile:
 		now := time.Now()
-		if wait := compileDelay(c.compiled, now, compileWindow); wait > 0 {
+		if d := timing.Decide(timing.Input{At: timing.CompileAsked, Now: now, LastCompile: c.compiled}); !d.Compile {
 			// A burst: this compile takes what the window gathers.
-			c.queue.AddAfter(keyCompile, wait)
+			c.queue.AddAfter(keyCompile, d.CompileAfter)
 			break
 		}
 		c.compiled = now
@@ -40,10 +41,10 @@ func (c *Controller) processNext(ctx context.Context) bool {
 		c.decideAll()
 	case keyClassStatus:
 		err = c.writePutOffClassStatuses(ctx, time.Now())
-	case keyBurstHeld:
+	case keyBurstPutOff:
 		keys, over := c.bursts.release(time.Now())
-		if !over {
-			c.queue.AddAfter(keyBurstHeld, compileWindow)
+		if d := timing.Decide(timing.Input{At: timing.BurstAsked, BurstOn: !over}); d.BurstAfter > 0 {
+			c.queue.AddAfter(keyBurstPutOff, d.BurstAfter)
 		}
 		if len(keys) > 0 {
 			c.log.Debug("writing the statuses put off behind a burst", "portmaps", len(keys), "burst_over", over)
@@ -102,11 +103,15 @@ func (c *Controller) compile(ctx context.Context) error {
 	// compile has not heard every node, so its statuses would say "no agent has connected"
 	// of nodes whose kernels still hold the previous leader's programs.
 	unheard := programmed.Unheard(snap)
-	term := c.reg.Term(unheard, snap.Now)
+	in := timing.Input{At: timing.Compiled, Startup: c.reg.Term(unheard, snap.Now)}
 	wasHolding := c.holding
-	c.holding = term.Holding()
+	c.holding = in.Startup.Holding()
 	compiled := time.Now()
-	writeFirst := !c.holding && !c.claimsRecorded(res)
+	if !c.holding {
+		// Compared only when it counts: the startup hold writes nothing.
+		in.ClaimsRecorded = c.claimsRecorded(res)
+	}
+	writeFirst := timing.Decide(in).WriteClassStatuses
 	if writeFirst {
 		if err := c.writeClassStatuses(ctx, res); err != nil {
 			// The retry lists and compiles whole: this compile's changes are not lost.
@@ -121,25 +126,23 @@ func (c *Controller) compile(ctx context.Context) error {
 			"claims_first", writeFirst, "compile_ms", compiled.Sub(start).Milliseconds(),
 			"store_ms", time.Since(stored).Milliseconds(), "from_compile_ms", time.Since(compiled).Milliseconds())
 	}
-	if !c.holding && !writeFirst {
-		// The push goes first: the acknowledgements (keyStatus) or the wait write the
-		// statuses, the latest compile's then. A write already put off keeps its time, so a
-		// stream of pushes cannot starve it.
-		if len(nodes) > 0 && c.classStatusDue.IsZero() {
-			c.classStatusDue = time.Now().Add(c.classStatusWait)
-			c.queue.AddAfter(keyClassStatus, c.classStatusWait)
-		}
-		if c.classStatusDue.IsZero() {
-			if err := c.writeClassStatuses(ctx, res); err != nil {
-				c.snap = nil
-				return err
-			}
+	in.At, in.Now, in.FirstCompile, in.WasHolding = timing.Stored, time.Now(), c.last == nil, wasHolding
+	in.ProgramsChanged, in.ClassStatusDue, in.ClassStatusWait = len(nodes) > 0, c.classStatusDue, c.classStatusWait
+	d := timing.Decide(in)
+	// The push goes first: the acknowledgements (keyStatus) or the due time write the put-off
+	// statuses, the latest compile's then.
+	c.classStatusDue = d.ClassStatusDue
+	if d.ClassStatusAfter > 0 {
+		c.queue.AddAfter(keyClassStatus, d.ClassStatusAfter)
+	}
+	if d.WriteClassStatuses {
+		if err := c.writeClassStatuses(ctx, res); err != nil {
+			c.snap = nil
+			return err
 		}
 	}
 	c.pushes.Observe(c.reg.Nodes(), time.Now())
-	if released, wait := c.reg.Release(unheard, snap.Now); !released {
-		c.queue.AddAfter(keyCompile, wait)
-	}
+	c.reg.Release(unheard, snap.Now)
 	// After an incremental compile only the PortMaps it names may have changed: the status
 	// decisions cost O(the change) too.
 	dirty := c.inc.Changed()
@@ -147,28 +150,25 @@ func (c *Controller) compile(ctx context.Context) error {
 	prev := c.last
 	c.last, c.unheard = res, unheard
 	c.mu.Unlock()
-	c.queue.AddAfter(keyCompile, resyncPeriod)
-	if snap.Now.Before(term.HoldUntil) {
-		// Settling ends with the hold: what it kept must be decided again then.
-		c.queue.AddAfter(keyStatusAll, term.HoldUntil.Sub(snap.Now))
+	c.queue.AddAfter(keyCompile, d.CompileAfter)
+	if d.StatusAllAfter > 0 {
+		c.queue.AddAfter(keyStatusAll, d.StatusAllAfter)
 	}
-	if c.holding {
-		return nil
-	}
-	if prev == nil || wasHolding {
+	switch d.Statuses {
+	case timing.StatusesAll:
 		c.decideAll()
-		return nil
-	}
-	if dirty == nil {
-		dirty = slices.Collect(maps.Keys(res.PortMaps))
-	}
-	for _, k := range dirty {
-		// Incremental shares the results it did not recompute: identity first.
-		if r, old := res.PortMaps[k], prev.PortMaps[k]; r != nil && old != r && (old == nil || !equality.Semantic.DeepEqual(old, r)) {
-			c.statuses.Add(k)
+	case timing.StatusesChanged:
+		if dirty == nil {
+			dirty = slices.Collect(maps.Keys(res.PortMaps))
 		}
+		for _, k := range dirty {
+			// Incremental shares the results it did not recompute: identity first.
+			if r, old := res.PortMaps[k], prev.PortMaps[k]; r != nil && old != r && (old == nil || !equality.Semantic.DeepEqual(old, r)) {
+				c.statuses.Add(k)
+			}
+		}
+		c.decideAgain(c.reg.Touched())
 	}
-	c.decideAgain(c.reg.Touched())
 	return nil
 }
 

@@ -17,17 +17,17 @@ const DefaultHold = 15 * time.Second
 // that reconnects first must not be handed a program missing its peer's link, which would
 // make it tear a live link down). unheard are the nodes the caller expects whose agents'
 // state the programs it just stored were compiled without (programmed.Unheard): the hold
-// lasts while Term(unheard, now).Holding(). It returns true when released, else how long
-// until the hold times out.
-func (r *Registry) Release(unheard []string, now time.Time) (bool, time.Duration) {
+// lasts while Term(unheard, now).Holding(). It reports whether the hold is over; when the
+// caller looks again is timing.Decide's (its Term's HoldUntil).
+func (r *Registry) Release(unheard []string, now time.Time) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.released {
-		return true, 0
+		return true
 	}
 	if r.termLocked(unheard, now).Holding() {
 		r.log.Info("holding programs until every node said hello", "missing", unheard, "until", r.holdUntil)
-		return false, r.holdUntil.Sub(now)
+		return false
 	}
 	r.released = true
 	r.log.Info("releasing programs", "missing", unheard)
@@ -36,7 +36,7 @@ func (r *Registry) Release(unheard []string, now time.Time) (bool, time.Duration
 			wake(n.session)
 		}
 	}
-	return true, 0
+	return true
 }
 
 // Term returns this term's startup hold as of now, with unheard as the nodes the last

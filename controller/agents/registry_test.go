@@ -219,7 +219,7 @@ func TestMappingVersionsAndAckGating(t *testing.T) {
 	s := r.connect(&kuportv1.Hello{Node: "edge-a", AgentVersion: "test"})
 	assert.Equal(t, []Change{StateChanged}, changes)
 	assert.Nil(t, r.next(s), "held: nothing is sent before Release")
-	released, _ := r.Release(nil, t0.Add(time.Second))
+	released := r.Release(nil, t0.Add(time.Second))
 	require.True(t, released)
 	require.NotNil(t, r.next(s))
 
@@ -288,7 +288,7 @@ func TestMappingVersionsAndAckGating(t *testing.T) {
 func TestHeldAcrossStreams(t *testing.T) {
 	r := newTestRegistry(nil)
 	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false)}, edgeIndex(false)) // v1
-	released, _ := r.Release(nil, t0.Add(time.Second))
+	released := r.Release(nil, t0.Add(time.Second))
 	require.True(t, released)
 	held := func() uint64 { return r.Acks("games/remote", []string{"edge-a"})[0].Held }
 
@@ -317,26 +317,25 @@ func TestReleaseWaitsForExpectedNodesOrTimeout(t *testing.T) {
 	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": remoteProgram("10.244.17.5", false), "worker-b": {}}, edgeIndex(false))
 	s := r.connect(&kuportv1.Hello{Node: "edge-a"})
 
-	released, wait := r.Release([]string{"worker-b"}, t0.Add(5*time.Second))
+	released := r.Release([]string{"worker-b"}, t0.Add(5*time.Second))
 	assert.False(t, released)
-	assert.Equal(t, 10*time.Second, wait)
 	assert.Nil(t, r.next(s), "edge-a must not get a program before worker-b said hello")
 
 	// worker-b says hello, but the programs stored were compiled without its state: still
 	// held, or edge-a would get a program missing the link to worker-b.
 	r.connect(&kuportv1.Hello{Node: "worker-b"})
-	released, _ = r.Release([]string{"worker-b"}, t0.Add(6*time.Second))
+	released = r.Release([]string{"worker-b"}, t0.Add(6*time.Second))
 	assert.False(t, released)
 	assert.Nil(t, r.next(s))
 
 	// A compile that heard worker-b releases.
-	released, _ = r.Release(nil, t0.Add(7*time.Second))
+	released = r.Release(nil, t0.Add(7*time.Second))
 	assert.True(t, released)
 	assert.Equal(t, uint64(1), r.next(s).GetProgram().GetVersion())
 
 	// Without the peer, the hold ends at Start+Hold.
 	r2 := newTestRegistry(nil)
-	released, _ = r2.Release([]string{"worker-b"}, t0.Add(DefaultHold))
+	released = r2.Release([]string{"worker-b"}, t0.Add(DefaultHold))
 	assert.True(t, released)
 }
 
