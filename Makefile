@@ -162,6 +162,21 @@ chart: $(HELM)
 	@$(HELM) package deploy/helm/kuport --version $(CHART_VERSION) --app-version $(VERSION) -d $(BIN)/chart >/dev/null
 	@ls $(BIN)/chart/kuport-$(CHART_VERSION).tgz
 
+# release-notes writes bin/release-notes.md, VERSION's section of CHANGELOG.md
+# (build/cmd/releasenotes), its relative links made absolute against the repository's tree
+# at the tag: the notes of the GitHub release the release workflow publishes. It fails when
+# CHANGELOG.md has no section for VERSION; `make release-notes VERSION=Unreleased` shows
+# what the next release's would be.
+RELEASE_LINK_BASE ?= $(IMAGE_SOURCE)/blob/$(VERSION)/
+
+.PHONY: release-notes
+release-notes:
+	@mkdir -p $(BIN)
+	@$(GO) run ./build/cmd/releasenotes --version=$(VERSION) --base=$(RELEASE_LINK_BASE) CHANGELOG.md \
+		> $(BIN)/release-notes.md.tmp || { rm -f $(BIN)/release-notes.md.tmp; exit 1; }
+	@mv $(BIN)/release-notes.md.tmp $(BIN)/release-notes.md
+	@echo $(BIN)/release-notes.md
+
 # lab-images packs the lab's sandbox image, bin/images/pause.tar as kuport.lab/pause:1
 # (lab/pause; containerd's sandbox_image). It carries no version and every timestamp is the
 # epoch, so its digest changes only with the program and the toolchain.
