@@ -13,6 +13,7 @@ CRD_REF_DOCS_VERSION       := v0.3.0
 # HELM_VERSION is the helm.sh/helm/v3 of go.mod (the chart tests' library): keep them equal.
 HELM_VERSION               := v3.21.4
 ACTIONLINT_VERSION         := v1.7.12
+CYCLONEDX_GOMOD_VERSION    := v1.10.0
 # Debian's wireguard-tools (wg), which configures the lab's wireguard-go daemons; wireguard-go
 # itself is pinned in lab/build-wireguard.sh.
 WIREGUARD_TOOLS_VERSION    := 1.0.20210914-1+b1
@@ -26,6 +27,7 @@ GRPCURL        := $(TOOLS)/grpcurl-$(GRPCURL_VERSION)/grpcurl
 CRD_REF_DOCS   := $(TOOLS)/crd-ref-docs-$(CRD_REF_DOCS_VERSION)/crd-ref-docs
 HELM           := $(TOOLS)/helm-$(HELM_VERSION)/helm
 ACTIONLINT     := $(TOOLS)/actionlint-$(ACTIONLINT_VERSION)/actionlint
+CYCLONEDX_GOMOD := $(TOOLS)/cyclonedx-gomod-$(CYCLONEDX_GOMOD_VERSION)/cyclonedx-gomod
 
 # go-install(binary path, package@version)
 define go-install
@@ -49,9 +51,11 @@ $(HELM):
 	$(call go-install,$@,helm.sh/helm/v3/cmd/helm@$(HELM_VERSION))
 $(ACTIONLINT):
 	$(call go-install,$@,github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION))
+$(CYCLONEDX_GOMOD):
+	$(call go-install,$@,github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@$(CYCLONEDX_GOMOD_VERSION))
 
 .PHONY: tools
-tools: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(CONTROLLER_GEN) $(GRPCURL) $(CRD_REF_DOCS) $(HELM) $(ACTIONLINT)
+tools: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(CONTROLLER_GEN) $(GRPCURL) $(CRD_REF_DOCS) $(HELM) $(ACTIONLINT) $(CYCLONEDX_GOMOD)
 
 .PHONY: proto
 proto: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC)
@@ -107,7 +111,9 @@ build:
 # images packs one image tarball per binary into bin/images/ (build/imagepack; no daemon, no
 # registry) and lists each image's name, manifest digest and image ID (config digest) in
 # bin/images/digests.txt. The same commit gives the same digests: every timestamp is
-# SOURCE_DATE_EPOCH (the commit time).
+# SOURCE_DATE_EPOCH (the commit time). Beside each tarball, <binary>.sbom.cdx.json is the SBOM
+# of the image's one binary (CycloneDX JSON: the Go modules its build info lists), with no
+# timestamp or serial number, so it is as reproducible as the image.
 # `make images VERSION=v0.1.0` sets the binaries' version and the tag.
 IMAGES := $(BIN)/images
 IMAGE_REPO ?= ghcr.io/kuport
@@ -131,13 +137,17 @@ $(IMAGEPACK) --name $(IMAGE_REPO)/$(1):$(IMAGE_TAG) --out $(IMAGES)/$(1).tar \
 endef
 
 .PHONY: images
-images:
+images: $(CYCLONEDX_GOMOD)
 	@mkdir -p $(IMAGES)/bin
 	@GOOS=linux GOARCH=$(IMAGE_ARCH) $(GOBUILD) -ldflags "$(LDFLAGS)" -o $(IMAGES)/bin/ ./cmd/kuport-controller ./cmd/kuport-agent
 	@{ $(call image,kuport-controller,65532:65532,kuport controller: compiles PortMaps and streams node programs) && \
 	   $(call image,kuport-agent,0:0,kuport node agent: applies its node's program with nftables and netlink); \
 	 } > $(IMAGES)/digests.txt.tmp
 	@mv $(IMAGES)/digests.txt.tmp $(IMAGES)/digests.txt
+	@for b in kuport-controller kuport-agent; do \
+		$(CYCLONEDX_GOMOD) bin -json -noserial -notimestamp -version $(VERSION) \
+			-output $(IMAGES)/$$b.sbom.cdx.json $(IMAGES)/bin/$$b || exit 1; \
+	done
 	@cat $(IMAGES)/digests.txt
 
 # chart packages the Helm chart into bin/chart/kuport-<CHART_VERSION>.tgz, its appVersion (the
@@ -151,6 +161,21 @@ chart: $(HELM)
 	@mkdir -p $(BIN)/chart
 	@$(HELM) package deploy/helm/kuport --version $(CHART_VERSION) --app-version $(VERSION) -d $(BIN)/chart >/dev/null
 	@ls $(BIN)/chart/kuport-$(CHART_VERSION).tgz
+
+# release-notes writes bin/release-notes.md, VERSION's section of CHANGELOG.md
+# (build/cmd/releasenotes), its relative links made absolute against the repository's tree
+# at the tag: the notes of the GitHub release the release workflow publishes. It fails when
+# CHANGELOG.md has no section for VERSION; `make release-notes VERSION=Unreleased` shows
+# what the next release's would be.
+RELEASE_LINK_BASE ?= $(IMAGE_SOURCE)/blob/$(VERSION)/
+
+.PHONY: release-notes
+release-notes:
+	@mkdir -p $(BIN)
+	@$(GO) run ./build/cmd/releasenotes --version=$(VERSION) --base=$(RELEASE_LINK_BASE) CHANGELOG.md \
+		> $(BIN)/release-notes.md.tmp || { rm -f $(BIN)/release-notes.md.tmp; exit 1; }
+	@mv $(BIN)/release-notes.md.tmp $(BIN)/release-notes.md
+	@echo $(BIN)/release-notes.md
 
 # lab-images packs the lab's sandbox image, bin/images/pause.tar as kuport.lab/pause:1
 # (lab/pause; containerd's sandbox_image). It carries no version and every timestamp is the
