@@ -102,6 +102,12 @@ func (n *Net) endpoint(ctx context.Context, s NodeSpec) error {
 // daemon it stopped with StopWireGuard. The daemon logs verbosely to wireguard-<node>.log in
 // the lab's log dir (MeshLog), where the receive-side drop shows.
 func (n *Net) StartWireGuard(ctx context.Context, node string) error {
+	return n.startWireGuardDaemon(ctx, node, keepalive)
+}
+
+// startWireGuardDaemon is StartWireGuard with every peer's persistent keepalive set to
+// keepaliveSecs (0: off).
+func (n *Net) startWireGuardDaemon(ctx context.Context, node string, keepaliveSecs int) error {
 	s, ok := n.Node(node)
 	if !ok {
 		return fmt.Errorf("netlab: no node %q", node)
@@ -117,7 +123,7 @@ func (n *Net) StartWireGuard(ctx context.Context, node string) error {
 	var err error
 	for attempt := 1; attempt <= 2; attempt++ {
 		var p *Proc
-		if p, err = n.startWireGuard(ctx, s); err == nil {
+		if p, err = n.startWireGuard(ctx, s, keepaliveSecs); err == nil {
 			n.mu.Lock()
 			n.daemons[node] = p
 			n.mu.Unlock()
@@ -128,7 +134,7 @@ func (n *Net) StartWireGuard(ctx context.Context, node string) error {
 	return err
 }
 
-func (n *Net) startWireGuard(ctx context.Context, s NodeSpec) (*Proc, error) {
+func (n *Net) startWireGuard(ctx context.Context, s NodeSpec, keepaliveSecs int) (*Proc, error) {
 	// The tmpfs lives and dies with the daemon's mount namespace: nothing to unmount. mkdir
 	// only makes the mount point, in the machine's /run.
 	script := `mkdir -p ` + wgSocketDir + ` && mount -t tmpfs -o size=64k,mode=0700 kuport-lab-wireguard ` + wgSocketDir +
@@ -137,14 +143,14 @@ func (n *Net) startWireGuard(ctx context.Context, s NodeSpec) (*Proc, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := n.configureWireGuard(ctx, s, p); err != nil {
+	if err := n.configureWireGuard(ctx, s, p, keepaliveSecs); err != nil {
 		p.Kill()
 		return nil, fmt.Errorf("netlab: %s's WireGuard: %w", s.Name, err)
 	}
 	return p, nil
 }
 
-func (n *Net) configureWireGuard(ctx context.Context, s NodeSpec, p *Proc) error {
+func (n *Net) configureWireGuard(ctx context.Context, s NodeSpec, p *Proc, keepaliveSecs int) error {
 	deadline := time.Now().Add(meshWait)
 	for {
 		_, err := n.wg(ctx, p, "", "show", s.UnderlayIface, "public-key")
@@ -169,7 +175,7 @@ func (n *Net) configureWireGuard(ctx context.Context, s NodeSpec, p *Proc) error
 			continue
 		}
 		conf += fmt.Sprintf("\n[Peer]\nPublicKey = %s\nAllowedIPs = %s\nEndpoint = %s\nPersistentKeepalive = %d\n", n.keys[peer.Name].public,
-			meshPeerPrefix(peer), netip.AddrPortFrom(peer.EndpointAddr.Addr(), WireGuardPort), keepalive)
+			meshPeerPrefix(peer), netip.AddrPortFrom(peer.EndpointAddr.Addr(), WireGuardPort), keepaliveSecs)
 	}
 	if _, err := n.wg(ctx, p, conf, "setconf", s.UnderlayIface, "/dev/stdin"); err != nil {
 		return err
@@ -263,6 +269,23 @@ func (n *Net) setAllowedIPs(ctx context.Context, node, peer string, prefixes ...
 	s, _ := n.Node(node)
 	_, err := n.WireGuard(ctx, node, "set", s.UnderlayIface, "peer", n.keys[peer].public, "allowed-ips", strings.Join(list, ","))
 	return err
+}
+
+// startKeepalives turns every node's persistent keepalive to every peer on, once the
+// pairs' sessions are up: a keepalive on an established session starts no handshake.
+func (n *Net) startKeepalives(ctx context.Context) error {
+	for _, s := range nodes {
+		for _, peer := range nodes {
+			if peer.Name == s.Name {
+				continue
+			}
+			if _, err := n.WireGuard(ctx, s.Name, "set", s.UnderlayIface, "peer", n.keys[peer.Name].public,
+				"persistent-keepalive", strconv.Itoa(keepalive)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // meshPeerPrefix is the allowed-IPs the lab gives every peer: its wt0 address as a /32.
