@@ -162,7 +162,7 @@ chart: $(HELM)
 	@$(HELM) package deploy/helm/kuport --version $(CHART_VERSION) --app-version $(VERSION) -d $(BIN)/chart >/dev/null
 	@ls $(BIN)/chart/kuport-$(CHART_VERSION).tgz
 
-# release-notes writes bin/release-notes.md, VERSION's section of CHANGELOG.md
+# release-notes writes $(BIN)/release-notes.md, VERSION's section of CHANGELOG.md
 # (build/cmd/releasenotes), its relative links made absolute against the repository's tree
 # at the tag: the notes of the GitHub release the release workflow publishes. It fails when
 # CHANGELOG.md has no section for VERSION; `make release-notes VERSION=Unreleased` shows

@@ -94,9 +94,9 @@ go mod tidy >&2
 ver="-X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=36"
 ver="$ver -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=36"
 for b in "${K8S_CMDS[@]}"; do
-  [[ -x "$OUT/$b" ]] || go build -trimpath -ldflags "$ver" -o "$OUT/$b.tmp" "k8s.io/kubernetes/cmd/$b" >&2
+  [[ -x "$OUT/$b" ]] || go build -trimpath -ldflags "-s -w $ver" -o "$OUT/$b.tmp" "k8s.io/kubernetes/cmd/$b" >&2
 done
-[[ -x "$OUT/etcd" ]] || go build -trimpath -o "$OUT/etcd.tmp" ./cmd/etcd >&2
+[[ -x "$OUT/etcd" ]] || go build -trimpath -ldflags "-s -w" -o "$OUT/etcd.tmp" ./cmd/etcd >&2
 
 # CoreDNS in a module of its own (its dependencies are not Kubernetes').
 dns="$CACHE/build-coredns-$COREDNS_VERSION"
@@ -116,7 +116,7 @@ import (
 func main() { coremain.Run() }
 GO
     go mod tidy >&2
-    go build -trimpath -o "$OUT/coredns.tmp" . >&2
+    go build -trimpath -ldflags "-s -w" -o "$OUT/coredns.tmp" . >&2
   )
 fi
 for b in "${ALL[@]}"; do
