@@ -111,9 +111,9 @@ func TestPrivilegedDriftRepaired(t *testing.T) {
 	cfg.NodeName, cfg.Underlay, cfg.Drift = p.GetNode(), "wt0", drift
 	require.Equal(t, time.Hour, cfg.ResyncInterval)
 	startAgent(t, cfg)
-	s := nextSession(t, c)
-	s.send(t, p)
-	require.Empty(t, s.nextAck(t).GetErrors())
+	s := c.NextSession(t)
+	s.Send(t, p)
+	require.Empty(t, s.NextAck(t).GetErrors())
 	defer func() {
 		if t.Failed() {
 			t.Log(logs.String())

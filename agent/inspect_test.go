@@ -29,12 +29,12 @@ func TestTokenFileReadOnEveryConnect(t *testing.T) {
 	cfg.TokenFile = token
 	startAgent(t, cfg)
 
-	s := nextSession(t, c)
-	assert.Equal(t, []string{"Bearer token-1"}, s.md.Get("authorization"))
+	s := c.NextSession(t)
+	assert.Equal(t, []string{"Bearer token-1"}, s.MD.Get("authorization"))
 	require.NoError(t, os.WriteFile(token, []byte("token-2"), 0o600))
-	close(s.end)
-	s = nextSession(t, c)
-	assert.Equal(t, []string{"Bearer token-2"}, s.md.Get("authorization"))
+	s.End()
+	s = c.NextSession(t)
+	assert.Equal(t, []string{"Bearer token-2"}, s.MD.Get("authorization"))
 }
 
 // TestInspectionServesAppliedProgram drives the agent's inspection server with a real client:
@@ -63,10 +63,10 @@ func TestInspectionServesAppliedProgram(t *testing.T) {
 	assert.Equal(t, codes.NotFound, status.Code(err), "%v", err)
 
 	before := time.Now()
-	s := nextSession(t, c)
+	s := c.NextSession(t)
 	p := program(3, 7, 27015)
-	s.send(t, p)
-	s.nextAck(t)
+	s.Send(t, p)
+	s.NextAck(t)
 	got, err := client.GetAppliedProgram(ctx, &kuportv1.GetAppliedProgramRequest{})
 	require.NoError(t, err)
 	requireProtoEqual(t, p, got.Program)
@@ -114,22 +114,22 @@ func TestReadiness(t *testing.T) {
 	const serving, notServing = healthpb.HealthCheckResponse_SERVING, healthpb.HealthCheckResponse_NOT_SERVING
 	assert.Equal(t, "kuport.v1.AgentService", ReadyService)
 
-	s := nextSession(t, c)
+	s := c.NextSession(t)
 	assert.Equal(t, notServing, check(ReadyService), "connected, no program yet")
 	other := program(1, 1, 27015)
 	other.Node = "worker-b"
-	s.send(t, other)
-	require.NotEmpty(t, s.nextAck(t).GetErrors())
+	s.Send(t, other)
+	require.NotEmpty(t, s.NextAck(t).GetErrors())
 	assert.Equal(t, notServing, check(ReadyService), "another node's program is refused")
-	s.send(t, program(2, 1, 27015))
-	require.Empty(t, s.nextAck(t).GetErrors())
+	s.Send(t, program(2, 1, 27015))
+	require.Empty(t, s.NextAck(t).GetErrors())
 	assert.Equal(t, serving, check(ReadyService))
 	assert.Equal(t, serving, check(""))
 
-	close(s.end)
+	s.End()
 	eventually(notServing)
 	assert.Equal(t, serving, check(""), "alive while reconnecting")
-	s = nextSession(t, c)
-	require.Equal(t, uint64(2), s.hello.GetAppliedVersion())
+	s = c.NextSession(t)
+	require.Equal(t, uint64(2), s.Hello.GetAppliedVersion())
 	eventually(serving)
 }

@@ -32,10 +32,10 @@ func TestPrivilegedHelloReportsTunnelPorts(t *testing.T) {
 
 	c, target := startController(t)
 	startAgent(t, testConfig(dp, logs, target))
-	s := nextSession(t, c)
+	s := c.NextSession(t)
 
 	byName := map[string]*kuportv1.Interface{}
-	for _, i := range s.hello.GetState().GetInterfaces() {
+	for _, i := range s.Hello.GetState().GetInterfaces() {
 		byName[i.GetName()] = i
 	}
 	require.Contains(t, byName, "flannel.1", "interfaces %v", byName)
