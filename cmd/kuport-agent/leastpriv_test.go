@@ -60,7 +60,7 @@ func TestPrivilegedAgentLeastPrivilege(t *testing.T) {
 		t.Logf("agent output:\n%s", out.String())
 	})
 
-	ack := ctrl.next(t, func(m *kuportv1.ConnectRequest) bool { return m.GetAck() != nil }).GetAck()
+	ack := ctrl.NextAck(t)
 	require.Empty(t, ack.GetErrors())
 	// ip netns exec, unshare, sh and setpriv each exec the next: the pid is the agent's.
 	status, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(cmd.Process.Pid), "status"))

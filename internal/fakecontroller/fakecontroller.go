@@ -193,6 +193,18 @@ func (c *Controller) NextSession(t testing.TB) *Session {
 	}
 }
 
+// NextAck waits for the first Ack of any stream not taken yet (Acks).
+func (c *Controller) NextAck(t testing.TB) *kuportv1.Ack {
+	t.Helper()
+	select {
+	case ack := <-c.acks:
+		return ack
+	case <-time.After(c.opts.Wait):
+		t.Fatal("no Ack from any agent")
+		return nil
+	}
+}
+
 // Messages yields what the agent sent after its Hello, in order, as no Next* has taken it.
 func (s *Session) Messages() <-chan *kuportv1.ConnectRequest { return s.messages }
 
