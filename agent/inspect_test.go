@@ -37,6 +37,22 @@ func TestTokenFileReadOnEveryConnect(t *testing.T) {
 	assert.Equal(t, []string{"Bearer token-2"}, s.MD.Get("authorization"))
 }
 
+// dialInspection serves a's inspection server on a unix socket and returns a client
+// connection to it; both close when the test ends.
+func dialInspection(t *testing.T, a *Agent) *grpc.ClientConn {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "inspect.sock")
+	lis, err := net.Listen("unix", sock)
+	require.NoError(t, err)
+	srv := a.InspectionServer()
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
 // TestInspectionServesAppliedProgram drives the agent's inspection server with a real client:
 // health, NOT_FOUND before the first program, then the applied program with its time.
 func TestInspectionServesAppliedProgram(t *testing.T) {
@@ -45,15 +61,7 @@ func TestInspectionServesAppliedProgram(t *testing.T) {
 	c, target := startController(t)
 	a, _ := startAgent(t, testConfig(newFakeDatapath(), &syncBuffer{}, target))
 
-	sock := filepath.Join(t.TempDir(), "inspect.sock")
-	lis, err := net.Listen("unix", sock)
-	require.NoError(t, err)
-	srv := a.InspectionServer()
-	go func() { _ = srv.Serve(lis) }()
-	defer srv.Stop()
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	defer conn.Close()
+	conn := dialInspection(t, a)
 
 	hr, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
 	require.NoError(t, err)
@@ -87,15 +95,7 @@ func TestReadiness(t *testing.T) {
 	cfg.Backoff.Duration, cfg.Backoff.Cap = 500*time.Millisecond, 500*time.Millisecond
 	a, _ := startAgent(t, cfg)
 
-	sock := filepath.Join(t.TempDir(), "inspect.sock")
-	lis, err := net.Listen("unix", sock)
-	require.NoError(t, err)
-	srv := a.InspectionServer()
-	go func() { _ = srv.Serve(lis) }()
-	defer srv.Stop()
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	defer conn.Close()
+	conn := dialInspection(t, a)
 	hc := healthpb.NewHealthClient(conn)
 	check := func(service string) healthpb.HealthCheckResponse_ServingStatus {
 		t.Helper()
