@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -23,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"kuport.wlz.li/kuport/internal/fakecontroller"
+	"kuport.wlz.li/kuport/internal/syncbuf"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -121,26 +121,8 @@ func startControllerWith(t testing.TB, cert tls.Certificate) (*fakecontroller.Co
 	return c, c.Start(t, filepath.Join(t.TempDir(), "controller.sock"), fakecontroller.TLS(cert))
 }
 
-// syncBuffer is a log sink safe for the agent's and the test's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // testConfig is a Config with timers that stay out of the way unless a test shortens them.
-func testConfig(dp Datapath, logs *syncBuffer, targets ...string) Config {
+func testConfig(dp Datapath, logs *syncbuf.Buffer, targets ...string) Config {
 	return Config{
 		NodeName:          "edge-a",
 		AgentVersion:      "v0.0.0-test",
@@ -202,7 +184,7 @@ func requireProtoEqual(t *testing.T, want, got proto.Message) {
 func TestHelloCarriesNodeState(t *testing.T) {
 	c, target := startController(t)
 	dp := newFakeDatapath()
-	startAgent(t, testConfig(dp, &syncBuffer{}, target))
+	startAgent(t, testConfig(dp, &syncbuf.Buffer{}, target))
 
 	s := c.NextSession(t)
 	requireProtoEqual(t, &kuportv1.Hello{
@@ -223,7 +205,7 @@ func TestHelloCarriesNodeState(t *testing.T) {
 func TestProgramAppliedAndAcked(t *testing.T) {
 	c, target := startController(t)
 	dp := newFakeDatapath()
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	startAgent(t, testConfig(dp, logs, target))
 
 	s := c.NextSession(t)
@@ -243,7 +225,7 @@ func TestProgramAppliedAndAcked(t *testing.T) {
 func TestProgramDeltaApplied(t *testing.T) {
 	c, target := startController(t)
 	dp := newFakeDatapath()
-	startAgent(t, testConfig(dp, &syncBuffer{}, target))
+	startAgent(t, testConfig(dp, &syncbuf.Buffer{}, target))
 
 	s := c.NextSession(t)
 	p1 := program(1, 1, 27015)
@@ -283,7 +265,7 @@ func TestFailedApplyAcksErrorsAndResyncRetries(t *testing.T) {
 			c, target := startController(t)
 			dp := newFakeDatapath()
 			dp.setFail(errEntry)
-			cfg := testConfig(dp, &syncBuffer{}, target)
+			cfg := testConfig(dp, &syncbuf.Buffer{}, target)
 			cfg.EntryErrors = tc.entryErrors
 			cfg.ResyncInterval = 20 * time.Millisecond
 			startAgent(t, cfg)
@@ -312,7 +294,7 @@ func TestFailedApplyAcksErrorsAndResyncRetries(t *testing.T) {
 func TestResyncReappliesCleanProgram(t *testing.T) {
 	c, target := startController(t)
 	dp := newFakeDatapath()
-	cfg := testConfig(dp, &syncBuffer{}, target)
+	cfg := testConfig(dp, &syncbuf.Buffer{}, target)
 	cfg.ResyncInterval = 20 * time.Millisecond
 	var received atomic.Int32
 	cfg.Applied = func() { received.Add(1) }
@@ -344,7 +326,7 @@ func TestResyncReappliesCleanProgram(t *testing.T) {
 func TestReconnectKeepsProgramAndDoesNotReapply(t *testing.T) {
 	c, target := startController(t)
 	dp := newFakeDatapath()
-	startAgent(t, testConfig(dp, &syncBuffer{}, target))
+	startAgent(t, testConfig(dp, &syncbuf.Buffer{}, target))
 
 	s := c.NextSession(t)
 	p := program(7, 3, 27015)
@@ -379,7 +361,7 @@ func TestHelloAfterFailedApplyClaimsNothing(t *testing.T) {
 	c, target := startController(t)
 	dp := newFakeDatapath()
 	dp.setFail(errors.New("nftables: transaction refused"))
-	startAgent(t, testConfig(dp, &syncBuffer{}, target))
+	startAgent(t, testConfig(dp, &syncbuf.Buffer{}, target))
 
 	s := c.NextSession(t)
 	s.Send(t, program(5, 2, 27015))
@@ -396,7 +378,7 @@ func TestHelloAfterFailedApplyClaimsNothing(t *testing.T) {
 func TestLowerEpochProgramRefused(t *testing.T) {
 	c, target := startController(t)
 	dp := newFakeDatapath()
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	startAgent(t, testConfig(dp, logs, target))
 
 	s := c.NextSession(t)
@@ -424,7 +406,7 @@ func TestEpochFloorSurvivesRestart(t *testing.T) {
 	epochFile := filepath.Join(t.TempDir(), "kuport", "epoch")
 	first := func() {
 		c, target := startController(t)
-		cfg := testConfig(newFakeDatapath(), &syncBuffer{}, target)
+		cfg := testConfig(newFakeDatapath(), &syncbuf.Buffer{}, target)
 		cfg.EpochFile = epochFile
 		_, stop := startAgent(t, cfg)
 		s := c.NextSession(t)
@@ -439,7 +421,7 @@ func TestEpochFloorSurvivesRestart(t *testing.T) {
 
 	c, target := startController(t)
 	dp := newFakeDatapath()
-	cfg := testConfig(dp, &syncBuffer{}, target)
+	cfg := testConfig(dp, &syncbuf.Buffer{}, target)
 	cfg.EpochFile = epochFile
 	startAgent(t, cfg)
 	s := c.NextSession(t)
@@ -464,7 +446,7 @@ func TestEpochFloorSurvivesRestart(t *testing.T) {
 func TestEqualEpochLowerVersion(t *testing.T) {
 	c, target := startController(t)
 	dp := newFakeDatapath()
-	startAgent(t, testConfig(dp, &syncBuffer{}, target))
+	startAgent(t, testConfig(dp, &syncbuf.Buffer{}, target))
 
 	s := c.NextSession(t)
 	s.Send(t, program(5, 1, 27015))
@@ -486,7 +468,7 @@ func TestEqualEpochLowerVersion(t *testing.T) {
 func TestProgramForAnotherNodeRefused(t *testing.T) {
 	c, target := startController(t)
 	dp := newFakeDatapath()
-	startAgent(t, testConfig(dp, &syncBuffer{}, target))
+	startAgent(t, testConfig(dp, &syncbuf.Buffer{}, target))
 
 	s := c.NextSession(t)
 	p := program(1, 1, 27015)
@@ -502,7 +484,7 @@ func TestProgramForAnotherNodeRefused(t *testing.T) {
 func TestReportOnStateChange(t *testing.T) {
 	c, target := startController(t)
 	dp := newFakeDatapath()
-	cfg := testConfig(dp, &syncBuffer{}, target)
+	cfg := testConfig(dp, &syncbuf.Buffer{}, target)
 	cfg.StatePollInterval = 20 * time.Millisecond
 	startAgent(t, cfg)
 
@@ -529,7 +511,7 @@ func TestReportOnStateChange(t *testing.T) {
 func TestPeriodicReport(t *testing.T) {
 	c, target := startController(t)
 	dp := newFakeDatapath()
-	cfg := testConfig(dp, &syncBuffer{}, target)
+	cfg := testConfig(dp, &syncbuf.Buffer{}, target)
 	cfg.ReportInterval = 20 * time.Millisecond
 	startAgent(t, cfg)
 
@@ -546,7 +528,7 @@ func TestRotatesThroughTargets(t *testing.T) {
 	c, target := startController(t)
 	missing := "unix://" + filepath.Join(t.TempDir(), "absent.sock")
 	dp := newFakeDatapath()
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	startAgent(t, testConfig(dp, logs, missing, target))
 
 	s := c.NextSession(t)
@@ -580,7 +562,7 @@ func TestFollowerRefusalMovesOnWithoutBackoff(t *testing.T) {
 
 	c, target := startController(t)
 	dp := newFakeDatapath()
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	cfg := testConfig(dp, logs, followerTarget, target)
 	cfg.Backoff = wait.Backoff{Duration: time.Hour, Factor: 2, Steps: 100, Cap: time.Hour}
 	cfg.FollowerRetry = 10 * time.Millisecond
@@ -613,7 +595,7 @@ func (b *blockingDatapath) Apply(p *kuportv1.NodeProgram) error {
 func TestBurstAppliedAsNewest(t *testing.T) {
 	c, target := startController(t)
 	dp := &blockingDatapath{fakeDatapath: newFakeDatapath(), started: make(chan struct{}), release: make(chan struct{})}
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	startAgent(t, testConfig(dp, logs, target))
 
 	s := c.NextSession(t)
@@ -659,7 +641,7 @@ func (c *reportingDatapath) Counters() ([]*kuportv1.Counter, error) {
 func TestProgramNotHeldByReport(t *testing.T) {
 	c, target := startController(t)
 	dp := &reportingDatapath{fakeDatapath: newFakeDatapath(), reading: make(chan struct{}), release: make(chan struct{})}
-	cfg := testConfig(dp, &syncBuffer{}, target)
+	cfg := testConfig(dp, &syncbuf.Buffer{}, target)
 	cfg.ReportInterval = 10 * time.Millisecond
 	startAgent(t, cfg)
 

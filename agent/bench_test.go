@@ -14,6 +14,7 @@ import (
 
 	"kuport.wlz.li/kuport/datapath"
 	"kuport.wlz.li/kuport/datapath/datapathtest"
+	"kuport.wlz.li/kuport/internal/syncbuf"
 	"kuport.wlz.li/kuport/internal/testenv"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
@@ -48,7 +49,7 @@ func BenchmarkPrivilegedAgentChange(b *testing.B) {
 	defer debug.SetGCPercent(debug.SetGCPercent(steadyGCPercent))
 
 	c, target := startController(b)
-	cfg := testConfig(PacedApply(dp), &syncBuffer{}, target)
+	cfg := testConfig(PacedApply(dp), &syncbuf.Buffer{}, target)
 	cfg.Log, cfg.Underlay = log, "wt0"
 	cfg.Validate, cfg.EntryErrors, cfg.Applied = dp.Validate, datapath.EntryErrors, FreeOSMemory
 	startAgent(b, cfg)

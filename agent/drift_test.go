@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"kuport.wlz.li/kuport/datapath"
+	"kuport.wlz.li/kuport/internal/syncbuf"
 	"kuport.wlz.li/kuport/internal/testenv"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
@@ -98,7 +99,7 @@ func TestPrivilegedDriftRepaired(t *testing.T) {
 	nl, err := netlink.NewHandleAt(d.ns)
 	require.NoError(t, err)
 	t.Cleanup(nl.Close)
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	log := hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug})
 	dp := &countingDatapath{Datapath: datapath.New(datapath.Config{NFT: conn, Netlink: nl, NetNS: d.ns, Log: log.Named("datapath")})}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -16,6 +16,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"kuport.wlz.li/kuport/internal/syncbuf"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -25,7 +26,7 @@ func TestTokenFileReadOnEveryConnect(t *testing.T) {
 	c, target := startController(t)
 	token := filepath.Join(t.TempDir(), "token")
 	require.NoError(t, os.WriteFile(token, []byte("token-1\n"), 0o600))
-	cfg := testConfig(newFakeDatapath(), &syncBuffer{}, target)
+	cfg := testConfig(newFakeDatapath(), &syncbuf.Buffer{}, target)
 	cfg.TokenFile = token
 	startAgent(t, cfg)
 
@@ -59,7 +60,7 @@ func TestInspectionServesAppliedProgram(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
 	c, target := startController(t)
-	a, _ := startAgent(t, testConfig(newFakeDatapath(), &syncBuffer{}, target))
+	a, _ := startAgent(t, testConfig(newFakeDatapath(), &syncbuf.Buffer{}, target))
 
 	conn := dialInspection(t, a)
 
@@ -90,7 +91,7 @@ func TestReadiness(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
 	c, target := startController(t)
-	cfg := testConfig(newFakeDatapath(), &syncBuffer{}, target)
+	cfg := testConfig(newFakeDatapath(), &syncbuf.Buffer{}, target)
 	// Hold the reconnect, so the state between two streams can be seen.
 	cfg.Backoff.Duration, cfg.Backoff.Cap = 500*time.Millisecond, 500*time.Millisecond
 	a, _ := startAgent(t, cfg)

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"kuport.wlz.li/kuport/internal/fakecontroller"
+	"kuport.wlz.li/kuport/internal/syncbuf"
 )
 
 // testServerName is the name the test controllers' certificate is valid for, and the agents'
@@ -53,7 +54,7 @@ func TestRefusesControllerItCannotVerify(t *testing.T) {
 	badName, otherNameTarget := startControllerWith(t, otherName)
 	good, goodTarget := startController(t)
 
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	cfg := testConfig(newFakeDatapath(), logs, otherCATarget, otherNameTarget, goodTarget)
 	startAgent(t, cfg)
 	s := good.NextSession(t)
@@ -68,7 +69,7 @@ func TestRefusesControllerItCannotVerify(t *testing.T) {
 // mounted the ConfigMap) logs it and connects once the file appears.
 func TestCAFileReadOnEveryConnect(t *testing.T) {
 	c, target := startController(t)
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	cfg := testConfig(newFakeDatapath(), logs, target)
 	cfg.CAFile = filepath.Join(t.TempDir(), "ca.crt")
 	startAgent(t, cfg)

@@ -6,6 +6,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"kuport.wlz.li/kuport/datapath"
+	"kuport.wlz.li/kuport/internal/syncbuf"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -14,7 +15,7 @@ import (
 func TestInvalidProgramRefusedWhole(t *testing.T) {
 	c, target := startController(t)
 	dp := newFakeDatapath()
-	cfg := testConfig(dp, &syncBuffer{}, target)
+	cfg := testConfig(dp, &syncbuf.Buffer{}, target)
 	cfg.Validate, cfg.EntryErrors = datapath.Validate, datapath.EntryErrors
 	startAgent(t, cfg)
 
