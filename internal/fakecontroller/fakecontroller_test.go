@@ -27,7 +27,10 @@ func connect(t *testing.T, c *Controller) kuportv1.AgentService_ConnectClient {
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
-	stream, err := kuportv1.NewAgentServiceClient(conn).Connect(t.Context())
+	// A bound on the stream, so a broken controller fails the test instead of hanging it.
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	t.Cleanup(cancel)
+	stream, err := kuportv1.NewAgentServiceClient(conn).Connect(ctx)
 	require.NoError(t, err)
 	return stream
 }
