@@ -1,11 +1,9 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,12 +16,13 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"kuport.wlz.li/kuport/internal/fakecontroller"
+	"kuport.wlz.li/kuport/internal/syncbuf"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -107,103 +106,23 @@ func newFakeDatapath() *fakeDatapath {
 	}
 }
 
-// testController is a real AgentService server; each stream becomes a session.
-type testController struct {
-	kuportv1.UnimplementedAgentServiceServer
-	sessions chan *session
-}
-
-type session struct {
-	hello    *kuportv1.Hello
-	md       metadata.MD                    // the stream's request metadata
-	messages chan *kuportv1.ConnectRequest  // everything after Hello
-	programs chan *kuportv1.ConnectResponse // sent to the agent
-	end      chan struct{}                  // closed to end the stream
-}
-
-func (c *testController) Connect(stream kuportv1.AgentService_ConnectServer) error {
-	first, err := stream.Recv()
-	if err != nil {
-		return err
-	}
-	md, _ := metadata.FromIncomingContext(stream.Context())
-	s := &session{
-		hello:    first.GetHello(),
-		md:       md,
-		messages: make(chan *kuportv1.ConnectRequest, 64),
-		programs: make(chan *kuportv1.ConnectResponse),
-		end:      make(chan struct{}),
-	}
-	c.sessions <- s
-	go func() {
-		for {
-			m, err := stream.Recv()
-			if err != nil {
-				return
-			}
-			select {
-			case s.messages <- m:
-			case <-stream.Context().Done():
-				return
-			}
-		}
-	}()
-	for {
-		select {
-		case msg := <-s.programs:
-			if err := stream.Send(msg); err != nil {
-				return err
-			}
-		case <-s.end:
-			return nil
-		case <-stream.Context().Done():
-			return stream.Context().Err()
-		}
-	}
-}
-
-// startController serves a testController with the controller's certificate
+// startController serves a fake controller with the controller's certificate
 // (startControllerWith).
-func startController(t testing.TB) (*testController, string) {
+func startController(t testing.TB) (*fakecontroller.Controller, string) {
 	t.Helper()
 	return startControllerWith(t, controllerCert)
 }
 
-// startControllerWith serves a testController over TLS with cert on a unix socket in a
+// startControllerWith serves a fake controller over TLS with cert on a unix socket in a
 // temporary directory and returns it with the agent's target for it.
-func startControllerWith(t testing.TB, cert tls.Certificate) (*testController, string) {
+func startControllerWith(t testing.TB, cert tls.Certificate) (*fakecontroller.Controller, string) {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "controller.sock")
-	lis, err := net.Listen("unix", path)
-	require.NoError(t, err)
-	c := &testController{sessions: make(chan *session, 8)}
-	srv := tlsServer(cert)
-	kuportv1.RegisterAgentServiceServer(srv, c)
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
-	return c, "unix://" + path
-}
-
-// syncBuffer is a log sink safe for the agent's and the test's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+	c := fakecontroller.New(fakecontroller.Options{Wait: waitFor})
+	return c, c.Start(t, filepath.Join(t.TempDir(), "controller.sock"), fakecontroller.TLS(cert))
 }
 
 // testConfig is a Config with timers that stay out of the way unless a test shortens them.
-func testConfig(dp Datapath, logs *syncBuffer, targets ...string) Config {
+func testConfig(dp Datapath, logs *syncbuf.Buffer, targets ...string) Config {
 	return Config{
 		NodeName:          "edge-a",
 		AgentVersion:      "v0.0.0-test",
@@ -242,61 +161,6 @@ func startAgent(t testing.TB, cfg Config) (a *Agent, stop func()) {
 	return a, stop
 }
 
-func nextSession(t testing.TB, c *testController) *session {
-	t.Helper()
-	select {
-	case s := <-c.sessions:
-		return s
-	case <-time.After(waitFor):
-		t.Fatal("no agent session")
-		return nil
-	}
-}
-
-func (s *session) send(t testing.TB, p *kuportv1.NodeProgram) {
-	t.Helper()
-	s.sendMessage(t, &kuportv1.ConnectResponse{Message: &kuportv1.ConnectResponse_Program{Program: p}})
-}
-
-func (s *session) sendMessage(t testing.TB, msg *kuportv1.ConnectResponse) {
-	t.Helper()
-	select {
-	case s.programs <- msg:
-	case <-time.After(waitFor):
-		t.Fatal("program not taken by the session")
-	}
-}
-
-// next returns the next message for which pick returns non-nil, skipping the others.
-func next[M proto.Message](t testing.TB, s *session, pick func(*kuportv1.ConnectRequest) M) M {
-	t.Helper()
-	deadline := time.After(waitFor)
-	for {
-		select {
-		case m := <-s.messages:
-			if got := pick(m); !isNil(got) {
-				return got
-			}
-		case <-deadline:
-			var zero M
-			t.Fatalf("no %T from the agent", zero)
-			return zero
-		}
-	}
-}
-
-func isNil[M proto.Message](m M) bool { return !m.ProtoReflect().IsValid() }
-
-func (s *session) nextAck(t testing.TB) *kuportv1.Ack {
-	t.Helper()
-	return next(t, s, (*kuportv1.ConnectRequest).GetAck)
-}
-
-func (s *session) nextReport(t *testing.T) *kuportv1.Report {
-	t.Helper()
-	return next(t, s, (*kuportv1.ConnectRequest).GetReport)
-}
-
 func program(version, epoch uint64, port uint32) *kuportv1.NodeProgram {
 	return &kuportv1.NodeProgram{
 		Node:    "edge-a",
@@ -320,9 +184,9 @@ func requireProtoEqual(t *testing.T, want, got proto.Message) {
 func TestHelloCarriesNodeState(t *testing.T) {
 	c, target := startController(t)
 	dp := newFakeDatapath()
-	startAgent(t, testConfig(dp, &syncBuffer{}, target))
+	startAgent(t, testConfig(dp, &syncbuf.Buffer{}, target))
 
-	s := nextSession(t, c)
+	s := c.NextSession(t)
 	requireProtoEqual(t, &kuportv1.Hello{
 		Node:         "edge-a",
 		AgentVersion: "v0.0.0-test",
@@ -335,19 +199,19 @@ func TestHelloCarriesNodeState(t *testing.T) {
 			UnderlayInterface: "wt0",
 			IpForward:         true,
 		},
-	}, s.hello)
+	}, s.Hello)
 }
 
 func TestProgramAppliedAndAcked(t *testing.T) {
 	c, target := startController(t)
 	dp := newFakeDatapath()
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	startAgent(t, testConfig(dp, logs, target))
 
-	s := nextSession(t, c)
+	s := c.NextSession(t)
 	p := program(1, 1, 27015)
-	s.send(t, p)
-	requireProtoEqual(t, &kuportv1.Ack{Version: 1, Epoch: 1}, s.nextAck(t))
+	s.Send(t, p)
+	requireProtoEqual(t, &kuportv1.Ack{Version: 1, Epoch: 1}, s.NextAck(t))
 	applied, applies := dp.snapshot()
 	requireProtoEqual(t, p, applied)
 	require.Equal(t, 1, applies)
@@ -361,21 +225,21 @@ func TestProgramAppliedAndAcked(t *testing.T) {
 func TestProgramDeltaApplied(t *testing.T) {
 	c, target := startController(t)
 	dp := newFakeDatapath()
-	startAgent(t, testConfig(dp, &syncBuffer{}, target))
+	startAgent(t, testConfig(dp, &syncbuf.Buffer{}, target))
 
-	s := nextSession(t, c)
+	s := c.NextSession(t)
 	p1 := program(1, 1, 27015)
-	s.send(t, p1)
-	requireProtoEqual(t, &kuportv1.Ack{Version: 1, Epoch: 1}, s.nextAck(t))
+	s.Send(t, p1)
+	requireProtoEqual(t, &kuportv1.Ack{Version: 1, Epoch: 1}, s.NextAck(t))
 	p2 := program(2, 1, 27016)
-	s.sendMessage(t, &kuportv1.ConnectResponse{Message: &kuportv1.ConnectResponse_Delta{Delta: kuportv1.Delta(p1, p2)}})
-	requireProtoEqual(t, &kuportv1.Ack{Version: 2, Epoch: 1}, s.nextAck(t))
+	s.SendMessage(t, &kuportv1.ConnectResponse{Message: &kuportv1.ConnectResponse_Delta{Delta: kuportv1.Delta(p1, p2)}})
+	requireProtoEqual(t, &kuportv1.Ack{Version: 2, Epoch: 1}, s.NextAck(t))
 	applied, _ := dp.snapshot()
 	requireProtoEqual(t, p2, applied)
 
-	s.sendMessage(t, &kuportv1.ConnectResponse{Message: &kuportv1.ConnectResponse_Delta{Delta: kuportv1.Delta(p1, program(3, 1, 27017))}})
-	again := nextSession(t, c)
-	require.Equal(t, uint64(2), again.hello.AppliedVersion, "reconnected holding version 2")
+	s.SendMessage(t, &kuportv1.ConnectResponse{Message: &kuportv1.ConnectResponse_Delta{Delta: kuportv1.Delta(p1, program(3, 1, 27017))}})
+	again := c.NextSession(t)
+	require.Equal(t, uint64(2), again.Hello.AppliedVersion, "reconnected holding version 2")
 }
 
 func TestFailedApplyAcksErrorsAndResyncRetries(t *testing.T) {
@@ -401,22 +265,22 @@ func TestFailedApplyAcksErrorsAndResyncRetries(t *testing.T) {
 			c, target := startController(t)
 			dp := newFakeDatapath()
 			dp.setFail(errEntry)
-			cfg := testConfig(dp, &syncBuffer{}, target)
+			cfg := testConfig(dp, &syncbuf.Buffer{}, target)
 			cfg.EntryErrors = tc.entryErrors
 			cfg.ResyncInterval = 20 * time.Millisecond
 			startAgent(t, cfg)
 
-			s := nextSession(t, c)
+			s := c.NextSession(t)
 			p := program(1, 1, 27015)
-			s.send(t, p)
-			requireProtoEqual(t, &kuportv1.Ack{Version: 1, Epoch: 1, Errors: tc.want}, s.nextAck(t))
+			s.Send(t, p)
+			requireProtoEqual(t, &kuportv1.Ack{Version: 1, Epoch: 1, Errors: tc.want}, s.NextAck(t))
 			applied, _ := dp.snapshot()
 			require.Nil(t, applied)
 
 			dp.setFail(nil)
 			// Resync ticks ack each retry; the first clean Ack marks the repair.
 			deadline := time.Now().Add(waitFor)
-			for len(s.nextAck(t).GetErrors()) > 0 {
+			for len(s.NextAck(t).GetErrors()) > 0 {
 				require.True(t, time.Now().Before(deadline), "no clean Ack after the failure cleared")
 			}
 			applied, _ = dp.snapshot()
@@ -430,16 +294,16 @@ func TestFailedApplyAcksErrorsAndResyncRetries(t *testing.T) {
 func TestResyncReappliesCleanProgram(t *testing.T) {
 	c, target := startController(t)
 	dp := newFakeDatapath()
-	cfg := testConfig(dp, &syncBuffer{}, target)
+	cfg := testConfig(dp, &syncbuf.Buffer{}, target)
 	cfg.ResyncInterval = 20 * time.Millisecond
 	var received atomic.Int32
 	cfg.Applied = func() { received.Add(1) }
 	startAgent(t, cfg)
 
-	s := nextSession(t, c)
+	s := c.NextSession(t)
 	p := program(1, 1, 27015)
-	s.send(t, p)
-	requireProtoEqual(t, &kuportv1.Ack{Version: 1, Epoch: 1}, s.nextAck(t))
+	s.Send(t, p)
+	requireProtoEqual(t, &kuportv1.Ack{Version: 1, Epoch: 1}, s.NextAck(t))
 	_, first := dp.snapshot()
 	deadline := time.Now().Add(waitFor)
 	for {
@@ -451,8 +315,8 @@ func TestResyncReappliesCleanProgram(t *testing.T) {
 		require.True(t, time.Now().Before(deadline), "no resync")
 		time.Sleep(5 * time.Millisecond)
 	}
-	for len(s.messages) > 0 {
-		require.Nil(t, (<-s.messages).GetAck(), "a clean resync is not acknowledged")
+	for len(s.Messages()) > 0 {
+		require.Nil(t, (<-s.Messages()).GetAck(), "a clean resync is not acknowledged")
 	}
 	require.Eventually(t, func() bool { return received.Load() == 1 }, waitFor, 5*time.Millisecond, "Config.Applied runs for the program received")
 	time.Sleep(3 * cfg.ResyncInterval)
@@ -462,74 +326,74 @@ func TestResyncReappliesCleanProgram(t *testing.T) {
 func TestReconnectKeepsProgramAndDoesNotReapply(t *testing.T) {
 	c, target := startController(t)
 	dp := newFakeDatapath()
-	startAgent(t, testConfig(dp, &syncBuffer{}, target))
+	startAgent(t, testConfig(dp, &syncbuf.Buffer{}, target))
 
-	s := nextSession(t, c)
+	s := c.NextSession(t)
 	p := program(7, 3, 27015)
-	s.send(t, p)
-	s.nextAck(t)
-	close(s.end)
+	s.Send(t, p)
+	s.NextAck(t)
+	s.End()
 
-	s = nextSession(t, c)
-	require.Equal(t, uint64(7), s.hello.GetAppliedVersion())
-	require.Equal(t, uint64(3), s.hello.GetAppliedEpoch())
+	s = c.NextSession(t)
+	require.Equal(t, uint64(7), s.Hello.GetAppliedVersion())
+	require.Equal(t, uint64(3), s.Hello.GetAppliedEpoch())
 	applied, applies := dp.snapshot()
 	requireProtoEqual(t, p, applied)
 
-	s.send(t, proto.CloneOf(p))
-	requireProtoEqual(t, &kuportv1.Ack{Version: 7, Epoch: 3}, s.nextAck(t))
+	s.Send(t, proto.CloneOf(p))
+	requireProtoEqual(t, &kuportv1.Ack{Version: 7, Epoch: 3}, s.NextAck(t))
 	_, after := dp.snapshot()
 	require.Equal(t, applies, after, "the same content must not be applied again")
 
 	// A new leader's epoch with unchanged content is acknowledged without an Apply too, and
 	// becomes the applied version.
-	s.send(t, program(1, 4, 27015))
-	requireProtoEqual(t, &kuportv1.Ack{Version: 1, Epoch: 4}, s.nextAck(t))
+	s.Send(t, program(1, 4, 27015))
+	requireProtoEqual(t, &kuportv1.Ack{Version: 1, Epoch: 4}, s.NextAck(t))
 	_, after = dp.snapshot()
 	require.Equal(t, applies, after)
-	close(s.end)
-	s = nextSession(t, c)
-	require.Equal(t, uint64(1), s.hello.GetAppliedVersion())
-	require.Equal(t, uint64(4), s.hello.GetAppliedEpoch())
+	s.End()
+	s = c.NextSession(t)
+	require.Equal(t, uint64(1), s.Hello.GetAppliedVersion())
+	require.Equal(t, uint64(4), s.Hello.GetAppliedEpoch())
 }
 
 func TestHelloAfterFailedApplyClaimsNothing(t *testing.T) {
 	c, target := startController(t)
 	dp := newFakeDatapath()
 	dp.setFail(errors.New("nftables: transaction refused"))
-	startAgent(t, testConfig(dp, &syncBuffer{}, target))
+	startAgent(t, testConfig(dp, &syncbuf.Buffer{}, target))
 
-	s := nextSession(t, c)
-	s.send(t, program(5, 2, 27015))
-	require.NotEmpty(t, s.nextAck(t).GetErrors())
-	close(s.end)
+	s := c.NextSession(t)
+	s.Send(t, program(5, 2, 27015))
+	require.NotEmpty(t, s.NextAck(t).GetErrors())
+	s.End()
 
 	// The kernel does not hold version 5 whole: Hello must not present it as applied, or
 	// the controller would count it as acknowledged. Its epoch still fences.
-	s = nextSession(t, c)
-	require.Zero(t, s.hello.GetAppliedVersion())
-	require.Equal(t, uint64(2), s.hello.GetAppliedEpoch())
+	s = c.NextSession(t)
+	require.Zero(t, s.Hello.GetAppliedVersion())
+	require.Equal(t, uint64(2), s.Hello.GetAppliedEpoch())
 }
 
 func TestLowerEpochProgramRefused(t *testing.T) {
 	c, target := startController(t)
 	dp := newFakeDatapath()
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	startAgent(t, testConfig(dp, logs, target))
 
-	s := nextSession(t, c)
-	s.send(t, program(3, 2, 27015))
-	s.nextAck(t)
+	s := c.NextSession(t)
+	s.Send(t, program(3, 2, 27015))
+	s.NextAck(t)
 
-	s.send(t, program(9, 1, 27016))
+	s.Send(t, program(9, 1, 27016))
 	// The stale program is not applied; its Ack says it was fenced.
-	fenced := s.nextAck(t)
+	fenced := s.NextAck(t)
 	require.Equal(t, uint64(9), fenced.GetVersion())
 	require.Len(t, fenced.GetErrors(), 1)
 	require.Contains(t, fenced.GetErrors()[0].GetMessage(), "refused by fencing")
 	current := program(4, 2, 27017)
-	s.send(t, current)
-	requireProtoEqual(t, &kuportv1.Ack{Version: 4, Epoch: 2}, s.nextAck(t))
+	s.Send(t, current)
+	requireProtoEqual(t, &kuportv1.Ack{Version: 4, Epoch: 2}, s.NextAck(t))
 	applied, applies := dp.snapshot()
 	requireProtoEqual(t, current, applied)
 	require.Equal(t, 2, applies)
@@ -542,12 +406,12 @@ func TestEpochFloorSurvivesRestart(t *testing.T) {
 	epochFile := filepath.Join(t.TempDir(), "kuport", "epoch")
 	first := func() {
 		c, target := startController(t)
-		cfg := testConfig(newFakeDatapath(), &syncBuffer{}, target)
+		cfg := testConfig(newFakeDatapath(), &syncbuf.Buffer{}, target)
 		cfg.EpochFile = epochFile
 		_, stop := startAgent(t, cfg)
-		s := nextSession(t, c)
-		s.send(t, program(3, 2, 27015))
-		requireProtoEqual(t, &kuportv1.Ack{Version: 3, Epoch: 2}, s.nextAck(t))
+		s := c.NextSession(t)
+		s.Send(t, program(3, 2, 27015))
+		requireProtoEqual(t, &kuportv1.Ack{Version: 3, Epoch: 2}, s.NextAck(t))
 		stop()
 	}
 	first()
@@ -557,19 +421,19 @@ func TestEpochFloorSurvivesRestart(t *testing.T) {
 
 	c, target := startController(t)
 	dp := newFakeDatapath()
-	cfg := testConfig(dp, &syncBuffer{}, target)
+	cfg := testConfig(dp, &syncbuf.Buffer{}, target)
 	cfg.EpochFile = epochFile
 	startAgent(t, cfg)
-	s := nextSession(t, c)
-	s.send(t, program(9, 1, 27016))
-	fenced := s.nextAck(t)
+	s := c.NextSession(t)
+	s.Send(t, program(9, 1, 27016))
+	fenced := s.NextAck(t)
 	require.Len(t, fenced.GetErrors(), 1)
 	require.Contains(t, fenced.GetErrors()[0].GetMessage(), "refused by fencing: program epoch 1 is lower than the applied epoch 2")
 	_, applies := dp.snapshot()
 	require.Zero(t, applies, "the restarted agent applied a deposed leader's program")
 
-	s.send(t, program(1, 3, 27017))
-	requireProtoEqual(t, &kuportv1.Ack{Version: 1, Epoch: 3}, s.nextAck(t))
+	s.Send(t, program(1, 3, 27017))
+	requireProtoEqual(t, &kuportv1.Ack{Version: 1, Epoch: 3}, s.NextAck(t))
 	stored, err = os.ReadFile(epochFile)
 	require.NoError(t, err)
 	require.Equal(t, "3\n", string(stored))
@@ -582,21 +446,21 @@ func TestEpochFloorSurvivesRestart(t *testing.T) {
 func TestEqualEpochLowerVersion(t *testing.T) {
 	c, target := startController(t)
 	dp := newFakeDatapath()
-	startAgent(t, testConfig(dp, &syncBuffer{}, target))
+	startAgent(t, testConfig(dp, &syncbuf.Buffer{}, target))
 
-	s := nextSession(t, c)
-	s.send(t, program(5, 1, 27015))
-	s.nextAck(t)
+	s := c.NextSession(t)
+	s.Send(t, program(5, 1, 27015))
+	s.NextAck(t)
 
 	changed := program(4, 1, 27016)
-	s.send(t, changed)
-	requireProtoEqual(t, &kuportv1.Ack{Version: 4, Epoch: 1}, s.nextAck(t))
+	s.Send(t, changed)
+	requireProtoEqual(t, &kuportv1.Ack{Version: 4, Epoch: 1}, s.NextAck(t))
 	applied, applies := dp.snapshot()
 	requireProtoEqual(t, changed, applied)
 	require.Equal(t, 2, applies, "differing content is applied again")
 
-	s.send(t, program(3, 1, 27016))
-	requireProtoEqual(t, &kuportv1.Ack{Version: 3, Epoch: 1}, s.nextAck(t))
+	s.Send(t, program(3, 1, 27016))
+	requireProtoEqual(t, &kuportv1.Ack{Version: 3, Epoch: 1}, s.NextAck(t))
 	_, after := dp.snapshot()
 	require.Equal(t, applies, after, "equal content is only acknowledged")
 }
@@ -604,13 +468,13 @@ func TestEqualEpochLowerVersion(t *testing.T) {
 func TestProgramForAnotherNodeRefused(t *testing.T) {
 	c, target := startController(t)
 	dp := newFakeDatapath()
-	startAgent(t, testConfig(dp, &syncBuffer{}, target))
+	startAgent(t, testConfig(dp, &syncbuf.Buffer{}, target))
 
-	s := nextSession(t, c)
+	s := c.NextSession(t)
 	p := program(1, 1, 27015)
 	p.Node = "worker-b"
-	s.send(t, p)
-	ack := s.nextAck(t)
+	s.Send(t, p)
+	ack := s.NextAck(t)
 	require.Len(t, ack.GetErrors(), 1)
 	require.Contains(t, ack.GetErrors()[0].GetMessage(), "worker-b")
 	_, applies := dp.snapshot()
@@ -620,11 +484,11 @@ func TestProgramForAnotherNodeRefused(t *testing.T) {
 func TestReportOnStateChange(t *testing.T) {
 	c, target := startController(t)
 	dp := newFakeDatapath()
-	cfg := testConfig(dp, &syncBuffer{}, target)
+	cfg := testConfig(dp, &syncbuf.Buffer{}, target)
 	cfg.StatePollInterval = 20 * time.Millisecond
 	startAgent(t, cfg)
 
-	s := nextSession(t, c)
+	s := c.NextSession(t)
 	changed := &kuportv1.NodeState{
 		Interfaces: []*kuportv1.Interface{
 			{Name: "lo", Addresses: []string{"127.0.0.1"}, Mtu: 65536},
@@ -634,7 +498,7 @@ func TestReportOnStateChange(t *testing.T) {
 		IpForward: true,
 	}
 	dp.setState(changed)
-	report := s.nextReport(t)
+	report := s.NextReport(t)
 	changed.UnderlayInterface = "wt0"
 	requireProtoEqual(t, changed, report.GetState())
 	requireProtoEqual(t, &kuportv1.Report{
@@ -647,13 +511,13 @@ func TestReportOnStateChange(t *testing.T) {
 func TestPeriodicReport(t *testing.T) {
 	c, target := startController(t)
 	dp := newFakeDatapath()
-	cfg := testConfig(dp, &syncBuffer{}, target)
+	cfg := testConfig(dp, &syncbuf.Buffer{}, target)
 	cfg.ReportInterval = 20 * time.Millisecond
 	startAgent(t, cfg)
 
-	s := nextSession(t, c)
+	s := c.NextSession(t)
 	for range 2 {
-		report := s.nextReport(t)
+		report := s.NextReport(t)
 		require.Equal(t, "wt0", report.GetState().GetUnderlayInterface())
 		require.Len(t, report.GetCounters(), 1)
 		require.Len(t, report.GetLinks(), 1)
@@ -664,11 +528,11 @@ func TestRotatesThroughTargets(t *testing.T) {
 	c, target := startController(t)
 	missing := "unix://" + filepath.Join(t.TempDir(), "absent.sock")
 	dp := newFakeDatapath()
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	startAgent(t, testConfig(dp, logs, missing, target))
 
-	s := nextSession(t, c)
-	require.Equal(t, "edge-a", s.hello.GetNode())
+	s := c.NextSession(t)
+	require.Equal(t, "edge-a", s.Hello.GetNode())
 	require.Contains(t, logs.String(), "absent.sock")
 }
 
@@ -688,37 +552,24 @@ func TestNewRequiresNodeTargetsCAAndDatapath(t *testing.T) {
 	}
 }
 
-// followerController refuses every stream as a controller replica that is not the leader
-// does (controller/agents.Server).
-type followerController struct {
-	kuportv1.UnimplementedAgentServiceServer
-}
-
-func (followerController) Connect(kuportv1.AgentService_ConnectServer) error {
-	return status.Error(codes.FailedPrecondition, "this controller replica is not the leader (leader: replica-1)")
-}
-
 // TestFollowerRefusalMovesOnWithoutBackoff: a follower's refusal sends the agent to its next
 // target after FollowerRetry, however long the reconnect backoff has grown.
 func TestFollowerRefusalMovesOnWithoutBackoff(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "follower.sock")
-	lis, err := net.Listen("unix", path)
-	require.NoError(t, err)
-	srv := tlsServer(controllerCert)
-	kuportv1.RegisterAgentServiceServer(srv, followerController{})
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
+	// A follower refuses every stream as a replica that is not the leader does.
+	follower := fakecontroller.New(fakecontroller.Options{
+		Refuse: status.Error(codes.FailedPrecondition, "this controller replica is not the leader (leader: replica-1)")})
+	followerTarget := follower.Start(t, filepath.Join(t.TempDir(), "follower.sock"), fakecontroller.TLS(controllerCert))
 
 	c, target := startController(t)
 	dp := newFakeDatapath()
-	logs := &syncBuffer{}
-	cfg := testConfig(dp, logs, "unix://"+path, target)
+	logs := &syncbuf.Buffer{}
+	cfg := testConfig(dp, logs, followerTarget, target)
 	cfg.Backoff = wait.Backoff{Duration: time.Hour, Factor: 2, Steps: 100, Cap: time.Hour}
 	cfg.FollowerRetry = 10 * time.Millisecond
 	startAgent(t, cfg)
 
-	s := nextSession(t, c)
-	require.Equal(t, "edge-a", s.hello.GetNode())
+	s := c.NextSession(t)
+	require.Equal(t, "edge-a", s.Hello.GetNode())
 	require.Contains(t, logs.String(), "leader: replica-1")
 }
 
@@ -744,26 +595,26 @@ func (b *blockingDatapath) Apply(p *kuportv1.NodeProgram) error {
 func TestBurstAppliedAsNewest(t *testing.T) {
 	c, target := startController(t)
 	dp := &blockingDatapath{fakeDatapath: newFakeDatapath(), started: make(chan struct{}), release: make(chan struct{})}
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	startAgent(t, testConfig(dp, logs, target))
 
-	s := nextSession(t, c)
-	s.send(t, program(1, 1, 27015))
+	s := c.NextSession(t)
+	s.Send(t, program(1, 1, 27015))
 	select {
 	case <-dp.started:
 	case <-time.After(waitFor):
 		t.Fatal("version 1 not applied")
 	}
 	for v := uint64(2); v <= 4; v++ {
-		s.send(t, program(v, 1, 27015+uint32(v)))
+		s.Send(t, program(v, 1, 27015+uint32(v)))
 	}
 	// 2 and 3 were each replaced while version 1's Apply waits.
 	require.Eventually(t, func() bool {
 		return strings.Count(logs.String(), "program superseded before it was applied") == 2
 	}, waitFor, time.Millisecond)
 	close(dp.release)
-	requireProtoEqual(t, &kuportv1.Ack{Version: 1, Epoch: 1}, s.nextAck(t))
-	requireProtoEqual(t, &kuportv1.Ack{Version: 4, Epoch: 1}, s.nextAck(t))
+	requireProtoEqual(t, &kuportv1.Ack{Version: 1, Epoch: 1}, s.NextAck(t))
+	requireProtoEqual(t, &kuportv1.Ack{Version: 4, Epoch: 1}, s.NextAck(t))
 	applied, applies := dp.snapshot()
 	requireProtoEqual(t, program(4, 1, 27019), applied)
 	require.Equal(t, 2, applies, "version 1, then 4 alone")
@@ -790,20 +641,20 @@ func (c *reportingDatapath) Counters() ([]*kuportv1.Counter, error) {
 func TestProgramNotHeldByReport(t *testing.T) {
 	c, target := startController(t)
 	dp := &reportingDatapath{fakeDatapath: newFakeDatapath(), reading: make(chan struct{}), release: make(chan struct{})}
-	cfg := testConfig(dp, &syncBuffer{}, target)
+	cfg := testConfig(dp, &syncbuf.Buffer{}, target)
 	cfg.ReportInterval = 10 * time.Millisecond
 	startAgent(t, cfg)
 
-	s := nextSession(t, c)
+	s := c.NextSession(t)
 	select {
 	case <-dp.reading:
 	case <-time.After(waitFor):
 		t.Fatal("no report read")
 	}
-	s.send(t, program(1, 1, 27015))
-	requireProtoEqual(t, &kuportv1.Ack{Version: 1, Epoch: 1}, s.nextAck(t))
+	s.Send(t, program(1, 1, 27015))
+	requireProtoEqual(t, &kuportv1.Ack{Version: 1, Epoch: 1}, s.NextAck(t))
 	applied, _ := dp.snapshot()
 	requireProtoEqual(t, program(1, 1, 27015), applied)
 	close(dp.release)
-	require.NotNil(t, s.nextReport(t).GetState())
+	require.NotNil(t, s.NextReport(t).GetState())
 }

@@ -14,6 +14,7 @@ import (
 
 	"kuport.wlz.li/kuport/datapath"
 	"kuport.wlz.li/kuport/datapath/datapathtest"
+	"kuport.wlz.li/kuport/internal/syncbuf"
 	"kuport.wlz.li/kuport/internal/testenv"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
@@ -48,14 +49,14 @@ func BenchmarkPrivilegedAgentChange(b *testing.B) {
 	defer debug.SetGCPercent(debug.SetGCPercent(steadyGCPercent))
 
 	c, target := startController(b)
-	cfg := testConfig(PacedApply(dp), &syncBuffer{}, target)
+	cfg := testConfig(PacedApply(dp), &syncbuf.Buffer{}, target)
 	cfg.Log, cfg.Underlay = log, "wt0"
 	cfg.Validate, cfg.EntryErrors, cfg.Applied = dp.Validate, datapath.EntryErrors, FreeOSMemory
 	startAgent(b, cfg)
-	s := nextSession(b, c)
+	s := c.NextSession(b)
 	cur := version(1, n)
-	s.send(b, cur)
-	require.Empty(b, s.nextAck(b).GetErrors())
+	s.Send(b, cur)
+	require.Empty(b, s.NextAck(b).GetErrors())
 
 	// Send to Ack of the adds (even ops) and of the removes (odd ops).
 	var acks [2][]time.Duration
@@ -66,8 +67,8 @@ func BenchmarkPrivilegedAgentChange(b *testing.B) {
 		msg := &kuportv1.ConnectResponse{Message: &kuportv1.ConnectResponse_Delta{Delta: kuportv1.Delta(cur, next)}}
 		b.StartTimer()
 		start := time.Now()
-		s.sendMessage(b, msg)
-		ack := s.nextAck(b)
+		s.SendMessage(b, msg)
+		ack := s.NextAck(b)
 		acks[i%2] = append(acks[i%2], time.Since(start))
 		b.StopTimer()
 		require.Equal(b, next.GetVersion(), ack.GetVersion())

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"kuport.wlz.li/kuport/datapath"
+	"kuport.wlz.li/kuport/internal/syncbuf"
 	"kuport.wlz.li/kuport/internal/testenv"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
@@ -98,7 +99,7 @@ func TestPrivilegedDriftRepaired(t *testing.T) {
 	nl, err := netlink.NewHandleAt(d.ns)
 	require.NoError(t, err)
 	t.Cleanup(nl.Close)
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	log := hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug})
 	dp := &countingDatapath{Datapath: datapath.New(datapath.Config{NFT: conn, Netlink: nl, NetNS: d.ns, Log: log.Named("datapath")})}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -111,9 +112,9 @@ func TestPrivilegedDriftRepaired(t *testing.T) {
 	cfg.NodeName, cfg.Underlay, cfg.Drift = p.GetNode(), "wt0", drift
 	require.Equal(t, time.Hour, cfg.ResyncInterval)
 	startAgent(t, cfg)
-	s := nextSession(t, c)
-	s.send(t, p)
-	require.Empty(t, s.nextAck(t).GetErrors())
+	s := c.NextSession(t)
+	s.Send(t, p)
+	require.Empty(t, s.NextAck(t).GetErrors())
 	defer func() {
 		if t.Failed() {
 			t.Log(logs.String())

@@ -16,6 +16,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"kuport.wlz.li/kuport/internal/syncbuf"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -25,16 +26,32 @@ func TestTokenFileReadOnEveryConnect(t *testing.T) {
 	c, target := startController(t)
 	token := filepath.Join(t.TempDir(), "token")
 	require.NoError(t, os.WriteFile(token, []byte("token-1\n"), 0o600))
-	cfg := testConfig(newFakeDatapath(), &syncBuffer{}, target)
+	cfg := testConfig(newFakeDatapath(), &syncbuf.Buffer{}, target)
 	cfg.TokenFile = token
 	startAgent(t, cfg)
 
-	s := nextSession(t, c)
-	assert.Equal(t, []string{"Bearer token-1"}, s.md.Get("authorization"))
+	s := c.NextSession(t)
+	assert.Equal(t, []string{"Bearer token-1"}, s.MD.Get("authorization"))
 	require.NoError(t, os.WriteFile(token, []byte("token-2"), 0o600))
-	close(s.end)
-	s = nextSession(t, c)
-	assert.Equal(t, []string{"Bearer token-2"}, s.md.Get("authorization"))
+	s.End()
+	s = c.NextSession(t)
+	assert.Equal(t, []string{"Bearer token-2"}, s.MD.Get("authorization"))
+}
+
+// dialInspection serves a's inspection server on a unix socket and returns a client
+// connection to it; both close when the test ends.
+func dialInspection(t *testing.T, a *Agent) *grpc.ClientConn {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "inspect.sock")
+	lis, err := net.Listen("unix", sock)
+	require.NoError(t, err)
+	srv := a.InspectionServer()
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
 }
 
 // TestInspectionServesAppliedProgram drives the agent's inspection server with a real client:
@@ -43,17 +60,9 @@ func TestInspectionServesAppliedProgram(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
 	c, target := startController(t)
-	a, _ := startAgent(t, testConfig(newFakeDatapath(), &syncBuffer{}, target))
+	a, _ := startAgent(t, testConfig(newFakeDatapath(), &syncbuf.Buffer{}, target))
 
-	sock := filepath.Join(t.TempDir(), "inspect.sock")
-	lis, err := net.Listen("unix", sock)
-	require.NoError(t, err)
-	srv := a.InspectionServer()
-	go func() { _ = srv.Serve(lis) }()
-	defer srv.Stop()
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	defer conn.Close()
+	conn := dialInspection(t, a)
 
 	hr, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
 	require.NoError(t, err)
@@ -63,10 +72,10 @@ func TestInspectionServesAppliedProgram(t *testing.T) {
 	assert.Equal(t, codes.NotFound, status.Code(err), "%v", err)
 
 	before := time.Now()
-	s := nextSession(t, c)
+	s := c.NextSession(t)
 	p := program(3, 7, 27015)
-	s.send(t, p)
-	s.nextAck(t)
+	s.Send(t, p)
+	s.NextAck(t)
 	got, err := client.GetAppliedProgram(ctx, &kuportv1.GetAppliedProgramRequest{})
 	require.NoError(t, err)
 	requireProtoEqual(t, p, got.Program)
@@ -82,20 +91,12 @@ func TestReadiness(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
 	c, target := startController(t)
-	cfg := testConfig(newFakeDatapath(), &syncBuffer{}, target)
+	cfg := testConfig(newFakeDatapath(), &syncbuf.Buffer{}, target)
 	// Hold the reconnect, so the state between two streams can be seen.
 	cfg.Backoff.Duration, cfg.Backoff.Cap = 500*time.Millisecond, 500*time.Millisecond
 	a, _ := startAgent(t, cfg)
 
-	sock := filepath.Join(t.TempDir(), "inspect.sock")
-	lis, err := net.Listen("unix", sock)
-	require.NoError(t, err)
-	srv := a.InspectionServer()
-	go func() { _ = srv.Serve(lis) }()
-	defer srv.Stop()
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	defer conn.Close()
+	conn := dialInspection(t, a)
 	hc := healthpb.NewHealthClient(conn)
 	check := func(service string) healthpb.HealthCheckResponse_ServingStatus {
 		t.Helper()
@@ -114,22 +115,22 @@ func TestReadiness(t *testing.T) {
 	const serving, notServing = healthpb.HealthCheckResponse_SERVING, healthpb.HealthCheckResponse_NOT_SERVING
 	assert.Equal(t, "kuport.v1.AgentService", ReadyService)
 
-	s := nextSession(t, c)
+	s := c.NextSession(t)
 	assert.Equal(t, notServing, check(ReadyService), "connected, no program yet")
 	other := program(1, 1, 27015)
 	other.Node = "worker-b"
-	s.send(t, other)
-	require.NotEmpty(t, s.nextAck(t).GetErrors())
+	s.Send(t, other)
+	require.NotEmpty(t, s.NextAck(t).GetErrors())
 	assert.Equal(t, notServing, check(ReadyService), "another node's program is refused")
-	s.send(t, program(2, 1, 27015))
-	require.Empty(t, s.nextAck(t).GetErrors())
+	s.Send(t, program(2, 1, 27015))
+	require.Empty(t, s.NextAck(t).GetErrors())
 	assert.Equal(t, serving, check(ReadyService))
 	assert.Equal(t, serving, check(""))
 
-	close(s.end)
+	s.End()
 	eventually(notServing)
 	assert.Equal(t, serving, check(""), "alive while reconnecting")
-	s = nextSession(t, c)
-	require.Equal(t, uint64(2), s.hello.GetAppliedVersion())
+	s = c.NextSession(t)
+	require.Equal(t, uint64(2), s.Hello.GetAppliedVersion())
 	eventually(serving)
 }

@@ -11,10 +11,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 
-	"kuport.wlz.li/kuport/controller/servingcert"
+	"kuport.wlz.li/kuport/internal/fakecontroller"
+	"kuport.wlz.li/kuport/internal/syncbuf"
 )
 
 // testServerName is the name the test controllers' certificate is valid for, and the agents'
@@ -32,7 +31,7 @@ func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "kuport-agent-test-")
 	if err == nil {
 		controllerCAFile = filepath.Join(dir, "ca.crt")
-		controllerCert, err = newCert(testServerName, controllerCAFile)
+		controllerCert, err = fakecontroller.Cert(testServerName, controllerCAFile)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "test CA:", err)
@@ -43,58 +42,34 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// newCert generates a CA and a serving certificate for name signed by it, and writes the CA's
-// certificate to caFile ("" writes none).
-func newCert(name, caFile string) (tls.Certificate, error) {
-	b, err := servingcert.Generate([]string{name}, time.Now())
-	if err != nil {
-		return tls.Certificate{}, err
-	}
-	if caFile != "" {
-		if err := os.WriteFile(caFile, b.CACert, 0o600); err != nil {
-			return tls.Certificate{}, err
-		}
-	}
-	c, err := b.Certificate()
-	if err != nil {
-		return tls.Certificate{}, err
-	}
-	return *c, nil
-}
-
-// tlsServer is a gRPC server serving cert, as the controller's listeners do.
-func tlsServer(cert tls.Certificate) *grpc.Server {
-	return grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}})))
-}
-
 // TestRefusesControllerItCannotVerify: a controller whose certificate is signed by another CA,
 // or names another server, gets no Hello (and so neither the token nor the node's state);
 // the agent logs why and moves on to the next target, whose certificate verifies.
 func TestRefusesControllerItCannotVerify(t *testing.T) {
-	otherCA, err := newCert(testServerName, "")
+	otherCA, err := fakecontroller.Cert(testServerName, "")
 	require.NoError(t, err)
-	otherName, err := newCert("kuport-controller.elsewhere", "")
+	otherName, err := fakecontroller.Cert("kuport-controller.elsewhere", "")
 	require.NoError(t, err)
 	badCA, otherCATarget := startControllerWith(t, otherCA)
 	badName, otherNameTarget := startControllerWith(t, otherName)
 	good, goodTarget := startController(t)
 
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	cfg := testConfig(newFakeDatapath(), logs, otherCATarget, otherNameTarget, goodTarget)
 	startAgent(t, cfg)
-	s := nextSession(t, good)
-	assert.Equal(t, "edge-a", s.hello.GetNode())
+	s := good.NextSession(t)
+	assert.Equal(t, "edge-a", s.Hello.GetNode())
 	assert.Contains(t, logs.String(), "certificate signed by unknown authority")
 	assert.Contains(t, logs.String(), "not "+testServerName)
-	assert.Empty(t, badCA.sessions, "a controller of another CA got a stream")
-	assert.Empty(t, badName.sessions, "a controller of another name got a stream")
+	assert.Empty(t, badCA.Sessions(), "a controller of another CA got a stream")
+	assert.Empty(t, badName.Sessions(), "a controller of another name got a stream")
 }
 
 // TestCAFileReadOnEveryConnect: an agent whose CA file is not there yet (the kubelet has not
 // mounted the ConfigMap) logs it and connects once the file appears.
 func TestCAFileReadOnEveryConnect(t *testing.T) {
 	c, target := startController(t)
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	cfg := testConfig(newFakeDatapath(), logs, target)
 	cfg.CAFile = filepath.Join(t.TempDir(), "ca.crt")
 	startAgent(t, cfg)
@@ -102,5 +77,5 @@ func TestCAFileReadOnEveryConnect(t *testing.T) {
 	ca, err := os.ReadFile(controllerCAFile)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(cfg.CAFile, ca, 0o600))
-	nextSession(t, c)
+	c.NextSession(t)
 }

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"kuport.wlz.li/kuport/datapath"
+	"kuport.wlz.li/kuport/internal/syncbuf"
 	"kuport.wlz.li/kuport/internal/testenv"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
@@ -27,15 +28,15 @@ func TestPrivilegedHelloReportsTunnelPorts(t *testing.T) {
 	nl, err := netlink.NewHandleAt(d.ns)
 	require.NoError(t, err)
 	t.Cleanup(nl.Close)
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	dp := datapath.New(datapath.Config{NFT: conn, Netlink: nl, NetNS: d.ns, Log: hclog.New(&hclog.LoggerOptions{Output: logs})})
 
 	c, target := startController(t)
 	startAgent(t, testConfig(dp, logs, target))
-	s := nextSession(t, c)
+	s := c.NextSession(t)
 
 	byName := map[string]*kuportv1.Interface{}
-	for _, i := range s.hello.GetState().GetInterfaces() {
+	for _, i := range s.Hello.GetState().GetInterfaces() {
 		byName[i.GetName()] = i
 	}
 	require.Contains(t, byName, "flannel.1", "interfaces %v", byName)

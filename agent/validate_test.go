@@ -6,6 +6,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"kuport.wlz.li/kuport/datapath"
+	"kuport.wlz.li/kuport/internal/syncbuf"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -14,21 +15,21 @@ import (
 func TestInvalidProgramRefusedWhole(t *testing.T) {
 	c, target := startController(t)
 	dp := newFakeDatapath()
-	cfg := testConfig(dp, &syncBuffer{}, target)
+	cfg := testConfig(dp, &syncbuf.Buffer{}, target)
 	cfg.Validate, cfg.EntryErrors = datapath.Validate, datapath.EntryErrors
 	startAgent(t, cfg)
 
-	s := nextSession(t, c)
+	s := c.NextSession(t)
 	good := program(1, 1, 27015)
-	s.send(t, good)
-	requireProtoEqual(t, &kuportv1.Ack{Version: 1, Epoch: 1}, s.nextAck(t))
+	s.Send(t, good)
+	requireProtoEqual(t, &kuportv1.Ack{Version: 1, Epoch: 1}, s.NextAck(t))
 
 	bad := program(2, 1, 27016)
 	bad.DnatRules = append(bad.DnatRules, &kuportv1.DnatRule{Id: "games/bad/dnat/wt0", Mapping: "games/bad",
 		InInterface: "wt0", Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: &kuportv1.PortRange{First: 1, Last: 1},
 		ToAddress: "::1", ToPort: 1})
-	s.send(t, bad)
-	ack := s.nextAck(t)
+	s.Send(t, bad)
+	ack := s.NextAck(t)
 	require.Equal(t, uint64(2), ack.GetVersion())
 	require.Len(t, ack.GetErrors(), 1)
 	require.Equal(t, "games/bad/dnat/wt0", ack.GetErrors()[0].GetId())
@@ -38,8 +39,8 @@ func TestInvalidProgramRefusedWhole(t *testing.T) {
 	requireProtoEqual(t, good, applied)
 	// The good program is still current: the same content again is acknowledged unapplied.
 	again := program(3, 1, 27015)
-	s.send(t, again)
-	requireProtoEqual(t, &kuportv1.Ack{Version: 3, Epoch: 1}, s.nextAck(t))
+	s.Send(t, again)
+	requireProtoEqual(t, &kuportv1.Ack{Version: 3, Epoch: 1}, s.NextAck(t))
 	_, applies = dp.snapshot()
 	require.Equal(t, 1, applies)
 }

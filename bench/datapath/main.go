@@ -28,14 +28,13 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/proto"
 
 	"kuport.wlz.li/kuport/bench/labbench"
-	"kuport.wlz.li/kuport/controller/servingcert"
 	"kuport.wlz.li/kuport/datapath"
 	"kuport.wlz.li/kuport/datapath/datapathtest"
+	"kuport.wlz.li/kuport/internal/fakecontroller"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -334,34 +333,6 @@ func measure(n int, agent string, d time.Duration) error {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 }
 
-// controller serves one program to the agent and reports its first Ack.
-type controller struct {
-	kuportv1.UnimplementedAgentServiceServer
-	program *kuportv1.NodeProgram
-	acked   chan *kuportv1.Ack
-}
-
-func (c *controller) Connect(stream kuportv1.AgentService_ConnectServer) error {
-	if _, err := stream.Recv(); err != nil {
-		return err
-	}
-	if err := stream.Send(&kuportv1.ConnectResponse{Message: &kuportv1.ConnectResponse_Program{Program: c.program}}); err != nil {
-		return err
-	}
-	for {
-		m, err := stream.Recv()
-		if err != nil {
-			return err
-		}
-		if ack := m.GetAck(); ack != nil {
-			select {
-			case c.acked <- ack:
-			default:
-			}
-		}
-	}
-}
-
 // agentRSS runs the real agent in the node namespace holding program (which the kernel
 // already holds), waits for its Ack and 5 s of resyncs and reports past it (one each a
 // second), and returns its resident memory in MB.
@@ -378,23 +349,15 @@ func agentRSS(agent, node string, program *kuportv1.NodeProgram) (float64, error
 	}
 	// The agent speaks TLS only: serve a certificate of a fresh CA, which the agent trusts.
 	const serverName = "kuport-controller.bench"
-	b, err := servingcert.Generate([]string{serverName}, time.Now())
-	if err != nil {
-		return 0, err
-	}
-	cert, err := b.Certificate()
-	if err != nil {
-		return 0, err
-	}
 	caFile := filepath.Join(dir, "ca.crt")
-	if err := os.WriteFile(caFile, b.CACert, 0o600); err != nil {
+	cert, err := fakecontroller.Cert(serverName, caFile)
+	if err != nil {
 		return 0, err
 	}
-	ctrl := &controller{program: program, acked: make(chan *kuportv1.Ack, 1)}
-	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{*cert}, MinVersion: tls.VersionTLS13})))
-	kuportv1.RegisterAgentServiceServer(srv, ctrl)
-	go func() { _ = srv.Serve(lis) }()
-	defer srv.Stop()
+	// The controller serves one program to the agent and reports its first Ack.
+	ctrl := fakecontroller.New(fakecontroller.Options{Program: program})
+	stop := ctrl.Serve(lis, credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13}))
+	defer stop()
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -408,7 +371,7 @@ func agentRSS(agent, node string, program *kuportv1.NodeProgram) (float64, error
 	}
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 	select {
-	case ack := <-ctrl.acked:
+	case ack := <-ctrl.Acks():
 		if len(ack.GetErrors()) > 0 {
 			return 0, fmt.Errorf("ack with errors: %v", ack.GetErrors())
 		}

@@ -5,13 +5,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"kuport.wlz.li/kuport/agent"
+	"kuport.wlz.li/kuport/internal/syncbuf"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -51,7 +50,7 @@ func TestPrivilegedAgentLeastPrivilege(t *testing.T) {
 		"--epoch-file", epoch, "--inspect-listen", "127.0.0.1:7400", "--log-level", "debug"}, controller.flags()...)
 	cmd := exec.Command("ip", args...)
 	cmd.Env = append(os.Environ(), runMainEnv+"=1")
-	var out syncWriter
+	var out syncbuf.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() {
@@ -60,7 +59,7 @@ func TestPrivilegedAgentLeastPrivilege(t *testing.T) {
 		t.Logf("agent output:\n%s", out.String())
 	})
 
-	ack := ctrl.next(t, func(m *kuportv1.ConnectRequest) bool { return m.GetAck() != nil }).GetAck()
+	ack := ctrl.NextAck(t)
 	require.Empty(t, ack.GetErrors())
 	// ip netns exec, unshare, sh and setpriv each exec the next: the pid is the agent's.
 	status, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(cmd.Process.Pid), "status"))
@@ -79,22 +78,4 @@ func TestPrivilegedAgentLeastPrivilege(t *testing.T) {
 	require.NoError(t, probe.Run(), probeOut.String())
 	require.NotContains(t, out.String(), "[ERROR]")
 	require.NotContains(t, out.String(), "[WARN]")
-}
-
-// syncWriter collects a child's output; safe to read while the child writes.
-type syncWriter struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (w *syncWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
 }

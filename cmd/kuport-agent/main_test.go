@@ -2,9 +2,7 @@ package main
 
 import (
 	"bytes"
-	"crypto/tls"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,10 +12,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 
-	"kuport.wlz.li/kuport/controller/servingcert"
+	"kuport.wlz.li/kuport/internal/fakecontroller"
 	"kuport.wlz.li/kuport/internal/testenv"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
@@ -55,52 +51,6 @@ func TestUsage(t *testing.T) {
 			require.Equal(t, tc.stdout, stdout.String())
 			require.Contains(t, stderr.String(), tc.stderr)
 		})
-	}
-}
-
-// oneShotController accepts agent streams, sends each the program it holds and passes on
-// what the agents send.
-type oneShotController struct {
-	kuportv1.UnimplementedAgentServiceServer
-	program  *kuportv1.NodeProgram
-	messages chan *kuportv1.ConnectRequest
-}
-
-func (c *oneShotController) Connect(stream kuportv1.AgentService_ConnectServer) error {
-	first, err := stream.Recv()
-	if err != nil {
-		return err
-	}
-	c.messages <- first
-	if err := stream.Send(&kuportv1.ConnectResponse{Message: &kuportv1.ConnectResponse_Program{Program: c.program}}); err != nil {
-		return err
-	}
-	for {
-		m, err := stream.Recv()
-		if err != nil {
-			return err
-		}
-		select {
-		case c.messages <- m:
-		case <-stream.Context().Done():
-			return stream.Context().Err()
-		}
-	}
-}
-
-func (c *oneShotController) next(t *testing.T, pick func(*kuportv1.ConnectRequest) bool) *kuportv1.ConnectRequest {
-	t.Helper()
-	deadline := time.After(30 * time.Second)
-	for {
-		select {
-		case m := <-c.messages:
-			if pick(m) {
-				return m
-			}
-		case <-deadline:
-			t.Fatal("no expected message from the agent")
-			return nil
-		}
 	}
 }
 
@@ -183,25 +133,16 @@ func (e controllerEndpoint) flags() []string {
 	return []string{"--controller", e.target, "--controller-ca-file", e.caFile, "--controller-server-name", e.serverName}
 }
 
-// serveOneShot serves a oneShotController holding program over TLS on a unix socket and
-// returns it with its endpoint.
-func serveOneShot(t *testing.T, program *kuportv1.NodeProgram) (*oneShotController, controllerEndpoint) {
+// serveOneShot serves a fake controller that sends every agent program over TLS on a unix
+// socket and returns it with its endpoint.
+func serveOneShot(t *testing.T, program *kuportv1.NodeProgram) (*fakecontroller.Controller, controllerEndpoint) {
 	t.Helper()
 	dir := t.TempDir()
-	e := controllerEndpoint{target: "unix://" + filepath.Join(dir, "controller.sock"), caFile: filepath.Join(dir, "ca.crt"),
-		serverName: "kuport-controller.test"}
-	b, err := servingcert.Generate([]string{e.serverName}, time.Now())
+	e := controllerEndpoint{caFile: filepath.Join(dir, "ca.crt"), serverName: "kuport-controller.test"}
+	cert, err := fakecontroller.Cert(e.serverName, e.caFile)
 	require.NoError(t, err)
-	cert, err := b.Certificate()
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(e.caFile, b.CACert, 0o600))
-	lis, err := net.Listen("unix", strings.TrimPrefix(e.target, "unix://"))
-	require.NoError(t, err)
-	ctrl := &oneShotController{messages: make(chan *kuportv1.ConnectRequest, 64), program: program}
-	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{*cert}})))
-	kuportv1.RegisterAgentServiceServer(srv, ctrl)
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
+	ctrl := fakecontroller.New(fakecontroller.Options{Program: program, Wait: 30 * time.Second})
+	e.target = ctrl.Start(t, filepath.Join(dir, "controller.sock"), fakecontroller.TLS(cert))
 	return ctrl, e
 }
 
@@ -221,7 +162,7 @@ func TestPrivilegedAgentFailStaticAndCleanup(t *testing.T) {
 
 	cmd, exited := ns.startAgent(t, append(controller.flags(), "--node-name", "edge-a", "--token-file", "", "--inspect-listen", "", "--epoch-file", "", "--log-level", "debug")...)
 
-	hello := ctrl.next(t, func(m *kuportv1.ConnectRequest) bool { return m.GetHello() != nil }).GetHello()
+	hello := ctrl.NextSession(t).Hello
 	require.Equal(t, "edge-a", hello.GetNode())
 	require.Equal(t, "wt0", hello.GetState().GetUnderlayInterface(), "underlay from the default route device")
 	var wt0 *kuportv1.Interface
@@ -233,7 +174,7 @@ func TestPrivilegedAgentFailStaticAndCleanup(t *testing.T) {
 	require.NotNil(t, wt0, "hello lists wt0")
 	require.Equal(t, []string{"100.64.93.143"}, wt0.GetAddresses())
 
-	ack := ctrl.next(t, func(m *kuportv1.ConnectRequest) bool { return m.GetAck() != nil }).GetAck()
+	ack := ctrl.NextAck(t)
 	require.Empty(t, ack.GetErrors())
 	require.Equal(t, uint64(1), ack.GetVersion())
 	table, err := nftList()

@@ -106,7 +106,7 @@ func TestProbeAgent(t *testing.T) {
 		require.NoError(t, <-done)
 	})
 	defer stop()
-	ctrl.next(t, func(m *kuportv1.ConnectRequest) bool { return m.GetAck() != nil })
+	ctrl.NextAck(t)
 	code, _, stderr = probeRun(ready...)
 	require.Equal(t, 0, code, "ready once the program is acknowledged: %s", stderr)
 

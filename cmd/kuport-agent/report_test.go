@@ -182,7 +182,8 @@ func TestPrivilegedAgentReportsCounters(t *testing.T) {
 	}
 	ctrl, controller := serveOneShot(t, program)
 	ns.startAgent(t, append(controller.flags(), "--node-name", "edge-a", "--token-file", "", "--inspect-listen", "", "--epoch-file", "", "--report-interval", "100ms")...)
-	ack := ctrl.next(t, func(m *kuportv1.ConnectRequest) bool { return m.GetAck() != nil }).GetAck()
+	s := ctrl.NextSession(t)
+	ack := s.NextAck(t)
 	require.Empty(t, ack.GetErrors())
 	// The far end answers no ARP: a fixed neighbour lets each request leave by the link.
 	ns.ip(t, "neigh", "add", "169.254.77.1", "lladdr", "02:00:00:00:00:01", "dev", "kup-5e30a797", "nud", "permanent")
@@ -199,7 +200,7 @@ func TestPrivilegedAgentReportsCounters(t *testing.T) {
 	var report *kuportv1.Report
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		report = ctrl.next(t, func(m *kuportv1.ConnectRequest) bool { return m.GetReport() != nil }).GetReport()
+		report = s.NextReport(t)
 		got := map[string]uint64{}
 		for _, c := range report.GetCounters() {
 			got[c.GetId()] = c.GetPackets()

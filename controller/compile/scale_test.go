@@ -79,21 +79,28 @@ func BenchmarkCompileCluster(b *testing.B) {
 	b.Run("change", func(b *testing.B) { benchmarkChange(b, settled) })
 }
 
+// moveEndpoint returns a copy of s in which the first endpoint of Service demo/name has moved
+// to another pod, and the Service's key.
+func moveEndpoint(s *Snapshot, name string) (*Snapshot, types.NamespacedName) {
+	moved := *s
+	moved.EndpointSlices = maps.Clone(s.EndpointSlices)
+	k := types.NamespacedName{Namespace: "demo", Name: name}
+	sl := moved.EndpointSlices[k][0].DeepCopy()
+	sl.Endpoints[0].Addresses = []string{"10.1.250.250"}
+	moved.EndpointSlices[k] = []*discoveryv1.EndpointSlice{sl}
+	return &moved, k
+}
+
 // benchmarkChange moves one mapping's endpoint back and forth.
 func benchmarkChange(b *testing.B, settled *Snapshot) {
 	{
-		moved := *settled
-		moved.EndpointSlices = maps.Clone(settled.EndpointSlices)
-		k := types.NamespacedName{Namespace: "demo", Name: "m05001"}
-		sl := moved.EndpointSlices[k][0].DeepCopy()
-		sl.Endpoints[0].Addresses = []string{"10.1.250.250"}
-		moved.EndpointSlices[k] = []*discoveryv1.EndpointSlice{sl}
+		moved, k := moveEndpoint(settled, "m05001")
 		var inc Incremental
 		compile := func(s *Snapshot) *Result {
 			return inc.CompileChanges(s, &Changes{Services: map[types.NamespacedName]bool{k: true}})
 		}
 		inc.CompileChanges(settled, nil)
-		if !same(b, Compile(&moved), compile(&moved)) || inc.Recompiled() != 1 {
+		if !same(b, Compile(moved), compile(moved)) || inc.Recompiled() != 1 {
 			b.Fatalf("the move recompiled %d mappings, or differs from a full compile", inc.Recompiled())
 		}
 		compile(settled)
@@ -102,7 +109,7 @@ func benchmarkChange(b *testing.B, settled *Snapshot) {
 		for i := range b.N {
 			s := settled
 			if i%2 == 0 {
-				s = &moved
+				s = moved
 			}
 			compile(s)
 		}
@@ -111,7 +118,7 @@ func benchmarkChange(b *testing.B, settled *Snapshot) {
 		}
 		// What the move puts on the wire: deltas to the nodes whose program changed.
 		b.StopTimer()
-		before, after := Compile(settled), Compile(&moved)
+		before, after := Compile(settled), Compile(moved)
 		wire, whole := 0, 0
 		for node, p := range after.Programs {
 			whole += gproto.Size(p)
@@ -129,13 +136,8 @@ func benchmarkChange(b *testing.B, settled *Snapshot) {
 // 1 % of the programs' bytes.
 func TestOneChangeOnTheWire(t *testing.T) {
 	s := clusterWorld(1000, 20)
-	moved := *s
-	moved.EndpointSlices = maps.Clone(s.EndpointSlices)
-	k := types.NamespacedName{Namespace: "demo", Name: "m00501"}
-	sl := moved.EndpointSlices[k][0].DeepCopy()
-	sl.Endpoints[0].Addresses = []string{"10.1.250.250"}
-	moved.EndpointSlices[k] = []*discoveryv1.EndpointSlice{sl}
-	before, after := Compile(s), Compile(&moved)
+	moved, _ := moveEndpoint(s, "m00501")
+	before, after := Compile(s), Compile(moved)
 	var changed []string
 	whole := 0
 	for node, p := range after.Programs {

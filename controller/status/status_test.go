@@ -208,6 +208,15 @@ func getPortMap(t *testing.T, c *dynamicfake.FakeDynamicClient) *v1alpha1.PortMa
 	return &pm
 }
 
+// publicClass is class public with edge-a's wt0, as the API server would hold it.
+func publicClass() *v1alpha1.PortMapClass {
+	return &v1alpha1.PortMapClass{
+		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "PortMapClass"},
+		ObjectMeta: metav1.ObjectMeta{Name: "public", ResourceVersion: "3"},
+		Spec:       v1alpha1.PortMapClassSpec{Nodes: map[string]v1alpha1.ClassNode{"edge-a": {Interfaces: []string{"wt0"}}}},
+	}
+}
+
 func TestWriterPortMap(t *testing.T) {
 	ctx := context.Background()
 	pm := portMap(programmedTrue())
@@ -262,11 +271,7 @@ func TestWriterPortMap(t *testing.T) {
 
 func TestWriterClass(t *testing.T) {
 	ctx := context.Background()
-	cls := &v1alpha1.PortMapClass{
-		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "PortMapClass"},
-		ObjectMeta: metav1.ObjectMeta{Name: "public", ResourceVersion: "3"},
-		Spec:       v1alpha1.PortMapClassSpec{Nodes: map[string]v1alpha1.ClassNode{"edge-a": {Interfaces: []string{"wt0"}}}},
-	}
+	cls := publicClass()
 	client := newFake(cls)
 	w := NewWriter(client, record.NewFakeRecorder(1), nil)
 	want := &v1alpha1.PortMapClassStatus{
@@ -276,17 +281,14 @@ func TestWriterClass(t *testing.T) {
 	wrote, err := w.Class(ctx, cls, want)
 	require.NoError(t, err)
 	assert.True(t, wrote)
-	u, err := client.Resource(v1alpha1.PortMapClassesResource).Get(ctx, "public", metav1.GetOptions{})
-	require.NoError(t, err)
-	var got v1alpha1.PortMapClass
-	require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &got))
+	got := getClass(t, ctx, client.Resource(v1alpha1.PortMapClassesResource))
 	assert.Equal(t, want.Links, got.Status.Links)
 	ready := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ClassConditionReady)
 	require.NotNil(t, ready)
 	assert.False(t, ready.LastTransitionTime.IsZero(), "a zero transition time is stamped")
 
 	// Writing the same status onto the updated object is a no-op.
-	wrote, err = w.Class(ctx, &got, want)
+	wrote, err = w.Class(ctx, got, want)
 	require.NoError(t, err)
 	assert.False(t, wrote)
 }
@@ -296,11 +298,7 @@ func TestWriterClass(t *testing.T) {
 // nothing, a changed message records again, and turning True records nothing.
 func TestWriterClassWarns(t *testing.T) {
 	ctx := context.Background()
-	cls := &v1alpha1.PortMapClass{
-		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "PortMapClass"},
-		ObjectMeta: metav1.ObjectMeta{Name: "public", ResourceVersion: "3"},
-		Spec:       v1alpha1.PortMapClassSpec{Nodes: map[string]v1alpha1.ClassNode{"edge-a": {Interfaces: []string{"wt0"}}}},
-	}
+	cls := publicClass()
 	client := newFake(cls)
 	rec := record.NewFakeRecorder(10)
 	w := NewWriter(client, rec, nil)
@@ -309,13 +307,6 @@ func TestWriterClassWarns(t *testing.T) {
 			{Type: v1alpha1.ClassConditionReady, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonValid, Message: "the class is valid"},
 			{Type: v1alpha1.ClassConditionNodePortsReserved, Status: ok, Reason: reason, Message: msg},
 		}}
-	}
-	get := func() *v1alpha1.PortMapClass {
-		u, err := client.Resource(v1alpha1.PortMapClassesResource).Get(ctx, "public", metav1.GetOptions{})
-		require.NoError(t, err)
-		var got v1alpha1.PortMapClass
-		require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &got))
-		return &got
 	}
 	kubelet := "ports 10250 (kubelet) are in the port window 1024-65535 and not reserved"
 	for _, step := range []struct {
@@ -329,7 +320,7 @@ func TestWriterClassWarns(t *testing.T) {
 			"Warning NodePortsUnreserved NodePortsReserved: ports 6443 (kube-apiserver)"},
 		{status(metav1.ConditionTrue, v1alpha1.ReasonAllReserved, "clear"), ""},
 	} {
-		_, err := w.Class(ctx, get(), step.st)
+		_, err := w.Class(ctx, getClass(t, ctx, client.Resource(v1alpha1.PortMapClassesResource)), step.st)
 		require.NoError(t, err)
 		if step.event == "" {
 			assert.Empty(t, rec.Events)

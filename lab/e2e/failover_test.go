@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"crypto/tls"
-	"net"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -24,6 +23,7 @@ import (
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/controller/leader"
 	"kuport.wlz.li/kuport/controller/servingcert"
+	"kuport.wlz.li/kuport/internal/fakecontroller"
 	"kuport.wlz.li/kuport/lab"
 	"kuport.wlz.li/kuport/lab/cluster"
 	"kuport.wlz.li/kuport/lab/netlab"
@@ -162,16 +162,17 @@ func TestPrivilegedE2EFailover(t *testing.T) {
 	// program of the old epoch that would remove everything.
 	edgeBefore := kernelState(t, l, "edge-a")
 	// The deposed leader holds the serving certificate, as every replica does.
-	acks := forgeLeader(t, l, filepath.Join(t.TempDir(), "forged.sock"), &kuportv1.NodeProgram{
+	forgedSocket := filepath.Join(t.TempDir(), "forged.sock")
+	forgedLeader := forgeLeader(t, l, forgedSocket, &kuportv1.NodeProgram{
 		Node: "edge-a", Version: before.GetProgram().GetVersion() + 100, Epoch: before.GetProgram().GetEpoch()})
 	require.NoError(t, l.StopAgent("edge-a", false))
 	forged, err := l.Net.Start("edge-a", filepath.Join(t.TempDir(), "agent.log"), filepath.Join(l.Bin(), "kuport-agent"),
-		"--node-name", "edge-a", "--controller", "unix://"+acks.socket, "--token-file", "", "--inspect-listen", "",
+		"--node-name", "edge-a", "--controller", "unix://"+forgedSocket, "--token-file", "", "--inspect-listen", "",
 		"--epoch-file", l.AgentEpochFile("edge-a"),
 		"--controller-ca-file", filepath.Join(cluster.DefaultDir, lab.ControllerCAFile), "--controller-server-name", lab.ControllerServerName)
 	require.NoError(t, err)
 	select {
-	case ack := <-acks.ch:
+	case ack := <-forgedLeader.Acks():
 		require.Len(t, ack.GetErrors(), 1, "the stale program must be refused")
 		assert.Contains(t, ack.GetErrors()[0].GetMessage(), "refused by fencing")
 	case <-time.After(30 * time.Second):
@@ -204,52 +205,18 @@ func TestPrivilegedE2EFailover(t *testing.T) {
 	assertReaches(t, l, corev1.ProtocolTCP, lab.PublicAddr, 3003, lab.PodB, 3002)
 }
 
-// forgedLeader is a fake controller replica that sends one program to every agent that
-// connects and hands their acks to the test.
-type forgedLeader struct {
-	kuportv1.UnimplementedAgentServiceServer
-	socket  string
-	program *kuportv1.NodeProgram
-	ch      chan *kuportv1.Ack
-}
-
-// forgeLeader serves a forgedLeader on the unix socket path until the test ends, over TLS
-// with the lab controller's serving certificate (the Secret the replicas share).
-func forgeLeader(t *testing.T, l *lab.Lab, socket string, p *kuportv1.NodeProgram) *forgedLeader {
+// forgeLeader serves, on the unix socket path until the test ends, a fake controller replica
+// that sends p to every agent that connects, over TLS with the lab controller's serving
+// certificate (the Secret the replicas share); its Acks are the agents' answers.
+func forgeLeader(t *testing.T, l *lab.Lab, socket string, p *kuportv1.NodeProgram) *fakecontroller.Controller {
 	t.Helper()
-	f := &forgedLeader{socket: socket, program: p, ch: make(chan *kuportv1.Ack, 1)}
 	sec, err := l.Kube.CoreV1().Secrets(leader.DefaultNamespace).Get(context.Background(), servingcert.DefaultSecret, metav1.GetOptions{})
 	require.NoError(t, err)
 	cert, err := tls.X509KeyPair(sec.Data[corev1.TLSCertKey], sec.Data[corev1.TLSPrivateKeyKey])
 	require.NoError(t, err)
-	lis, err := net.Listen("unix", socket)
-	require.NoError(t, err)
-	srv := grpc.NewServer(grpc.Creds(credentials.NewServerTLSFromCert(&cert)))
-	kuportv1.RegisterAgentServiceServer(srv, f)
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
+	f := fakecontroller.New(fakecontroller.Options{Program: p})
+	f.Start(t, socket, fakecontroller.TLS(cert))
 	return f
-}
-
-func (f *forgedLeader) Connect(stream grpc.BidiStreamingServer[kuportv1.ConnectRequest, kuportv1.ConnectResponse]) error {
-	if _, err := stream.Recv(); err != nil { // Hello
-		return err
-	}
-	if err := stream.Send(&kuportv1.ConnectResponse{Message: &kuportv1.ConnectResponse_Program{Program: f.program}}); err != nil {
-		return err
-	}
-	for {
-		req, err := stream.Recv()
-		if err != nil {
-			return err
-		}
-		if ack := req.GetAck(); ack != nil {
-			select {
-			case f.ch <- ack:
-			default:
-			}
-		}
-	}
 }
 
 // watchProgrammed watches the named PortMaps of namespace from now on; the function it

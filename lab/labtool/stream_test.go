@@ -7,12 +7,13 @@ import (
 	"net"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"kuport.wlz.li/kuport/internal/syncbuf"
 )
 
 func TestStreamResultLine(t *testing.T) {
@@ -44,7 +45,7 @@ func TestStreamAgainstServe(t *testing.T) {
 			port := freePort(t, proto)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			served := &syncBuffer{}
+			served := &syncbuf.Buffer{}
 			go func() { _ = Serve(ctx, []string{"--proto", proto, "--port", fmt.Sprint(port)}, served) }()
 			require.Eventually(t, func() bool {
 				return strings.Contains(served.String(), ListeningLine(proto, port))
@@ -109,24 +110,6 @@ func TestStreamUDPLateReplies(t *testing.T) {
 			assert.Less(t, took, tc.lessThan, "the stream stopped waiting")
 		})
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for one writer and one reader at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func freePort(t *testing.T, proto string) int {
