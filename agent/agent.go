@@ -404,7 +404,8 @@ func (a *Agent) session(ctx context.Context, target string, resync <-chan time.T
 		return send("ack", &kuportv1.ConnectRequest{Message: &kuportv1.ConnectRequest_Ack{Ack: ack}})
 	}
 	// Reports are read and sent beside this loop, not in it: reading every entry's counters
-	// takes about 100 ms at 10,000 mappings, and a program arriving meanwhile waited for it.
+	// takes long at 10,000 mappings, and a program arriving meanwhile waited for it
+	// (BENCHMARKS.md, "Figures moved out of code comments").
 	reportErr := make(chan error, 1)
 	var reporter sync.WaitGroup
 	reporter.Go(func() {

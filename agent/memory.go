@@ -14,13 +14,12 @@ import (
 // Config.Applied. A GOGC in the environment wins over the first two.
 
 // steadyGCPercent is the agent's GOGC between applies. The agent's heap is mostly what lives
-// as long as its program (the program and its compiled table, about 15 MB at 10,000 mappings
-// with the gRPC buffers) and its garbage comes from periodic reads (every element's counter
-// per report, 5.7 MB at 10,000), so the default GOGC (100) lets the heap grow to twice the
-// program between collections. 25 leaves a quarter: measured resident memory at 10,000
-// mappings, reporting every second, went from 45.6 MB (100) and 38.9-39.1 MB (50) to
-// 36.2-37.7 MB (BENCHMARKS.md, "Four elements a mapping and fewer comments"), for about one
-// collection more per report (each 20-25 ms of CPU at 10,000).
+// as long as its program (the program and its compiled table, with the gRPC buffers) and its
+// garbage comes from periodic reads (every element's counter per report), so the default
+// GOGC (100) lets the heap grow to twice the program between collections. 25 leaves a
+// quarter: the lowest resident memory measured, for about one collection more per report
+// (BENCHMARKS.md, "Four elements a mapping and fewer comments"; the heap's parts and the
+// collection's CPU in "Figures moved out of code comments").
 const steadyGCPercent = 25
 
 // SetSteadyPace sets the process's GOGC to steadyGCPercent, unless the environment sets GOGC.
@@ -31,8 +30,8 @@ func SetSteadyPace() {
 }
 
 // PacedApply is d with each Apply collected at the default pace (GOGC 100): an Apply
-// allocates several times the program's compiled size (47 MB at 10,000 mappings, more when
-// it reads the kernel's table back), which at steadyGCPercent would be collected a dozen
+// allocates several times the program's compiled size (more when it reads the kernel's table
+// back; BENCHMARKS.md, "Four elements a mapping and fewer comments"), which at steadyGCPercent would be collected a dozen
 // times over, each pass marking the whole heap, while the program is not yet in the kernel.
 // After the call the steady pace is back, and FreeOSMemory returns the garbage of a large
 // one to the system. Nothing changes when the environment sets GOGC.
@@ -49,9 +48,9 @@ func (d pacedApply) Apply(p *kuportv1.NodeProgram) error {
 
 // FreeOSMemory returns the garbage of a program's apply to the system (an agent process's
 // Config.Applied): a new program's whole compile and write leave garbage several times the
-// program's compiled size (47 MB at 10,000 mappings), and an agent then allocates little
-// until its next report, so the heap would stay at its peak for minutes. A forced collection
-// costs about 20 ms of CPU at 10,000 mappings, so it runs only when at least freeAfterBytes
+// program's compiled size, and an agent then allocates little until its next report, so the
+// heap would stay at its peak for minutes. A forced collection costs CPU (BENCHMARKS.md,
+// "The agent's path for one change at 10,000"), so it runs only when at least freeAfterBytes
 // were allocated since the last one (a change of a few mappings allocates well under 1 MB,
 // which the steady pace collects), and a call while one runs is dropped: on two cores the
 // collections of changes applied back to back doubled their time to Ack

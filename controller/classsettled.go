@@ -6,9 +6,9 @@ import "kuport.wlz.li/kuport/api/v1alpha1"
 // object, so that a compile that changed neither (the same compiled status, by pointer:
 // compile.Incremental keeps an untouched class's; the same cached object: no event since)
 // does not compare them again. Comparing a class status of 1,000 node rows
-// (equality.Semantic, by reflection) took 0.44 s of the controller's CPU over a class change
-// acknowledged by 1,000 agents, once for every compile the agents' acknowledgements and
-// the PortMaps' status echoes set off.
+// (equality.Semantic, by reflection) once for every compile the agents' acknowledgements and
+// the PortMaps' status echoes set off cost much of the controller's CPU over a class change
+// (BENCHMARKS.md, "Figures moved out of code comments").
 type settledClasses map[string]settledClass
 
 type settledClass struct {

@@ -46,10 +46,9 @@ func (w *ackWaits) forget(key types.NamespacedName) {
 }
 
 // A burst of PortMaps arriving (created, deleted, their spec changed) puts their status
-// writes off until it is over: each write costs the API server more than a create
-// (bench/control's bulk: it took 3.1-4.0 s to accept 1,000 PortMaps applied at once beside
-// their 1,000 status writes, 1.8 s with the controller running and the writes put off,
-// and the kernel waited for the last create).
+// writes off until it is over: each write costs the API server more than a create, and
+// bench/control's bulk was accepted about twice as fast with the writes put off (BENCHMARKS.md,
+// "Figures moved out of code comments").
 const (
 	// burstArrivals PortMaps arriving within one timing.CompileWindow start a burst.
 	burstArrivals = 10

@@ -22,17 +22,17 @@ import (
 // DefaultClassStatusWait is the longest a class status write is put off behind the push of
 // the compile it comes from (when its link claims are already recorded, nothing waits for it):
 // the write goes out once every connected agent acknowledged, or after this long. A class
-// of 1,000 nodes is a large write: kube-apiserver spent about 1.3 s of CPU on one in
-// bench/fanout (its apiserver-cpu.pprof), which beside the push competes with the
-// acknowledgements for the CPU (BENCHMARKS.md, "a class change at 1,000 agents").
+// of 1,000 nodes is a large write, which beside the push competes with the acknowledgements
+// for the CPU (BENCHMARKS.md, "a class change at 1,000 agents"; the write's own CPU in
+// "Figures moved out of code comments").
 const DefaultClassStatusWait = time.Second
 
 // Status writes: by default at most DefaultStatusQPS a second (bursts of DefaultStatusBurst),
-// by statusWorkers in parallel. client-go's default (5 a second) made 1,000 PortMaps applied
-// at once take 198 s to all read Programmed=True (BENCHMARKS.md, "Control plane"); 4 workers
-// at 200 a second still took 5 s after the last of them was created, each write waiting out
-// its round trip to an API server busy with the creates. Sized so 1,000 at once leave in
-// about a second.
+// by statusWorkers in parallel. client-go's default (5 a second) left 1,000 PortMaps applied
+// at once minutes from all reading Programmed=True, and 4 workers at 200 a second still
+// seconds after the last create, each write waiting out its round trip to an API server busy
+// with the creates (BENCHMARKS.md, "Figures moved out of code comments"). Sized so 1,000 at once leave in about a
+// second.
 const (
 	DefaultStatusQPS   = 500
 	DefaultStatusBurst = 1000

@@ -19,8 +19,8 @@ import (
 // lacks (someone else's, or one the next Apply removes) is left out.
 //
 // It reads the sets one at a time, each element's key and counter only, and keeps only the
-// sums (elemcounters.go): little garbage however many elements there are. The reads (about
-// 100 ms at 10,000 mappings, the agent's every report) hold the lock Apply and Validate take,
+// sums (elemcounters.go): little garbage however many elements there are. The reads (the agent's
+// every report; BENCHMARKS.md, "Figures moved out of code comments") hold the lock Apply and Validate take,
 // so every element counts under the entry of the table it was read beside, but give way to
 // them: between two reads of a set's dump, a waiting Apply or Validate stops the reading,
 // which starts over once it is done (at most maxCounterYields times, then reads through).

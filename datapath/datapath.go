@@ -23,9 +23,9 @@ type Config struct {
 	// NFT is the nftables connection: nftables.New with nftables.AsLasting and
 	// NFTSocketOption (and nftables.WithNetNSFd for another namespace). Lasting matters: a
 	// connection that is not opens a socket per call, and closing a nftables socket after a
-	// transaction that deleted an element waits for the kernel to release it (measured 7-30
-	// ms on kernel 6.18, where the transaction itself takes 15-100 µs), so every change
-	// that removes or retargets a mapping would wait that long.
+	// transaction that deleted an element waits for the kernel to release it, far longer
+	// than the transaction itself, so every change that removes or retargets a mapping
+	// would wait that long (BENCHMARKS.md, "Figures moved out of code comments").
 	NFT *nftables.Conn
 	// Netlink is the netlink handle (netlink.NewHandle, or netlink.NewHandleAt), with the
 	// NETLINK_ROUTE and NETLINK_NETFILTER (conntrack) families, as it has when created

@@ -12,8 +12,8 @@ import (
 
 // Element counters, read with little garbage. The agent reports every entry's counters
 // (Counters) every ReportInterval; google/nftables decodes each element of a dump into a
-// SetElement with its key, data, comment and expressions, about 2 KB of garbage an element
-// (90 MB for 40,000, measured), which set the agent's resident memory. So Counters dumps
+// SetElement with its key, data, comment and expressions, garbage that set the agent's
+// resident memory (BENCHMARKS.md, "Figures moved out of code comments"). So Counters dumps
 // each set itself (NFT_MSG_GETSETELEM, as nft and the library send it) and walks the
 // answer's attributes in place, in a buffer it keeps: per element only its key and its
 // counter.

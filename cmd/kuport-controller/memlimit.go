@@ -37,10 +37,9 @@ func setMemoryLimit(log hclog.Logger, limit memlimit.Provider) int64 {
 // (compile's programs and index, the informer caches, the agents' latest reports, the
 // dashboard's history), and the default GOGC (100) lets the heap grow to twice that between
 // collections, which the runtime then keeps from the system. At 10,000 mappings with 1,000
-// agents (bench/fanout), 25 took the resident memory from 500-638 to 367-377 MiB (heap goal
-// 433-546 to 246-306 MB) for three times the collections: the collector's share of the two
-// cores from 8 to 27 % over the run, most of it while 10,000 PortMaps arrive (BENCHMARKS.md,
-// "controller memory at 10,000 mappings and 1,000 agents").
+// agents (bench/fanout), 25 took about a third off the resident memory for three times the
+// collections, most of them while 10,000 PortMaps arrive (BENCHMARKS.md, "controller memory
+// at 10,000 mappings and 1,000 agents").
 const gcPercent = 25
 
 // setGCPercent sets the process's GOGC to gcPercent, unless the environment sets GOGC, and

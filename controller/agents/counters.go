@@ -9,9 +9,9 @@ import (
 
 // Counter is one counter of a node's latest Report as the Registry keeps it (Stats): the
 // values of a kuportv1.Counter without the message, 72 bytes, in one slice per report, its
-// id the string of the node's index. bench/fanout's 110,000 counters took 30 MB held as the
-// received messages (each Counter and Traffic an object, each id a string of its own) with a
-// Tracker per DNAT entry, and take 8 MB so (BenchmarkReportsRetained).
+// id the string of the node's index: a fraction of what the received messages (each Counter
+// and Traffic an object, each id a string of its own) held with a Tracker per DNAT entry
+// (BenchmarkReportsRetained; BENCHMARKS.md, "The agents' latest Reports in the controller").
 type Counter struct {
 	// ID is the counted entry's id: the string of the node's index where the index holds it.
 	ID             string

@@ -81,14 +81,15 @@ func NewServer(log hclog.Logger, auth Authenticator, tlsConfig *tls.Config) *Ser
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.UnaryInterceptor(s.authorizeInspection),
-		// No read buffer of gRPC's own per connection (32 KB, 27 MB with 1,000 agents): the
-		// framer reads from the TLS connection, which holds each record it decrypted anyway.
+		// No read buffer of gRPC's own per connection (BENCHMARKS.md, "Fan-out after branch
+		// `fanout`"): the framer reads from the TLS connection, which holds each record it
+		// decrypted anyway.
 		grpc.ReadBufferSize(0),
 		// No write buffer either: a stream took one from gRPC's pool while it wrote, a change
 		// for every node has 1,000 streams write at once, and the pool kept their buffers
-		// until two collections had passed (12 MB of 16 KB buffers in the heap right after a
-		// change acknowledged by 1,000 agents; 18 MB at 32 KB). Each frame goes to the TLS
-		// connection as it is written: a program change is one frame a stream.
+		// until two collections had passed (BENCHMARKS.md, "Figures moved out of code
+		// comments"). Each frame goes to the TLS connection as it is written: a program
+		// change is one frame a stream.
 		grpc.WriteBufferSize(0),
 	)
 	kuportv1.RegisterAgentServiceServer(s.grpc, s)

@@ -51,9 +51,9 @@ func compileFull(s *Snapshot) (*compiler, *Result) {
 }
 
 // intern returns the copy of s the compile holds already, if any: a message or link key made
-// for many mappings is then kept once (the messages naming a mapping's nodes took 0.9 MB at
-// 10,000 mappings). Only a full compile interns: an update compiles few mappings, and a table
-// kept with the state would only grow.
+// for many mappings is then kept once (the messages naming a mapping's nodes most of all;
+// BENCHMARKS.md, "Figures moved out of code comments"). Only a full compile interns: an
+// update compiles few mappings, and a table kept with the state would only grow.
 func (c *compiler) intern(s string) string {
 	if c.interned == nil {
 		return s
@@ -66,7 +66,7 @@ func (c *compiler) intern(s string) string {
 }
 
 // wire is r as rules carry it, one message per range during a full compile, like intern: the
-// pod port of many mappings is the same (one message per rule took 3 MB at 10,000 mappings).
+// pod port of many mappings is the same (BENCHMARKS.md, "Figures moved out of code comments").
 func (c *compiler) wire(r portRange) *kuportv1.PortRange {
 	if w := c.wires[r]; w != nil {
 		return w

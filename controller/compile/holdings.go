@@ -11,8 +11,8 @@ import (
 const bucketBits = 8
 
 // fewHoldings: up to this many holdings are one list, read whole. Most links carry a few
-// mappings, each in buckets of its own: a map of buckets per link took 0.8 MB at 10,000
-// mappings over 1,000 links.
+// mappings, each in buckets of its own, and a map of buckets per link costs more than the
+// few it holds (BENCHMARKS.md, "Figures moved out of code comments").
 const fewHoldings = 16
 
 // holdings are the port ranges accepted mappings hold on one key (a protocol, or a link): in

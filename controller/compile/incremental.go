@@ -44,8 +44,8 @@ type Incremental struct {
 	// plans by PortMap: each plan's pm is the PortMap compiled.
 	plans map[types.NamespacedName]*plan
 	// byService: the PortMaps whose serviceRef names each Service, but one named after it
-	// (bench/fanout's every one: 1.3 MB at 10,000), which plans has by that key (mappingsOf).
-	// Nearly always one: a list, where a set per Service took 10,000 small maps.
+	// (bench/fanout's every one), which plans has by that key (mappingsOf). Nearly always
+	// one: a list, not a set per Service (BENCHMARKS.md, "What compile keeps live").
 	byService map[types.NamespacedName][]types.NamespacedName
 	// needers counts the plans needing each link ("<class>/<pair>").
 	needers map[string]int
@@ -97,8 +97,9 @@ func (inc *Incremental) CompileChanges(s *Snapshot, ch *Changes) *Result {
 		inc.prev, inc.res = s, r
 		return r
 	}
-	// The previous state (8 MB at 10,000 mappings, besides the result the caller holds) is
-	// no use to a full compile: it goes before the new one is built, not after.
+	// The previous state (besides the result the caller holds) is no use to a full compile:
+	// it goes before the new one is built, not after (BENCHMARKS.md, "What compile keeps
+	// live").
 	*inc = Incremental{}
 	c, r := compileFull(s)
 	inc.reset(s, c, r)

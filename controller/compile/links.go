@@ -124,8 +124,8 @@ func linkName(class, peer string) string {
 }
 
 // linkDevice is the device of a class's links that nodes name after one peer, with the entry
-// names and return path id it gives the pod's node: made once per peer, not per mapping (a
-// string each took 1.5 MB at 10,000 mappings over links). links and returnPaths are name and
+// names and return path id it gives the pod's node: made once per peer, not per mapping
+// (BENCHMARKS.md, "Figures moved out of code comments"). links and returnPaths are name and
 // returnPath alone, the index lists of a mapping using only it (withOne).
 type linkDevice struct {
 	name, dnat, ctSave, returnPath string

@@ -75,8 +75,8 @@ func (b *programBuilder) uses(p *plan, d *linkDevice, withReturn bool) {
 }
 
 // withOne returns list with one's element added once. An empty list becomes one itself, shared
-// by every mapping (one list each of the one link most use took 0.4 MB at 10,000 mappings):
-// its capacity is its length, so an append copies it.
+// by every mapping (BENCHMARKS.md, "Figures moved out of code comments"): its capacity is
+// its length, so an append copies it.
 func withOne(list, one []string) []string {
 	switch {
 	case len(list) == 0:
@@ -112,7 +112,8 @@ func (b *programBuilder) program() *kuportv1.NodeProgram {
 }
 
 // sortedBy returns list sorted by key, without the spare room appending left: a result lives
-// until the next compile (8 MB of index entries and 0.3 MB of rule lists at 10,000 mappings).
+// until the next compile (BENCHMARKS.md, "What compile keeps live"; the index entries' share
+// in "Figures moved out of code comments").
 func sortedBy[T any](list []T, key func(T) string) []T {
 	if cap(list) > len(list) {
 		list = slices.Clone(list)

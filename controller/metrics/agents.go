@@ -89,7 +89,7 @@ func rule(mi *compile.MappingIndex, e compile.Entry) Rule {
 // Forwarded rows, in report order. A counter of an entry the index no longer holds belongs to
 // a rule the agent is about to remove: it is left out. It finds each counter's entry in the
 // index (compile.NodeIndex.Entry) and builds no map: a map of a node's Rules was most of
-// what a sample of the dashboard allocated (15 MB at 40,000 counters, every 5 s).
+// what a sample of the dashboard allocated (BENCHMARKS.md, "Figures moved out of code comments").
 func Counted(index compile.NodeIndex, counters []agents.Counter) iter.Seq2[Rule, Count] {
 	return func(yield func(Rule, Count) bool) {
 		for i := range counters {

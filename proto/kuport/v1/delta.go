@@ -47,7 +47,7 @@ func Delta(base, next *NodeProgram) *ProgramDelta {
 // Apply returns the program d makes of base, which must be the program of d's base version;
 // base is not modified (the result shares its unchanged elements). A keyed list is merged
 // through its typed accessors (keyedLists), not element by element through reflection, which
-// cost 9 ms for a delta of one mapping at 10,000.
+// cost most of a one-mapping delta (BENCHMARKS.md, "The agent's path for one change at 10,000").
 func (d *ProgramDelta) Apply(base *NodeProgram) (*NodeProgram, error) {
 	if base.GetVersion() != d.GetBaseVersion() {
 		return nil, fmt.Errorf("delta to version %d is from version %d, not %d", d.GetChanged().GetVersion(), d.GetBaseVersion(), base.GetVersion())
