@@ -98,7 +98,9 @@ check-generated: generate
 
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 BIN := $(CURDIR)/bin
-LDFLAGS := -X main.version=$(VERSION)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+# internal/version: what --version prints and the agents report.
+LDFLAGS := -X kuport.wlz.li/kuport/internal/version.Version=$(VERSION) -X kuport.wlz.li/kuport/internal/version.Commit=$(REVISION)
 # Static binaries whose bytes depend only on the source, VERSION and the Go toolchain: no cgo,
 # no build paths, no VCS stamp (the image labels carry the revision).
 GOBUILD := CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false
@@ -120,7 +122,6 @@ IMAGE_REPO ?= ghcr.io/kuport
 IMAGE_TAG ?= $(VERSION)
 IMAGE_ARCH ?= $(shell $(GO) env GOARCH)
 IMAGE_SOURCE := https://github.com/kuport/kuport
-REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 IMAGEPACK := $(GO) run ./build/cmd/imagepack
 

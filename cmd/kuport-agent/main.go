@@ -65,6 +65,7 @@ import (
 
 	"kuport.wlz.li/kuport/agent"
 	"kuport.wlz.li/kuport/datapath"
+	"kuport.wlz.li/kuport/internal/version"
 )
 
 // Flag defaults: where the projected token volume of deploy/agent.yaml puts the token, and a
@@ -78,9 +79,6 @@ const (
 	// kernel state it fences.
 	defaultEpochFile = "/run/kuport/epoch"
 )
-
-// version is stamped at build time: -ldflags "-X main.version=v1.2.3".
-var version = "dev"
 
 func main() {
 	// The agent process's pace of collection: agent.SetSteadyPace, PacedApply, FreeOSMemory.
@@ -137,7 +135,7 @@ func runErr(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
 	if *showVersion {
-		_, _ = fmt.Fprintln(stdout, version)
+		_, _ = fmt.Fprintln(stdout, version.String("kuport-agent"))
 		return nil
 	}
 	level := hclog.LevelFromString(*logLevel)
@@ -188,7 +186,7 @@ func runErr(args []string, stdout, stderr io.Writer) error {
 	}
 	a, err := agent.New(agent.Config{
 		NodeName:       *nodeName,
-		AgentVersion:   version,
+		AgentVersion:   version.Version,
 		Underlay:       *underlay,
 		Targets:        *targets,
 		CAFile:         *caFile,
@@ -221,7 +219,7 @@ func runErr(args []string, stdout, stderr io.Writer) error {
 		defer srv.Stop()
 		log.Info("inspection listening", "address", *inspectListen)
 	}
-	log.Info("starting", "version", version, "node", *nodeName, "controllers", *targets, "underlay", *underlay)
+	log.Info("starting", "version", version.Version, "commit", version.Commit, "node", *nodeName, "controllers", *targets, "underlay", *underlay)
 	if err := a.Run(ctx); err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 
 	"kuport.wlz.li/kuport/internal/fakecontroller"
 	"kuport.wlz.li/kuport/internal/testenv"
+	"kuport.wlz.li/kuport/internal/version"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -37,7 +38,7 @@ func TestUsage(t *testing.T) {
 		stdout string
 		stderr string
 	}{
-		{name: "version", args: []string{"--version"}, code: 0, stdout: "dev\n"},
+		{name: "version", args: []string{"--version"}, code: 0, stdout: version.String("kuport-agent") + "\n"},
 		{name: "no node", args: []string{"--controller", "unix:///x"}, code: 2, stderr: "--node-name is required"},
 		{name: "no controller", args: []string{"--node-name", "edge-a"}, code: 2, stderr: "--controller is required"},
 		{name: "bad log level", args: []string{"--log-level", "loud"}, code: 2, stderr: `unknown --log-level "loud"`},

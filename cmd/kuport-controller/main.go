@@ -10,6 +10,7 @@
 //	                   --tls-ca-configmap kuport-controller-ca --tls-names NAME,...] [--health-listen ADDR]
 //	                  [--unanswered-reports 2] [--unanswered-window 4s]
 //	                  [--return-mark-mask 0x301f] [--return-tables 27505-27631] [--return-rule-prefs 101,102]
+//	kuport-controller --version
 //
 // --return-mark-mask, --return-tables and --return-rule-prefs place the return paths' marks,
 // routing tables and ip rules on every node clear of the CNI's, a mesh's and kube-proxy's
@@ -83,6 +84,7 @@ import (
 	"kuport.wlz.li/kuport/controller/leader"
 	"kuport.wlz.li/kuport/controller/metrics"
 	"kuport.wlz.li/kuport/controller/servingcert"
+	"kuport.wlz.li/kuport/internal/version"
 )
 
 const defaultListen = "unix:///run/kuport/controller.sock"
@@ -141,10 +143,15 @@ func run(args []string) error {
 		"first-last: the routing tables of return paths, one per return path on a node")
 	rulePrefs := fs.String("return-rule-prefs", fmt.Sprintf("%d,%d", def.LoopGuardPref, def.DivertPref),
 		"loopguard,divert: the prefs of every return path's two ip rules")
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
 		return nil
 	} else if err != nil {
 		return err
+	}
+	if *showVersion {
+		fmt.Println(version.String("kuport-controller"))
+		return nil
 	}
 	if len(listen) == 0 {
 		listen = listFlag{defaultListen}
@@ -160,6 +167,7 @@ func run(args []string) error {
 		return fmt.Errorf("unknown --log-level %q", *level)
 	}
 	log := hclog.New(&hclog.LoggerOptions{Name: "kuport-controller", Level: lvl, Output: os.Stderr})
+	log.Info("starting", "version", version.Version, "commit", version.Commit)
 	marking, err := returnMarking(*markMask, *returnTables, *rulePrefs, log)
 	if err != nil {
 		return err

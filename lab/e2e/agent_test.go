@@ -80,7 +80,7 @@ func TestPrivilegedE2EAgent(t *testing.T) {
 		}
 		// The upgrade is another build of the agent, stamped with another version.
 		upgrade := filepath.Join(t.TempDir(), "kuport-agent")
-		out, err := exec.Command("go", "build", "-ldflags", "-X main.version=e2e-upgrade", "-o", upgrade,
+		out, err := exec.Command("go", "build", "-ldflags", "-X kuport.wlz.li/kuport/internal/version.Version=e2e-upgrade", "-o", upgrade,
 			"kuport.wlz.li/kuport/cmd/kuport-agent").CombinedOutput()
 		require.NoError(t, err, "%s", out)
 
