@@ -184,24 +184,25 @@ func (c *Controller) receive(stream kuportv1.AgentService_ConnectServer, s *Sess
 // NextSession waits for the next agent stream.
 func (c *Controller) NextSession(t testing.TB) *Session {
 	t.Helper()
-	select {
-	case s := <-c.sessions:
-		return s
-	case <-time.After(c.opts.Wait):
-		t.Fatal("no agent session")
-		return nil
-	}
+	return within(t, c.sessions, c.opts.Wait, "no agent session")
 }
 
 // NextAck waits for the first Ack of any stream not taken yet (Acks).
 func (c *Controller) NextAck(t testing.TB) *kuportv1.Ack {
 	t.Helper()
+	return within(t, c.acks, c.opts.Wait, "no Ack from any agent")
+}
+
+// within receives from ch, failing t with failure after wait.
+func within[T any](t testing.TB, ch <-chan T, wait time.Duration, failure string) T {
+	t.Helper()
 	select {
-	case ack := <-c.acks:
-		return ack
-	case <-time.After(c.opts.Wait):
-		t.Fatal("no Ack from any agent")
-		return nil
+	case v := <-ch:
+		return v
+	case <-time.After(wait):
+		t.Fatal(failure)
+		var zero T
+		return zero
 	}
 }
 
