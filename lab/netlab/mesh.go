@@ -41,9 +41,10 @@ const (
 	// namespace: each daemon gets a private tmpfs there, in the mount namespace `ip netns
 	// exec` gives it, so the nodes' wt0.sock do not collide.
 	wgSocketDir = "/run/wireguard"
-	// keepalive is every peer's persistent keepalive in seconds, netbird's default: a daemon
-	// sends one as soon as it is configured, so a restarted node's peers learn its new
-	// session at once instead of when their stale one times out.
+	// keepalive is every peer's persistent keepalive in seconds, netbird's default: a
+	// restarted daemon sends one as soon as it is configured, so its peers learn its new
+	// session at once instead of when their stale one times out (Build turns it on only
+	// after the first handshakes: startKeepalives).
 	keepalive = 25
 	// meshWait bounds how long a daemon may take to open its UAPI socket, and to remove its
 	// device once stopped.
