@@ -229,17 +229,18 @@ func Down(ctx context.Context, args []string, stderr io.Writer) error {
 }
 
 // runKubelet is Run for `up --kubelet`: the kubelet-backed cluster with kuport installed by
-// `kubectl apply -k` of the lab overlay pinned to the images' tag, kept until ctx ends.
+// `kubectl apply -k` of the example install (examples/install) pinned to the images' tag,
+// kept until ctx ends.
 func runKubelet(ctx context.Context, opt Options) (err error) {
 	images, err := filepath.Glob(filepath.Join(opt.Images, "*.tar"))
 	if err != nil || len(images) == 0 {
 		return fmt.Errorf("no image tarballs in %s: run make images lab-images", opt.Images)
 	}
-	tag, err := kubelab.ImageTag(filepath.Join(opt.Images, "kuport-agent.tar"))
+	repository, tag, err := kubelab.ImageRef(filepath.Join(opt.Images, "kuport-agent.tar"))
 	if err != nil {
 		return err
 	}
-	overlay, err := filepath.Abs("lab/kubelab/overlay")
+	repo, err := filepath.Abs(".")
 	if err != nil {
 		return err
 	}
@@ -248,10 +249,14 @@ func runKubelet(ctx context.Context, opt Options) (err error) {
 		return err
 	}
 	defer func() { err = errors.Join(err, l.Close()) }()
-	install := filepath.Join(opt.Dir, "install")
-	if err := kubelab.PinnedKustomization(install, overlay, tag); err != nil {
+	checkout := filepath.Join(opt.Dir, "checkout")
+	if err := os.RemoveAll(checkout); err != nil {
 		return err
 	}
+	if err := kubelab.Checkout(checkout, repo, repository, tag); err != nil {
+		return err
+	}
+	install := filepath.Join(checkout, "examples/install")
 	opt.Log.Info("installing kuport", "kustomization", install)
 	if err := l.Cluster.Install(ctx, install); err != nil {
 		return err

@@ -9,8 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"slices"
 	"strings"
 	"testing"
 
@@ -132,46 +130,6 @@ func TestDefaultRenderEqualsKustomizeBase(t *testing.T) {
 			t.Errorf("%s: namespace %q, want %q", key, obj.GetNamespace(), namespace)
 		}
 	}
-}
-
-// TestLabValuesEqualLabOverlay checks that the chart with the kubelet-backed lab's values
-// (lab/kubelab/helm-values.yaml, which its e2e suite installs with) renders what the lab
-// overlay of deploy/ renders, object for object: both installs the suite runs are one install.
-func TestLabValuesEqualLabOverlay(t *testing.T) {
-	b, err := os.ReadFile("../../lab/kubelab/helm-values.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	values, err := chartutil.ReadValues(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	chart, lab := objects(t, renderChart(t, values)), objects(t, renderKustomization(t, "../../lab/kubelab/overlay"))
-	// The overlay's strategic merge patch moves what it patches to the front of its list;
-	// the order of a pod's volumes and of a container's mounts means nothing.
-	for _, objs := range []map[string]*unstructured.Unstructured{chart, lab} {
-		spec, _, _ := unstructured.NestedMap(objs["apps/v1 DaemonSet kuport-system/kuport-agent"].Object, "spec", "template", "spec")
-		sortByName(spec["volumes"])
-		for _, c := range spec["containers"].([]any) {
-			sortByName(c.(map[string]any)["volumeMounts"])
-		}
-		if err := unstructured.SetNestedMap(objs["apps/v1 DaemonSet kuport-system/kuport-agent"].Object, spec, "spec", "template", "spec"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if diff := cmp.Diff(lab, chart); diff != "" {
-		t.Errorf("chart with lab values differs from kustomize build lab/kubelab/overlay (-overlay +chart):\n%s", diff)
-	}
-	if diff := cmp.Diff(objects(t, renderBase(t)), lab); diff == "" {
-		t.Error("the lab overlay renders the base: nothing to compare")
-	}
-}
-
-// sortByName sorts a list of objects by their name.
-func sortByName(list any) {
-	slices.SortFunc(list.([]any), func(a, b any) int {
-		return strings.Compare(a.(map[string]any)["name"].(string), b.(map[string]any)["name"].(string))
-	})
 }
 
 // container returns the first container of the workload of that kind and name.

@@ -1,13 +1,13 @@
 // Package kubelab turns the lab's node namespaces into real Kubernetes nodes
 // (docs/design/lab.md#a-real-node-kubelet-and-containerd): each node namespace runs
-// containerd and a kubelet (entered with nsenter, so they share the host's mount namespace)
-// and kube-proxy in nftables mode; the root namespace runs kube-controller-manager and
-// kube-scheduler beside the lab's API server, and CoreDNS runs as a Deployment. The CNI is
+// containerd and a kubelet (entered with nsenter, so they share the node's own mount
+// namespace, node.mountNamespace) and kube-proxy in nftables mode; the root namespace runs
+// kube-controller-manager and kube-scheduler beside the lab's API server, and CoreDNS runs as a Deployment. The CNI is
 // real Flannel (flannel.go): flanneld in each node namespace carries pod traffic between
 // nodes in vxlan over the mesh (wt0) and masquerades pods' traffic leaving the cluster with
 // its own nftables rules, and its CNI plugin puts pods on the cni0 bridge; the lab's mesh
 // drop still applies. kuport itself is then installed the way operators do, with `kubectl
-// apply -k` of deploy/ (through the lab overlay in lab/kubelab/overlay).
+// apply -k examples/install/` in an operator's checkout (Checkout).
 //
 // The API server stays on the root namespace's loopback: a unix socket (a filesystem path
 // crosses network namespaces) bridged by socat carries every node's API traffic, reaching

@@ -21,6 +21,8 @@ type node struct {
 	c     *Cluster
 	spec  netlab.NodeSpec
 	procs []*netlab.Proc // in start order
+	// mounts holds the node's mount namespace (mountNamespace); nil until it is made.
+	mounts *netlab.Proc
 }
 
 // dir holds the node's configs and sockets (small, on the lab dir); state its runtimes'
@@ -50,6 +52,9 @@ func (n *node) start(ctx context.Context) error {
 	if err := createCgroup(n.cgroupName()); err != nil {
 		return err
 	}
+	if err := n.mountNamespace(ctx); err != nil {
+		return err
+	}
 	if err := n.startContainerd(ctx); err != nil {
 		return err
 	}
@@ -77,6 +82,52 @@ func (n *node) apiBridge(ctx context.Context) error {
 	return nil
 }
 
+// runDir is a directory every real node has to itself, on a tmpfs, which kuport's agent
+// DaemonSet mounts from the host (its fencing epoch file).
+const runDir = "/run/kuport"
+
+// mountNamespace starts a process holding the node's own mount namespace, which its
+// runtimes then share (startShared): a copy of the host's, with its own tmpfs on runDir, so
+// each node's agents see their node's files there, as on separate machines, and deploy/
+// installs unchanged. The tmpfs lasts as long as the node, as a node's /run lasts until it
+// reboots.
+func (n *node) mountNamespace(ctx context.Context) error {
+	// unshare's default propagation is private: the tmpfs and everything the runtimes mount
+	// stay in this namespace and go with it.
+	p, err := n.c.cfg.Net.StartShared(n.spec.Name, n.logFile("mounts"), "unshare", "--mount", "--",
+		"sh", "-c", "mkdir -p "+runDir+" && mount -t tmpfs -o mode=0755,size=4m kuport-lab-run "+runDir+" && exec sleep infinity")
+	if err != nil {
+		return err
+	}
+	n.procs = append(n.procs, p)
+	mountinfo := fmt.Sprintf("/proc/%d/mountinfo", p.Pid())
+	err = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		select {
+		case <-p.Done():
+			return false, errors.New("exited")
+		default:
+		}
+		b, err := os.ReadFile(mountinfo)
+		return err == nil && strings.Contains(string(b), " "+runDir+" "), nil
+	})
+	if err != nil {
+		return fmt.Errorf("node %s: mount namespace (see %s): %w", n.spec.Name, n.logFile("mounts"), err)
+	}
+	n.mounts = p
+	return nil
+}
+
+// startShared starts a runtime in the node's network namespace and its mount namespace.
+func (n *node) startShared(component string, args ...string) (*netlab.Proc, error) {
+	args = append([]string{"nsenter", fmt.Sprintf("--mount=/proc/%d/ns/mnt", n.mounts.Pid()), "--"}, args...)
+	p, err := n.c.cfg.Net.StartShared(n.spec.Name, n.logFile(component), args...)
+	if err != nil {
+		return nil, err
+	}
+	n.procs = append(n.procs, p)
+	return p, nil
+}
+
 func (n *node) startContainerd(ctx context.Context) error {
 	conf := filepath.Join(n.dir(), "containerd.toml")
 	if err := os.WriteFile(conf, []byte(n.containerdConfig()), 0o644); err != nil {
@@ -92,11 +143,10 @@ func (n *node) startContainerd(ctx context.Context) error {
 	if err := os.WriteFile(filepath.Join(cniDir, "10-flannel.conflist"), []byte(n.cniConfig()), 0o644); err != nil {
 		return err
 	}
-	p, err := n.c.cfg.Net.StartShared(n.spec.Name, n.logFile("containerd"), "containerd", "--config", conf)
+	p, err := n.startShared("containerd", "containerd", "--config", conf)
 	if err != nil {
 		return err
 	}
-	n.procs = append(n.procs, p)
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		select {
 		case <-p.Done():
@@ -150,18 +200,14 @@ func (n *node) startKubelet() error {
 	if err := os.WriteFile(conf, []byte(n.kubeletConfig()), 0o644); err != nil {
 		return err
 	}
-	p, err := n.c.cfg.Net.StartShared(n.spec.Name, n.logFile("kubelet"), filepath.Join(n.c.cfg.K8sBin, "kubelet"),
+	_, err := n.startShared("kubelet", filepath.Join(n.c.cfg.K8sBin, "kubelet"),
 		"--config="+conf, "--kubeconfig="+kubeconfig,
 		"--root-dir="+filepath.Join(n.state(), "kubelet"),
 		"--cert-dir="+filepath.Join(n.dir(), "kubelet-pki"),
 		"--hostname-override="+n.spec.Name,
 		"--node-ip="+n.spec.UnderlayAddr.Addr().String(),
 		"--v=1")
-	if err != nil {
-		return err
-	}
-	n.procs = append(n.procs, p)
-	return nil
+	return err
 }
 
 func (n *node) startKubeProxy() error {
@@ -173,13 +219,8 @@ func (n *node) startKubeProxy() error {
 	if err := os.WriteFile(conf, []byte(KubeProxyConfig(kubeconfig, n.spec.Name)), 0o644); err != nil {
 		return err
 	}
-	p, err := n.c.cfg.Net.StartShared(n.spec.Name, n.logFile("kube-proxy"), filepath.Join(n.c.cfg.K8sBin, "kube-proxy"),
-		"--config="+conf, "--v=1")
-	if err != nil {
-		return err
-	}
-	n.procs = append(n.procs, p)
-	return nil
+	_, err := n.startShared("kube-proxy", filepath.Join(n.c.cfg.K8sBin, "kube-proxy"), "--config="+conf, "--v=1")
+	return err
 }
 
 // stop stops flanneld, kube-proxy, the kubelet and containerd (in reverse start order)

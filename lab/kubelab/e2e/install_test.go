@@ -1,8 +1,8 @@
 // Package e2e proves kuport's install as operators run it: real kubelets and containerd in
 // the lab's node namespaces, kube-controller-manager, the scheduler, kube-proxy and CoreDNS,
-// kuport installed with `kubectl apply -k` of deploy/ (through the lab overlay) from image
-// tarballs `make images` built, then upgraded, failed over, drained and uninstalled exactly
-// as docs/install.md and docs/upgrade.md say, with real traffic throughout. It runs only as
+// kuport installed with `kubectl apply -k examples/install/` in an operator's checkout from
+// image tarballs `make images` built, then upgraded, failed over, drained and uninstalled
+// exactly as docs/install.md and docs/upgrade.md say, with real traffic throughout. It runs only as
 // root with KUPORT_PRIVILEGED=1 (`make test` sets it).
 package e2e
 
@@ -43,26 +43,12 @@ func imageDirs(t *testing.T) (cur, next string) {
 	return cur, next
 }
 
-// imageTag is the tag an image tarball records.
-func imageTag(t *testing.T, path string) string {
+// imageRef is where an image tarball says its image lives: repository and tag.
+func imageRef(t *testing.T, path string) (repository, tag string) {
 	t.Helper()
-	tag, err := kubelab.ImageTag(path)
+	repository, tag, err := kubelab.ImageRef(path)
 	require.NoError(t, err)
-	return tag
-}
-
-// overlay is the lab overlay with both kuport images pinned to tag.
-func overlay(t *testing.T, tag string) string {
-	t.Helper()
-	return pinnedKustomization(t, filepath.Join(repoRoot, "lab/kubelab/overlay"), tag)
-}
-
-// pinnedKustomization is base with both kuport images pinned to tag, in a temporary dir.
-func pinnedKustomization(t *testing.T, base, tag string) string {
-	t.Helper()
-	dir := t.TempDir()
-	require.NoError(t, kubelab.PinnedKustomization(dir, base, tag))
-	return dir
+	return repository, tag
 }
 
 func k8sBin(t *testing.T) string {
@@ -90,8 +76,12 @@ func TestPrivilegedInstall(t *testing.T) {
 		}
 	}
 	images = append(images, filepath.Join(cur, "pause.tar"))
-	curTag, nextTag := imageTag(t, filepath.Join(cur, "kuport-agent.tar")), imageTag(t, filepath.Join(next, "kuport-agent.tar"))
+	repository, curTag := imageRef(t, filepath.Join(cur, "kuport-agent.tar"))
+	_, nextTag := imageRef(t, filepath.Join(next, "kuport-agent.tar"))
 	require.NotEqual(t, curTag, nextTag, "the upgrade needs two versions")
+	// The operator's clone, in which the docs' commands run as written.
+	checkout := t.TempDir()
+	require.NoError(t, kubelab.Checkout(checkout, repoRoot, repository, curTag))
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -103,7 +93,7 @@ func TestPrivilegedInstall(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, l.Close()) })
 	t.Logf("kubelet-backed lab up in %s", time.Since(start).Round(time.Second))
-	e := &env{t: t, l: l}
+	e := &env{t: t, l: l, checkout: checkout, repository: repository}
 
 	e.deployWorkloads()
 	before := map[string]string{}
@@ -112,7 +102,7 @@ func TestPrivilegedInstall(t *testing.T) {
 	}
 
 	applied := time.Now()
-	e.runStep("install", stepArgs{deploy: overlay(t, curTag)})
+	e.runStep("install", stepArgs{})
 	e.assertAgentUnprivileged()
 	e.assertControllerSoftLimit()
 	e.kubectlIn(mappings, "apply", "-f", "-")
@@ -134,7 +124,7 @@ func TestPrivilegedInstall(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	t.Run("uninstall", func(t *testing.T) { e.t = t; e.uninstall(nextTag, before) })
+	t.Run("uninstall", func(t *testing.T) { e.t = t; e.uninstall(before) })
 	if t.Failed() {
 		return
 	}
@@ -145,6 +135,16 @@ func TestPrivilegedInstall(t *testing.T) {
 type env struct {
 	t *testing.T
 	l *kubelab.Lab
+	// checkout is the operator's clone the docs' commands run in (kubelab.Checkout), and
+	// repository where the images under test say they live.
+	checkout, repository string
+}
+
+// pin edits the checkout's example install to tag, as docs/upgrade.md has an operator pin
+// the release to install, upgrade to or clean up after.
+func (e *env) pin(tag string) {
+	e.t.Helper()
+	require.NoError(e.t, kubelab.PinExample(e.checkout, e.repository, tag))
 }
 
 func (e *env) kubectl(args ...string) string {

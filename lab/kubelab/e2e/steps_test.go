@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
@@ -214,7 +213,9 @@ func (e *env) upgrade(tag string) {
 	before := e.allKernelObjects()
 	streams := e.streams(60 * time.Second)
 	time.Sleep(2 * time.Second)
-	e.runStep("upgrade", stepArgs{deploy: overlay(e.t, tag)})
+	e.pin(tag)
+	e.runStep("upgrade", stepArgs{})
+	e.assertAgentsRolledFirst()
 	e.assertLossless(streams)
 	assert.Equal(e.t, before, e.allKernelObjects(), "kernel objects recreated by the upgrade")
 	e.waitAgentVersions(tag)
@@ -306,6 +307,33 @@ func (e *env) drainAndEvict() {
 	e.assertAnswers("tcp", 3001, "web-b")
 }
 
+// assertAgentsRolledFirst checks the order docs/upgrade.md's upgrades roll in: every agent
+// pod was Ready before the first controller pod of the rollout was created.
+func (e *env) assertAgentsRolledFirst() {
+	e.t.Helper()
+	pods := func(name string) []corev1.Pod {
+		l, err := e.l.Kube.CoreV1().Pods(kuportNS).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + name})
+		require.NoError(e.t, err)
+		require.NotEmpty(e.t, l.Items, name)
+		return l.Items
+	}
+	var agentsReady time.Time
+	for _, p := range pods("kuport-agent") {
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady && c.LastTransitionTime.After(agentsReady) {
+				agentsReady = c.LastTransitionTime.Time
+			}
+		}
+	}
+	for _, p := range pods("kuport-controller") {
+		if p.DeletionTimestamp != nil {
+			continue // a replica of the old release, going
+		}
+		assert.False(e.t, p.CreationTimestamp.Before(&metav1.Time{Time: agentsReady}),
+			"controller pod %s created at %s, before the last agent was Ready at %s", p.Name, p.CreationTimestamp, agentsReady)
+	}
+}
+
 func podReady(p *corev1.Pod) bool {
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodReady {
@@ -315,25 +343,22 @@ func podReady(p *corev1.Pod) bool {
 	return false
 }
 
-// uninstall runs the docs' uninstall step and checks that nothing of kuport is left on any
-// node and everything else is as it was before the install.
-func (e *env) uninstall(tag string, before map[string]string) {
-	e.runStep("uninstall", stepArgs{deploy: overlay(e.t, tag), cleanup: e.cleanup(tag)})
+// uninstall runs the docs' uninstall step with the checkout still pinned to the release
+// that runs, and checks that nothing of kuport is left on any node and everything else is
+// as it was before the install.
+func (e *env) uninstall(before map[string]string) {
+	e.runStep("uninstall", stepArgs{})
 	e.assertUninstalled(before)
 }
 
-// cleanup is deploy/cleanup with the agent image pinned to tag.
-func (e *env) cleanup(tag string) string {
-	return pinnedKustomization(e.t, filepath.Join(repoRoot, "deploy/cleanup"), tag)
-}
-
-// helmInstall installs kuport again, with the docs' Helm steps and the chart given the
-// lab's values (lab/kubelab/helm-values.yaml), proves traffic on every mapping shape,
+// helmInstall installs kuport again, with the docs' Helm steps and the example's values
+// pinned to tag, proves traffic on every mapping shape,
 // upgrades it to newTag with the docs' helm upgrade under live streams, and uninstalls it
 // with the docs' Helm uninstall.
 func (e *env) helmInstall(tag, newTag string, before map[string]string) {
 	applied := time.Now()
-	e.runStep("helm-install", stepArgs{tag: tag})
+	e.pin(tag)
+	e.runStep("helm-install", stepArgs{})
 	e.assertAgentUnprivileged()
 	e.kubectlIn(mappings, "apply", "-f", "-")
 	e.waitProgrammed("demo", "local", "remote", "remote-udp")
@@ -345,11 +370,14 @@ func (e *env) helmInstall(tag, newTag string, before map[string]string) {
 	streams := e.streams(60 * time.Second)
 	time.Sleep(2 * time.Second)
 	e.runStep("helm-upgrade", stepArgs{newTag: newTag})
+	e.assertAgentsRolledFirst()
 	e.waitAgentVersions(newTag)
 	e.assertLossless(streams)
 	e.assertAnswers("tcp", 3000, "web-a")
 
-	e.runStep("helm-uninstall", stepArgs{cleanup: e.cleanup(newTag)})
+	// The cleanup runs the release that ran last (docs/upgrade.md).
+	e.pin(newTag)
+	e.runStep("helm-uninstall", stepArgs{})
 	e.assertUninstalled(before)
 }
 
