@@ -69,7 +69,8 @@ func helmBin(t *testing.T) string {
 }
 
 // steps are the docs' kubelab= blocks TestPrivilegedInstall runs.
-var steps = []string{"install", "upgrade", "uninstall", "helm-install", "helm-upgrade", "helm-uninstall"}
+var steps = []string{"install", "upgrade", "uninstall", "helm-install", "helm-upgrade", "helm-uninstall",
+	"upgrade-controller", "upgrade-agents", "rollback-controller"}
 
 // TestDocSteps checks, without a lab, that every step the suite runs is one docs/ block that
 // parses into kubectl and helm commands with every placeholder filled, that every docs/

@@ -33,14 +33,20 @@ const (
 )
 
 // imageDirs are `make images` and `make lab-images` outputs: the release under test
-// (KUPORT_IMAGES, default bin/images) and the one it upgrades to (KUPORT_IMAGES_NEXT).
-func imageDirs(t *testing.T) (cur, next string) {
+// (KUPORT_IMAGES, default bin/images), the one it upgrades to (KUPORT_IMAGES_NEXT) and the
+// previous release's (KUPORT_IMAGES_PREV, `make images-prev`, with its source tree in
+// KUPORT_PREV_SRC), which may be absent.
+func imageDirs(t *testing.T) (cur, next, prev, prevSrc string) {
 	t.Helper()
 	cur, next = os.Getenv("KUPORT_IMAGES"), os.Getenv("KUPORT_IMAGES_NEXT")
 	if cur == "" || next == "" {
 		t.Fatal("KUPORT_IMAGES and KUPORT_IMAGES_NEXT must name `make images` outputs of two versions (`make test` sets them)")
 	}
-	return cur, next
+	prev, prevSrc = os.Getenv("KUPORT_IMAGES_PREV"), os.Getenv("KUPORT_PREV_SRC")
+	if (prev == "") != (prevSrc == "") {
+		t.Fatal("KUPORT_IMAGES_PREV and KUPORT_PREV_SRC go together (`make images-prev` makes both)")
+	}
+	return cur, next, prev, prevSrc
 }
 
 // imageRef is where an image tarball says its image lives: repository and tag.
@@ -67,10 +73,14 @@ func k8sBin(t *testing.T) string {
 // previous one, so a failed step ends the test.
 func TestPrivilegedInstall(t *testing.T) {
 	bin := k8sBin(t)
-	cur, next := imageDirs(t)
+	cur, next, prevImages, prevSrc := imageDirs(t)
 	kuportBin := labtest.KuportBin(t)
 	var images []string
-	for _, d := range []string{cur, next} {
+	dirs := []string{cur, next}
+	if prevImages != "" {
+		dirs = append(dirs, prevImages)
+	}
+	for _, d := range dirs {
 		for _, img := range []string{"kuport-controller.tar", "kuport-agent.tar"} {
 			images = append(images, filepath.Join(d, img))
 		}
@@ -79,6 +89,12 @@ func TestPrivilegedInstall(t *testing.T) {
 	repository, curTag := imageRef(t, filepath.Join(cur, "kuport-agent.tar"))
 	_, nextTag := imageRef(t, filepath.Join(next, "kuport-agent.tar"))
 	require.NotEqual(t, curTag, nextTag, "the upgrade needs two versions")
+	var prev prevRelease
+	if prevImages != "" {
+		_, prev.tag = imageRef(t, filepath.Join(prevImages, "kuport-agent.tar"))
+		prev.src = prevSrc
+		require.NotEqual(t, curTag, prev.tag, "the skew needs two versions")
+	}
 	// The operator's clone, in which the docs' commands run as written.
 	checkout := t.TempDir()
 	require.NoError(t, kubelab.Checkout(checkout, repoRoot, repository, curTag))
@@ -129,6 +145,16 @@ func TestPrivilegedInstall(t *testing.T) {
 		return
 	}
 	t.Run("install with Helm", func(t *testing.T) { e.t = t; e.helmInstall(curTag, nextTag, before) })
+	if t.Failed() {
+		return
+	}
+	t.Run("version skew", func(t *testing.T) {
+		if prev.tag == "" {
+			t.Skip("no previous release: KUPORT_IMAGES_PREV and KUPORT_PREV_SRC are unset (make images-prev)")
+		}
+		e.t = t
+		e.skew(prev, curTag, before)
+	})
 }
 
 // env carries the lab through the steps.
