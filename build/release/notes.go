@@ -22,7 +22,7 @@ var inlineLink = regexp.MustCompile(`(\]\()([^)\s]+)`)
 
 // Notes returns the body of version's section of a changelog, without its heading, trimmed.
 // version matches the heading with or without a leading "v" ("v0.1.0" finds "## [0.1.0]"),
-// "Unreleased" in any case. With base set, a relative link (docs/upgrade.md#unreleased) is
+// "Unreleased" in any case. With base set, a relative link (docs/upgrade.md#v010) is
 // made absolute against it, since release notes shown away from the repository cannot follow
 // one. A missing or empty section is an error: a release is not published without notes.
 func Notes(changelog, version, base string) (string, error) {
