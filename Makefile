@@ -231,10 +231,10 @@ lint: $(BUF) $(ACTIONLINT)
 # test runs everything: generated code up to date, lint, unit and golden tests, privileged
 # datapath tests in fresh network namespaces, and the end-to-end suite against the lab.
 .PHONY: test
-test: deps tools lab-binaries check-generated lint build images chart lab-images images-next
+test: deps tools lab-binaries check-generated lint build images chart lab-images images-next images-prev
 	KUPORT_PRIVILEGED=1 KUPORT_LAB_BIN=$$(lab/build-binaries.sh) KUPORT_BIN=$(BIN) $(LAB_ENV) \
 		KUPORT_IMAGES=$(IMAGES) KUPORT_IMAGES_NEXT=$(BIN)/images-next KUPORT_HELM=$(HELM) \
-		$(GO) test -count=1 -p 1 -timeout 45m ./...
+		env $(PREV_ENV) $(GO) test -count=1 -p 1 -timeout 45m ./...
 	# bench/datapath.sh once at small N: a smoke test that it completes, not of its timings.
 	sh bench/datapath.sh --mappings 1,10 --traffic 200ms
 	# bench/compile.sh once per benchmark, and the Go benchmarks no script runs once each
@@ -265,6 +265,29 @@ fuzz-smoke:
 .PHONY: images-next
 images-next:
 	@$(MAKE) --no-print-directory images VERSION=$(VERSION)-next IMAGES=$(BIN)/images-next >/dev/null
+
+# PREV_RELEASE is the release before this tree, which the install e2e's version skew installs
+# first (docs/upgrade.md, Versions that work together); PREV_RELEASE_COMMIT is the commit its
+# tag points at, for a clone without tags. images-prev extracts that commit's tree into
+# bin/prev-src and packs its images into bin/images-prev with that tree's own Makefile; in a
+# clone without the commit (a shallow one) it says so and makes neither, and the e2e skips
+# the skew.
+PREV_RELEASE := v0.1.0
+PREV_RELEASE_COMMIT := bd624946b8053d000fe654154416aa297c9a2e51
+PREV_SRC := $(BIN)/prev-src
+.PHONY: images-prev
+images-prev: $(CYCLONEDX_GOMOD)
+	@rm -rf $(PREV_SRC) $(BIN)/images-prev
+	@if ! git cat-file -e $(PREV_RELEASE_COMMIT)^{commit} 2>/dev/null; then \
+		echo "images-prev: this clone lacks $(PREV_RELEASE) ($(PREV_RELEASE_COMMIT)): the version skew e2e will be skipped (git fetch --unshallow)" >&2; \
+		exit 0; \
+	fi; \
+	mkdir -p $(PREV_SRC) && git archive $(PREV_RELEASE_COMMIT) | tar -x -C $(PREV_SRC) && \
+	$(MAKE) --no-print-directory -C $(PREV_SRC) images VERSION=$(PREV_RELEASE) REVISION=$(PREV_RELEASE_COMMIT) \
+		SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct $(PREV_RELEASE_COMMIT)) TOOLS=$(TOOLS) IMAGES=$(BIN)/images-prev >/dev/null
+
+# PREV_ENV hands images-prev's outputs to the e2e, when it made them.
+PREV_ENV = $$(test -f $(BIN)/images-prev/kuport-agent.tar && echo KUPORT_IMAGES_PREV=$(BIN)/images-prev KUPORT_PREV_SRC=$(PREV_SRC))
 
 # ---------------------------------------------------------------------------------------
 # The lab

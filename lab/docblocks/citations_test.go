@@ -106,7 +106,8 @@ func TestCommentsCiteTheRepository(t *testing.T) {
 			return err
 		}
 		if d.IsDir() {
-			if n := d.Name(); p != repoRoot && (strings.HasPrefix(n, ".") || n == "node_modules") {
+			// bin/ is build output (the previous release's source among it: make images-prev).
+			if n := d.Name(); p != repoRoot && (strings.HasPrefix(n, ".") || n == "node_modules" || p == filepath.Join(repoRoot, "bin")) {
 				return filepath.SkipDir
 			}
 			return nil

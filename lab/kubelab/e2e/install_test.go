@@ -69,7 +69,8 @@ func k8sBin(t *testing.T) string {
 
 // TestPrivilegedInstall is the operator's life with kuport on a kubelet-backed cluster:
 // install, traffic, upgrade, failover, drain and eviction, uninstall; then the same install
-// with the Helm chart, traffic, a Helm upgrade and the Helm uninstall. Each step needs the
+// with the Helm chart, traffic, a Helm upgrade and the Helm uninstall; then the previous
+// release, upgraded to this one a side at a time and the controller rolled back. Each step needs the
 // previous one, so a failed step ends the test.
 func TestPrivilegedInstall(t *testing.T) {
 	bin := k8sBin(t)
