@@ -111,24 +111,33 @@ build:
 	@$(GOBUILD) -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
 
 # images packs one image tarball per binary into bin/images/ (build/imagepack; no daemon, no
-# registry) and lists each image's name, manifest digest and image ID (config digest) in
-# bin/images/digests.txt. The same commit gives the same digests: every timestamp is
-# SOURCE_DATE_EPOCH (the commit time). Beside each tarball, <binary>.sbom.cdx.json is the SBOM
-# of the image's one binary (CycloneDX JSON: the Go modules its build info lists), with no
-# timestamp or serial number, so it is as reproducible as the image.
+# registry) for IMAGE_ARCH, the one `ctr images import` loads, and beside it <binary>.oci/,
+# an OCI image layout holding the index of the binary's images for IMAGE_INDEX_ARCHES
+# (linux/<arch> each; empty: no index), the one a release pushes. bin/images/digests.txt has
+# a line per tarball (its name, manifest digest and image ID, the config digest) and one per
+# index (its name, index digest and platforms). The same commit gives the same digests: every
+# timestamp is SOURCE_DATE_EPOCH (the commit time). Beside them,
+# <binary>.linux-<arch>.sbom.cdx.json is the SBOM of the binary built for each architecture
+# (CycloneDX JSON: the Go modules its build info lists; one per architecture, as each names
+# its binary's hash), with no timestamp or serial number, so it is as reproducible as the
+# image.
 # `make images VERSION=v0.1.0` sets the binaries' version and the tag.
 IMAGES := $(BIN)/images
 IMAGE_REPO ?= ghcr.io/kuport
 IMAGE_TAG ?= $(VERSION)
 IMAGE_ARCH ?= $(shell $(GO) env GOARCH)
+IMAGE_INDEX_ARCHES ?= amd64 arm64
+IMAGE_BUILD_ARCHES = $(sort $(IMAGE_ARCH) $(IMAGE_INDEX_ARCHES))
 IMAGE_SOURCE := https://github.com/kuport/kuport
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 IMAGEPACK := $(GO) run ./build/cmd/imagepack
 
-# image(binary, user, description) packs bin/images/<binary>.tar and prints its digest line.
+# image(binary, user, description) packs bin/images/<binary>.tar and <binary>.oci from the
+# builds in bin/images/bin/linux_<arch>/ and prints their digest lines.
 define image
 $(IMAGEPACK) --name $(IMAGE_REPO)/$(1):$(IMAGE_TAG) --out $(IMAGES)/$(1).tar \
-	--file /$(1)=$(IMAGES)/bin/$(1) --entrypoint /$(1) --user $(2) \
+	$(if $(IMAGE_INDEX_ARCHES),--index $(IMAGES)/$(1).oci $(foreach a,$(IMAGE_INDEX_ARCHES),--index-arch $(a))) \
+	--file /$(1)=$(IMAGES)/bin/linux_{arch}/$(1) --entrypoint /$(1) --user $(2) \
 	--arch $(IMAGE_ARCH) --created $(SOURCE_DATE_EPOCH) \
 	--label org.opencontainers.image.source=$(IMAGE_SOURCE) \
 	--label org.opencontainers.image.revision=$(REVISION) \
@@ -139,16 +148,18 @@ endef
 
 .PHONY: images
 images: $(CYCLONEDX_GOMOD)
-	@mkdir -p $(IMAGES)/bin
-	@GOOS=linux GOARCH=$(IMAGE_ARCH) $(GOBUILD) -ldflags "$(LDFLAGS)" -o $(IMAGES)/bin/ ./cmd/kuport-controller ./cmd/kuport-agent
+	@for a in $(IMAGE_BUILD_ARCHES); do \
+		mkdir -p $(IMAGES)/bin/linux_$$a && \
+		GOOS=linux GOARCH=$$a $(GOBUILD) -ldflags "$(LDFLAGS)" -o $(IMAGES)/bin/linux_$$a/ ./cmd/kuport-controller ./cmd/kuport-agent || exit 1; \
+	done
 	@{ $(call image,kuport-controller,65532:65532,kuport controller: compiles PortMaps and streams node programs) && \
 	   $(call image,kuport-agent,0:0,kuport node agent: applies its node's program with nftables and netlink); \
 	 } > $(IMAGES)/digests.txt.tmp
 	@mv $(IMAGES)/digests.txt.tmp $(IMAGES)/digests.txt
-	@for b in kuport-controller kuport-agent; do \
+	@for a in $(IMAGE_BUILD_ARCHES); do for b in kuport-controller kuport-agent; do \
 		$(CYCLONEDX_GOMOD) bin -json -noserial -notimestamp -version $(VERSION) \
-			-output $(IMAGES)/$$b.sbom.cdx.json $(IMAGES)/bin/$$b || exit 1; \
-	done
+			-output $(IMAGES)/$$b.linux-$$a.sbom.cdx.json $(IMAGES)/bin/linux_$$a/$$b || exit 1; \
+	done; done
 	@cat $(IMAGES)/digests.txt
 
 # chart packages the Helm chart into bin/chart/kuport-<CHART_VERSION>.tgz, its appVersion (the
@@ -195,7 +206,9 @@ lab-images:
 # recommends, which would pull a kernel image;
 # chromium loads the controller's dashboard headless in its tests; containerd, runc, the CNI
 # plugins and socat run the kubelet-backed lab's nodes, and its flanneld runs iptables even in
-# nftables mode, to clear its iptables-mode chains; installing containerd starts nothing).
+# nftables mode, to clear its iptables-mode chains; installing containerd starts nothing;
+# qemu-user's qemu-aarch64 runs the arm64 image's agent in build/release's tests, without its
+# recommends, which would register qemu with the host kernel's binfmt_misc).
 .PHONY: deps
 deps:
 	@if ! command -v nft >/dev/null || ! command -v conntrack >/dev/null || ! command -v ip >/dev/null || ! command -v sysctl >/dev/null || ! command -v chromium >/dev/null \
@@ -207,6 +220,9 @@ deps:
 	@if [ "$$(dpkg-query -W -f '$${Version}' wireguard-tools 2>/dev/null)" != "$(WIREGUARD_TOOLS_VERSION)" ]; then \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 			wireguard-tools=$(WIREGUARD_TOOLS_VERSION)) >&2; \
+	fi
+	@if ! command -v qemu-aarch64 >/dev/null; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-user) >&2; \
 	fi
 
 # lab-binaries builds (once per version, cached outside the repo) etcd, kube-apiserver,
@@ -261,10 +277,10 @@ fuzz-smoke:
 	$(GO) test -run '^$$' -fuzz '^FuzzValidateProgram$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 100x ./datapath/
 
 # images-next packs the images of a later version (VERSION-next) into bin/images-next, for the
-# install e2e's rolling upgrade.
+# install e2e's rolling upgrade, which loads the tarballs only: no index, no second arm64 build.
 .PHONY: images-next
 images-next:
-	@$(MAKE) --no-print-directory images VERSION=$(VERSION)-next IMAGES=$(BIN)/images-next >/dev/null
+	@$(MAKE) --no-print-directory images VERSION=$(VERSION)-next IMAGES=$(BIN)/images-next IMAGE_INDEX_ARCHES= >/dev/null
 
 # PREV_RELEASE is the release before this tree, which the install e2e's version skew installs
 # first (docs/upgrade.md, Versions that work together); PREV_RELEASE_COMMIT is the commit its

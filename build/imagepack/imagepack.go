@@ -1,6 +1,8 @@
 // Package imagepack packs host files (static binaries) into a one-layer container image and
 // writes it as an image tarball (the docker-archive form, with RepoTags) that `ctr images
-// import` loads and `crane push` publishes, with no daemon and no registry.
+// import` loads and `crane push` publishes, and one image per architecture into an image
+// index in an OCI image layout directory, which `crane push` publishes as one multi-platform
+// name, with no daemon and no registry.
 //
 // The image depends only on the spec and the files' bytes: every timestamp is Created, every
 // entry is owned by 0:0 with the mode the spec gives, entries are sorted, so the same inputs
@@ -27,6 +29,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
 // File is a regular file of the image, its content read from Src on the host.
@@ -53,8 +56,15 @@ type ImageSpec struct {
 	Architecture string
 }
 
-// Image builds the image spec describes, in memory.
+// Image builds the image spec describes, in memory, with Docker media types: a tarball records
+// none, and what crane push sends of one has Docker's, so the manifest digest is the one a
+// push of the tarball serves.
 func Image(spec ImageSpec) (v1.Image, error) {
+	return image(spec, types.DockerLayer)
+}
+
+// image builds the image spec describes, its layer of media type layerType.
+func image(spec ImageSpec, layerType types.MediaType) (v1.Image, error) {
 	created := spec.Created
 	if created.IsZero() {
 		created = time.Unix(0, 0)
@@ -76,8 +86,9 @@ func Image(spec ImageSpec) (v1.Image, error) {
 		return nil, fmt.Errorf("layer: %w", err)
 	}
 	img, err := mutate.Append(empty.Image, mutate.Addendum{
-		Layer:   layer,
-		History: v1.History{Created: v1.Time{Time: created}, CreatedBy: "imagepack"},
+		Layer:     layer,
+		History:   v1.History{Created: v1.Time{Time: created}, CreatedBy: "imagepack"},
+		MediaType: layerType,
 	})
 	if err != nil {
 		return nil, err
