@@ -286,7 +286,7 @@ func (l *Lab) StartReplica(i int) error {
 		"--kubeconfig", l.ControllerKubeconfig(),
 		"--grpc-listen", "unix://" + filepath.Join(l.opt.Dir, ReplicaSocket(i)),
 		"--grpc-listen", ReplicaAddr(i),
-		"--http-listen", ReplicaHTTPAddr(i),
+		"--http-loopback-listen", ReplicaHTTPAddr(i),
 		"--log-level", "debug"}, l.opt.ControllerArgs...)
 	p, err := l.Net.Start("", l.ReplicaLog(i), args...)
 	if err != nil {

@@ -224,7 +224,7 @@ func TestValuesLand(t *testing.T) {
 		"controller resources": map[string]any{"limits": map[string]any{"memory": "2Gi"},
 			"requests": map[string]any{"cpu": "50m", "memory": "256Mi"}},
 		"controller command": []any{"/kuport-controller", "--grpc-listen=0.0.0.0:7443", "--http-listen=0.0.0.0:9090",
-			"--health-listen=0.0.0.0:8081", "--lease-namespace=$(POD_NAMESPACE)",
+			"--http-loopback-listen=127.0.0.1:9091", "--health-listen=0.0.0.0:8081", "--lease-namespace=$(POD_NAMESPACE)",
 			"--agent-service-account=$(POD_NAMESPACE):kuport-agent",
 			"--tls-secret=kuport-controller-tls", "--tls-ca-configmap=kuport-controller-ca",
 			"--log-level=debug", "--return-mark-mask=0x1f0000", "--return-tables=1000-1126", "--return-rule-prefs=201,202",
