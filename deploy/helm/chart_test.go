@@ -275,3 +275,28 @@ func TestLint(t *testing.T) {
 		}
 	}
 }
+
+// TestNetworkPolicyValues: networkPolicy.enabled=false renders no NetworkPolicy;
+// nodesFrom becomes the sources of the gRPC and health ports, metricsFrom those of the
+// metrics port.
+func TestNetworkPolicyValues(t *testing.T) {
+	const key = "networking.k8s.io/v1 NetworkPolicy " + namespace + "/kuport-controller"
+	if _, ok := objects(t, renderChart(t, map[string]any{"networkPolicy": map[string]any{"enabled": false}}))[key]; ok {
+		t.Errorf("networkPolicy.enabled=false: %s rendered", key)
+	}
+	nodes := []any{map[string]any{"ipBlock": map[string]any{"cidr": "10.0.0.0/24"}}}
+	metrics := []any{map[string]any{"namespaceSelector": map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": "monitoring"}}}}
+	policy, ok := objects(t, renderChart(t, map[string]any{"networkPolicy": map[string]any{"nodesFrom": nodes, "metricsFrom": metrics}}))[key]
+	if !ok {
+		t.Fatalf("no %s", key)
+	}
+	ingress, _, _ := unstructured.NestedSlice(policy.Object, "spec", "ingress")
+	want := []any{
+		map[string]any{"from": nodes, "ports": []any{
+			map[string]any{"protocol": "TCP", "port": int64(7443)}, map[string]any{"protocol": "TCP", "port": int64(8081)}}},
+		map[string]any{"from": metrics, "ports": []any{map[string]any{"protocol": "TCP", "port": int64(9090)}}},
+	}
+	if diff := cmp.Diff(want, ingress); diff != "" {
+		t.Errorf("ingress (-want +got):\n%s", diff)
+	}
+}
