@@ -22,7 +22,9 @@ import (
 )
 
 const (
-	// TokenTTL is how long a TokenReview's answer, either way, is reused for the same token.
+	// TokenTTL is how long a TokenReview's answer is reused for the same token. A rejection
+	// that carries the API server's error (an invalid token's does) is not kept: the
+	// library's cache keeps no errors.
 	TokenTTL = time.Minute
 	// AllowTTL is how long an allowing SubjectAccessReview is reused for the same user, verb
 	// and path: a revoked binding takes effect within it.
@@ -34,9 +36,8 @@ const (
 	reviewTimeout = 10 * time.Second
 )
 
-// reviewBackoff retries a review the API server failed to answer: kube-apiserver's own
-// default for its delegated authentication and authorization (k8s.io/apiserver
-// pkg/server/options).
+// reviewBackoff retries a review the API server failed to answer, as kube-apiserver's
+// aggregated servers retry their delegated reviews.
 func reviewBackoff() *wait.Backoff {
 	return &wait.Backoff{Duration: 500 * time.Millisecond, Factor: 1.5, Jitter: 0.2, Steps: 5}
 }
