@@ -264,7 +264,8 @@ func (l *Lab) StartController() error { return l.StartReplica(0) }
 func (l *Lab) StopController(kill bool) error { return l.StopReplica(0, kill) }
 
 // StartReplica starts controller replica i (0 <= i < Options.ControllerReplicas) in the root
-// namespace, listening on ReplicaSocket(i) and ReplicaAddr(i), with the default leader
+// namespace, listening on ReplicaSocket(i) and ReplicaAddr(i) (gRPC), ReplicaHTTPSAddr(i) and
+// ReplicaHTTPAddr(i) (the dashboard and metrics), with the default leader
 // election flags (Lease kuport-system/kuport-controller, 15 s, 10 s, 2 s) and TLS flags (the
 // generated Secret, see ControllerCAFile), as the kuport-controller ServiceAccount with a
 // freshly minted token (ControllerKubeconfig).
@@ -286,7 +287,8 @@ func (l *Lab) StartReplica(i int) error {
 		"--kubeconfig", l.ControllerKubeconfig(),
 		"--grpc-listen", "unix://" + filepath.Join(l.opt.Dir, ReplicaSocket(i)),
 		"--grpc-listen", ReplicaAddr(i),
-		"--http-listen", ReplicaHTTPAddr(i),
+		"--http-listen", ReplicaHTTPSAddr(i),
+		"--http-loopback-listen", ReplicaHTTPAddr(i),
 		"--log-level", "debug"}, l.opt.ControllerArgs...)
 	p, err := l.Net.Start("", l.ReplicaLog(i), args...)
 	if err != nil {

@@ -8,6 +8,7 @@
 //	                  [--agent-auth=true] [--agent-service-account kuport-system:kuport-agent]
 //	                  [--tls-cert-file PATH --tls-key-file PATH | --tls-secret kuport-controller-tls
 //	                   --tls-ca-configmap kuport-controller-ca --tls-names NAME,...] [--health-listen ADDR]
+//	                  [--http-listen ADDR] [--http-loopback-listen 127.0.0.1:PORT] [--pprof]
 //	                  [--unanswered-reports 2] [--unanswered-window 4s]
 //	                  [--return-mark-mask 0x301f] [--return-tables 27505-27631] [--return-rule-prefs 101,102]
 //	kuport-controller --version
@@ -36,6 +37,13 @@
 // its own CA for --tls-names and whose CA it publishes in the ConfigMap --tls-ca-configmap for
 // the agents; either is re-read every minute. --health-listen serves grpc.health.v1 alone in
 // plaintext, for the kubelet's gRPC probes, which cannot speak TLS.
+//
+// --http-listen serves the dashboard (/, /api/state, /api/mapping) and Prometheus metrics
+// (/metrics) over TLS with the same serving certificate, to a request whose bearer token the
+// API server authenticates (TokenReview) and allows get on the path (SubjectAccessReview,
+// the ClusterRole kuport-metrics-reader), both answers cached briefly (package
+// controller/webauth). --http-loopback-listen serves the same in plain HTTP without
+// authentication on a loopback address only, for a person's kubectl port-forward.
 //
 // Replicas elect a leader on a coordination.k8s.io Lease (package controller/leader): only
 // the leader watches the API, compiles, writes status and serves programs; a follower
@@ -84,6 +92,7 @@ import (
 	"kuport.wlz.li/kuport/controller/leader"
 	"kuport.wlz.li/kuport/controller/metrics"
 	"kuport.wlz.li/kuport/controller/servingcert"
+	"kuport.wlz.li/kuport/controller/webauth"
 	"kuport.wlz.li/kuport/internal/version"
 )
 
@@ -119,7 +128,9 @@ func run(args []string) error {
 	leaseDuration := fs.Duration("lease-duration", leader.DefaultLeaseDuration, "how long followers wait after the leader's last renewal before taking the Lease over")
 	renewDeadline := fs.Duration("renew-deadline", leader.DefaultRenewDeadline, "how long the leader tries to renew before it gives up the leadership and exits (< --lease-duration)")
 	retryPeriod := fs.Duration("retry-period", leader.DefaultRetryPeriod, "how often candidates try to acquire and the leader renews")
-	httpListen := fs.String("http-listen", "", "HTTP listen address (host:port) of the dashboard (/, /api/state) and Prometheus metrics (/metrics); empty serves none")
+	httpListen := fs.String("http-listen", "", "HTTPS listen address (host:port) of the dashboard (/, /api/state, /api/mapping) and Prometheus metrics (/metrics), "+
+		"with the gRPC listeners' serving certificate, for requests whose bearer token the API server authenticates (TokenReview) and allows get on the path (SubjectAccessReview); empty serves none")
+	httpLoopback := fs.String("http-loopback-listen", "", "loopback address (127.0.0.1:port or [::1]:port) serving what --http-listen serves in plain HTTP without authentication, for kubectl port-forward; empty serves none")
 	identity := fs.String("identity", "", "this replica's identity in the Lease, unique per process (default <hostname>_<pid>_<random>)")
 	agentAuth := fs.Bool("agent-auth", true, "require agent tokens (TokenReview) on agent streams and serve inspection to loopback clients only; false is for development")
 	agentSA := fs.String("agent-service-account", agents.DefaultAgentServiceAccount, "the agents' ServiceAccount, <namespace>:<name>, whose Pod-bound tokens (audience "+agents.TokenAudience+") prove a node")
@@ -134,7 +145,7 @@ func run(args []string) error {
 		"the least time the --unanswered-reports reports must span before a mapping is unanswered on a node (Warning Event RequestsUnanswered, kuport_mapping_unanswered 1, GetMapping's unanswered)")
 	statusQPS := fs.Float64("status-qps", controller.DefaultStatusQPS, "status writes a second to the API server, at most (client-go's token bucket)")
 	statusBurst := fs.Int("status-burst", controller.DefaultStatusBurst, "status writes in a burst above --status-qps, at most")
-	pprofOn := fs.Bool("pprof", false, "also serve Go's runtime profiles (net/http/pprof) under /debug/pprof/ on --http-listen")
+	pprofOn := fs.Bool("pprof", false, "also serve Go's runtime profiles (net/http/pprof) under /debug/pprof/ on --http-listen (to users allowed get on those paths) and --http-loopback-listen")
 	healthListen := fs.String("health-listen", "", "host:port serving grpc.health.v1 alone, in plaintext, for the kubelet's gRPC probes; empty serves none")
 	def := compile.DefaultReturnMarking
 	markMask := fs.String("return-mark-mask", fmt.Sprintf("%#x", def.MarkMask),
@@ -161,6 +172,11 @@ func run(args []string) error {
 	}
 	if *statusQPS <= 0 || *statusBurst < 1 {
 		return fmt.Errorf("--status-qps must be positive and --status-burst at least 1")
+	}
+	if *httpLoopback != "" {
+		if err := checkLoopback(*httpLoopback); err != nil {
+			return fmt.Errorf("--http-loopback-listen: %w", err)
+		}
 	}
 	lvl := hclog.LevelFromString(*level)
 	if lvl == hclog.NoLevel {
@@ -204,6 +220,12 @@ func run(args []string) error {
 		}
 	} else {
 		log.Warn("agent authentication is off: any client may claim any node and inspect every program")
+	}
+	var webAuth *webauth.Filter
+	if *httpListen != "" {
+		if webAuth, err = webFilter(cfg, log.Named("http")); err != nil {
+			return err
+		}
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -270,18 +292,30 @@ func run(args []string) error {
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	}
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	var webServers []*http.Server
 	if *httpListen != "" {
-		if lis, err := net.Listen("tcp", *httpListen); err != nil {
+		webServers = append(webServers, &http.Server{Addr: *httpListen, Handler: webAuth.Wrap(mux), TLSConfig: certs.TLSConfig(),
+			ReadHeaderTimeout: 10 * time.Second})
+	}
+	if *httpLoopback != "" {
+		webServers = append(webServers, &http.Server{Addr: *httpLoopback, Handler: mux, ReadHeaderTimeout: 10 * time.Second})
+	}
+	for _, hs := range webServers {
+		lis, err := net.Listen("tcp", hs.Addr)
+		if err != nil {
 			cancel(fmt.Errorf("http listen: %w", err))
-		} else {
-			log.Info("http listening", "address", *httpListen)
-			wg.Go(func() {
-				if err := hs.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
-					cancel(err)
-				}
-			})
+			break
 		}
+		log.Info("http listening", "address", hs.Addr, "tls", hs.TLSConfig != nil)
+		wg.Go(func() {
+			serve := hs.Serve
+			if hs.TLSConfig != nil {
+				serve = func(lis net.Listener) error { return hs.ServeTLS(lis, "", "") }
+			}
+			if err := serve(lis); !errors.Is(err, http.ErrServerClosed) {
+				cancel(err)
+			}
+		})
 	}
 
 	// lead is one leadership term at one epoch: the controller runs, and the server serves
@@ -331,7 +365,9 @@ func run(args []string) error {
 	log.Info("stopping", "cause", context.Cause(ctx), "error", leadErr)
 	cancel(nil) // ends the certificate reloads, also after the leadership was lost
 	srv.Stop()
-	_ = hs.Close()
+	for _, hs := range webServers {
+		_ = hs.Close()
+	}
 	wg.Wait()
 	if leadErr != nil {
 		return leadErr
@@ -345,6 +381,39 @@ func run(args []string) error {
 // clientHeadroom is the API requests a second (and of a burst) the client allows beyond the
 // status writes.
 const clientHeadroom = 50
+
+// webReviewQPS and webReviewBurst limit the reviews of --http-listen's requests, on a client
+// of their own: requests with ever new invalid tokens, each reviewed anew, then wait on this
+// limiter instead of the informers', the Lease's and the status writes'.
+const (
+	webReviewQPS   = 10
+	webReviewBurst = 20
+)
+
+// webFilter returns the authentication and authorization of --http-listen's requests,
+// reviewing on a client of cfg with its own rate limiter.
+func webFilter(cfg *rest.Config, log hclog.Logger) (*webauth.Filter, error) {
+	cfg = rest.CopyConfig(cfg)
+	cfg.QPS, cfg.Burst, cfg.RateLimiter = webReviewQPS, webReviewBurst, nil
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("review client: %w", err)
+	}
+	return webauth.New(kube, log)
+}
+
+// checkLoopback errors unless addr is host:port with host a loopback IP address: the
+// listener serves without authentication, so it must not be reachable from the network.
+func checkLoopback(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("%q is not a loopback address: it serves without authentication, so give 127.0.0.1:PORT or [::1]:PORT", addr)
+	}
+	return nil
+}
 
 // restConfig loads the kubeconfig at path, or the in-cluster config when path is empty.
 func restConfig(path string) (*rest.Config, error) {

@@ -1,9 +1,15 @@
 package main
 
 import (
+	"crypto/tls"
+	"crypto/x509"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -81,6 +87,13 @@ func TestReturnMarkingFlags(t *testing.T) {
 // certFlags writes a serving certificate and key and returns the flags naming them, so the
 // controller starts without the API server.
 func certFlags(t *testing.T) []string {
+	flags, _ := certFlagsCA(t)
+	return flags
+}
+
+// certFlagsCA is certFlags, also returning the PEM certificate of the CA that signed the
+// serving certificate, issued for kuport-controller.test.
+func certFlagsCA(t *testing.T) (flags []string, ca []byte) {
 	t.Helper()
 	b, err := servingcert.Generate([]string{"kuport-controller.test"}, time.Now())
 	require.NoError(t, err)
@@ -88,7 +101,7 @@ func certFlags(t *testing.T) []string {
 	cert, key := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
 	require.NoError(t, os.WriteFile(cert, b.Cert, 0o600))
 	require.NoError(t, os.WriteFile(key, b.Key, 0o600))
-	return []string{"--tls-cert-file", cert, "--tls-key-file", key}
+	return []string{"--tls-cert-file", cert, "--tls-key-file", key}, b.CACert
 }
 
 // unreachableKubeconfig writes a kubeconfig naming an API server nobody listens on.
@@ -103,4 +116,72 @@ contexts: [{name: c, context: {cluster: c, user: u}}]
 current-context: c
 `), 0o600))
 	return kubeconfig
+}
+
+// TestHTTPLoopbackIsChecked: --http-loopback-listen serves without authentication, so an
+// address other than a loopback one stops the controller before it serves.
+func TestHTTPLoopbackIsChecked(t *testing.T) {
+	for _, addr := range []string{"0.0.0.0:9091", ":9091", "localhost:9091", "10.0.0.1:9091", "[::]:9091", "127.0.0.1"} {
+		err := run([]string{"--kubeconfig", unreachableKubeconfig(t), "--grpc-listen", "127.0.0.1:0", "--http-loopback-listen", addr})
+		require.ErrorContains(t, err, "--http-loopback-listen", addr)
+	}
+	for _, addr := range []string{"127.0.0.1:9091", "127.0.0.2:0", "[::1]:9091"} {
+		require.NoError(t, checkLoopback(addr), addr)
+	}
+}
+
+// TestHTTPListeners: --http-listen serves TLS with the serving certificate and refuses a
+// request without a token; --http-loopback-listen serves the same handlers in plain HTTP.
+// The API server is unreachable, so the controller campaigns until the test stops it.
+func TestHTTPListeners(t *testing.T) {
+	secure, loopback := freeAddr(t), freeAddr(t)
+	flags, ca := certFlagsCA(t)
+	done := make(chan error, 1)
+	go func() {
+		done <- run(append([]string{"--kubeconfig", unreachableKubeconfig(t), "--grpc-listen", "127.0.0.1:0",
+			"--http-listen", secure, "--http-loopback-listen", loopback}, flags...))
+	}()
+	pool := x509.NewCertPool()
+	require.True(t, pool.AppendCertsFromPEM(ca))
+	tlsClient := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: "kuport-controller.test"}}}
+	var resp *http.Response
+	require.Eventually(t, func() bool {
+		var err error
+		resp, err = tlsClient.Get("https://" + secure + "/metrics")
+		return err == nil
+	}, 10*time.Second, 50*time.Millisecond)
+	_ = resp.Body.Close()
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+
+	resp, err := http.Get("http://" + loopback + "/metrics")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Contains(t, string(body), "go_goroutines")
+
+	// Go's TLS server answers plain HTTP with 400 and nothing else.
+	resp, err = http.Get("http://" + secure + "/metrics")
+	require.NoError(t, err)
+	body, _ = io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	require.NotContains(t, string(body), "go_goroutines")
+
+	require.NoError(t, syscall.Kill(os.Getpid(), syscall.SIGINT))
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the controller did not stop on SIGINT")
+	}
+}
+
+// freeAddr returns a loopback address with a port free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer func() { _ = lis.Close() }()
+	return lis.Addr().String()
 }

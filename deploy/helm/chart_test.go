@@ -182,7 +182,7 @@ func TestValuesLand(t *testing.T) {
 		"controller resources": map[string]any{"limits": map[string]any{"memory": "2Gi"},
 			"requests": map[string]any{"cpu": "50m", "memory": "256Mi"}},
 		"controller command": []any{"/kuport-controller", "--grpc-listen=0.0.0.0:7443", "--http-listen=0.0.0.0:9090",
-			"--health-listen=0.0.0.0:8081", "--lease-namespace=$(POD_NAMESPACE)",
+			"--http-loopback-listen=127.0.0.1:9091", "--health-listen=0.0.0.0:8081", "--lease-namespace=$(POD_NAMESPACE)",
 			"--agent-service-account=$(POD_NAMESPACE):kuport-agent",
 			"--tls-secret=kuport-controller-tls", "--tls-ca-configmap=kuport-controller-ca",
 			"--log-level=debug", "--return-mark-mask=0x1f0000", "--return-tables=1000-1126", "--return-rule-prefs=201,202",
@@ -231,5 +231,30 @@ func TestLint(t *testing.T) {
 		} else {
 			t.Logf("helm lint: %s", msg)
 		}
+	}
+}
+
+// TestNetworkPolicyValues: networkPolicy.enabled=false renders no NetworkPolicy;
+// nodesFrom becomes the sources of the gRPC and health ports, metricsFrom those of the
+// metrics port.
+func TestNetworkPolicyValues(t *testing.T) {
+	const key = "networking.k8s.io/v1 NetworkPolicy " + namespace + "/kuport-controller"
+	if _, ok := objects(t, renderChart(t, map[string]any{"networkPolicy": map[string]any{"enabled": false}}))[key]; ok {
+		t.Errorf("networkPolicy.enabled=false: %s rendered", key)
+	}
+	nodes := []any{map[string]any{"ipBlock": map[string]any{"cidr": "10.0.0.0/24"}}}
+	metrics := []any{map[string]any{"namespaceSelector": map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": "monitoring"}}}}
+	policy, ok := objects(t, renderChart(t, map[string]any{"networkPolicy": map[string]any{"nodesFrom": nodes, "metricsFrom": metrics}}))[key]
+	if !ok {
+		t.Fatalf("no %s", key)
+	}
+	ingress, _, _ := unstructured.NestedSlice(policy.Object, "spec", "ingress")
+	want := []any{
+		map[string]any{"from": nodes, "ports": []any{
+			map[string]any{"protocol": "TCP", "port": int64(7443)}, map[string]any{"protocol": "TCP", "port": int64(8081)}}},
+		map[string]any{"from": metrics, "ports": []any{map[string]any{"protocol": "TCP", "port": int64(9090)}}},
+	}
+	if diff := cmp.Diff(want, ingress); diff != "" {
+		t.Errorf("ingress (-want +got):\n%s", diff)
 	}
 }

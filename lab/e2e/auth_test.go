@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
@@ -20,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
@@ -36,8 +39,9 @@ import (
 // (docs/security.md#agents-prove-their-node): over the agents' own unix socket, a stream
 // without a token, with a token of another audience, or with edge-a's token saying Hello as
 // worker-b is refused, and so is inspection; the lab's agents, each with its own minted
-// token, are connected and serve; and the inspection surface shows per-node and per-mapping
-// state.
+// token, are connected and serve; the metrics port admits a scraper's token only once it is
+// bound to kuport-metrics-reader (docs/dashboard.md#who-may-read-them); and the inspection
+// surface shows per-node and per-mapping state.
 func TestPrivilegedE2EAuth(t *testing.T) {
 	l := startLab(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -132,6 +136,67 @@ func TestPrivilegedE2EAuth(t *testing.T) {
 	t.Run("inspection is refused on the agents' socket", func(t *testing.T) {
 		_, err := kuportv1.NewProgramServiceClient(conn).ListNodes(ctx, &kuportv1.ListNodesRequest{})
 		assert.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+	})
+
+	t.Run("the metrics port admits a token kuport-metrics-reader allows, over TLS only", func(t *testing.T) {
+		// Two ServiceAccounts of a scraper's, one bound to the ClusterRole deploy/rbac.yaml
+		// ships, as docs/dashboard.md binds Prometheus's.
+		const ns = "default"
+		token := func(name string) string {
+			_, err := l.Kube.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+			require.NoError(t, err)
+			tr, err := l.Kube.CoreV1().ServiceAccounts(ns).CreateToken(ctx, name, &authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{
+				ExpirationSeconds: ptr.To(int64(600)),
+			}}, metav1.CreateOptions{})
+			require.NoError(t, err)
+			return tr.Status.Token
+		}
+		scraper, bystander := token("scraper"), token("bystander")
+		_, err := l.Kube.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: "scraper-kuport-metrics"},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "kuport-metrics-reader"},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: "scraper", Namespace: ns}},
+		}, metav1.CreateOptions{})
+		require.NoError(t, err)
+
+		ca, err := os.ReadFile(filepath.Join(cluster.DefaultDir, lab.ControllerCAFile))
+		require.NoError(t, err)
+		pool := x509.NewCertPool()
+		require.True(t, pool.AppendCertsFromPEM(ca))
+		client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+			TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: lab.ControllerServerName}}}
+		get := func(path, token string) (int, string) {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+lab.ControllerHTTPSAddr+path, nil)
+			require.NoError(t, err)
+			if token != "" {
+				req.Header.Set("Authorization", "Bearer "+token)
+			}
+			resp, err := client.Do(req)
+			require.NoError(t, err)
+			defer func() { _ = resp.Body.Close() }()
+			body, err := io.ReadAll(resp.Body)
+			require.NoError(t, err)
+			return resp.StatusCode, string(body)
+		}
+		code, _ := get("/metrics", "")
+		assert.Equal(t, http.StatusUnauthorized, code, "no token")
+		code, _ = get("/metrics", string(edgeToken))
+		assert.Equal(t, http.StatusUnauthorized, code, "an agent's token, of audience kuport")
+		code, _ = get("/metrics", bystander)
+		assert.Equal(t, http.StatusForbidden, code, "a token without the binding")
+		code, body := get("/metrics", scraper)
+		assert.Equal(t, http.StatusOK, code, body)
+		assert.Regexp(t, `(?m)^kuport_agents_connected \d`, body)
+		code, body = get("/api/state", scraper)
+		assert.Equal(t, http.StatusOK, code, body)
+		assert.Contains(t, body, `"overview"`)
+		code, _ = get("/debug/pprof/", scraper)
+		assert.Equal(t, http.StatusForbidden, code, "a path the role does not grant")
+
+		resp, err := http.Get("http://" + lab.ControllerHTTPSAddr + "/metrics")
+		require.NoError(t, err)
+		_ = resp.Body.Close()
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "plain HTTP on the TLS port")
 	})
 
 	t.Run("ListNodes and GetMapping show agent and mapping state", func(t *testing.T) {
