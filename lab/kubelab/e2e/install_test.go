@@ -129,6 +129,10 @@ func TestPrivilegedInstall(t *testing.T) {
 	e.assertAnswers("tcp", 3001, "web-b")
 	e.assertAnswers("udp", 27015, "web-b")
 
+	t.Run("metrics behind a token", func(t *testing.T) { e.t = t; e.assertMetricsAuth() })
+	if t.Failed() {
+		return
+	}
 	t.Run("upgrade", func(t *testing.T) { e.t = t; e.upgrade(nextTag) })
 	if t.Failed() {
 		return
