@@ -9,7 +9,7 @@ const ControllerHTTPSAddr = "127.0.0.1:9090"
 
 // ControllerHTTPAddr is controller replica 0's --http-loopback-listen address
 // (ReplicaHTTPAddr(0)), the port deploy/controller.yaml gives it: the dashboard at "/", its
-// state at "/api/state" and Prometheus metrics at "/metrics", in plain HTTP without
+// state at "/state" and Prometheus metrics at "/metrics", in plain HTTP without
 // authentication.
 const ControllerHTTPAddr = "127.0.0.1:9091"
 

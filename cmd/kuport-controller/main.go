@@ -38,7 +38,7 @@
 // the agents; either is re-read every minute. --health-listen serves grpc.health.v1 alone in
 // plaintext, for the kubelet's gRPC probes, which cannot speak TLS.
 //
-// --http-listen serves the dashboard (/, /api/state, /api/mapping) and Prometheus metrics
+// --http-listen serves the dashboard (/, /state, /mapping) and Prometheus metrics
 // (/metrics) over TLS with the same serving certificate, to a request whose bearer token the
 // API server authenticates (TokenReview) and allows get on the path (SubjectAccessReview,
 // the ClusterRole kuport-metrics-reader), both answers cached briefly (package
@@ -128,7 +128,7 @@ func run(args []string) error {
 	leaseDuration := fs.Duration("lease-duration", leader.DefaultLeaseDuration, "how long followers wait after the leader's last renewal before taking the Lease over")
 	renewDeadline := fs.Duration("renew-deadline", leader.DefaultRenewDeadline, "how long the leader tries to renew before it gives up the leadership and exits (< --lease-duration)")
 	retryPeriod := fs.Duration("retry-period", leader.DefaultRetryPeriod, "how often candidates try to acquire and the leader renews")
-	httpListen := fs.String("http-listen", "", "HTTPS listen address (host:port) of the dashboard (/, /api/state, /api/mapping) and Prometheus metrics (/metrics), "+
+	httpListen := fs.String("http-listen", "", "HTTPS listen address (host:port) of the dashboard (/, /state, /mapping) and Prometheus metrics (/metrics), "+
 		"with the gRPC listeners' serving certificate, for requests whose bearer token the API server authenticates (TokenReview) and allows get on the path (SubjectAccessReview); empty serves none")
 	httpLoopback := fs.String("http-loopback-listen", "", "loopback address (127.0.0.1:port or [::1]:port) serving what --http-listen serves in plain HTTP without authentication, for kubectl port-forward; empty serves none")
 	identity := fs.String("identity", "", "this replica's identity in the Lease, unique per process (default <hostname>_<pid>_<random>)")

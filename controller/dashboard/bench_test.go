@@ -89,7 +89,7 @@ func scaleSource(n int) *Source {
 }
 
 // BenchmarkDashboard measures, at 1, 1,000 and 10,000 mappings, the first screen's state
-// (Query of the first page, encoded as /api/state sends it), a sample of every counter,
+// (Query of the first page, encoded as /state sends it), a sample of every counter,
 // the history's memory once its 15 minutes are full, and, with chromium, the time from
 // loading the page to its first mapping row drawn. Each size prints one BENCH line
 // (bench/dashboard.sh, BENCHMARKS.md).

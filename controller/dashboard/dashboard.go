@@ -1,7 +1,7 @@
 // Package dashboard serves the controller's read-only web page (docs/dashboard.md): "/" is
-// one self-contained page (no CDN, no build step) that polls "/api/state" (State: counts and
+// one self-contained page (no CDN, no build step) that polls "/state" (State: counts and
 // problems over every mapping, nodes, links, classes and a searched, filtered page of
-// mappings) or "/api/mapping" (MappingDetail: one mapping with its path) every second and
+// mappings) or "/mapping" (MappingDetail: one mapping with its path) every second and
 // draws them, with its path and charts as inline SVG. Run samples the counters for the rates
 // and keeps a bounded 15-minute history.
 //
@@ -143,9 +143,11 @@ func (s *Server) sample(now time.Time) {
 	s.mu.Unlock()
 }
 
-// ServeHTTP serves "/" (the page), "/api/state" (State as JSON, the query's page of
-// mappings: see ParseQuery) and "/api/mapping?namespace=&name=" (one mapping with its path,
-// as MappingDetail), GET and HEAD only.
+// ServeHTTP serves "/" (the page), "/state" (State as JSON, the query's page of
+// mappings: see ParseQuery) and "/mapping?namespace=&name=" (one mapping with its path,
+// as MappingDetail), GET and HEAD only. None lies under /api/: the controller authorizes
+// each path as kube-apiserver would (controller/webauth), and its bootstrap ClusterRole
+// system:discovery lets every authenticated user get /api/*.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
@@ -156,14 +158,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/":
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		_, _ = w.Write(indexHTML)
-	case "/api/state":
+	case "/state":
 		q, err := ParseQuery(r.URL.Query())
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
 		writeJSON(w, s.Query(time.Now(), q))
-	case "/api/mapping":
+	case "/mapping":
 		key := types.NamespacedName{Namespace: r.URL.Query().Get("namespace"), Name: r.URL.Query().Get("name")}
 		d := s.Mapping(time.Now(), key)
 		if d.Leader && d.Mapping == nil {

@@ -34,7 +34,7 @@ const (
 	maxLimit     = 500
 )
 
-// Query selects and pages the mappings of /api/state. Every set field must match.
+// Query selects and pages the mappings of /state. Every set field must match.
 type Query struct {
 	// Search matches a mapping whose "namespace/name" contains it, ignoring case.
 	Search    string `json:"search,omitempty"`

@@ -35,7 +35,7 @@ func manyMappings(a Agents, n int) *Source {
 	return src
 }
 
-// TestQuery: filters and paging of /api/state, and the overview's counts over all.
+// TestQuery: filters and paging of /state, and the overview's counts over all.
 func TestQuery(t *testing.T) {
 	s := New()
 	s.SetSource(manyMappings(judgingAgents{&fakeAgents{}}, 1000))

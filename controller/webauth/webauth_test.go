@@ -59,7 +59,7 @@ func (a *apiServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.lastAccessCheck = review.Spec
 		nr := review.Spec.NonResourceAttributes
 		review.Status.Allowed = review.Spec.User == scraper && nr != nil && nr.Verb == "get" &&
-			(nr.Path == "/metrics" || nr.Path == "/api/state")
+			(nr.Path == "/metrics" || nr.Path == "/state")
 		writeJSON(w, &review)
 	default:
 		http.NotFound(w, r)
@@ -141,7 +141,7 @@ func TestFilter(t *testing.T) {
 		{name: "allowed", method: "GET", path: "/metrics", auth: "Bearer scraper", want: http.StatusOK, tokenReviews: 4, accessReviews: 2},
 		{name: "allowed, cached", method: "GET", path: "/metrics", auth: "Bearer scraper", want: http.StatusOK, tokenReviews: 4, accessReviews: 2},
 		{name: "HEAD asks for get, cached", method: "HEAD", path: "/metrics", auth: "Bearer scraper", want: http.StatusOK, tokenReviews: 4, accessReviews: 2},
-		{name: "another path is another review", method: "GET", path: "/api/state", auth: "Bearer scraper", want: http.StatusOK, tokenReviews: 4, accessReviews: 3},
+		{name: "another path is another review", method: "GET", path: "/state", auth: "Bearer scraper", want: http.StatusOK, tokenReviews: 4, accessReviews: 3},
 		{name: "a path the role does not grant", method: "GET", path: "/debug/pprof/", auth: "Bearer scraper", want: http.StatusForbidden, tokenReviews: 4, accessReviews: 4},
 		{name: "another verb", method: "POST", path: "/metrics", auth: "Bearer scraper", want: http.StatusForbidden, tokenReviews: 4, accessReviews: 5},
 	} {

@@ -187,7 +187,7 @@ func TestPrivilegedE2EAuth(t *testing.T) {
 		code, body := get("/metrics", scraper)
 		assert.Equal(t, http.StatusOK, code, body)
 		assert.Regexp(t, `(?m)^kuport_agents_connected \d`, body)
-		code, body = get("/api/state", scraper)
+		code, body = get("/state", scraper)
 		assert.Equal(t, http.StatusOK, code, body)
 		assert.Contains(t, body, `"overview"`)
 		code, _ = get("/debug/pprof/", scraper)

@@ -128,7 +128,7 @@ func TestPrivilegedE2EDashboard(t *testing.T) {
 	// the state keeps the controller sampling; a rate needs two reports seen.
 	var rate float64
 	for deadline := time.Now().Add(15 * time.Second); rate == 0 && time.Now().Before(deadline); time.Sleep(time.Second) {
-		rate = replyRate(t, base+"/api/state", lab.DemoNamespace, name)
+		rate = replyRate(t, base+"/state", lab.DemoNamespace, name)
 	}
 	t.Logf("the page's packet rate of %s: %.1f/s", row, rate)
 	assert.InDelta(t, 50, rate, 15, "the page's packet rate of %s", row)

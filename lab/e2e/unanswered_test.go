@@ -122,7 +122,7 @@ func TestPrivilegedE2EUnanswered(t *testing.T) {
 	assert.True(t, row.GetUnanswered(), "GetMapping's edge-a row: %v", row)
 	assert.NotNil(t, row.GetUnansweredSince())
 	assert.Equal(t, []string{"enp1s0"}, row.GetUnansweredInterfaces())
-	st := dashboardState(t, base+"/api/state")
+	st := dashboardState(t, base+"/state")
 	var marked bool
 	for _, m := range st.Mappings {
 		for _, u := range m.Unanswered {
@@ -200,7 +200,7 @@ func mappingRow(t *testing.T, name, node string) *kuportv1.MappingNode {
 	return nil
 }
 
-// dashboardState reads the dashboard's /api/state.
+// dashboardState reads the dashboard's /state.
 func dashboardState(t *testing.T, url string) dashboard.State {
 	t.Helper()
 	resp, err := http.Get(url)

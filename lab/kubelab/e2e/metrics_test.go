@@ -43,7 +43,7 @@ func (e *env) assertMetricsAuth() {
 		out, _ := e.l.Net.Exec(context.Background(), "worker-b", append(args, "https://"+controllerName+":9090"+path)...)
 		return out
 	}
-	for _, path := range []string{"/metrics", "/api/state"} {
+	for _, path := range []string{"/metrics", "/state"} {
 		assert.Equal(e.t, "401", get(path, ""), "%s without a token", path)
 		assert.Equal(e.t, "403", get(path, stranger), "%s with a token kuport-metrics-reader is not bound to", path)
 		assert.Equal(e.t, "200", get(path, scraper), "%s with a token bound to kuport-metrics-reader", path)
