@@ -7,10 +7,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"kuport.wlz.li/kuport/lab/cluster"
 )
 
 // controllerName is the name the controller's serving certificate holds for its Service.
@@ -61,21 +61,16 @@ func (e *env) assertMetricsAuth() {
 	}
 }
 
-// reviews are the TokenReviews and SubjectAccessReviews kube-apiserver has served so far
-// (apiserver_request_total), by resource.
+// reviews are the TokenReviews and SubjectAccessReviews kube-apiserver has served so far,
+// by resource.
 func (e *env) reviews() map[string]float64 {
 	e.t.Helper()
-	body, err := e.l.Kube.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
-	require.NoError(e.t, err)
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(strings.NewReader(string(body)))
+	counts, err := cluster.RequestCounts(context.Background(), e.l.Kube)
 	require.NoError(e.t, err)
 	out := map[string]float64{"tokenreviews": 0, "subjectaccessreviews": 0}
-	for _, m := range families["apiserver_request_total"].GetMetric() {
-		for _, lp := range m.GetLabel() {
-			if _, ok := out[lp.GetValue()]; ok && lp.GetName() == "resource" {
-				out[lp.GetValue()] += m.GetCounter().GetValue()
-			}
+	for r, n := range counts {
+		if _, ok := out[r.Resource]; ok {
+			out[r.Resource] += n
 		}
 	}
 	return out
