@@ -311,27 +311,34 @@ func (e *env) drainAndEvict() {
 // pod was Ready before the first controller pod of the rollout was created.
 func (e *env) assertAgentsRolledFirst() {
 	e.t.Helper()
-	pods := func(name string) []corev1.Pod {
-		l, err := e.l.Kube.CoreV1().Pods(kuportNS).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + name})
-		require.NoError(e.t, err)
-		require.NotEmpty(e.t, l.Items, name)
-		return l.Items
-	}
 	var agentsReady time.Time
-	for _, p := range pods("kuport-agent") {
+	for _, p := range e.runningPods("kuport-agent") {
 		for _, c := range p.Status.Conditions {
 			if c.Type == corev1.PodReady && c.LastTransitionTime.After(agentsReady) {
 				agentsReady = c.LastTransitionTime.Time
 			}
 		}
 	}
-	for _, p := range pods("kuport-controller") {
-		if p.DeletionTimestamp != nil {
-			continue // a replica of the old release, going
-		}
+	for _, p := range e.runningPods("kuport-controller") {
 		assert.False(e.t, p.CreationTimestamp.Before(&metav1.Time{Time: agentsReady}),
 			"controller pod %s created at %s, before the last agent was Ready at %s", p.Name, p.CreationTimestamp, agentsReady)
 	}
+}
+
+// runningPods are the pods of app (kuport-controller, kuport-agent) that are not going: a
+// rollout's replicas of the release before, terminating, are left out. There is one at least.
+func (e *env) runningPods(app string) []corev1.Pod {
+	e.t.Helper()
+	l, err := e.l.Kube.CoreV1().Pods(kuportNS).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + app})
+	require.NoError(e.t, err)
+	var out []corev1.Pod
+	for _, p := range l.Items {
+		if p.DeletionTimestamp == nil {
+			out = append(out, p)
+		}
+	}
+	require.NotEmpty(e.t, out, "no running %s pod", app)
+	return out
 }
 
 func podReady(p *corev1.Pod) bool {
