@@ -401,9 +401,14 @@ func newLayout(fam family, mask uint32, marks []uint32) *layout {
 	// The rest of a translated flow's requests are looked up without a rewrite, only to count
 	// them: every request packet of kuport's flows meets one steering element, by the port it
 	// dialed (Counter.forwarded_in). A flow kuport did not translate (one that reached a host
-	// listener before its mapping existed) is neither rewritten nor counted.
+	// listener before its mapping existed) is neither rewritten nor counted. The lookup loads
+	// the stand-in and compares it with the unspecified address, which no stand-in is: Debian
+	// 12's Linux 6.1 refuses a lookup of a map without a destination register (EINVAL, found
+	// by build/release/armvm_test.go). nft cannot type a map's value in a comparison and
+	// prints the address as "0x0 [invalid type]".
 	countIn := func(s *setSpec) ruleSpec {
-		return l.rule("kup-steer", fmt.Sprintf("ct direction original ct status dnat %s @%s", keyText(s), s.name), dnatted(ctDirOriginal), s, false)
+		return l.rule("kup-steer", fmt.Sprintf("ct direction original ct status dnat %s map @%s != 0x0 [invalid type]", keyText(s), s.name),
+			dnatted(ctDirOriginal), s, true, &expr.Cmp{Op: expr.CmpOpNeq, Register: register(0), Data: make([]byte, fam.addr.Bytes)})
 	}
 	l.rules = append(l.rules, steerTo(steerAddr), steerTo(steer), countIn(steerAddr), countIn(steer))
 	for _, m := range marks {

@@ -58,7 +58,7 @@ var docsWant = map[string][]string{
 	"reply-pod-address":  {ctSaveWant, ctRestoreWant, `(?m)^102:\s+from all fwmark 0x1/0x301f lookup 27505 proto 107`, `dev kup-dcc4266d table 27505`},
 	"tx-errors":          {`dev wt0`},
 	"rp-filter":          {`net\.ipv4\.conf\.kup-dcc4266d\.rp_filter = 2`, `TcpExtIPReversePathFilter\s+0`},
-	"steering":           {`type filter hook prerouting priority -120; policy accept;`, `ct state new ip daddr set iifname \. meta l4proto \. th dport map @steer-ports accept`, `ct direction original ct status dnat iifname \. meta l4proto \. th dport @steer-ports`, `"enp1s0" \. tcp \. 3000 counter packets [1-9]\d* bytes \d+ : 169\.254\.77\.\d+(,| \})`},
+	"steering":           {`type filter hook prerouting priority -120; policy accept;`, `ct state new ip daddr set iifname \. meta l4proto \. th dport map @steer-ports accept`, `ct direction original ct status dnat iifname \. meta l4proto \. th dport map @steer-ports != 0x0 \[invalid type\]`, `"enp1s0" \. tcp \. 3000 counter packets [1-9]\d* bytes \d+ : 169\.254\.77\.\d+(,| \})`},
 	"host-firewall":      {`hook forward priority filter; policy drop;`},
 	"cni-rows":           {`(?m)^edge-a\ttrue\t$`, `(?m)^remote\t`},
 	"cni-bypass":         {`10\.244\.18\.107 \. tcp \. 3000 counter packets [1-9]\d* bytes \d+ comment "demo/remote/snat"`, ctRestoreWant},
