@@ -208,7 +208,9 @@ lab-images:
 # plugins and socat run the kubelet-backed lab's nodes, and its flanneld runs iptables even in
 # nftables mode, to clear its iptables-mode chains; installing containerd starts nothing;
 # qemu-user's qemu-aarch64 runs the arm64 image's agent in build/release's tests, without its
-# recommends, which would register qemu with the host kernel's binfmt_misc).
+# recommends, which would register qemu with the host kernel's binfmt_misc; qemu-system-arm
+# boots the arm64 machine (lab/armvm) in which the arm64 agent applies a program, without its
+# recommends: the machine needs no firmware or network boot ROM).
 .PHONY: deps
 deps:
 	@if ! command -v nft >/dev/null || ! command -v conntrack >/dev/null || ! command -v ip >/dev/null || ! command -v sysctl >/dev/null || ! command -v chromium >/dev/null \
@@ -221,18 +223,21 @@ deps:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 			wireguard-tools=$(WIREGUARD_TOOLS_VERSION)) >&2; \
 	fi
-	@if ! command -v qemu-aarch64 >/dev/null; then \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-user) >&2; \
+	@if ! command -v qemu-aarch64 >/dev/null || ! command -v qemu-system-aarch64 >/dev/null; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-user qemu-system-arm) >&2; \
 	fi
 
 # lab-binaries builds (once per version, cached outside the repo) etcd, kube-apiserver,
 # kubectl and the rest of lab/build-binaries.sh, and the mesh's wireguard-go
-# (lab/build-wireguard.sh). KUPORT_WIREGUARD tells the lab where wireguard-go is.
+# (lab/build-wireguard.sh), and fetches the arm64 machine's kernel (lab/fetch-arm64-kernel.sh).
+# KUPORT_WIREGUARD tells the lab where wireguard-go is, KUPORT_ARM64_KERNEL build/release's
+# tests where the kernel is.
 .PHONY: lab-binaries
 lab-binaries:
 	@lab/build-binaries.sh >/dev/null
 	@lab/build-wireguard.sh >/dev/null
-LAB_ENV = KUPORT_WIREGUARD=$$(lab/build-wireguard.sh)
+	@lab/fetch-arm64-kernel.sh >/dev/null
+LAB_ENV = KUPORT_WIREGUARD=$$(lab/build-wireguard.sh) KUPORT_ARM64_KERNEL=$$(lab/fetch-arm64-kernel.sh)
 
 # ---------------------------------------------------------------------------------------
 # Checks and tests

@@ -157,28 +157,37 @@ func TestIndexes(t *testing.T) {
 	}
 }
 
-// TestIndexArm64AgentRuns runs the index's linux/arm64 kuport-agent under qemu-aarch64 (user
-// mode; the binary is static): it reports its version and platform, and its probe, a gRPC
-// client, answers against a health server on loopback. The agent itself cannot run there:
-// qemu's user mode refuses netfilter netlink sockets, which the agent opens first.
-func TestIndexArm64AgentRuns(t *testing.T) {
-	dir := madeImages(t)
-	qemu, err := exec.LookPath("qemu-aarch64")
-	if err != nil {
-		t.Skip("qemu-aarch64 not found: `make deps` installs it (Debian's qemu-user)")
-	}
+// arm64Agent writes the index's linux/arm64 kuport-agent to a file and returns its path and
+// the image's version label.
+func arm64Agent(t *testing.T, dir string) (string, string) {
+	t.Helper()
 	_, _, images := indexImages(t, dir, "kuport-agent")
 	img, ok := images["linux/arm64"]
 	require.True(t, ok, "no linux/arm64 image")
 	bin, cf := imageFile(t, img, "/kuport-agent")
 	agent := filepath.Join(t.TempDir(), "kuport-agent")
 	require.NoError(t, os.WriteFile(agent, bin, 0o755))
+	return agent, cf.Config.Labels["org.opencontainers.image.version"]
+}
+
+// TestIndexArm64AgentRuns runs the index's linux/arm64 kuport-agent under qemu-aarch64 (user
+// mode; the binary is static): it reports its version and platform, and its probe, a gRPC
+// client, answers against a health server on loopback. The agent itself cannot run there:
+// qemu's user mode refuses netfilter netlink sockets, which the agent opens first
+// (TestIndexArm64AgentAppliesProgram runs it in a whole emulated machine).
+func TestIndexArm64AgentRuns(t *testing.T) {
+	dir := madeImages(t)
+	qemu, err := exec.LookPath("qemu-aarch64")
+	if err != nil {
+		t.Skip("qemu-aarch64 not found: `make deps` installs it (Debian's qemu-user)")
+	}
+	agent, version := arm64Agent(t, dir)
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, qemu, agent, "--version").CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	assert.Regexp(t, `^kuport-agent `+cf.Config.Labels["org.opencontainers.image.version"]+` commit \S+ go\S+ linux/arm64\n$`, string(out))
+	assert.Regexp(t, `^kuport-agent `+version+` commit \S+ go\S+ linux/arm64\n$`, string(out))
 
 	hs := health.NewServer()
 	srv := grpc.NewServer()
