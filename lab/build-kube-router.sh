@@ -25,7 +25,7 @@ rm -rf "$OUT.tmp"
 mkdir -p "$OUT.tmp"
 # Outside any module, so that no go.mod or workspace of the caller's takes part.
 cd "$OUT.tmp"
-GOFLAGS= GOTOOLCHAIN=local CGO_ENABLED=0 GOBIN="$OUT.tmp" go install -trimpath \
+GOFLAGS='' GOTOOLCHAIN=local CGO_ENABLED=0 GOBIN="$OUT.tmp" go install -trimpath \
   -ldflags "-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$KUBE_ROUTER_VERSION" \
   "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$KUBE_ROUTER_VERSION" >&2
 cd "$CACHE"
