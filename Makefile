@@ -206,7 +206,8 @@ lab-images:
 # recommends, which would pull a kernel image;
 # chromium loads the controller's dashboard headless in its tests; containerd, runc, the CNI
 # plugins and socat run the kubelet-backed lab's nodes, and its flanneld runs iptables even in
-# nftables mode, to clear its iptables-mode chains; installing containerd starts nothing;
+# nftables mode, to clear its iptables-mode chains; its kube-router writes iptables rules and
+# ipsets with the ipset tool; installing containerd starts nothing;
 # qemu-user's qemu-aarch64 runs the arm64 image's agent in build/release's tests, without its
 # recommends, which would register qemu with the host kernel's binfmt_misc; qemu-system-arm
 # boots the arm64 machine (lab/armvm) in which the arm64 agent applies a program, without its
@@ -215,9 +216,9 @@ lab-images:
 deps:
 	@if ! command -v nft >/dev/null || ! command -v conntrack >/dev/null || ! command -v ip >/dev/null || ! command -v sysctl >/dev/null || ! command -v chromium >/dev/null \
 		|| ! command -v ping >/dev/null || ! command -v containerd >/dev/null || ! command -v runc >/dev/null || ! command -v socat >/dev/null || ! [ -x /usr/lib/cni/bridge ] \
-		|| ! command -v iptables >/dev/null; then \
+		|| ! command -v iptables >/dev/null || ! command -v ipset >/dev/null; then \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables conntrack iproute2 procps iputils-ping chromium \
-			containerd runc containernetworking-plugins socat iptables) >&2; \
+			containerd runc containernetworking-plugins socat iptables ipset) >&2; \
 	fi
 	@if [ "$$(dpkg-query -W -f '$${Version}' wireguard-tools 2>/dev/null)" != "$(WIREGUARD_TOOLS_VERSION)" ]; then \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \

@@ -4,8 +4,9 @@
 # from the module proxy" and "A real node"): kube-apiserver, kubectl and etcd for every lab, and kubelet,
 # kube-controller-manager, kube-scheduler, kube-proxy and CoreDNS for the kubelet-backed
 # cluster the install is proven on, and links in flanneld and Flannel's CNI plugin, its CNI,
-# which lab/build-flannel.sh builds into a cache directory of their own. Prints the
-# directory holding the binaries on stdout.
+# and kube-router, its NetworkPolicy engine, which lab/build-flannel.sh and
+# lab/build-kube-router.sh build into cache directories of their own. Prints the directory
+# holding the binaries on stdout.
 #
 # Usage: lab/build-binaries.sh            (cache: ${KUPORT_LAB_CACHE:-/var/cache/kuport-lab})
 set -euo pipefail
@@ -22,7 +23,7 @@ ALL=("${K8S_CMDS[@]}" etcd coredns)
 FLANNEL=(flanneld flannel)
 
 complete() {
-  for b in "${ALL[@]}" "${FLANNEL[@]}"; do [[ -x "$OUT/$b" ]] || return 1; done
+  for b in "${ALL[@]}" "${FLANNEL[@]}" kube-router; do [[ -x "$OUT/$b" ]] || return 1; done
 }
 if complete; then
   echo "$OUT"
@@ -32,6 +33,7 @@ fi
 mkdir -p "$OUT"
 flannel=$("$(dirname "$0")/build-flannel.sh")
 for b in "${FLANNEL[@]}"; do ln -sfn "$flannel/$b" "$OUT/$b"; done
+ln -sfn "$("$(dirname "$0")/build-kube-router.sh")/kube-router" "$OUT/kube-router"
 if complete; then
   echo "$OUT"
   exit 0

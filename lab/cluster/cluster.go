@@ -43,9 +43,11 @@ const (
 	// readyTimeout bounds the wait for /readyz; the apiserver is ready in 3–6 s here.
 	readyTimeout = 60 * time.Second
 
-	serviceClusterIPRange = "10.96.0.0/16"
+	// ServiceClusterIPRange is kube-apiserver's --service-cluster-ip-range, which the
+	// kubelet-backed lab's network policy controller is told too.
+	ServiceClusterIPRange = "10.96.0.0/16"
 	// KubernetesServiceIP is the ClusterIP of default/kubernetes, the first address of
-	// serviceClusterIPRange: in the serving certificate, since in-cluster clients dial it.
+	// ServiceClusterIPRange: in the serving certificate, since in-cluster clients dial it.
 	KubernetesServiceIP = "10.96.0.1"
 )
 
@@ -212,7 +214,7 @@ func apiserverArgs(dir string, p *pki, etcdURL string, port int) []string {
 		"--service-account-issuer=https://kubernetes.default.svc",
 		"--service-account-key-file=" + p.saPub,
 		"--service-account-signing-key-file=" + p.saKey,
-		"--service-cluster-ip-range=" + serviceClusterIPRange,
+		"--service-cluster-ip-range=" + ServiceClusterIPRange,
 		"--endpoint-reconciler-type=none",
 		"--profiling=false",
 	}

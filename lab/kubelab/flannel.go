@@ -54,25 +54,31 @@ var flannelTables = []string{"ip flannel-ipv4", "ip6 flannel-ipv6"}
 // flannelRBAC grants flanneld what kube-flannel's ClusterRole grants
 // (flannel-io/flannel chart/kube-flannel/templates/rbac.yaml), bound to flannelUser.
 func (c *Cluster) flannelRBAC(ctx context.Context) error {
-	role := &rbacv1.ClusterRole{
-		ObjectMeta: metav1.ObjectMeta{Name: flannelRole},
-		Rules: []rbacv1.PolicyRule{
-			{APIGroups: []string{""}, Resources: []string{"pods", "nodes", "namespaces"}, Verbs: []string{"get", "list", "watch"}},
-			{APIGroups: []string{""}, Resources: []string{"nodes/status"}, Verbs: []string{"patch"}},
-		},
-	}
-	binding := &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: flannelRole},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: flannelRole},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: flannelUser}},
-	}
-	if _, err := c.kube.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("kubelab: flannel ClusterRole: %w", err)
-	}
-	if _, err := c.kube.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("kubelab: flannel ClusterRoleBinding: %w", err)
+	err := c.grant(ctx, flannelRole, flannelUser,
+		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods", "nodes", "namespaces"}, Verbs: []string{"get", "list", "watch"}},
+		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"nodes/status"}, Verbs: []string{"patch"}},
+	)
+	if err != nil {
+		return err
 	}
 	return os.WriteFile(c.flannelNetConfPath(), []byte(flannelNetConf), 0o644)
+}
+
+// grant creates the ClusterRole name with rules and binds it to user.
+func (c *Cluster) grant(ctx context.Context, name, user string, rules ...rbacv1.PolicyRule) error {
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: rules}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: user}},
+	}
+	if _, err := c.kube.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("kubelab: %s ClusterRole: %w", name, err)
+	}
+	if _, err := c.kube.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("kubelab: %s ClusterRoleBinding: %w", name, err)
+	}
+	return nil
 }
 
 func (c *Cluster) flannelNetConfPath() string {

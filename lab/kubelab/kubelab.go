@@ -6,8 +6,9 @@
 // real Flannel (flannel.go): flanneld in each node namespace carries pod traffic between
 // nodes in vxlan over the mesh (wt0) and masquerades pods' traffic leaving the cluster with
 // its own nftables rules, and its CNI plugin puts pods on the cni0 bridge; the lab's mesh
-// drop still applies. kuport itself is then installed the way operators do, with `kubectl
-// apply -k examples/install/` in an operator's checkout (Checkout).
+// drop still applies. kube-router's network policy controller beside it enforces
+// NetworkPolicy (kuberouter.go). kuport itself is then installed the way operators do, with
+// `kubectl apply -k examples/install/` in an operator's checkout (Checkout).
 //
 // The API server stays on the root namespace's loopback: a unix socket (a filesystem path
 // crosses network namespaces) bridged by socat carries every node's API traffic, reaching
@@ -15,9 +16,9 @@
 // (10.96.0.1:443 through kube-proxy) for pods.
 //
 // It owns the processes it starts, its state directories (Config.Dir and StateRoot), the
-// cgroups named kuport-lab-<node>, and the kube-proxy and Flannel tables and Flannel's
-// devices (flannel.1, cni0) in the node namespaces. Close removes all of them, unmounting
-// what the kubelets and containerd mounted.
+// cgroups named kuport-lab-<node>, and the kube-proxy and Flannel tables, Flannel's
+// devices (flannel.1, cni0) and kube-router's chains and ipsets in the node namespaces.
+// Close removes all of them, unmounting what the kubelets and containerd mounted.
 package kubelab
 
 import (
@@ -62,8 +63,8 @@ var labKubeDir = filepath.Join(cluster.DefaultDir, "kube")
 type Config struct {
 	Net *netlab.Net
 	API *cluster.Cluster
-	// K8sBin holds kubelet, kube-proxy, kube-controller-manager, kube-scheduler, flanneld
-	// and Flannel's CNI plugin, flannel (lab/build-binaries.sh).
+	// K8sBin holds kubelet, kube-proxy, kube-controller-manager, kube-scheduler, flanneld,
+	// Flannel's CNI plugin (flannel) and kube-router (lab/build-binaries.sh).
 	K8sBin string
 	// Images are image tarballs imported into every node's containerd; PauseImage names the
 	// sandbox image among them and CoreDNSImage the DNS server's.
@@ -139,6 +140,9 @@ func (c *Cluster) start(ctx context.Context) error {
 	if err := c.flannelRBAC(ctx); err != nil {
 		return err
 	}
+	if err := c.kubeRouterRBAC(ctx); err != nil {
+		return err
+	}
 	for _, spec := range c.cfg.Net.Nodes() {
 		c.nodes = append(c.nodes, &node{c: c, spec: spec})
 	}
@@ -149,9 +153,13 @@ func (c *Cluster) start(ctx context.Context) error {
 			return fmt.Errorf("kubelab: node %s: %w", n.spec.Name, err)
 		}
 	}
-	// flanneld reads its node's pod CIDR, which the node has once its kubelet registered it.
+	// flanneld reads its node's pod CIDR, which the node has once its kubelet registered it,
+	// and kube-router the node's address; both run before any pod.
 	for _, n := range c.nodes {
 		if err := n.startFlannel(ctx); err != nil {
+			return fmt.Errorf("kubelab: node %s: %w", n.spec.Name, err)
+		}
+		if err := n.startKubeRouter(ctx); err != nil {
 			return fmt.Errorf("kubelab: node %s: %w", n.spec.Name, err)
 		}
 	}

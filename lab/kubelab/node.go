@@ -16,7 +16,8 @@ import (
 	"kuport.wlz.li/kuport/lab/netlab"
 )
 
-// node is one lab node namespace running containerd, a kubelet, kube-proxy and flanneld.
+// node is one lab node namespace running containerd, a kubelet, kube-proxy, flanneld and
+// kube-router.
 type node struct {
 	c     *Cluster
 	spec  netlab.NodeSpec
@@ -223,9 +224,9 @@ func (n *node) startKubeProxy() error {
 	return err
 }
 
-// stop stops flanneld, kube-proxy, the kubelet and containerd (in reverse start order)
-// and then removes kube-proxy's tables and Flannel's tables and devices, which they leave
-// behind.
+// stop stops kube-router, flanneld, kube-proxy, the kubelet and containerd (in reverse
+// start order) and then removes kube-proxy's tables, Flannel's tables and devices and
+// kube-router's chains and ipsets, which they leave behind.
 func (n *node) stop() error {
 	var errs []error
 	for i := len(n.procs) - 1; i >= 0; i-- {
@@ -240,6 +241,6 @@ func (n *node) stop() error {
 			errs = append(errs, err)
 		}
 	}
-	errs = append(errs, n.removeFlannel(ctx))
+	errs = append(errs, n.removeFlannel(ctx), n.removeKubeRouter(ctx))
 	return errors.Join(errs...)
 }

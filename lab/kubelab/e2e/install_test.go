@@ -60,7 +60,7 @@ func imageRef(t *testing.T, path string) (repository, tag string) {
 func k8sBin(t *testing.T) string {
 	t.Helper()
 	bin := labtest.K8sBin(t)
-	for _, b := range []string{"kubelet", "kube-proxy", "kube-controller-manager", "kube-scheduler", "coredns"} {
+	for _, b := range []string{"kubelet", "kube-proxy", "kube-controller-manager", "kube-scheduler", "coredns", "kube-router"} {
 		_, err := os.Stat(filepath.Join(bin, b))
 		require.NoError(t, err, "KUPORT_LAB_BIN has no %s: run lab/build-binaries.sh", b)
 	}

@@ -405,10 +405,12 @@ func (e *env) assertUninstalled(before map[string]string) {
 }
 
 // foreignState is a node's network state other than kube-proxy's (which follows Services)
-// and without counters: every nftables table, IPv4 rule and route of every table (kuport
-// holds no IPv6 state; pod veths gain IPv6 link-local routes at their own pace), and device
-// names but the pods' veths (the drain moves pods, CoreDNS among them, between nodes). A
-// bridge's "linkdown" flag follows whether pods run behind it, so it is dropped.
+// and kube-router's chains (which follow Pods and NetworkPolicies, under names that change
+// every sync) and without counters: every nftables table, IPv4 rule and route of every
+// table (kuport holds no IPv6 state; pod veths gain IPv6 link-local routes at their own
+// pace), and device names but the pods' veths (the drain moves pods, CoreDNS among them,
+// between nodes). A bridge's "linkdown" flag follows whether pods run behind it, so it is
+// dropped.
 func (e *env) foreignState(node string) string {
 	e.t.Helper()
 	tables := strings.Split(strings.TrimSpace(e.exec(node, "nft", "list", "tables")), "\n")
@@ -419,7 +421,7 @@ func (e *env) foreignState(node string) string {
 			continue
 		}
 		fields := strings.Fields(t) // table <family> <name>
-		b.WriteString(e.exec(node, "nft", "-s", "list", "table", fields[1], fields[2]))
+		b.WriteString(withoutKubeRouter(e.exec(node, "nft", "-s", "list", "table", fields[1], fields[2])))
 	}
 	b.WriteString(e.exec(node, "ip", "-4", "rule", "show"))
 	b.WriteString(strings.ReplaceAll(e.exec(node, "ip", "-4", "route", "show", "table", "all"), " linkdown", ""))
@@ -427,6 +429,33 @@ func (e *env) foreignState(node string) string {
 	for _, l := range links {
 		if !strings.HasPrefix(l[1], "veth") {
 			b.WriteString(l[1] + "\n")
+		}
+	}
+	return b.String()
+}
+
+// withoutKubeRouter drops kube-router's chains, and the rules that jump to them, from an
+// nftables listing, and its blank lines, which separate as many chains as there are.
+func withoutKubeRouter(listing string) string {
+	ours := func(line string) bool {
+		for _, prefix := range kubelab.KubeRouterChains {
+			if strings.Contains(line, prefix) {
+				return true
+			}
+		}
+		return false
+	}
+	var b strings.Builder
+	inChain := false
+	for _, line := range strings.SplitAfter(listing, "\n") {
+		t := strings.TrimSpace(line)
+		switch {
+		case inChain:
+			inChain = t != "}"
+		case strings.HasPrefix(t, "chain ") && ours(t):
+			inChain = true
+		case t != "" && !ours(t):
+			b.WriteString(line)
 		}
 	}
 	return b.String()
