@@ -177,6 +177,24 @@ func TestPrivilegedNetlab(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, netlab.ProbeResult{}, res)
 
+	// The host firewall passes ICMPv6, neighbour discovery among it, and drops a new IPv6
+	// connection to the node's own address as it drops an IPv4 one.
+	require.NoError(t, n.AddHostFirewall(ctx, "worker-c"))
+	_, err = n.Exec(ctx, netlab.RouterNS, "ip", "-6", "neigh", "flush", "dev", "to-worker-c")
+	require.NoError(t, err)
+	_, err = n.Exec(ctx, netlab.ClientNS, "ping", "-c", "1", "-W", "2", "2001:db8:18::3")
+	assert.NoError(t, err, "the firewall passes ICMPv6 and neighbour discovery")
+	fwDrops := func() uint64 {
+		drops, err := n.NftCounter(ctx, "worker-c", "inet", netlab.FirewallTable, netlab.FirewallDrops)
+		require.NoError(t, err)
+		return drops
+	}
+	before := fwDrops()
+	res, err = n.Probe(ctx, "udp", "[2001:db8:18::3]:4002", 300*time.Millisecond)
+	require.NoError(t, err)
+	assert.Equal(t, netlab.ProbeResult{}, res)
+	assert.Greater(t, fwDrops(), before, "the firewall dropped an IPv6 datagram to the node")
+
 	pids := []int{tcp.Pid(), udp.Pid()}
 	daemons := 0
 	for _, node := range []string{"edge-a", "worker-b", "worker-c"} {
