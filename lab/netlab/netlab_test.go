@@ -177,6 +177,15 @@ func TestPrivilegedNetlab(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, netlab.ProbeResult{}, res)
 
+	// A routed virtual address of either family is steered to the node's uplink address of
+	// that family.
+	for vip, via := range map[string]string{"198.18.100.1": "via 192.0.2.2 ", "2001:db8:ff::1": "via 2001:db8:2::2 "} {
+		require.NoError(t, n.RouteVirtual(ctx, netip.MustParseAddr(vip), "worker-b"))
+		route, err := n.Exec(ctx, netlab.RouterNS, "ip", "route", "get", vip)
+		require.NoError(t, err)
+		assert.Contains(t, route, via, vip)
+	}
+
 	// The host firewall passes ICMPv6, neighbour discovery among it, and drops a new IPv6
 	// connection to the node's own address as it drops an IPv4 one.
 	require.NoError(t, n.AddHostFirewall(ctx, "worker-c"))
