@@ -21,7 +21,7 @@ var ErrUsage = errors.New("usage")
 const none = "none"
 
 // ProbeResult is what one probe learned. PodSaw is the peer address the pod reported
-// (an IPv4 address), ReplyFrom the ip:port the reply arrived from; each is "" when
+// (an IPv4 or IPv6 address), ReplyFrom the ip:port the reply arrived from; each is "" when
 // nothing came back.
 type ProbeResult struct {
 	PodSaw    string
@@ -79,6 +79,23 @@ func parseReply(b []byte) string {
 		return ""
 	}
 	return addr.String()
+}
+
+// network is the Go network of proto ("tcp" or "udp") in addr's family: tcp4, udp6, ...
+func network(proto string, addr netip.Addr) string {
+	if addr.Is6() {
+		return proto + "6"
+	}
+	return proto + "4"
+}
+
+// wildcard is "the unspecified address of addr's family:port", a socket's local address.
+func wildcard(addr netip.Addr, port int) string {
+	unspec := netip.IPv4Unspecified()
+	if addr.Is6() {
+		unspec = netip.IPv6Unspecified()
+	}
+	return netip.AddrPortFrom(unspec, uint16(port)).String()
 }
 
 func orNone(s string) string {

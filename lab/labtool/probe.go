@@ -21,14 +21,14 @@ const maxUDPPayload = 65507
 // reply_from is the connected peer. UDP uses an unconnected socket (a connected one
 // silently drops a reply from the wrong source, the failure the lab must show) and
 // reports the source of the first datagram that comes back. The whole exchange is bounded
-// by --timeout. Nothing coming back (timeout, refusal, unreachable) prints `none` fields
+// by --timeout. An IPv6 destination is reached over IPv6 sockets. Nothing coming back (timeout, refusal, unreachable) prints `none` fields
 // and returns nil; the only errors are ErrUsage, failing to open the UDP socket and
 // failing to write stdout.
 func Probe(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("probe", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	proto := fs.String("proto", "tcp", "tcp or udp")
-	to := fs.String("to", "", "destination IPv4:port")
+	to := fs.String("to", "", "destination IPv4:port or [IPv6]:port")
 	timeout := fs.Duration("timeout", 2*time.Second, "bound on the whole exchange")
 	size := fs.Int("size", 6, "request size in bytes, newline included")
 	sport := fs.Int("sport", 0, "local port to send from (0: any)")
@@ -55,11 +55,12 @@ func Probe(ctx context.Context, args []string, stdout io.Writer) error {
 		func() (ProbeResult, error) { return probeUDP(ctx, dst, *sport, payload(*size)) })
 }
 
-// parseDestination parses --to: an IPv4 address and a non-zero port, else ErrUsage.
+// parseDestination parses --to: an IPv4 or IPv6 address (not IPv4-mapped, no zone) and a
+// non-zero port, else ErrUsage.
 func parseDestination(to string) (netip.AddrPort, error) {
 	dst, err := netip.ParseAddrPort(to)
-	if err != nil || !dst.Addr().Is4() || dst.Port() == 0 {
-		return netip.AddrPort{}, fmt.Errorf("%w: --to %q: want IPv4:port", ErrUsage, to)
+	if err != nil || dst.Addr().Is4In6() || dst.Addr().Zone() != "" || dst.Port() == 0 {
+		return netip.AddrPort{}, fmt.Errorf("%w: --to %q: want IPv4:port or [IPv6]:port", ErrUsage, to)
 	}
 	return dst, nil
 }
@@ -100,7 +101,7 @@ func probeTCP(ctx context.Context, dst netip.AddrPort, sport int, req []byte) Pr
 	if sport != 0 {
 		d.LocalAddr = &net.TCPAddr{Port: sport}
 	}
-	c, err := d.DialContext(ctx, "tcp4", dst.String())
+	c, err := d.DialContext(ctx, network("tcp", dst.Addr()), dst.String())
 	if err != nil {
 		return ProbeResult{}
 	}
@@ -123,7 +124,7 @@ func probeTCP(ctx context.Context, dst netip.AddrPort, sport int, req []byte) Pr
 // probeUDP fails only when it cannot open its socket; a send or receive failure is
 // "nothing came back".
 func probeUDP(ctx context.Context, dst netip.AddrPort, sport int, req []byte) (ProbeResult, error) {
-	pc, err := net.ListenPacket("udp4", fmt.Sprintf("0.0.0.0:%d", sport))
+	pc, err := net.ListenPacket(network("udp", dst.Addr()), wildcard(dst.Addr(), sport))
 	if err != nil {
 		return ProbeResult{}, fmt.Errorf("open udp socket: %w", err)
 	}

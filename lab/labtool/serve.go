@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"strconv"
+	"net/netip"
 	"sync"
 	"time"
 )
@@ -18,11 +18,12 @@ import (
 const tcpIdle = 10 * time.Second
 
 // Serve runs `kuport-lab serve --proto tcp|udp --port N` until ctx ends (then it returns
-// nil). It listens on 0.0.0.0:N and, once bound, writes ListeningLine to stdout. For each
-// TCP connection it logs `saw <peer ip:port> tcp <port>` and replies `saw=<peer ip>\n`,
-// padded to the request's size (reply), to every line it reads, until the peer closes; for
-// each UDP datagram it logs the same line with `udp` and sends the same reply to the
-// datagram's source. Lines are written whole, one at a time.
+// nil). It listens on 0.0.0.0:N and on [::]:N (IPv6 only, so each family keeps its own
+// socket) and, once both are bound, writes ListeningLine to stdout. For each TCP connection
+// it logs `saw <peer ip:port> tcp <port>` and replies `saw=<peer ip>\n`, padded to the
+// request's size (reply), to every line it reads, until the peer closes; for each UDP
+// datagram it logs the same line with `udp` and sends the same reply to the datagram's
+// source. Lines are written whole, one at a time.
 // Errors: ErrUsage for bad arguments, or the listen/accept error.
 func Serve(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
@@ -35,35 +36,59 @@ func Serve(ctx context.Context, args []string, stdout io.Writer) error {
 	if *port < 1 || *port > 65535 {
 		return fmt.Errorf("%w: --port %d: want 1-65535", ErrUsage, *port)
 	}
-	out := &lineWriter{w: stdout}
-	addr := net.JoinHostPort("0.0.0.0", strconv.Itoa(*port))
-	switch *proto {
-	case "tcp":
-		return serveTCP(ctx, addr, *port, out)
-	case "udp":
-		return serveUDP(ctx, addr, *port, out)
-	default:
+	listen := map[string]func(context.Context, netip.Addr, int, *lineWriter) (func() error, error){
+		"tcp": listenTCP, "udp": listenUDP,
+	}[*proto]
+	if listen == nil {
 		return fmt.Errorf("%w: --proto %q: want tcp or udp", ErrUsage, *proto)
 	}
+	// Ending ctx closes every socket bound so far, on every path.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	out := &lineWriter{w: stdout}
+	var loops []func() error
+	for _, unspec := range []netip.Addr{netip.IPv4Unspecified(), netip.IPv6Unspecified()} {
+		loop, err := listen(ctx, unspec, *port, out)
+		if err != nil {
+			return err
+		}
+		loops = append(loops, loop)
+	}
+	out.line(ListeningLine(*proto, *port))
+	done := make(chan error, len(loops))
+	for _, loop := range loops {
+		go func() { done <- loop() }()
+	}
+	// The first to end ends the others, which then return nil.
+	err := <-done
+	cancel()
+	for range loops[1:] {
+		err = errors.Join(err, <-done)
+	}
+	return err
 }
 
-func serveTCP(ctx context.Context, addr string, port int, out *lineWriter) error {
-	ln, err := net.Listen("tcp4", addr)
+// listenTCP binds proto tcp on unspec's family and port, closing it when ctx ends, and
+// returns its accept loop.
+func listenTCP(ctx context.Context, unspec netip.Addr, port int, out *lineWriter) (func() error, error) {
+	addr := wildcard(unspec, port)
+	ln, err := net.Listen(network("tcp", unspec), addr)
 	if err != nil {
-		return fmt.Errorf("listen tcp %s: %w", addr, err)
+		return nil, fmt.Errorf("listen tcp %s: %w", addr, err)
 	}
-	defer context.AfterFunc(ctx, func() { _ = ln.Close() })()
-	out.line(ListeningLine("tcp", port))
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
+	context.AfterFunc(ctx, func() { _ = ln.Close() })
+	return func() error {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return fmt.Errorf("accept: %w", err)
 			}
-			return fmt.Errorf("accept: %w", err)
+			go answerTCP(c, port, out)
 		}
-		go answerTCP(c, port, out)
-	}
+	}, nil
 }
 
 // answerTCP logs the connection once, then answers every line it reads until the peer
@@ -92,28 +117,32 @@ func answerTCP(c net.Conn, port int, out *lineWriter) {
 	}
 }
 
-func serveUDP(ctx context.Context, addr string, port int, out *lineWriter) error {
-	pc, err := net.ListenPacket("udp4", addr)
+// listenUDP binds udp on unspec's family and port, closing it when ctx ends, and returns
+// its loop answering every datagram.
+func listenUDP(ctx context.Context, unspec netip.Addr, port int, out *lineWriter) (func() error, error) {
+	addr := wildcard(unspec, port)
+	pc, err := net.ListenPacket(network("udp", unspec), addr)
 	if err != nil {
-		return fmt.Errorf("listen udp %s: %w", addr, err)
+		return nil, fmt.Errorf("listen udp %s: %w", addr, err)
 	}
-	defer context.AfterFunc(ctx, func() { _ = pc.Close() })()
-	out.line(ListeningLine("udp", port))
-	buf := make([]byte, 64<<10)
-	for {
-		size, from, err := pc.ReadFrom(buf)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
+	context.AfterFunc(ctx, func() { _ = pc.Close() })
+	return func() error {
+		buf := make([]byte, 64<<10)
+		for {
+			size, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return fmt.Errorf("read udp: %w", err)
 			}
-			return fmt.Errorf("read udp: %w", err)
+			peer := from.(*net.UDPAddr).AddrPort()
+			out.line(sawLine(peer, "udp", port))
+			if _, err := pc.WriteTo(reply(peer.Addr().Unmap(), size), from); err != nil {
+				out.line(fmt.Sprintf("error %s: reply: %v", peer, err))
+			}
 		}
-		peer := from.(*net.UDPAddr).AddrPort()
-		out.line(sawLine(peer, "udp", port))
-		if _, err := pc.WriteTo(reply(peer.Addr().Unmap(), size), from); err != nil {
-			out.line(fmt.Sprintf("error %s: reply: %v", peer, err))
-		}
-	}
+	}, nil
 }
 
 // parseFlags parses args into fs, turning every failure (and -h) into ErrUsage, and

@@ -94,7 +94,7 @@ func Stream(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("stream", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	proto := fs.String("proto", "udp", "tcp or udp")
-	to := fs.String("to", "", "destination IPv4:port")
+	to := fs.String("to", "", "destination IPv4:port or [IPv6]:port")
 	interval := fs.Duration("interval", 20*time.Millisecond, "time between requests")
 	duration := fs.Duration("duration", 10*time.Second, "how long to send")
 	if err := parseFlags(fs, args, "kuport-lab stream --proto tcp|udp --to IP:PORT [--interval 20ms] [--duration 10s]"); err != nil {
@@ -118,7 +118,7 @@ func Stream(ctx context.Context, args []string, stdout io.Writer) error {
 // datagram is answered or replyWait has passed. A late reply is not a lost one: a server
 // starved of CPU on a loaded machine answers late.
 func streamUDP(ctx context.Context, dst netip.AddrPort, interval time.Duration) (StreamResult, error) {
-	pc, err := net.ListenPacket("udp4", "0.0.0.0:0")
+	pc, err := net.ListenPacket(network("udp", dst.Addr()), wildcard(dst.Addr(), 0))
 	if err != nil {
 		return StreamResult{}, fmt.Errorf("open udp socket: %w", err)
 	}
@@ -181,7 +181,7 @@ const replyWait = 5 * time.Second
 func streamTCP(ctx context.Context, dst netip.AddrPort, interval time.Duration) StreamResult {
 	var res StreamResult
 	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp4", dst.String())
+	c, err := d.DialContext(ctx, network("tcp", dst.Addr()), dst.String())
 	if err != nil {
 		res.Error = "dial: " + err.Error()
 		return res

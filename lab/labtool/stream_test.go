@@ -62,6 +62,30 @@ func TestStreamAgainstServe(t *testing.T) {
 	}
 }
 
+// Serve answers on both families at one port, and a probe reaches it over either: the pod
+// saw the probe's own loopback address.
+func TestProbeBothFamilies(t *testing.T) {
+	for _, proto := range []string{"tcp", "udp"} {
+		t.Run(proto, func(t *testing.T) {
+			port := freePort(t, proto)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			served := &syncbuf.Buffer{}
+			go func() { _ = Serve(ctx, []string{"--proto", proto, "--port", fmt.Sprint(port)}, served) }()
+			require.Eventually(t, func() bool {
+				return strings.Contains(served.String(), ListeningLine(proto, port))
+			}, 5*time.Second, 10*time.Millisecond)
+			for _, lo := range []string{"127.0.0.1", "::1"} {
+				dst := netip.AddrPortFrom(netip.MustParseAddr(lo), uint16(port)).String()
+				var out bytes.Buffer
+				require.NoError(t, Probe(ctx, []string{"--proto", proto, "--to", dst}, &out))
+				assert.Equal(t, ProbeResult{PodSaw: lo, ReplyFrom: dst}.String()+"\n", out.String())
+			}
+			assert.Contains(t, served.String(), "saw [::1]:")
+		})
+	}
+}
+
 // A UDP stream counts a reply that comes after it stopped sending, within replyWait, and
 // one that never comes as lost; it stops waiting as soon as every datagram is answered.
 func TestStreamUDPLateReplies(t *testing.T) {

@@ -11,7 +11,8 @@ import (
 )
 
 // CNI is a CNI profile of the namespace lab: which devices a node's pods sit behind and
-// which of the CNI's own NAT and mark rules each node carries (table `ip lab-cni`).
+// which of the CNI's own NAT and mark rules each node carries (tables `ip lab-cni` and, for
+// IPv6, `ip6 lab-cni`).
 type CNI string
 
 // The lab's CNI profiles; CNICilium is the default.
@@ -47,9 +48,17 @@ func ParseCNI(s string) (CNI, error) {
 // Network, Calico's IP pool and Cilium's native-routing CIDR.
 var ClusterCIDR = netip.MustParsePrefix("10.244.0.0/16")
 
+// ClusterCIDR6 is ClusterCIDR's IPv6 twin, holding every node's PodCIDR6: Flannel's
+// IPv6Network, Calico's IPv6 pool and Cilium's IPv6 native-routing CIDR.
+var ClusterCIDR6 = netip.MustParsePrefix("fd00:10:244::/48")
+
 // calicoGateway is the link-local next hop Calico's CNI plugin gives every pod; the host
 // side of the pod's veth answers ARP for it by proxy.
 var calicoGateway = netip.MustParseAddr("169.254.1.1")
+
+// calicoGateway6 is the next hop of a Calico pod's IPv6 default route: no proxy, but the
+// host side's own link-local address, which the kernel derives from calicoHostMAC.
+var calicoGateway6 = netip.MustParseAddr("fe80::ecee:eeff:feee:eeee")
 
 // calicoHostMAC is the MAC Calico gives the host side of every pod veth.
 const calicoHostMAC = "ee:ee:ee:ee:ee:ee"
@@ -112,6 +121,16 @@ func (c CNI) PodGateway(s NodeSpec) netip.Addr {
 	return s.PodGateway().Addr()
 }
 
+// PodGateway6 is the next hop of a pod's IPv6 default route on node s: the bridge's
+// address (s.PodGateway6) for the bridge profiles, the link-local fe80::ecee:eeff:feee:eeee
+// of the pod's host end under calico.
+func (c CNI) PodGateway6(s NodeSpec) netip.Addr {
+	if c == CNICalico {
+		return calicoGateway6
+	}
+	return s.PodGateway6().Addr()
+}
+
 // podPrefix is the length of a pod's own address: the node's pod CIDR under the bridge
 // profiles, a /32 under calico (its IPAM hands out single addresses).
 func (c CNI) podPrefix(s NodeSpec) int {
@@ -121,40 +140,65 @@ func (c CNI) podPrefix(s NodeSpec) int {
 	return s.PodCIDR.Bits()
 }
 
+// podPrefix6 is podPrefix for a pod's IPv6 address: PodCIDR6's length, or a /128 under
+// calico.
+func (c CNI) podPrefix6(s NodeSpec) int {
+	if c == CNICalico {
+		return 128
+	}
+	return s.PodCIDR6.Bits()
+}
+
 // ruleset is the profile's own NAT (and, for calico, mark) rules on node s, as nftables
-// in table `ip lab-cni`. Each rule is the CNI's iptables rule rewritten as nft, the
-// source file named next to it.
+// in tables `ip lab-cni` and `ip6 lab-cni`: each CNI writes the same rules for both
+// families, with ip6tables and its IPv6 ranges (the source files named in
+// familyRules).
 func (c CNI) ruleset(s NodeSpec) string {
-	node := s.PodCIDR.Masked().String()
-	cluster := ClusterCIDR.String()
+	return c.familyRules(strings.NewReplacer(
+		"{ip}", "ip", "{node}", s.PodCIDR.Masked().String(), "{cluster}", ClusterCIDR.String(),
+		"{gateway}", s.PodGateway().Addr().String(), "{multicast}", "224.0.0.0/4",
+		"{loopback}", "127.0.0.1", "{addr}", "ipv4_addr")) +
+		c.familyRules(strings.NewReplacer(
+			"{ip}", "ip6", "{node}", s.PodCIDR6.Masked().String(), "{cluster}", ClusterCIDR6.String(),
+			"{gateway}", s.PodGateway6().Addr().String(), "{multicast}", "ff00::/8",
+			"{loopback}", "::1", "{addr}", "ipv6_addr"))
+}
+
+// familyRules is the profile's table for one family, the placeholders replaced by f: {ip}
+// the family (ip, ip6, also its match keyword), {node} this node's pod CIDR, {cluster} the
+// cluster's, {gateway} the bridge's address, {multicast}, {loopback} and {addr} (the nft
+// address type). Each rule is the CNI's iptables rule rewritten as nft, the source file
+// named next to it.
+func (c CNI) familyRules(f *strings.Replacer) string {
 	var b strings.Builder
-	b.WriteString("table ip lab-cni {\n")
+	b.WriteString("table {ip} lab-cni {\n")
 	switch c {
 	case CNIFlannel:
-		fmt.Fprintf(&b, `	chain postrtg {
+		b.WriteString(`	chain postrtg {
 		type nat hook postrouting priority srcnat; policy accept;
-		# flannel-io/flannel pkg/trafficmngr/iptables/iptables.go masqRules, chain FLANNEL-POSTRTG:
+		# flannel-io/flannel pkg/trafficmngr/iptables/iptables.go masqRules and, for IPv6,
+		# masqIP6Rules (the same rules, multicast ff00::/8), chain FLANNEL-POSTRTG:
 		# kube-proxy's masquerade mark (trafficmngr.KubeProxyMark 0x4000/0x4000) is left to kube-proxy
 		meta mark & 0x00004000 == 0x00004000 counter return
 		# pod network to pod network is not NATed, either way
-		ip saddr %[1]s ip daddr %[2]s counter return
-		ip saddr %[2]s ip daddr %[1]s counter return
+		{ip} saddr {node} {ip} daddr {cluster} counter return
+		{ip} saddr {cluster} {ip} daddr {node} counter return
 		# external traffic to this node's pods keeps its source
-		ip saddr != %[2]s ip daddr %[1]s counter return
+		{ip} saddr != {cluster} {ip} daddr {node} counter return
 		# pods to anywhere but multicast: masquerade --random-fully
-		ip saddr %[2]s ip daddr != 224.0.0.0/4 counter masquerade fully-random
+		{ip} saddr {cluster} {ip} daddr != {multicast} counter masquerade fully-random
 		# the outside to a remote node's pods: masquerade --random-fully
-		ip saddr != %[2]s ip daddr %[2]s counter masquerade fully-random
+		{ip} saddr != {cluster} {ip} daddr {cluster} counter masquerade fully-random
 	}
-`, node, cluster)
+`)
 	case CNICalico:
-		fmt.Fprintf(&b, `	set all-ipam-pools {
-		type ipv4_addr; flags interval;
-		elements = { %[1]s }
+		b.WriteString(`	set all-ipam-pools {
+		type {addr}; flags interval;
+		elements = { {cluster} }
 	}
 	set masq-ipam-pools {
-		type ipv4_addr; flags interval;
-		elements = { %[1]s }
+		type {addr}; flags interval;
+		elements = { {cluster} }
 	}
 	chain raw-prerouting {
 		type filter hook prerouting priority raw; policy accept;
@@ -168,40 +212,44 @@ func (c CNI) ruleset(s NodeSpec) string {
 	chain postrouting {
 		type nat hook postrouting priority srcnat; policy accept;
 		# felix/rules/static.go StaticNATPostroutingChains jumps to cali-nat-outgoing, whose rule
-		# felix/rules/nat.go makeNATOutgoingRuleIPTables writes: natOutgoing pool source to a
-		# destination outside every pool, MASQUERADE
-		ip saddr @masq-ipam-pools ip daddr != @all-ipam-pools counter masquerade
+		# felix/rules/nat.go makeNATOutgoingRuleIPTables writes for each IP version's pools: natOutgoing
+		# pool source to a destination outside every pool, MASQUERADE
+		{ip} saddr @masq-ipam-pools {ip} daddr != @all-ipam-pools counter masquerade
 	}
-`, cluster)
+`)
 	default:
-		fmt.Fprintf(&b, `	chain postrouting {
+		b.WriteString(`	chain postrouting {
 		type nat hook postrouting priority srcnat; policy accept;
-		# cilium/cilium pkg/datapath/iptables/iptables.go installMasqueradeRules, chain CILIUM_POST_nat:
+		# cilium/cilium pkg/datapath/iptables/iptables.go installMasqueradeRules, chain CILIUM_POST_nat,
+		# called for iptables and ip6tables alike (enable-ipv6-masquerade, on by default):
 		# "cilium masquerade non-cluster": this node's pods to outside the native-routing CIDR,
 		# unless leaving by a cilium_ device
-		ip saddr %[1]s ip daddr != %[2]s oifname != "cilium_*" counter masquerade
+		{ip} saddr {node} {ip} daddr != {cluster} oifname != "cilium_*" counter masquerade
 		# "exclude proxy return traffic from masquerade": MagicMarkIsProxy 0x0a00 under MagicMarkProxyMask 0x0e00
 		meta mark & 0x00000e00 == 0x00000a00 counter accept
 		# tunnel mode, "cilium host->cluster masquerade": anything not from this node's pods
 		# entering cilium_host for a pod not on this node takes cilium_host's address
-		ip saddr != %[1]s ip daddr != %[1]s oifname "cilium_host" counter snat to %[3]s
-		# "cilium host->cluster from 127.0.0.1 masquerade"
-		ip saddr 127.0.0.1 oifname "cilium_host" counter snat to %[3]s
+		{ip} saddr != {node} {ip} daddr != {node} oifname "cilium_host" counter snat to {gateway}
+		# "cilium host->cluster from 127.0.0.1 masquerade" (from ::1 for IPv6)
+		{ip} saddr {loopback} oifname "cilium_host" counter snat to {gateway}
 	}
-`, node, cluster, s.PodGateway().Addr())
+`)
 	}
 	b.WriteString("}\n")
-	return b.String()
+	return f.Replace(b.String())
 }
 
-// RemoveCNIEmulation deletes the profile's emulated rules (table `ip lab-cni`) and its
+// RemoveCNIEmulation deletes the profile's emulated rules (tables `ip lab-cni` and `ip6
+// lab-cni`) and its
 // bridge on every node, for a caller that then runs the CNI itself once SelfCheck has
 // proved the mesh emulation (the kubelet-backed lab runs real Flannel): the pod network is
 // the real CNI's from then on, and AddPod must not be called again.
 func (n *Net) RemoveCNIEmulation(ctx context.Context) error {
 	for _, s := range nodes {
-		if _, err := n.Exec(ctx, s.Name, "nft", "delete", "table", "ip", "lab-cni"); err != nil {
-			return err
+		for _, family := range []string{"ip", "ip6"} {
+			if _, err := n.Exec(ctx, s.Name, "nft", "delete", "table", family, "lab-cni"); err != nil {
+				return err
+			}
 		}
 		if br := n.cni.Bridge(); br != "" {
 			if err := n.ip(ctx, s.Name, "link", "delete", br); err != nil {

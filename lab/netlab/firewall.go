@@ -27,15 +27,17 @@ const (
 
 // firewallRuleset is a block-mode ingress firewall like Talos's: a filter chain at
 // prerouting priority dstnat - 10 (-110) that passes established and related flows, traffic
-// not addressed to this node, loopback and ICMP, opens the mesh's WireGuard port on its
-// endpoint interface (as every WireGuard node must) and kuport's link port to the nodes'
-// underlays on the underlay interface, and drops every other new connection to the node's
-// own addresses. No nat chain can run ahead of it: the kernel runs every nat chain from its
-// one hook at dstnat (-100).
+// not addressed to this node, loopback, ICMP and ICMPv6 (neighbour discovery among it),
+// opens the mesh's WireGuard port on its endpoint interface (as every WireGuard node must)
+// and kuport's link port to the nodes' underlays, IPv4 and IPv6, on the underlay interface,
+// and drops every other new connection to the node's own addresses. No nat chain can run
+// ahead of it: the kernel runs every nat chain from its one hook at dstnat (-100).
 func firewallRuleset() string {
 	peers := make([]string, 0, len(nodes))
+	peers6 := make([]string, 0, len(nodes))
 	for _, s := range nodes {
 		peers = append(peers, s.UnderlayAddr.Addr().String())
+		peers6 = append(peers6, s.UnderlayAddr6.Addr().String())
 	}
 	return fmt.Sprintf(`table inet %s {
 	counter %s {
@@ -46,13 +48,14 @@ func firewallRuleset() string {
 		ct state established,related accept
 		ct state invalid drop
 		fib daddr type != local accept
-		meta l4proto icmp accept
-		iifname %q udp dport %d accept
-		iifname %q ip saddr { %s } udp dport %d accept
-		counter name %q drop
+		meta l4proto { icmp, ipv6-icmp } accept
+		iifname %[3]q udp dport %[4]d accept
+		iifname %[5]q ip saddr { %[6]s } udp dport %[7]d accept
+		iifname %[5]q ip6 saddr { %[8]s } udp dport %[7]d accept
+		counter name %[2]q drop
 	}
 }
-`, FirewallTable, FirewallDrops, endpointIface, WireGuardPort, nodes[0].UnderlayIface, strings.Join(peers, ", "), linkPort, FirewallDrops)
+`, FirewallTable, FirewallDrops, endpointIface, WireGuardPort, nodes[0].UnderlayIface, strings.Join(peers, ", "), linkPort, strings.Join(peers6, ", "))
 }
 
 // meshMarkRuleset is a mesh's pair like netbird's: at mangle (-150) a packet addressed to

@@ -20,12 +20,13 @@ import (
 // The mesh is real WireGuard (docs/design/mesh.md): every node's wt0 is a device of the
 // userspace implementation wireguard-go, one daemon per node, configured with the lab's keys
 // through its UAPI socket by `wg` (Debian's wireguard-tools). Each peer's allowed-IPs is
-// exactly the peer's wt0 /32, as a mesh such as netbird configures it, so WireGuard's
-// cryptokey routing drops a packet that keeps a client's source, from both ends: the sender
-// finds no peer for a destination outside every allowed-IPs, the receiver discards a source
-// outside the sending peer's. The daemons' UDP crosses an underlay of its own, the bridge in
-// MeshNS, on addresses (NodeSpec.EndpointAddr, 198.19.93.0/24) that no interface of the
-// machine's root namespace holds.
+// exactly the peer's wt0 /32 and IPv6 /128, as a mesh such as netbird configures it, so
+// WireGuard's cryptokey routing drops a packet of either family that keeps a client's
+// source, from both ends: the sender finds no peer for a destination outside every
+// allowed-IPs, the receiver discards a source outside the sending peer's. The daemons' UDP
+// crosses an underlay of its own, the bridge in MeshNS, on addresses
+// (NodeSpec.EndpointAddr, 198.19.93.0/24) that no interface of the machine's root namespace
+// holds; it stays IPv4 and carries both families.
 
 const (
 	// WireGuardEnv names the environment variable holding the path of the wireguard-go
@@ -98,9 +99,9 @@ func (n *Net) endpoint(ctx context.Context, s NodeSpec) error {
 }
 
 // StartWireGuard starts node's WireGuard daemon and brings its wt0 up: the device with the
-// node's key, one peer per other node (allowed-IPs the peer's wt0 /32, endpoint the peer's
-// EndpointAddr), the node's UnderlayAddr. Build does it for every node; a test restarts a
-// daemon it stopped with StopWireGuard. The daemon logs verbosely to wireguard-<node>.log in
+// node's key, one peer per other node (allowed-IPs the peer's wt0 /32 and /128, endpoint the
+// peer's EndpointAddr), the node's UnderlayAddr and UnderlayAddr6. Build does it for every
+// node; a test restarts a daemon it stopped with StopWireGuard. The daemon logs verbosely to wireguard-<node>.log in
 // the lab's log dir (MeshLog), where the receive-side drop shows.
 func (n *Net) StartWireGuard(ctx context.Context, node string) error {
 	return n.startWireGuardDaemon(ctx, node, keepalive)
@@ -176,12 +177,15 @@ func (n *Net) configureWireGuard(ctx context.Context, s NodeSpec, p *Proc, keepa
 			continue
 		}
 		conf += fmt.Sprintf("\n[Peer]\nPublicKey = %s\nAllowedIPs = %s\nEndpoint = %s\nPersistentKeepalive = %d\n", n.keys[peer.Name].public,
-			meshPeerPrefix(peer), netip.AddrPortFrom(peer.EndpointAddr.Addr(), WireGuardPort), keepaliveSecs)
+			prefixList(meshPeerPrefixes(peer)), netip.AddrPortFrom(peer.EndpointAddr.Addr(), WireGuardPort), keepaliveSecs)
 	}
 	if _, err := n.wg(ctx, p, conf, "setconf", s.UnderlayIface, "/dev/stdin"); err != nil {
 		return err
 	}
 	if err := n.ip(ctx, s.Name, "addr", "add", s.UnderlayAddr.String(), "dev", s.UnderlayIface); err != nil {
+		return err
+	}
+	if err := n.ip(ctx, s.Name, "addr", "add", s.UnderlayAddr6.String(), "dev", s.UnderlayIface); err != nil {
 		return err
 	}
 	return n.ip(ctx, s.Name, "link", "set", s.UnderlayIface, "up")
@@ -263,13 +267,18 @@ func (n *Net) WireGuard(ctx context.Context, node string, args ...string) (strin
 // setAllowedIPs replaces the allowed-IPs of node's peer named peer with prefixes (the
 // self-check widens them for a moment).
 func (n *Net) setAllowedIPs(ctx context.Context, node, peer string, prefixes ...netip.Prefix) error {
+	s, _ := n.Node(node)
+	_, err := n.WireGuard(ctx, node, "set", s.UnderlayIface, "peer", n.keys[peer].public, "allowed-ips", prefixList(prefixes))
+	return err
+}
+
+// prefixList is prefixes comma-separated, as `wg` reads allowed-IPs.
+func prefixList(prefixes []netip.Prefix) string {
 	list := make([]string, len(prefixes))
 	for i, pr := range prefixes {
 		list[i] = pr.String()
 	}
-	s, _ := n.Node(node)
-	_, err := n.WireGuard(ctx, node, "set", s.UnderlayIface, "peer", n.keys[peer].public, "allowed-ips", strings.Join(list, ","))
-	return err
+	return strings.Join(list, ",")
 }
 
 // startKeepalives turns every node's persistent keepalive to every peer on, once the
@@ -289,8 +298,11 @@ func (n *Net) startKeepalives(ctx context.Context) error {
 	return nil
 }
 
-// meshPeerPrefix is the allowed-IPs the lab gives every peer: its wt0 address as a /32.
-func meshPeerPrefix(s NodeSpec) netip.Prefix { return netip.PrefixFrom(s.UnderlayAddr.Addr(), 32) }
+// meshPeerPrefixes is the allowed-IPs the lab gives every peer: its wt0 addresses, a /32
+// and a /128, so WireGuard drops either family from any other source.
+func meshPeerPrefixes(s NodeSpec) []netip.Prefix {
+	return []netip.Prefix{netip.PrefixFrom(s.UnderlayAddr.Addr(), 32), netip.PrefixFrom(s.UnderlayAddr6.Addr(), 128)}
+}
 
 // lastLines returns the last n lines of s, trimmed.
 func lastLines(s string, n int) string {

@@ -6,13 +6,20 @@
 //	                                                  └── worker-c eth0  198.18.0.3
 //	the mesh: every node's wt0 (MTU 1420) is a real WireGuard device (wireguard-go,
 //	          mesh.go): edge-a 100.64.93.143, worker-b 100.64.93.150, worker-c
-//	          100.64.93.160, each peer's allowed-IPs its /32; the daemons' UDP crosses
-//	          kup-mesh, a bridge joining every node's wg-udp (198.19.93.143, .150, .160)
+//	          100.64.93.160, each peer's allowed-IPs its /32 and its IPv6 /128; the
+//	          daemons' UDP crosses kup-mesh, a bridge joining every node's wg-udp
+//	          (198.19.93.143, .150, .160)
 //	each node: the pod network of the CNI profile (Config.CNI, cni.go): under cilium a
 //	          bridge cilium_host (first address of its pod CIDR), pods pod-<name> behind it
 //
-// Each node namespace also emulates the CNI profile's own masquerade rules (table `ip
-// lab-cni`). The mesh's drop of a packet that keeps a client's source is WireGuard's own
+// The lab is dual-stack: every address above has an IPv6 twin, chosen in the node table
+// (nodes) and the client's variables, the pods' by NodeSpec.PodAddr6: public ones in the
+// documentation prefix 2001:db8::/32 (the client 2001:db8:100::7, edge-a 2001:db8:113::9),
+// the mesh's and the pods' unique local (wt0 fd00:64:93::143, pod CIDR fd00:10:244:17::/64).
+// The WireGuard underlay (wg-udp) stays IPv4: it carries both families.
+//
+// Each node namespace also emulates the CNI profile's own masquerade rules (tables `ip
+// lab-cni` and `ip6 lab-cni`). The mesh's drop of a packet that keeps a client's source is WireGuard's own
 // (its allowed-IPs), not an emulation. SelfCheck proves both bite.
 //
 // netlab owns the namespaces named in Namespaces plus every `pod-*` namespace, and the
@@ -24,12 +31,14 @@ package netlab
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -40,7 +49,7 @@ import (
 
 // Fixed names of the lab's shared namespaces and devices.
 const (
-	ClientNS     = "client"     // the client: eth0 198.51.100.7/24
+	ClientNS     = "client"     // the client: eth0 198.51.100.7/24 and 2001:db8:100::7/64
 	RouterNS     = "kup-router" // the internet between the client and the nodes' uplinks
 	MeshNS       = "kup-mesh"   // the mesh's underlay: a bridge joining every node's wg-udp
 	PodNSPrefix  = "pod-"       // a pod's namespace is PodNSPrefix + pod name
@@ -55,20 +64,27 @@ const (
 const lockPath = "/run/kuport-lab/netlab.lock"
 
 var (
-	clientAddr    = netip.MustParsePrefix("198.51.100.7/24")
-	clientGateway = netip.MustParseAddr("198.51.100.1")
+	clientAddr     = netip.MustParsePrefix("198.51.100.7/24")
+	clientGateway  = netip.MustParseAddr("198.51.100.1")
+	clientAddr6    = netip.MustParsePrefix("2001:db8:100::7/64")
+	clientGateway6 = netip.MustParseAddr("2001:db8:100::1")
 )
 
-// NodeSpec describes one node namespace. The namespace is named Name.
+// NodeSpec describes one node namespace. The namespace is named Name. Each address but
+// EndpointAddr has an IPv6 twin (the fields ending in 6), on the same device.
 type NodeSpec struct {
-	Name          string
-	UplinkIface   string       // the node's own internet connection, e.g. enp1s0
-	UplinkAddr    netip.Prefix // e.g. 203.0.113.9/24
-	UplinkGateway netip.Addr   // the router's address on that link, the default route
-	UnderlayIface string       // the mesh interface, always wt0, a WireGuard device
-	UnderlayAddr  netip.Prefix // e.g. 100.64.93.143/24, MTU UnderlayMTU
-	EndpointAddr  netip.Prefix // where the node's WireGuard daemon listens, e.g. 198.19.93.143/24
-	PodCIDR       netip.Prefix // e.g. 10.244.17.0/24
+	Name           string
+	UplinkIface    string       // the node's own internet connection, e.g. enp1s0
+	UplinkAddr     netip.Prefix // e.g. 203.0.113.9/24
+	UplinkGateway  netip.Addr   // the router's address on that link, the default route
+	UplinkAddr6    netip.Prefix // e.g. 2001:db8:113::9/64
+	UplinkGateway6 netip.Addr   // the router's IPv6 address on that link, the IPv6 default route
+	UnderlayIface  string       // the mesh interface, always wt0, a WireGuard device
+	UnderlayAddr   netip.Prefix // e.g. 100.64.93.143/24, MTU UnderlayMTU
+	UnderlayAddr6  netip.Prefix // e.g. fd00:64:93::143/64; its peers allow it as a /128
+	EndpointAddr   netip.Prefix // where the node's WireGuard daemon listens, e.g. 198.19.93.143/24
+	PodCIDR        netip.Prefix // e.g. 10.244.17.0/24
+	PodCIDR6       netip.Prefix // e.g. fd00:10:244:17::/64, inside ClusterCIDR6
 }
 
 // PodGateway is the first address of the node's pod CIDR with its length (10.244.17.1/24
@@ -78,39 +94,75 @@ func (s NodeSpec) PodGateway() netip.Prefix {
 	return netip.PrefixFrom(s.PodCIDR.Masked().Addr().Next(), s.PodCIDR.Bits())
 }
 
+// PodGateway6 is PodGateway's IPv6 twin, the first address of PodCIDR6 with its length
+// (fd00:10:244:17::1/64), on the same bridge.
+func (s NodeSpec) PodGateway6() netip.Prefix {
+	return netip.PrefixFrom(s.PodCIDR6.Masked().Addr().Next(), s.PodCIDR6.Bits())
+}
+
+// PodAddr6 is the IPv6 address of the pod at IPv4 address addr on this node: PodCIDR6 with
+// addr's host number written in the same digits (10.244.17.10 is fd00:10:244:17::10,
+// 10.244.17.254 is fd00:10:244:17::254), so the two read alike. It is the invalid Addr
+// when addr is not an IPv4 address inside PodCIDR.
+func (s NodeSpec) PodAddr6(addr netip.Addr) netip.Addr {
+	cidr := s.PodCIDR.Masked()
+	if !addr.Is4() || !cidr.Contains(addr) {
+		return netip.Addr{}
+	}
+	a, base := addr.As4(), cidr.Addr().As4()
+	host := binary.BigEndian.Uint32(a[:]) - binary.BigEndian.Uint32(base[:])
+	// The decimal digits of a host number below 2^32 read as hex fit in 40 bits.
+	digits, _ := strconv.ParseUint(strconv.FormatUint(uint64(host), 10), 16, 64)
+	b := s.PodCIDR6.Masked().Addr().As16()
+	binary.BigEndian.PutUint64(b[8:], binary.BigEndian.Uint64(b[8:])|digits)
+	return netip.AddrFrom16(b)
+}
+
 // nodes is the lab's node list: add an entry to add a node (names at most 12 bytes, so
 // the router's "to-<name>" device fits the kernel's 15).
 var nodes = []NodeSpec{
 	{
-		Name:          "edge-a",
-		UplinkIface:   "enp1s0",
-		UplinkAddr:    netip.MustParsePrefix("203.0.113.9/24"),
-		UplinkGateway: netip.MustParseAddr("203.0.113.1"),
-		UnderlayIface: "wt0",
-		UnderlayAddr:  netip.MustParsePrefix("100.64.93.143/24"),
-		EndpointAddr:  netip.MustParsePrefix("198.19.93.143/24"),
-		PodCIDR:       netip.MustParsePrefix("10.244.17.0/24"),
+		Name:           "edge-a",
+		UplinkIface:    "enp1s0",
+		UplinkAddr:     netip.MustParsePrefix("203.0.113.9/24"),
+		UplinkGateway:  netip.MustParseAddr("203.0.113.1"),
+		UplinkAddr6:    netip.MustParsePrefix("2001:db8:113::9/64"),
+		UplinkGateway6: netip.MustParseAddr("2001:db8:113::1"),
+		UnderlayIface:  "wt0",
+		UnderlayAddr:   netip.MustParsePrefix("100.64.93.143/24"),
+		UnderlayAddr6:  netip.MustParsePrefix("fd00:64:93::143/64"),
+		EndpointAddr:   netip.MustParsePrefix("198.19.93.143/24"),
+		PodCIDR:        netip.MustParsePrefix("10.244.17.0/24"),
+		PodCIDR6:       netip.MustParsePrefix("fd00:10:244:17::/64"),
 	},
 	{
-		Name:          "worker-b",
-		UplinkIface:   "eth0",
-		UplinkAddr:    netip.MustParsePrefix("192.0.2.2/24"),
-		UplinkGateway: netip.MustParseAddr("192.0.2.1"),
-		UnderlayIface: "wt0",
-		UnderlayAddr:  netip.MustParsePrefix("100.64.93.150/24"),
-		EndpointAddr:  netip.MustParsePrefix("198.19.93.150/24"),
-		PodCIDR:       netip.MustParsePrefix("10.244.18.0/24"),
+		Name:           "worker-b",
+		UplinkIface:    "eth0",
+		UplinkAddr:     netip.MustParsePrefix("192.0.2.2/24"),
+		UplinkGateway:  netip.MustParseAddr("192.0.2.1"),
+		UplinkAddr6:    netip.MustParsePrefix("2001:db8:2::2/64"),
+		UplinkGateway6: netip.MustParseAddr("2001:db8:2::1"),
+		UnderlayIface:  "wt0",
+		UnderlayAddr:   netip.MustParsePrefix("100.64.93.150/24"),
+		UnderlayAddr6:  netip.MustParsePrefix("fd00:64:93::150/64"),
+		EndpointAddr:   netip.MustParsePrefix("198.19.93.150/24"),
+		PodCIDR:        netip.MustParsePrefix("10.244.18.0/24"),
+		PodCIDR6:       netip.MustParsePrefix("fd00:10:244:18::/64"),
 	},
 	{
 		// worker-c is the second accepting node of the lab's Multi class.
-		Name:          "worker-c",
-		UplinkIface:   "eth0",
-		UplinkAddr:    netip.MustParsePrefix("198.18.0.3/24"),
-		UplinkGateway: netip.MustParseAddr("198.18.0.1"),
-		UnderlayIface: "wt0",
-		UnderlayAddr:  netip.MustParsePrefix("100.64.93.160/24"),
-		EndpointAddr:  netip.MustParsePrefix("198.19.93.160/24"),
-		PodCIDR:       netip.MustParsePrefix("10.244.19.0/24"),
+		Name:           "worker-c",
+		UplinkIface:    "eth0",
+		UplinkAddr:     netip.MustParsePrefix("198.18.0.3/24"),
+		UplinkGateway:  netip.MustParseAddr("198.18.0.1"),
+		UplinkAddr6:    netip.MustParsePrefix("2001:db8:18::3/64"),
+		UplinkGateway6: netip.MustParseAddr("2001:db8:18::1"),
+		UnderlayIface:  "wt0",
+		UnderlayAddr:   netip.MustParsePrefix("100.64.93.160/24"),
+		UnderlayAddr6:  netip.MustParsePrefix("fd00:64:93::160/64"),
+		EndpointAddr:   netip.MustParsePrefix("198.19.93.160/24"),
+		PodCIDR:        netip.MustParsePrefix("10.244.19.0/24"),
+		PodCIDR6:       netip.MustParsePrefix("fd00:10:244:19::/64"),
 	},
 }
 
@@ -295,7 +347,7 @@ func (n *Net) build(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := n.sysctl(ctx, RouterNS, "net.ipv4.ip_forward=1"); err != nil {
+	if err := n.sysctl(ctx, RouterNS, "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"); err != nil {
 		return err
 	}
 	if err := n.ip(ctx, MeshNS, "link", "add", meshBridge, "type", "bridge"); err != nil {
@@ -304,7 +356,7 @@ func (n *Net) build(ctx context.Context) error {
 	if err := n.ip(ctx, MeshNS, "link", "set", meshBridge, "up"); err != nil {
 		return err
 	}
-	if err := n.uplink(ctx, ClientNS, clientIface, clientAddr, clientGateway); err != nil {
+	if err := n.uplink(ctx, ClientNS, clientIface, clientAddr, clientGateway, clientAddr6, clientGateway6); err != nil {
 		return err
 	}
 	for _, s := range nodes {
@@ -339,7 +391,8 @@ func (n *Net) build(ctx context.Context) error {
 	return n.startKeepalives(ctx)
 }
 
-// addNamespace creates ns with lo up and records it for Close.
+// addNamespace creates ns with lo up and duplicate address detection off (noDAD), and
+// records it for Close.
 func (n *Net) addNamespace(ctx context.Context, ns string) error {
 	if _, err := n.command(ctx, "", "", "ip", "netns", "add", ns); err != nil {
 		return err
@@ -347,12 +400,23 @@ func (n *Net) addNamespace(ctx context.Context, ns string) error {
 	n.mu.Lock()
 	n.created = append(n.created, ns)
 	n.mu.Unlock()
+	if err := n.noDAD(ctx, ns); err != nil {
+		return err
+	}
 	return n.ip(ctx, ns, "link", "set", "lo", "up")
 }
 
-// uplink joins ns to the router: iface in ns holds addr with a default route via gw,
-// and the router side "to-<ns>" holds gw.
-func (n *Net) uplink(ctx context.Context, ns, iface string, addr netip.Prefix, gw netip.Addr) error {
+// noDAD turns IPv6 duplicate address detection off in ns for every link created after it,
+// as it must be before they exist. While DAD runs (a second or more) an address is
+// tentative, and a node or router whose link-local address is tentative sends no neighbour
+// solicitation for a packet it forwards: the first forwarded packets waited a second.
+func (n *Net) noDAD(ctx context.Context, ns string) error {
+	return n.sysctl(ctx, ns, "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0")
+}
+
+// uplink joins ns to the router: iface in ns holds addr and addr6 with default routes via
+// gw and gw6, and the router side "to-<ns>" holds gw and gw6.
+func (n *Net) uplink(ctx context.Context, ns, iface string, addr netip.Prefix, gw netip.Addr, addr6 netip.Prefix, gw6 netip.Addr) error {
 	peer := routerPrefix + ns
 	gwPrefix := netip.PrefixFrom(gw, addr.Bits()).String()
 	steps := [][]string{
@@ -362,6 +426,9 @@ func (n *Net) uplink(ctx context.Context, ns, iface string, addr netip.Prefix, g
 		{RouterNS, "addr", "add", gwPrefix, "dev", peer},
 		{RouterNS, "link", "set", peer, "up"},
 		{ns, "route", "add", "default", "via", gw.String()},
+		{ns, "addr", "add", addr6.String(), "dev", iface},
+		{RouterNS, "addr", "add", netip.PrefixFrom(gw6, addr6.Bits()).String(), "dev", peer},
+		{ns, "-6", "route", "add", "default", "via", gw6.String()},
 	}
 	for _, st := range steps {
 		if err := n.ip(ctx, st[0], st[1:]...); err != nil {
@@ -373,8 +440,9 @@ func (n *Net) uplink(ctx context.Context, ns, iface string, addr netip.Prefix, g
 
 func (n *Net) buildNode(ctx context.Context, s NodeSpec) error {
 	// Strict rp_filter, so the datapath's loose setting on its own devices is load-bearing.
+	// IPv6 has no rp_filter in the kernel.
 	if err := n.sysctl(ctx, s.Name, "net.ipv4.ip_forward=1",
-		"net.ipv4.conf.all.rp_filter=1", "net.ipv4.conf.default.rp_filter=1"); err != nil {
+		"net.ipv4.conf.all.rp_filter=1", "net.ipv4.conf.default.rp_filter=1", "net.ipv6.conf.all.forwarding=1"); err != nil {
 		return err
 	}
 	// A bridge would hand bridged frames to iptables where br_netfilter is loaded: a lab
@@ -382,7 +450,7 @@ func (n *Net) buildNode(ctx context.Context, s NodeSpec) error {
 	if _, err := n.Exec(ctx, s.Name, "sysctl", "-e", "-q", "-w", "net.bridge.bridge-nf-call-iptables=0"); err != nil {
 		return err
 	}
-	if err := n.uplink(ctx, s.Name, s.UplinkIface, s.UplinkAddr, s.UplinkGateway); err != nil {
+	if err := n.uplink(ctx, s.Name, s.UplinkIface, s.UplinkAddr, s.UplinkGateway, s.UplinkAddr6, s.UplinkGateway6); err != nil {
 		return err
 	}
 	if err := n.endpoint(ctx, s); err != nil {
@@ -396,6 +464,7 @@ func (n *Net) buildNode(ctx context.Context, s NodeSpec) error {
 		steps = append(steps,
 			[]string{s.Name, "link", "add", br, "type", "bridge"},
 			[]string{s.Name, "addr", "add", s.PodGateway().String(), "dev", br},
+			[]string{s.Name, "addr", "add", s.PodGateway6().String(), "dev", br},
 			[]string{s.Name, "link", "set", br, "up"})
 	}
 	for _, st := range steps {
@@ -408,6 +477,9 @@ func (n *Net) buildNode(ctx context.Context, s NodeSpec) error {
 
 // CNI is the lab's CNI profile.
 func (n *Net) CNI() CNI { return n.cni }
+
+// ClientAddr6 is the client's IPv6 address (its IPv4 one, 198.51.100.7, is lab.ClientAddr).
+func (n *Net) ClientAddr6() netip.Addr { return clientAddr6.Addr() }
 
 // Nodes returns the node specs, in the lab's order.
 func (n *Net) Nodes() []NodeSpec { return slices.Clone(nodes) }
@@ -482,15 +554,18 @@ func Teardown() error {
 	return errors.Join(errs...)
 }
 
-// RouteVirtual points the router's route for a routed virtual address (a /32 no namespace
-// holds) at a node's uplink address, as a mesh or an upstream router would steer a VIP:
-// clients dialing vip reach that node, which holds no address for it and forwards it by
-// its kuport DNAT. Calling it again with another node moves the address. It returns an
-// error for an unknown node or when ip fails.
+// RouteVirtual points the router's route for a routed virtual address (a /32 or, for an
+// IPv6 vip, a /128 no namespace holds) at a node's uplink address of vip's family, as a
+// mesh or an upstream router would steer a VIP: clients dialing vip reach that node, which
+// holds no address for it and forwards it by its kuport DNAT. Calling it again with another
+// node moves the address. It returns an error for an unknown node or when ip fails.
 func (n *Net) RouteVirtual(ctx context.Context, vip netip.Addr, node string) error {
 	s, ok := n.Node(node)
 	if !ok {
 		return fmt.Errorf("netlab: no node %q", node)
+	}
+	if vip.Is6() {
+		return n.ip(ctx, RouterNS, "-6", "route", "replace", netip.PrefixFrom(vip, 128).String(), "via", s.UplinkAddr6.Addr().String())
 	}
 	return n.ip(ctx, RouterNS, "route", "replace", netip.PrefixFrom(vip, 32).String(), "via", s.UplinkAddr.Addr().String())
 }

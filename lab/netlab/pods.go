@@ -35,8 +35,10 @@ const serveReady = 10 * time.Second
 // veth on the node's bridge (cilium_host, cni0), eth0 with the pod CIDR's length and a
 // default route via the bridge's address; under calico a veth with no bridge, eth0 a /32
 // routed via 169.254.1.1, which the node end answers by proxy ARP, and a /32 route to the
-// pod on the node. name is a DNS label; ip must be a free host address inside the node's
-// pod CIDR. It returns once the pod's link forwards.
+// pod on the node. The pod is dual-stack: eth0 also holds the node's PodAddr6(ip), with
+// an IPv6 default route via CNI.PodGateway6 (a /128 and the node's /128 route under
+// calico). name is a DNS label; ip must be a free host address inside the node's pod
+// CIDR. It returns once the pod's link forwards.
 func (n *Net) AddPod(ctx context.Context, name, node, ip string) error {
 	if !dnsLabel.MatchString(name) {
 		return fmt.Errorf("netlab: pod name %q: want a DNS label", name)
@@ -84,39 +86,56 @@ func (n *Net) buildPod(ctx context.Context, name string, spec NodeSpec, addr net
 	}
 	hostEnd := n.cni.HostEnd(name)
 	gw := n.cni.PodGateway(spec).String()
+	addr6 := spec.PodAddr6(addr)
+	gw6 := n.cni.PodGateway6(spec).String()
+	// DAD is off in the pod as in every lab namespace, as Calico's CNI plugin turns it off
+	// on both ends of the pod's veth (projectcalico/calico cni-plugin/pkg/dataplane/linux/
+	// dataplane_linux.go, disableDAD), where the pod's IPv6 next hop is the host end's
+	// link-local address.
+	if err := n.noDAD(ctx, ns); err != nil {
+		return err
+	}
 	steps := [][]string{
 		{ns, "link", "set", "lo", "up"},
 		{spec.Name, "link", "add", hostEnd, "type", "veth", "peer", "name", "eth0", "netns", ns},
 		{ns, "addr", "add", netip.PrefixFrom(addr, n.cni.podPrefix(spec)).String(), "dev", "eth0"},
+		{ns, "addr", "add", netip.PrefixFrom(addr6, n.cni.podPrefix6(spec)).String(), "dev", "eth0"},
 		{ns, "link", "set", "eth0", "up"},
 	}
 	if br := n.cni.Bridge(); br != "" {
 		steps = append(steps,
 			[]string{spec.Name, "link", "set", hostEnd, "master", br, "up"},
-			[]string{ns, "route", "add", "default", "via", gw})
+			[]string{ns, "route", "add", "default", "via", gw},
+			[]string{ns, "-6", "route", "add", "default", "via", gw6})
 	} else {
-		// Calico's CNI plugin (projectcalico/calico cni-plugin/pkg/dataplane/linux/
-		// dataplane_linux.go): the host end gets ee:ee:ee:ee:ee:ee, the pod a link route to
-		// 169.254.1.1 and its default route via it, the node a /32 route to the pod.
+		// Calico's CNI plugin (the same file, DoNetworking and SetupRoutes): the host end gets
+		// ee:ee:ee:ee:ee:ee, the pod a link route to 169.254.1.1 and its default route via
+		// it, its IPv6 default route via the host end's link-local address (IPv6 has no
+		// 169.254.1.1 and no proxy ARP), the node a /32 and a /128 route to the pod.
 		steps = append(steps,
 			[]string{spec.Name, "link", "set", hostEnd, "address", calicoHostMAC, "up"},
 			[]string{ns, "route", "add", gw + "/32", "dev", "eth0", "scope", "link"},
 			[]string{ns, "route", "add", "default", "via", gw, "dev", "eth0"},
-			[]string{spec.Name, "route", "add", netip.PrefixFrom(addr, 32).String(), "dev", hostEnd})
+			[]string{ns, "-6", "route", "add", "default", "via", gw6, "dev", "eth0"},
+			[]string{spec.Name, "route", "add", netip.PrefixFrom(addr, 32).String(), "dev", hostEnd},
+			[]string{spec.Name, "-6", "route", "add", netip.PrefixFrom(addr6, 128).String(), "dev", hostEnd})
 	}
 	// A pod address used before on this node may still sit in the node's neighbour cache
 	// with the old pod's MAC, which would black-hole the new pod for seconds; a CNI forgets
 	// it when the old pod goes, and so does the lab.
-	steps = append(steps, []string{spec.Name, "neigh", "flush", "to", addr.String()})
+	steps = append(steps,
+		[]string{spec.Name, "neigh", "flush", "to", addr.String()},
+		[]string{spec.Name, "neigh", "flush", "to", addr6.String()})
 	for _, st := range steps {
 		if err := n.ip(ctx, st[0], st[1:]...); err != nil {
 			return err
 		}
 	}
 	if n.cni == CNICalico {
-		// The same plugin answers the pod's ARP for 169.254.1.1 by proxy, without delay.
+		// The same plugin answers the pod's ARP for 169.254.1.1 by proxy, without delay, and
+		// turns proxy NDP on, which answers nothing until an entry is added, and none is.
 		if err := n.sysctl(ctx, spec.Name, "net.ipv4.conf."+hostEnd+".proxy_arp=1",
-			"net.ipv4.neigh."+hostEnd+".proxy_delay=0"); err != nil {
+			"net.ipv4.neigh."+hostEnd+".proxy_delay=0", "net.ipv6.conf."+hostEnd+".proxy_ndp=1"); err != nil {
 			return err
 		}
 	}
