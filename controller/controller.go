@@ -69,10 +69,9 @@ const DefaultLinkRetention = 24 * time.Hour
 type Config struct {
 	// Kube reads core objects and writes Events.
 	Kube kubernetes.Interface
-	// Kuport reads PortMapClasses and PortMaps.
+	// Kuport reads PortMapClasses and PortMaps and writes their status.
 	Kuport *apiclient.Client
-	// Dynamic reads the CNIs' settings (cni.go) and writes the status of PortMapClasses and
-	// PortMaps.
+	// Dynamic reads the CNIs' settings (cni.go).
 	Dynamic dynamic.Interface
 	// Epoch stamps every program: the leadership term's epoch (package controller/leader),
 	// higher for every later term (see agents.Config.Epoch).
@@ -205,7 +204,7 @@ func New(cfg Config) (*Controller, error) {
 		core: informers.NewSharedInformerFactoryWithOptions(cfg.Kube, 0, informers.WithTransform(lean)),
 	}
 	recorder := broadcaster.NewRecorder(scheme, corev1.EventSource{Component: "kuport-controller"})
-	c.writer = status.NewWriter(cfg.Dynamic, recorder,
+	c.writer = status.NewWriter(cfg.Kuport, recorder,
 		flowcontrol.NewTokenBucketRateLimiter(cmp.Or(cfg.StatusQPS, DefaultStatusQPS), cmp.Or(cfg.StatusBurst, DefaultStatusBurst)))
 	c.reg = agents.NewRegistry(agents.Config{
 		Epoch: cfg.Epoch, Start: start, Hold: cfg.Hold, Log: log.Named("agents"),

@@ -1,7 +1,8 @@
 // Package apiclient is the controller's typed client of kuport's API (api/v1alpha1): lists
-// and watches decoded straight into the Go types. The dynamic client decodes every object
-// into maps, which the controller then converted into the types by reflection (BENCHMARKS.md,
-// "The bulk as a share of the API server's floor").
+// and watches decoded straight into the Go types, and status writes whose replies are not
+// decoded. The dynamic client decodes every object into maps, which the controller then
+// converted into the types by reflection, and decodes every status write's reply, which the
+// controller threw away (BENCHMARKS.md, "The bulk as a share of the API server's floor").
 package apiclient
 
 import (
@@ -74,4 +75,21 @@ func (c *Client) listWatch(resource string, list func() runtime.Object) *cache.L
 			return c.rest.Get().Resource(resource).VersionedParams(&opts, params).Watch(ctx)
 		},
 	}
+}
+
+// UpdatePortMapStatus writes pm's status with pm's resourceVersion (a conflict error means
+// pm changed meanwhile). The stored object it returns is not decoded: its echo arrives by
+// the watch.
+func (c *Client) UpdatePortMapStatus(ctx context.Context, pm *v1alpha1.PortMap) error {
+	return c.rest.Put().Namespace(pm.Namespace).Resource("portmaps").Name(pm.Name).SubResource("status").
+		Body(pm).Do(ctx).Error()
+}
+
+// UpdateClassStatus writes cls's status with cls's resourceVersion and returns the
+// resourceVersion the write gave it.
+func (c *Client) UpdateClassStatus(ctx context.Context, cls *v1alpha1.PortMapClass) (string, error) {
+	var out v1alpha1.PortMapClass
+	err := c.rest.Put().Resource("portmapclasses").Name(cls.Name).SubResource("status").
+		Body(cls).Do(ctx).Into(&out)
+	return out.ResourceVersion, err
 }
