@@ -39,6 +39,7 @@ import (
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/bench/labbench"
+	"kuport.wlz.li/kuport/controller/apiclient"
 	"kuport.wlz.li/kuport/lab"
 )
 
@@ -300,8 +301,8 @@ func (b *bench) bulk(ctx context.Context, n int) error {
 		"cpu_s_controller", round2(cpu1.controller-cpu0.controller), "cpu_s_api_server_etcd", round2(cpu1.plane-cpu0.plane),
 		"cpu_s_agents", round2(cpu1.agents-cpu0.agents), "cpu_s_bench", round2(cpu1.bench-cpu0.bench))
 	profiled()
-	// The status the controller wrote, for the floor's PortMaps that carry one.
-	written, err := b.l.Dyn.Resource(v1alpha1.PortMapsResource).Namespace(kuportNS).Get(ctx, "bulk-00000", metav1.GetOptions{})
+	// The status the controller wrote, for the floor's PortMaps to carry.
+	written, err := b.l.GetPortMap(ctx, kuportNS, "bulk-00000")
 	if err != nil {
 		return err
 	}
@@ -324,7 +325,7 @@ func (b *bench) bulk(ctx context.Context, n int) error {
 		"delete_to_kernel_after_last_delete_s", gone.Sub(deleted).Seconds(),
 		"cpu_s_api_server_etcd_deleting", round2(cpuDeleted.plane-cpu1.plane), "cpu_s_controller_deleting", round2(cpuDeleted.controller-cpu1.controller),
 		"cpu_s_agents_deleting", round2(cpuDeleted.agents-cpu1.agents), "cpu_s_bench_deleting", round2(cpuDeleted.bench-cpu1.bench))
-	floorCreate, floorDelete, err := b.bulkFloor(ctx, n, written.Object["status"])
+	floorCreate, floorDelete, err := b.bulkFloor(ctx, n, written.Status)
 	if err != nil {
 		return err
 	}
@@ -351,12 +352,12 @@ func (b *bench) deleteAtOnce(prefix string, n int) error {
 // bulkFloor is the API server's own pace for the bulk: the same n PortMaps created, issued
 // the same way, then each given the status the controller wrote in the bulk (status, written
 // as kuport-controller, so the stored objects are as large as the bulk's, managedFields
-// included), then deleted, with kuport's controller and agents stopped (no watch of them, none
+// included, through the controller's client), then deleted, with kuport's controller and agents stopped (no watch of them, none
 // of their CPU beside the API server's). It logs how long each step took and returns the
 // creates and status writes together (against the bulk's to_programmed_s) and the deletes
 // (against its delete_to_kernel_s). It starts kuport again and returns once a PortMap is
 // programmed and removed through it.
-func (b *bench) bulkFloor(ctx context.Context, n int, status any) (create, del float64, err error) {
+func (b *bench) bulkFloor(ctx context.Context, n int, status v1alpha1.PortMapStatus) (create, del float64, err error) {
 	const prefix = "floor"
 	if err := b.stopKuport(); err != nil {
 		return 0, 0, err
@@ -365,16 +366,22 @@ func (b *bench) bulkFloor(ctx context.Context, n int, status any) (create, del f
 	if err != nil {
 		return 0, 0, err
 	}
-	// One list gives every one's resourceVersion, for the writes.
-	res := b.l.Dyn.Resource(v1alpha1.PortMapsResource).Namespace(kuportNS)
-	list, err := res.List(ctx, metav1.ListOptions{})
+	// The controller's own client, under its name (the managedFields entry's manager), and
+	// one list for every one's resourceVersion.
+	rc := b.l.Cluster.RESTConfig()
+	rc.QPS, rc.Burst, rc.UserAgent = 2000, 4000, "kuport-controller"
+	client, err := apiclient.NewForConfig(rc)
 	if err != nil {
 		return 0, 0, err
 	}
-	var stored []*unstructured.Unstructured
-	for i := range list.Items {
-		if strings.HasPrefix(list.Items[i].GetName(), prefix+"-") {
-			stored = append(stored, &list.Items[i])
+	list, err := client.PortMaps().ListWithContext(ctx, metav1.ListOptions{})
+	if err != nil {
+		return 0, 0, err
+	}
+	var stored []*v1alpha1.PortMap
+	for i, pm := range list.(*v1alpha1.PortMapList).Items {
+		if strings.HasPrefix(pm.Name, prefix+"-") {
+			stored = append(stored, &list.(*v1alpha1.PortMapList).Items[i])
 		}
 	}
 	if len(stored) != n {
@@ -382,9 +389,8 @@ func (b *bench) bulkFloor(ctx context.Context, n int, status any) (create, del f
 	}
 	written, cpuWriting, err := b.floorTimed(ctx, "floor-status-write", func() error {
 		return labbench.Parallel(0, n, func(i int) error {
-			stored[i].Object["status"] = status
-			_, err := res.UpdateStatus(ctx, stored[i], metav1.UpdateOptions{FieldManager: "kuport-controller"})
-			return err
+			stored[i].Status = status
+			return client.UpdatePortMapStatus(ctx, stored[i])
 		})
 	})
 	if err != nil {

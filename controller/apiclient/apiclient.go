@@ -54,12 +54,12 @@ func NewForConfig(c *rest.Config) (*Client, error) {
 }
 
 // PortMaps lists and watches the PortMaps of every namespace, for an informer.
-func (c *Client) PortMaps() cache.ListerWatcher {
+func (c *Client) PortMaps() *cache.ListWatch {
 	return c.listWatch("portmaps", func() runtime.Object { return &v1alpha1.PortMapList{} })
 }
 
 // PortMapClasses lists and watches the PortMapClasses, for an informer.
-func (c *Client) PortMapClasses() cache.ListerWatcher {
+func (c *Client) PortMapClasses() *cache.ListWatch {
 	return c.listWatch("portmapclasses", func() runtime.Object { return &v1alpha1.PortMapClassList{} })
 }
 
