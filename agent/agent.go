@@ -58,6 +58,13 @@ const (
 	DefaultFollowerRetry     = time.Second
 )
 
+// SweepDelay is the datapath's SweepDelay the agent runs with (cmd/kuport-agent): the
+// conntrack entries a program's change of the DNAT rules left going the old way are deleted
+// within it after the program is applied (and acknowledged), together with those of the
+// programs applied since, so a burst of programs (a thousand PortMaps deleted at once) reads
+// the conntrack table a few times instead of once a program (datapath/README.md#conntrack).
+const SweepDelay = 250 * time.Millisecond
+
 // DefaultBackoff is the reconnect backoff: 200 ms doubling up to a 5 s cap, 10 % jitter, so a
 // restarted controller sees its agents back within a few seconds.
 var DefaultBackoff = wait.Backoff{

@@ -86,3 +86,59 @@ func BenchmarkPrivilegedAgentChange(b *testing.B) {
 		b.ReportMetric(at(0.99), "ack-ms-p99/"+kind)
 	}
 }
+
+// BenchmarkPrivilegedAgentBulkDelete is a thousand mappings deleted at once through the whole
+// agent, as the lab's bulk reaches it: from the program of 1,000, each op sends 40 deltas of
+// 25 mappings fewer, each after the last one's Ack, to none. Without a SweepDelay every
+// program's Apply reads the conntrack table; with the agent's, the sweeps of the programs
+// within it are one. ns/op is the 40 deltas' time to their last Ack.
+// Run as root:
+//
+//	KUPORT_PRIVILEGED=1 go test -run '^$' -bench PrivilegedAgentBulkDelete -benchtime 5x ./agent/
+func BenchmarkPrivilegedAgentBulkDelete(b *testing.B) {
+	testenv.Privileged(b)
+	const n, step = 1000, 25
+	full := datapathtest.Program(n, "wt0")
+	version := func(v uint64, m int) *kuportv1.NodeProgram {
+		return &kuportv1.NodeProgram{Node: full.Node, Version: v, Epoch: full.Epoch, DnatRules: full.DnatRules[:m], SnatRules: full.SnatRules[:m]}
+	}
+	for _, delay := range []time.Duration{0, SweepDelay} {
+		b.Run("sweep-delay="+delay.String(), func(b *testing.B) {
+			d := newDriftNS(b)
+			conn, err := nftables.New(nftables.AsLasting(), nftables.WithNetNSFd(int(d.ns)), datapath.NFTSocketOption())
+			require.NoError(b, err)
+			b.Cleanup(func() { _ = conn.CloseLasting() })
+			nl, err := netlink.NewHandleAt(d.ns)
+			require.NoError(b, err)
+			b.Cleanup(nl.Close)
+			log := hclog.New(&hclog.LoggerOptions{Output: io.Discard, Level: hclog.Info})
+			dp := datapath.New(datapath.Config{NFT: conn, Netlink: nl, NetNS: d.ns, Log: log.Named("datapath"), SweepDelay: delay})
+			b.Cleanup(dp.SweepNow)
+			defer debug.SetGCPercent(debug.SetGCPercent(steadyGCPercent))
+
+			c, target := startController(b)
+			cfg := testConfig(PacedApply(dp), &syncbuf.Buffer{}, target)
+			cfg.Log, cfg.Underlay = log, "wt0"
+			cfg.Validate, cfg.EntryErrors, cfg.Applied = dp.Validate, datapath.EntryErrors, FreeOSMemory
+			startAgent(b, cfg)
+			s := c.NextSession(b)
+			var v uint64
+			b.ResetTimer()
+			for range b.N {
+				b.StopTimer()
+				v++
+				cur := version(v, n)
+				s.Send(b, cur)
+				require.Empty(b, s.NextAck(b).GetErrors())
+				b.StartTimer()
+				for m := n - step; m >= 0; m -= step {
+					v++
+					next := version(v, m)
+					s.SendMessage(b, &kuportv1.ConnectResponse{Message: &kuportv1.ConnectResponse_Delta{Delta: kuportv1.Delta(cur, next)}})
+					require.Empty(b, s.NextAck(b).GetErrors())
+					cur = next
+				}
+			}
+		})
+	}
+}

@@ -26,7 +26,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -40,6 +39,7 @@ import (
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/controller/agents"
+	"kuport.wlz.li/kuport/controller/apiclient"
 	"kuport.wlz.li/kuport/controller/compile"
 	"kuport.wlz.li/kuport/controller/metrics"
 	"kuport.wlz.li/kuport/controller/status"
@@ -69,7 +69,9 @@ const DefaultLinkRetention = 24 * time.Hour
 type Config struct {
 	// Kube reads core objects and writes Events.
 	Kube kubernetes.Interface
-	// Dynamic reads PortMapClasses and PortMaps and writes their status.
+	// Kuport reads PortMapClasses and PortMaps and writes their status.
+	Kuport *apiclient.Client
+	// Dynamic reads the CNIs' settings (cni.go).
 	Dynamic dynamic.Interface
 	// Epoch stamps every program: the leadership term's epoch (package controller/leader),
 	// higher for every later term (see agents.Config.Epoch).
@@ -116,8 +118,9 @@ type Controller struct {
 	// statuses holds the PortMaps whose status must be decided again; its workers write.
 	statuses workqueue.TypedRateLimitingInterface[types.NamespacedName]
 
-	core    informers.SharedInformerFactory
-	dyn     dynamicinformer.DynamicSharedInformerFactory
+	core informers.SharedInformerFactory
+	// typed are the informers of kuport's objects (typedInformer).
+	typed   []cache.SharedIndexInformer
 	synced  []cache.InformerSynced
 	classes cache.Indexer // *v1alpha1.PortMapClass
 	pms     cache.Indexer // *v1alpha1.PortMap
@@ -199,10 +202,9 @@ func New(cfg Config) (*Controller, error) {
 			workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](5*time.Millisecond, 10*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[types.NamespacedName]{Name: "kuport-status"}),
 		core: informers.NewSharedInformerFactoryWithOptions(cfg.Kube, 0, informers.WithTransform(lean)),
-		dyn:  dynamicinformer.NewDynamicSharedInformerFactory(cfg.Dynamic, 0),
 	}
 	recorder := broadcaster.NewRecorder(scheme, corev1.EventSource{Component: "kuport-controller"})
-	c.writer = status.NewWriter(cfg.Dynamic, recorder,
+	c.writer = status.NewWriter(cfg.Kuport, recorder,
 		flowcontrol.NewTokenBucketRateLimiter(cmp.Or(cfg.StatusQPS, DefaultStatusQPS), cmp.Or(cfg.StatusBurst, DefaultStatusBurst)))
 	c.reg = agents.NewRegistry(agents.Config{
 		Epoch: cfg.Epoch, Start: start, Hold: cfg.Hold, Log: log.Named("agents"),
@@ -278,7 +280,7 @@ func New(cfg Config) (*Controller, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("cni watch: %w", err)
 	}
-	if c.classes, err = c.typedInformer(v1alpha1.PortMapClassesResource, toTyped[v1alpha1.PortMapClass], on(c.changes.class)); err != nil {
+	if c.classes, err = c.typedInformer(cfg.Kuport.PortMapClasses(), &v1alpha1.PortMapClass{}, on(c.changes.class)); err != nil {
 		return nil, err
 	}
 	// A PortMap's own event also decides its status again: its recorded status or its
@@ -295,7 +297,7 @@ func New(cfg Config) (*Controller, error) {
 		},
 		DeleteFunc: func(o any) { c.bursts.arrived(time.Now()); c.changes.portMap(o); c.queue.Add(keyCompile) },
 	}
-	if c.pms, err = c.typedInformer(v1alpha1.PortMapsResource, toTyped[v1alpha1.PortMap], pmHandler); err != nil {
+	if c.pms, err = c.typedInformer(cfg.Kuport.PortMaps(), &v1alpha1.PortMap{}, pmHandler); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -313,9 +315,14 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer c.queue.ShutDown()
 	defer c.statuses.ShutDown()
 	c.core.Start(ctx.Done())
-	c.dyn.Start(ctx.Done())
 	defer c.core.Shutdown()
-	defer c.dyn.Shutdown()
+	var typed sync.WaitGroup
+	defer typed.Wait()
+	typedCtx, stopTyped := context.WithCancel(ctx)
+	defer stopTyped()
+	for _, inf := range c.typed {
+		typed.Go(func() { inf.RunWithContext(typedCtx) })
+	}
 	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
 		return fmt.Errorf("informer caches did not sync: %w", context.Cause(ctx))
 	}

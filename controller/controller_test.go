@@ -38,6 +38,7 @@ import (
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/controller/agents"
+	"kuport.wlz.li/kuport/controller/apiclient"
 	"kuport.wlz.li/kuport/controller/metrics"
 	"kuport.wlz.li/kuport/controller/programmed"
 	"kuport.wlz.li/kuport/controller/servingcert"
@@ -86,7 +87,9 @@ func startAPILab(t *testing.T, ctx context.Context, configure ...func(*Config)) 
 	dyn, err := dynamic.NewForConfig(rc)
 	require.NoError(t, err)
 
-	cfg := Config{Kube: kube, Dynamic: dyn, Epoch: 1000, Hold: time.Second, Log: log.Named("controller")}
+	kuport, err := apiclient.NewForConfig(rc)
+	require.NoError(t, err)
+	cfg := Config{Kube: kube, Kuport: kuport, Dynamic: dyn, Epoch: 1000, Hold: time.Second, Log: log.Named("controller")}
 	for _, f := range configure {
 		f(&cfg)
 	}
@@ -419,17 +422,18 @@ func TestCachesHoldLeanObjects(t *testing.T) {
 			NodeName: ptr.To("worker-b"), TargetRef: &corev1.ObjectReference{Name: "web-0"}}}}, out,
 		"an EndpointSlice: what compile chooses the endpoint by")
 
-	u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMap",
-		"metadata": map[string]any{"name": "web", "namespace": "games",
-			"managedFields": []any{map[string]any{"manager": "kubectl", "operation": "Update"}}}}}
-	typed, err := toTyped[v1alpha1.PortMap](u)
+	pm := &v1alpha1.PortMap{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "games",
+		ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationUpdate}}}}
+	typed, err := withoutManagedFields(pm)
 	require.NoError(t, err)
 	assert.Empty(t, typed.(*v1alpha1.PortMap).ManagedFields)
 	assert.Equal(t, "web", typed.(*v1alpha1.PortMap).Name)
 	tomb := cache.DeletedFinalStateUnknown{Key: "games/web"}
-	out, err = lean(tomb)
-	require.NoError(t, err)
-	assert.Equal(t, tomb, out, "a tombstone passes")
+	for _, transform := range []cache.TransformFunc{lean, withoutManagedFields} {
+		out, err = transform(tomb)
+		require.NoError(t, err)
+		assert.Equal(t, tomb, out, "a tombstone passes")
+	}
 }
 
 // TestSameButVersion: an update of lean objects that changed only the resourceVersion is

@@ -3,44 +3,38 @@ package controller
 import (
 	"fmt"
 
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/cache"
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
 )
 
-// The informers' caches: typed kuport objects converted once on arrival, and the lists the
-// snapshot and the dashboard read.
+// The informers' caches of kuport's objects, decoded into their types by the typed client
+// (controller/apiclient), and the lists the snapshot and the dashboard read.
 
-// typedInformer starts a dynamic informer whose cache holds typed objects (converted once, on
-// arrival) and returns its indexer.
-func (c *Controller) typedInformer(gvr schema.GroupVersionResource, transform cache.TransformFunc, h cache.ResourceEventHandler) (cache.Indexer, error) {
-	inf := c.dyn.ForResource(gvr).Informer()
-	if err := inf.SetTransform(transform); err != nil {
-		return nil, fmt.Errorf("%s informer: %w", gvr.Resource, err)
+// typedInformer makes an informer of lw's objects (example's type), whose cache keeps them
+// without their managedFields (withoutManagedFields), and returns its indexer; Run runs it.
+func (c *Controller) typedInformer(lw cache.ListerWatcher, example runtime.Object, h cache.ResourceEventHandler) (cache.Indexer, error) {
+	inf := cache.NewSharedIndexInformer(lw, example, 0, cache.Indexers{})
+	if err := inf.SetTransform(withoutManagedFields); err != nil {
+		return nil, fmt.Errorf("%T informer: %w", example, err)
 	}
 	if _, err := inf.AddEventHandler(h); err != nil {
-		return nil, fmt.Errorf("%s event handler: %w", gvr.Resource, err)
+		return nil, fmt.Errorf("%T event handler: %w", example, err)
 	}
+	c.typed = append(c.typed, inf)
 	c.synced = append(c.synced, inf.HasSynced)
 	return inf.GetIndexer(), nil
 }
 
-// toTyped converts an unstructured kuport object into *T, without its managedFields
-// (as lean); anything else passes unchanged (tombstones, already converted objects).
-func toTyped[T any](obj any) (any, error) {
-	u, ok := obj.(*unstructured.Unstructured)
-	if !ok {
-		return obj, nil
+// withoutManagedFields drops a kuport object's managedFields (as lean does): nothing reads
+// them. Anything else passes unchanged (tombstones).
+func withoutManagedFields(obj any) (any, error) {
+	if m, ok := obj.(metav1.Object); ok {
+		m.SetManagedFields(nil)
 	}
-	u.SetManagedFields(nil)
-	out := new(T)
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, out); err != nil {
-		return nil, fmt.Errorf("convert %s %s: %w", u.GetKind(), u.GetName(), err)
-	}
-	return out, nil
+	return obj, nil
 }
 
 // PortMaps lists the cached PortMaps.
@@ -51,7 +45,7 @@ func (c *Controller) PortMapClasses() []*v1alpha1.PortMapClass {
 	return cached[v1alpha1.PortMapClass](c.classes)
 }
 
-// cached lists the *T objects of an indexer holding typed objects (see toTyped).
+// cached lists the *T objects of an indexer holding typed objects.
 func cached[T any](idx cache.Indexer) []*T {
 	var out []*T
 	for _, o := range idx.List() {

@@ -1,12 +1,14 @@
 package datapath
 
 import (
+	"cmp"
 	"encoding/binary"
 	"iter"
 	"maps"
 	"net"
 	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -245,16 +247,44 @@ func staleFlowsOf(want *table, keys iter.Seq[setKey], was func(setKey) prior, di
 	if len(s.gone) == 0 && len(s.added) == 0 {
 		return nil
 	}
-	if len(s.gone) > 0 {
-		for set, elems := range dnatSets(want) {
-			spec := want.layout.byName[set]
-			for k, e := range elems {
-				if tr, ok := translationAt(spec, e, dialedAfter(k)); ok && s.gone[tr.protoPort] != nil {
-					s.want[tr.protoPort] = append(s.want[tr.protoPort], tr)
-				}
+	s.wantFrom(want, dialedAfter)
+	return s
+}
+
+// wantFrom sets s.want to table t's translations of the protocols and ports of s.gone, each
+// DNAT element's dialed destination read through dialedAt (nil: from t's steering).
+func (s *staleFlows) wantFrom(t *table, dialedAt func(string) netip.Addr) {
+	s.want = map[protoPort][]translation{}
+	if len(s.gone) == 0 {
+		return
+	}
+	if dialedAt == nil {
+		steered := dialed(t)
+		dialedAt = func(k string) netip.Addr { return steered[k] }
+	}
+	for set, elems := range dnatSets(t) {
+		spec := t.layout.byName[set]
+		for k, e := range elems {
+			if tr, ok := translationAt(spec, e, dialedAt(k)); ok && s.gone[tr.protoPort] != nil {
+				s.want[tr.protoPort] = append(s.want[tr.protoPort], tr)
 			}
 		}
 	}
+}
+
+// join adds the changes of o, a later change into table t, to s's (either may be nil) and
+// returns the filter of both: a flow either change left going the old way, unless t
+// translates it that way again.
+func (s *staleFlows) join(o *staleFlows, t *table) *staleFlows {
+	if s == nil || o == nil {
+		return cmp.Or(s, o)
+	}
+	for _, m := range []struct{ to, from map[protoPort][]translation }{{s.gone, o.gone}, {s.added, o.added}} {
+		for pp, trs := range m.from {
+			m.to[pp] = append(m.to[pp], trs...)
+		}
+	}
+	s.wantFrom(t, nil)
 	return s
 }
 
@@ -318,10 +348,61 @@ func addrOf(ip net.IP) netip.Addr {
 	return a.Unmap()
 }
 
-// deleteStaleFlows deletes the conntrack entries s matches (nothing for a nil s). A
-// failure is logged, not returned: the program is in the kernel, and what stays behind is
-// what conntrack would have kept anyway until the flow idles out.
-func (d *Datapath) deleteStaleFlows(s *staleFlows) {
+// putOffSweep is the conntrack sweep put off behind Config.SweepDelay: the filter of the
+// changes since the last sweep, how many changes that is, and the timer that runs it (nil
+// when none is armed). Guarded by the Datapath's mu.
+type putOffSweep struct {
+	stale   *staleFlows
+	changes int
+	timer   *time.Timer
+}
+
+// sweep deletes the flows that the change into want left going the old way (s; nil: none):
+// at once without a SweepDelay, else together with those of the changes after it, when the
+// timer the first change armed fires. A stream of changes postpones no sweep past its
+// first change's delay. Called with mu held.
+func (d *Datapath) sweep(s *staleFlows, want *table) {
+	if s == nil {
+		return
+	}
+	d.swept.stale = d.swept.stale.join(s, want)
+	d.swept.changes++
+	if d.sweepDelay <= 0 {
+		d.sweepPutOff()
+		return
+	}
+	if d.swept.timer == nil {
+		d.swept.timer = time.AfterFunc(d.sweepDelay, func() {
+			d.lock()
+			defer d.mu.Unlock()
+			d.sweepPutOff()
+		})
+	}
+}
+
+// SweepNow deletes at once the conntrack entries whose deletion is put off
+// (Config.SweepDelay), as before the process ends.
+func (d *Datapath) SweepNow() {
+	d.lock()
+	defer d.mu.Unlock()
+	if d.swept.timer != nil {
+		d.swept.timer.Stop()
+	}
+	d.sweepPutOff()
+}
+
+// sweepPutOff deletes the flows of the changes put off so far (mu held). A timer that
+// fired meanwhile finds nothing left, or the changes since, which it deletes early.
+func (d *Datapath) sweepPutOff() {
+	s, n := d.swept.stale, d.swept.changes
+	d.swept = putOffSweep{}
+	d.deleteStaleFlows(s, n)
+}
+
+// deleteStaleFlows deletes the conntrack entries s matches, the filter of changes changes
+// (nothing for a nil s). A failure is logged, not returned: the program is in the kernel,
+// and what stays behind is what conntrack would have kept anyway until the flow idles out.
+func (d *Datapath) deleteStaleFlows(s *staleFlows, changes int) {
 	if s == nil {
 		return
 	}
@@ -342,5 +423,5 @@ func (d *Datapath) deleteStaleFlows(s *staleFlows) {
 	if n > 0 {
 		log = d.log.Info
 	}
-	log("deleted conntrack entries of changed DNAT rules", "deleted", n)
+	log("deleted conntrack entries of changed DNAT rules", "deleted", n, "changes", changes)
 }

@@ -3,6 +3,7 @@ package datapath
 import (
 	"maps"
 	"net"
+	"net/netip"
 	"slices"
 	"testing"
 	"time"
@@ -176,6 +177,100 @@ func (tn *testNS) waitFlows(t *testing.T, want map[uint16]string) {
 	assert.Equal(t, want, tn.flowsBySport(t, 17))
 }
 
+// udpRule is mapping's UDP DNAT entry on enp1s0: port to pod at the same port.
+func udpRule(mapping string, port uint32, pod string) *kuportv1.DnatRule {
+	return &kuportv1.DnatRule{Id: mapping + "/dnat/enp1s0", Mapping: mapping, InInterface: "enp1s0",
+		Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: &kuportv1.PortRange{First: port, Last: port}, ToAddress: pod, ToPort: port}
+}
+
+// edgeProgram is edge-a's program of DNAT entries rules.
+func edgeProgram(rules ...*kuportv1.DnatRule) *kuportv1.NodeProgram {
+	return &kuportv1.NodeProgram{Node: "edge-a", DnatRules: rules}
+}
+
+// TestSweepPutOff: with a SweepDelay, the changes of Applies back to back are swept together,
+// in one read of the conntrack table, by a filter that deletes what any of them left going
+// the old way and nothing the last program translates the same way; SweepNow and Cleanup
+// sweep at once.
+func TestSweepPutOff(t *testing.T) {
+	k := newFakeKernel("100.64.93.143")
+	d := k.over(nil)
+	d.sweepDelay = time.Hour
+	const pod5, pod6 = "10.244.17.5", "10.244.17.6"
+	require.NoError(t, d.Apply(edgeProgram(udpRule("g/a", 3000, pod5), udpRule("g/b", 3001, pod5), udpRule("g/c", 3002, pod5))))
+	require.NoError(t, d.Apply(edgeProgram(udpRule("g/b", 3001, pod5), udpRule("g/c", 3002, pod5))))
+	require.NoError(t, d.Apply(edgeProgram(udpRule("g/a", 3000, pod6), udpRule("g/c", 3002, pod5))))
+	assert.Empty(t, k.sweeps, "put off")
+	assert.Equal(t, 3, d.swept.changes)
+
+	d.SweepNow()
+	require.Len(t, k.sweeps, 1, "one read of the table for the three changes")
+	f := k.sweeps[0].(*staleFlows)
+	f.local = []netip.Prefix{netip.MustParsePrefix("203.0.113.9/32")}
+	const client = "198.51.100.7"
+	for _, c := range []struct {
+		flow *netlink.ConntrackFlow
+		want bool
+		why  string
+	}{
+		{ctFlow(17, client, 5000, "203.0.113.9", 3000, pod5, 3000), true, "g/a's old target, deleted then moved"},
+		{ctFlow(17, client, 5001, "203.0.113.9", 3001, pod5, 3001), true, "g/b, deleted"},
+		{ctFlow(17, client, 5002, "203.0.113.9", 3002, "203.0.113.9", 3002), true, "past g/c, added by the first"},
+		{ctFlow(17, client, 5003, "203.0.113.9", 3000, pod6, 3000), false, "g/a's target now"},
+		{ctFlow(17, client, 5004, "203.0.113.9", 3002, pod5, 3002), false, "g/c, unchanged"},
+	} {
+		assert.Equal(t, c.want, f.MatchConntrackFlow(c.flow), c.why)
+	}
+	assert.Equal(t, putOffSweep{}, d.swept, "nothing left put off")
+
+	require.NoError(t, d.Apply(edgeProgram(udpRule("g/c", 3002, pod5))))
+	assert.Len(t, k.sweeps, 1)
+	require.NoError(t, d.Cleanup())
+	assert.Len(t, k.sweeps, 2, "Cleanup sweeps the change put off and its own at once")
+	assert.Nil(t, d.swept.timer)
+}
+
+// TestPrivilegedConntrackSweepPutOff: with the agent's SweepDelay, the flows of mappings
+// deleted by Applies back to back are deleted within the delay after the first of them
+// returned (and the sweep's own read of the table; the test allows a second for it on a
+// loaded machine), and the others' flows stay.
+func TestPrivilegedConntrackSweepPutOff(t *testing.T) {
+	testenv.Privileged(t)
+	tn := newTestNS(t, "100.64.93.143")
+	tn.addPodNetwork(t)
+	client := tn.addPeer(t, "enp1s0", "203.0.113.9", "203.0.113.7")
+	tn.dp.sweepDelay = 250 * time.Millisecond
+	const pod = "10.244.17.5"
+	const a, b, c, foreign = 5000, 5001, 5002, 5003
+	require.NoError(t, tn.dp.Apply(edgeProgram(udpRule("g/a", 3000, pod), udpRule("g/b", 3001, pod), udpRule("g/c", 3002, pod))))
+	tn.dp.SweepNow()
+	for sport, dport := range map[int]int{a: 3000, b: 3001, c: 3002, foreign: 4000} {
+		client.sendUDP(t, sport, "203.0.113.9", dport)
+	}
+	tn.waitFlows(t, map[uint16]string{
+		a:       "203.0.113.9:3000 -> 10.244.17.5:3000",
+		b:       "203.0.113.9:3001 -> 10.244.17.5:3001",
+		c:       "203.0.113.9:3002 -> 10.244.17.5:3002",
+		foreign: "203.0.113.9:4000 -> 203.0.113.9:4000",
+	})
+
+	require.NoError(t, tn.dp.Apply(edgeProgram(udpRule("g/b", 3001, pod), udpRule("g/c", 3002, pod))))
+	returned := time.Now()
+	require.NoError(t, tn.dp.Apply(edgeProgram(udpRule("g/c", 3002, pod))))
+	want := map[uint16]string{
+		c:       "203.0.113.9:3002 -> 10.244.17.5:3002",
+		foreign: "203.0.113.9:4000 -> 203.0.113.9:4000",
+	}
+	bound := tn.dp.sweepDelay + time.Second
+	for !maps.Equal(want, tn.flowsBySport(t, 17)) && time.Since(returned) < bound {
+		time.Sleep(5 * time.Millisecond)
+	}
+	took := time.Since(returned)
+	assert.Equal(t, want, tn.flowsBySport(t, 17))
+	assert.Less(t, took, bound)
+	t.Logf("the deleted mappings' flows were gone %s after the first delete's Apply returned", took)
+}
+
 // TestPrivilegedConntrack sends UDP flows through DNAT rules, changes the program, and
 // checks which conntrack entries Apply deleted: the flow whose target moved, the flow that
 // arrived before its rule existed, the flow of a removed mapping; never the others.
@@ -184,13 +279,7 @@ func TestPrivilegedConntrack(t *testing.T) {
 	tn := newTestNS(t, "100.64.93.143")
 	tn.addPodNetwork(t)
 	client := tn.addPeer(t, "enp1s0", "203.0.113.9", "203.0.113.7")
-	udp := func(mapping string, port uint32, pod string) *kuportv1.DnatRule {
-		return &kuportv1.DnatRule{Id: mapping + "/dnat/enp1s0", Mapping: mapping, InInterface: "enp1s0",
-			Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: &kuportv1.PortRange{First: port, Last: port}, ToAddress: pod, ToPort: port}
-	}
-	program := func(rules ...*kuportv1.DnatRule) *kuportv1.NodeProgram {
-		return &kuportv1.NodeProgram{Node: "edge-a", DnatRules: rules}
-	}
+	udp, program := udpRule, edgeProgram
 	// Source ports name the flows.
 	const moves, stays, early, foreign = 5000, 5001, 5002, 5003
 	send := func() {

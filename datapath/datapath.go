@@ -38,6 +38,12 @@ type Config struct {
 	// Log receives every kernel write at trace level and a summary per Apply at debug
 	// level; nil discards.
 	Log hclog.Logger
+	// SweepDelay puts off the deletion of the conntrack entries a change of the DNAT rules
+	// left going the old way (conntrack.go) by this long after the Apply that made the change,
+	// so that the changes of Applies arriving back to back (a thousand mappings deleted at
+	// once) are swept together, in one read of the conntrack table; Apply then returns once
+	// the kernel holds the program. Zero sweeps in every Apply, before it returns.
+	SweepDelay time.Duration
 }
 
 // Datapath applies NodePrograms to one namespace's kernel and reads its state back. Its
@@ -67,6 +73,10 @@ type Datapath struct {
 	// lastPlanned is how long the last Apply took to plan its program (logged as
 	// compile_us), the first part of lastInKernel.
 	lastPlanned time.Duration
+	// sweepDelay is Config.SweepDelay; swept is what its timer, when armed, deletes
+	// (conntrack.go).
+	sweepDelay time.Duration
+	swept      putOffSweep
 	// known is the table the kernel holds as of a ruleset generation (gen.go, sync.go), and
 	// planned the last plan (incremental.go).
 	known   *known
@@ -104,7 +114,7 @@ func New(cfg Config) *Datapath {
 		ns = netns.None()
 	}
 	return &Datapath{nft: cfg.NFT, nl: cfg.Netlink, own: &sockets{netns: ns, log: log}, counterSocket: &sockets{netns: ns, log: log},
-		netns: ns, log: log}
+		netns: ns, log: log, sweepDelay: cfg.SweepDelay}
 }
 
 // EntryError is the failure of one program entry. Kind is "dnat", "snat", "mark", "link",
@@ -151,9 +161,11 @@ func EntryErrors(err error) []*kuportv1.EntryError {
 // reads and repairs them. The program is then in the kernel (the debug log's in_kernel_us).
 // When the DNAT rules change, the conntrack entries of flows that still go the old way (to a
 // target no rule names any more, or un-NATed past a UDP rule added now; conntrack.go) are
-// deleted last, so the flows' next packets take the new rules; Apply returns after that. An
-// invalid or failing entry does not stop the others: the returned error joins one
-// *EntryError per failed entry (see EntryErrors).
+// deleted last, so the flows' next packets take the new rules; Apply returns after that, or,
+// with Config.SweepDelay, as soon as the kernel holds the program, the entries deleted that
+// long after it together with those of the Applies since. An invalid or failing entry does
+// not stop the others: the returned error joins one *EntryError per failed entry (see
+// EntryErrors).
 //
 // The Datapath keeps p's entries to compare the next program with (incremental.go): p must
 // not be modified after the call (apply a changed copy, proto.Clone).
@@ -194,7 +206,7 @@ func (d *Datapath) apply(p *kuportv1.NodeProgram, changes *int, start time.Time)
 	// Last, so a flow's next packet finds the links and routes its new target needs: the
 	// flows that still go the old way, when kup-pre's maps changed.
 	if err == nil {
-		d.deleteStaleFlows(stale)
+		d.sweep(stale, want)
 	}
 	return errors.Join(errs...)
 }
@@ -233,10 +245,13 @@ func (d *Datapath) syncNet(p *kuportv1.NodeProgram, changes *int) []error {
 
 // Cleanup removes everything kuport made in the namespace: table ip kuport, every kup-*
 // device, the ip rules at prefs 101/102 and the routes of the kuport tables they point
-// at, and the conntrack entries of flows kuport's DNAT rules translated. Nothing else is
-// touched. It is Apply of an empty program.
+// at, and the conntrack entries of flows kuport's DNAT rules translated, those of sweeps put
+// off included (Config.SweepDelay), before it returns. Nothing else is touched. It is Apply
+// of an empty program.
 func (d *Datapath) Cleanup() error {
-	return d.Apply(&kuportv1.NodeProgram{})
+	err := d.Apply(&kuportv1.NodeProgram{})
+	d.SweepNow()
+	return err
 }
 
 // Dump returns the kernel's table ip kuport in Render's form ("" when there is no table):

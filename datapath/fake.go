@@ -48,6 +48,8 @@ type fakeKernel struct {
 	routes  []netlink.Route
 	rules   []netlink.Rule
 	ifindex int
+	// sweeps are the conntrack filters Datapath deleted by, one per read of the table.
+	sweeps []netlink.CustomConntrackFilter
 }
 
 // fakeTable is one nftables table: chains and sets in creation order, rules by chain,
@@ -598,7 +600,8 @@ func (k *fakeKernel) RuleDel(rule *netlink.Rule) error {
 	return nil
 }
 
-func (k *fakeKernel) ConntrackDeleteFilters(netlink.ConntrackTableType, netlink.InetFamily, ...netlink.CustomConntrackFilter) (uint, error) {
+func (k *fakeKernel) ConntrackDeleteFilters(_ netlink.ConntrackTableType, _ netlink.InetFamily, filters ...netlink.CustomConntrackFilter) (uint, error) {
+	k.sweeps = append(k.sweeps, filters...)
 	return 0, nil
 }
 

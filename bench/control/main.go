@@ -6,10 +6,12 @@
 //
 //	BENCH control system=<kuport|kube-proxy> n=<N> change_to_kernel_ms_p50=<x> change_to_kernel_ms_p99=<x> full_sync_ms=<x> rss_mb=<x>
 //
-// and, once, for PortMaps applied at once into an empty lab,
+// and, for PortMaps applied at once into an empty lab (--bulk-runs times),
 //
 //	BENCH bulk n=<n> to_kernel_s=<x> to_programmed_s=<x> delete_to_kernel_s=<x>
+//	BENCH bulk n=<n> floor_create_s=<x> floor_delete_s=<x> kuport_over_floor_programmed_s=<x> kuport_over_floor_delete_s=<x>
 //
+// the second with the same run's floor: what the API server alone needs for the same objects.
 // "In the kernel" is what this process reads from the node's nftables over netlink. See
 // BENCHMARKS.md for what each figure measures. Run by bench/control.sh (root).
 package main
@@ -37,6 +39,7 @@ import (
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/bench/labbench"
+	"kuport.wlz.li/kuport/controller/apiclient"
 	"kuport.wlz.li/kuport/lab"
 )
 
@@ -96,6 +99,7 @@ func run(args []string) error {
 	sizes := fs.String("n", "1000,10000", "comma-separated sizes N: mappings and NodePort Services, grown in this order")
 	changes := fs.Int("changes", 10, "changes measured per system and size (p50 and p99 over them)")
 	bulk := fs.Int("bulk", 1000, "PortMaps applied at once for the bulk line; 0 skips it")
+	bulkRuns := fs.Int("bulk-runs", 1, "how many times the bulk and its floor run, one after the other")
 	settle := fs.Duration("settle", 45*time.Minute, "the longest wait for all PortMaps to be Programmed, or for a change or sync to reach the kernel")
 	profile := fs.String("profile", "", "directory to write the bulk's CPU profiles to (the controller runs with --pprof, kube-apiserver with --profiling): kube-apiserver's and the controller's from the first create and from the first delete, kube-apiserver's from the floor's (--profile-seconds each)")
 	profileSeconds := fs.Int("profile-seconds", 3, "length of each profile")
@@ -143,7 +147,10 @@ func run(args []string) error {
 	if b.programmed, err = labbench.WatchProgrammed(ctx, l.Dyn, kuportNS); err != nil {
 		return err
 	}
-	if *bulk > 0 {
+	for range *bulkRuns {
+		if *bulk == 0 {
+			break
+		}
 		if err := b.bulk(ctx, *bulk); err != nil {
 			return err
 		}
@@ -294,8 +301,8 @@ func (b *bench) bulk(ctx context.Context, n int) error {
 		"cpu_s_controller", round2(cpu1.controller-cpu0.controller), "cpu_s_api_server_etcd", round2(cpu1.plane-cpu0.plane),
 		"cpu_s_agents", round2(cpu1.agents-cpu0.agents), "cpu_s_bench", round2(cpu1.bench-cpu0.bench))
 	profiled()
-	// The status the controller wrote, for the floor's PortMaps that carry one.
-	written, err := b.l.Dyn.Resource(v1alpha1.PortMapsResource).Namespace(kuportNS).Get(ctx, "bulk-00000", metav1.GetOptions{})
+	// The status the controller wrote, for the floor's PortMaps to carry.
+	written, err := b.l.GetPortMap(ctx, kuportNS, "bulk-00000")
 	if err != nil {
 		return err
 	}
@@ -318,11 +325,15 @@ func (b *bench) bulk(ctx context.Context, n int) error {
 		"delete_to_kernel_after_last_delete_s", gone.Sub(deleted).Seconds(),
 		"cpu_s_api_server_etcd_deleting", round2(cpuDeleted.plane-cpu1.plane), "cpu_s_controller_deleting", round2(cpuDeleted.controller-cpu1.controller),
 		"cpu_s_agents_deleting", round2(cpuDeleted.agents-cpu1.agents), "cpu_s_bench_deleting", round2(cpuDeleted.bench-cpu1.bench))
-	if err := b.bulkFloor(ctx, n, written.Object["status"]); err != nil {
+	floorCreate, floorDelete, err := b.bulkFloor(ctx, n, written.Status)
+	if err != nil {
 		return err
 	}
+	toProgrammed, toGone := programmed.Sub(start).Seconds(), gone.Sub(dstart).Seconds()
 	fmt.Printf("BENCH bulk n=%d to_kernel_s=%.2f to_programmed_s=%.2f delete_to_kernel_s=%.2f\n",
-		n, inKernel.Sub(start).Seconds(), programmed.Sub(start).Seconds(), gone.Sub(dstart).Seconds())
+		n, inKernel.Sub(start).Seconds(), toProgrammed, toGone)
+	fmt.Printf("BENCH bulk n=%d floor_create_s=%.2f floor_delete_s=%.2f kuport_over_floor_programmed_s=%.2f kuport_over_floor_delete_s=%.2f\n",
+		n, floorCreate, floorDelete, toProgrammed-floorCreate, toGone-floorDelete)
 	return nil
 }
 
@@ -338,76 +349,103 @@ func (b *bench) deleteAtOnce(prefix string, n int) error {
 	})
 }
 
-// bulkFloor is the API server's own pace for the bulk: the same n creates and deletes, issued
-// the same way, with kuport's controller stopped (no watch of them, no status writes, none of
-// its CPU beside the API server's), then floorWithStatus with status. It logs how long each
-// took and starts the controller again; the sizes after it wait for their PortMaps to be
-// Programmed, which waits out the agent's reconnection.
-func (b *bench) bulkFloor(ctx context.Context, n int, status any) error {
-	if err := b.l.StopController(false); err != nil {
-		return err
+// bulkFloor is the API server's own pace for the bulk: the same n PortMaps created, issued
+// the same way, then each given the status the controller wrote in the bulk (status, written
+// as kuport-controller, so the stored objects are as large as the bulk's, managedFields
+// included, through the controller's client), then deleted, with kuport's controller and agents stopped (no watch of them, none
+// of their CPU beside the API server's). It logs how long each step took and returns the
+// creates and status writes together (against the bulk's to_programmed_s) and the deletes
+// (against its delete_to_kernel_s). It starts kuport again and returns once a PortMap is
+// programmed and removed through it.
+func (b *bench) bulkFloor(ctx context.Context, n int, status v1alpha1.PortMapStatus) (create, del float64, err error) {
+	const prefix = "floor"
+	if err := b.stopKuport(); err != nil {
+		return 0, 0, err
 	}
-	created, cpuCreating, err := b.floorTimed(ctx, "floor-create", func() error { return b.createAtOnce("floor", n) })
+	created, cpuCreating, err := b.floorTimed(ctx, "floor-create", func() error { return b.createAtOnce(prefix, n) })
 	if err != nil {
-		return err
+		return 0, 0, err
 	}
-	deleted, cpuDeleting, err := b.floorTimed(ctx, "floor-delete", func() error { return b.deleteAtOnce("floor", n) })
+	// The controller's own client, under its name (the managedFields entry's manager), and
+	// one list for every one's resourceVersion.
+	rc := b.l.Cluster.RESTConfig()
+	rc.QPS, rc.Burst, rc.UserAgent = 2000, 4000, "kuport-controller"
+	client, err := apiclient.NewForConfig(rc)
 	if err != nil {
-		return err
+		return 0, 0, err
 	}
-	b.log.Info("bulk floor: the same creates and deletes with the controller stopped",
-		"created_s", created, "deleted_s", deleted,
-		"cpu_s_api_server_etcd_creating", cpuCreating, "cpu_s_api_server_etcd_deleting", cpuDeleting)
-	if err := b.floorWithStatus(ctx, n, status); err != nil {
-		return err
-	}
-	return b.l.StartController()
-}
-
-// floorWithStatus is the floor for PortMaps that carry the status the controller wrote, the
-// controller still stopped: n creates (untimed), then each one's status write (status,
-// written as kuport-controller, so the stored objects are as large as the bulk's,
-// managedFields included), then their deletes. It logs what the API server alone needs to
-// accept kuport's 1,000 status writes and to delete objects of their size, against the bulk's
-// to_programmed_after_last_create_s and the floor's status-less deletes.
-func (b *bench) floorWithStatus(ctx context.Context, n int, status any) error {
-	const prefix = "floor-status"
-	if err := labbench.Parallel(0, n, func(i int) error { return b.portMap(fmt.Sprintf("%s-%05d", prefix, i), bulkBase+i) }); err != nil {
-		return err
-	}
-	// One list gives every one's resourceVersion, for the writes.
-	res := b.l.Dyn.Resource(v1alpha1.PortMapsResource).Namespace(kuportNS)
-	list, err := res.List(ctx, metav1.ListOptions{})
+	list, err := client.PortMaps().ListWithContext(ctx, metav1.ListOptions{})
 	if err != nil {
-		return err
+		return 0, 0, err
 	}
-	var created []*unstructured.Unstructured
-	for i := range list.Items {
-		if strings.HasPrefix(list.Items[i].GetName(), prefix+"-") {
-			created = append(created, &list.Items[i])
+	var stored []*v1alpha1.PortMap
+	for i, pm := range list.(*v1alpha1.PortMapList).Items {
+		if strings.HasPrefix(pm.Name, prefix+"-") {
+			stored = append(stored, &list.(*v1alpha1.PortMapList).Items[i])
 		}
 	}
-	if len(created) != n {
-		return fmt.Errorf("floor: listed %d of the %d PortMaps to carry a status", len(created), n)
+	if len(stored) != n {
+		return 0, 0, fmt.Errorf("floor: listed %d of the %d PortMaps to carry a status", len(stored), n)
 	}
 	written, cpuWriting, err := b.floorTimed(ctx, "floor-status-write", func() error {
 		return labbench.Parallel(0, n, func(i int) error {
-			created[i].Object["status"] = status
-			_, err := res.UpdateStatus(ctx, created[i], metav1.UpdateOptions{FieldManager: "kuport-controller"})
-			return err
+			stored[i].Status = status
+			return client.UpdatePortMapStatus(ctx, stored[i])
 		})
 	})
 	if err != nil {
-		return fmt.Errorf("floor status writes: %w", err)
+		return 0, 0, fmt.Errorf("floor status writes: %w", err)
 	}
-	deleted, cpuDeleting, err := b.floorTimed(ctx, "floor-status-delete", func() error { return b.deleteAtOnce(prefix, n) })
+	deleted, cpuDeleting, err := b.floorTimed(ctx, "floor-delete", func() error { return b.deleteAtOnce(prefix, n) })
 	if err != nil {
+		return 0, 0, err
+	}
+	b.log.Info("bulk floor: the same PortMaps created, given the controller's status and deleted, kuport stopped",
+		"created_s", created, "status_written_s", written, "deleted_s", deleted,
+		"cpu_s_api_server_etcd_creating", cpuCreating, "cpu_s_api_server_etcd_writing", cpuWriting,
+		"cpu_s_api_server_etcd_deleting", cpuDeleting)
+	return created + written, deleted, b.startKuport(ctx)
+}
+
+// stopKuport stops the controller and every node's agent (SIGTERM: the kernels keep their
+// tables); startKuport starts them again and returns once a PortMap created then reaches
+// edge-a's kernel and Programmed, and its delete the kernel, so what follows does not wait
+// out the agents' reconnection or the controller's startup hold.
+func (b *bench) stopKuport() error {
+	if err := b.l.StopController(false); err != nil {
 		return err
 	}
-	b.log.Info("bulk floor: the controller's status written to as many PortMaps, then their deletes, the controller stopped",
-		"status_written_s", written, "deleted_s", deleted,
-		"cpu_s_api_server_etcd_writing", cpuWriting, "cpu_s_api_server_etcd_deleting", cpuDeleting)
+	for _, n := range b.l.Net.Nodes() {
+		if err := b.l.StopAgent(n.Name, false); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+func (b *bench) startKuport(ctx context.Context) error {
+	if err := b.l.StartController(); err != nil {
+		return err
+	}
+	for _, n := range b.l.Net.Nodes() {
+		if err := b.l.StartAgent(n.Name); err != nil {
+			return err
+		}
+	}
+	const name = "bulk-ready"
+	if err := b.portMap(name, bulkBase); err != nil {
+		return err
+	}
+	if err := b.waitCount(ctx, "kuport up again", b.kuportCount, b.portMaps+1, 10*time.Millisecond); err != nil {
+		return err
+	}
+	if err := b.waitProgrammed(ctx, b.portMaps+1); err != nil {
+		return err
+	}
+	if err := b.l.DeletePortMap(ctx, kuportNS, name); err != nil {
+		return err
+	}
+	return b.waitCount(ctx, "kuport up again", b.kuportCount, b.portMaps, 10*time.Millisecond)
 }
 
 // floorTimed runs fn under kube-apiserver's profile what (profileFrom) and returns how long

@@ -239,8 +239,10 @@ func openDatapath(log hclog.Logger) (*datapath.Datapath, func(), error) {
 		_ = nft.CloseLasting()
 		return nil, nil, fmt.Errorf("open netlink: %w", err)
 	}
-	dp := datapath.New(datapath.Config{NFT: nft, Netlink: nl, NetNS: netns.None(), Log: log.Named("datapath")})
+	dp := datapath.New(datapath.Config{NFT: nft, Netlink: nl, NetNS: netns.None(), Log: log.Named("datapath"),
+		SweepDelay: agent.SweepDelay})
 	return dp, func() {
+		dp.SweepNow()
 		nl.Close()
 		_ = nft.CloseLasting()
 	}, nil

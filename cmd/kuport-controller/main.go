@@ -87,6 +87,7 @@ import (
 
 	"kuport.wlz.li/kuport/controller"
 	"kuport.wlz.li/kuport/controller/agents"
+	"kuport.wlz.li/kuport/controller/apiclient"
 	"kuport.wlz.li/kuport/controller/compile"
 	"kuport.wlz.li/kuport/controller/dashboard"
 	"kuport.wlz.li/kuport/controller/leader"
@@ -206,6 +207,10 @@ func run(args []string) error {
 	dyn, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		return fmt.Errorf("dynamic client: %w", err)
+	}
+	kuport, err := apiclient.NewForConfig(cfg)
+	if err != nil {
+		return err
 	}
 
 	if *identity == "" {
@@ -331,7 +336,7 @@ func run(args []string) error {
 			onEpochBehind = func(floor uint64) { stopRun(&leader.EpochBehind{Floor: floor}) }
 		}
 		ctl, err := controller.New(controller.Config{
-			Kube: kube, Dynamic: dyn, Epoch: epoch, Start: time.Now(),
+			Kube: kube, Kuport: kuport, Dynamic: dyn, Epoch: epoch, Start: time.Now(),
 			LinkRetention: *retention, ReturnMarking: marking, Log: log, OnEpochBehind: onEpochBehind,
 			StatusQPS: float32(*statusQPS), StatusBurst: *statusBurst,
 			Unanswered: agents.Window{Reports: *unansweredReports, Duration: *unansweredWindow},

@@ -20,12 +20,13 @@ import (
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/bench/labbench"
+	"kuport.wlz.li/kuport/controller/apiclient"
 	"kuport.wlz.li/kuport/lab/cluster"
 	"kuport.wlz.li/kuport/lab/labtest"
 )
 
 // classLab is a real API server with kuport's CRDs and one class of n nodes.
-func classLab(t *testing.T, ctx context.Context, n int) (dynamic.Interface, dynamic.ResourceInterface, *v1alpha1.PortMapClass) {
+func classLab(t *testing.T, ctx context.Context, n int) (*apiclient.Client, dynamic.ResourceInterface, *v1alpha1.PortMapClass) {
 	t.Helper()
 	cl, err := cluster.Start(ctx, cluster.Config{Dir: t.TempDir(), BinDir: labtest.K8sBin(t), CRDDir: "../../deploy/crds",
 		Log: hclog.New(&hclog.LoggerOptions{Name: "test", Output: t.Output()})})
@@ -34,12 +35,15 @@ func classLab(t *testing.T, ctx context.Context, n int) (dynamic.Interface, dyna
 	return classLabOn(t, ctx, cl, n)
 }
 
-// classLabOn creates class public of n nodes on cl.
-func classLabOn(t testing.TB, ctx context.Context, cl *cluster.Cluster, n int) (dynamic.Interface, dynamic.ResourceInterface, *v1alpha1.PortMapClass) {
+// classLabOn creates class public of n nodes on cl and returns the controller's client of
+// it, a dynamic client of the classes, and the class.
+func classLabOn(t testing.TB, ctx context.Context, cl *cluster.Cluster, n int) (*apiclient.Client, dynamic.ResourceInterface, *v1alpha1.PortMapClass) {
 	t.Helper()
 	rc := cl.RESTConfig()
 	rc.QPS, rc.Burst = 100, 100
 	dyn, err := dynamic.NewForConfig(rc)
+	require.NoError(t, err)
+	client, err := apiclient.NewForConfig(rc)
 	require.NoError(t, err)
 	classes := dyn.Resource(v1alpha1.PortMapClassesResource)
 	cls := &v1alpha1.PortMapClass{TypeMeta: metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "PortMapClass"},
@@ -51,7 +55,7 @@ func classLabOn(t testing.TB, ctx context.Context, cl *cluster.Cluster, n int) (
 	require.NoError(t, err)
 	_, err = classes.Create(ctx, &unstructured.Unstructured{Object: u}, metav1.CreateOptions{})
 	require.NoError(t, err)
-	return dyn, classes, getClass(t, ctx, classes)
+	return client, classes, getClass(t, ctx, classes)
 }
 
 func getClass(t testing.TB, ctx context.Context, classes dynamic.ResourceInterface) *v1alpha1.PortMapClass {
@@ -84,8 +88,8 @@ func classStatus(cls *v1alpha1.PortMapClass, ifaces ...string) *v1alpha1.PortMap
 func TestPrivilegedClassStatusManagedFields(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	dyn, classes, cls := classLab(t, ctx, 200)
-	w := NewWriter(dyn, record.NewFakeRecorder(10), nil)
+	client, classes, cls := classLab(t, ctx, 200)
+	w := NewWriter(client, record.NewFakeRecorder(10), nil)
 	wrote, err := w.Class(ctx, cls, classStatus(cls, "eth0", "eth1"))
 	require.NoError(t, err)
 	require.True(t, wrote)
@@ -110,8 +114,8 @@ func TestPrivilegedClassStatusManagedFields(t *testing.T) {
 func TestPrivilegedClassStatusAheadOfCache(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	dyn, classes, cached := classLab(t, ctx, 3)
-	w := NewWriter(dyn, record.NewFakeRecorder(10), nil)
+	client, classes, cached := classLab(t, ctx, 3)
+	w := NewWriter(client, record.NewFakeRecorder(10), nil)
 	one, two := classStatus(cached, "eth0"), classStatus(cached, "eth0", "eth1")
 
 	wrote, err := w.Class(ctx, cached, one)
@@ -172,8 +176,8 @@ func BenchmarkPrivilegedClassWrites(b *testing.B) {
 	cl, err := cluster.Start(ctx, cluster.Config{Dir: b.TempDir(), BinDir: labtest.K8sBin(b), CRDDir: "../../deploy/crds"})
 	require.NoError(b, err)
 	b.Cleanup(func() { assert.NoError(b, cl.Stop()) })
-	dyn, classes, cls := classLabOn(b, ctx, cl, n)
-	w := NewWriter(dyn, record.NewFakeRecorder(10), nil)
+	client, classes, cls := classLabOn(b, ctx, cl, n)
+	w := NewWriter(client, record.NewFakeRecorder(10), nil)
 	_, err = w.Class(ctx, cls, classStatus(cls, "eth0"))
 	require.NoError(b, err)
 	plane := func() float64 {

@@ -17,11 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/flowcontrol"
 
@@ -34,9 +30,19 @@ import (
 // ReasonEndpointChanged is the Event reason when a PortMap's endpoint moves to another pod.
 const ReasonEndpointChanged = "EndpointChanged"
 
+// Client writes the status subresource of kuport's objects (*apiclient.Client of
+// controller/apiclient).
+type Client interface {
+	// UpdatePortMapStatus writes pm's status with pm's resourceVersion.
+	UpdatePortMapStatus(ctx context.Context, pm *v1alpha1.PortMap) error
+	// UpdateClassStatus writes cls's status with cls's resourceVersion and returns the
+	// resourceVersion the write gave it.
+	UpdateClassStatus(ctx context.Context, cls *v1alpha1.PortMapClass) (string, error)
+}
+
 // Writer writes statuses through the status subresource and records Events.
 type Writer struct {
-	client   dynamic.Interface
+	client   Client
 	recorder record.EventRecorder
 	limiter  flowcontrol.RateLimiter
 
@@ -59,7 +65,7 @@ type classWrite struct {
 // NewWriter returns a Writer using client for the status subresource and recorder for
 // Events; every write waits for limiter (nil: no limit), so a burst of status changes (a
 // thousand PortMaps applied at once) reaches the API server at the rate it was given.
-func NewWriter(client dynamic.Interface, recorder record.EventRecorder, limiter flowcontrol.RateLimiter) *Writer {
+func NewWriter(client Client, recorder record.EventRecorder, limiter flowcontrol.RateLimiter) *Writer {
 	if limiter == nil {
 		limiter = flowcontrol.NewFakeAlwaysRateLimiter()
 	}
@@ -137,7 +143,10 @@ func (w *Writer) PortMap(ctx context.Context, pm *v1alpha1.PortMap, res *compile
 	obj := pm.DeepCopy()
 	obj.Status = want
 	obj.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("PortMap"))
-	if _, err := w.update(ctx, v1alpha1.PortMapsResource, obj.Namespace, obj); err != nil {
+	if err := w.limiter.Wait(ctx); err != nil {
+		return false, fmt.Errorf("portmap %s/%s status: rate limiter: %w", pm.Namespace, pm.Name, err)
+	}
+	if err := w.client.UpdatePortMapStatus(ctx, obj); err != nil {
 		return false, fmt.Errorf("portmap %s/%s status: %w", pm.Namespace, pm.Name, err)
 	}
 	for _, t := range []string{v1alpha1.ConditionAccepted, v1alpha1.ConditionProgrammed} {
@@ -192,7 +201,10 @@ func (w *Writer) Class(ctx context.Context, cls *v1alpha1.PortMapClass, want *v1
 	obj.Status = st
 	obj.ResourceVersion = rv
 	obj.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("PortMapClass"))
-	written, err := w.update(ctx, v1alpha1.PortMapClassesResource, "", obj)
+	if err := w.limiter.Wait(ctx); err != nil {
+		return false, fmt.Errorf("portmapclass %s status: rate limiter: %w", cls.Name, err)
+	}
+	written, err := w.client.UpdateClassStatus(ctx, obj)
 	if err != nil {
 		return false, fmt.Errorf("portmapclass %s status: %w", cls.Name, err)
 	}
@@ -207,7 +219,7 @@ func (w *Writer) Class(ctx context.Context, cls *v1alpha1.PortMapClass, want *v1
 	if lagging {
 		maps.Copy(behind, last.behind)
 	}
-	w.remember(cls.Name, &classWrite{uid: cls.UID, rv: written.GetResourceVersion(), behind: behind, status: st})
+	w.remember(cls.Name, &classWrite{uid: cls.UID, rv: written, behind: behind, status: st})
 	return true, nil
 }
 
@@ -215,18 +227,6 @@ func (w *Writer) remember(name string, cw *classWrite) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.classes[name] = cw
-}
-
-// update writes obj's status and returns the object the API server stored.
-func (w *Writer) update(ctx context.Context, gvr schema.GroupVersionResource, namespace string, obj runtime.Object) (*unstructured.Unstructured, error) {
-	if err := w.limiter.Wait(ctx); err != nil {
-		return nil, fmt.Errorf("rate limiter: %w", err)
-	}
-	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
-	if err != nil {
-		return nil, fmt.Errorf("to unstructured: %w", err)
-	}
-	return w.client.Resource(gvr).Namespace(namespace).UpdateStatus(ctx, &unstructured.Unstructured{Object: u}, metav1.UpdateOptions{})
 }
 
 // Event reasons on a PortMap whose requests a node forwards without seeing a reply

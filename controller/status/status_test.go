@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
@@ -191,15 +192,39 @@ func (l *countingLimiter) Wait(ctx context.Context) error {
 	return l.RateLimiter.Wait(ctx)
 }
 
-func newFake(objs ...runtime.Object) *dynamicfake.FakeDynamicClient {
+// fakeClient is a Client over a fake dynamic client, which keeps what is written.
+type fakeClient struct{ *dynamicfake.FakeDynamicClient }
+
+func newFake(objs ...runtime.Object) fakeClient {
 	scheme := runtime.NewScheme()
 	_ = v1alpha1.AddToScheme(scheme)
-	return dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{
+	return fakeClient{dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{
 		v1alpha1.PortMapsResource: "PortMapList", v1alpha1.PortMapClassesResource: "PortMapClassList",
-	}, objs...)
+	}, objs...)}
 }
 
-func getPortMap(t *testing.T, c *dynamicfake.FakeDynamicClient) *v1alpha1.PortMap {
+func (c fakeClient) UpdatePortMapStatus(ctx context.Context, pm *v1alpha1.PortMap) error {
+	_, err := c.updateStatus(ctx, v1alpha1.PortMapsResource, pm.Namespace, pm)
+	return err
+}
+
+func (c fakeClient) UpdateClassStatus(ctx context.Context, cls *v1alpha1.PortMapClass) (string, error) {
+	u, err := c.updateStatus(ctx, v1alpha1.PortMapClassesResource, "", cls)
+	if err != nil {
+		return "", err
+	}
+	return u.GetResourceVersion(), nil
+}
+
+func (c fakeClient) updateStatus(ctx context.Context, gvr schema.GroupVersionResource, namespace string, obj runtime.Object) (*unstructured.Unstructured, error) {
+	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	if err != nil {
+		return nil, err
+	}
+	return c.Resource(gvr).Namespace(namespace).UpdateStatus(ctx, &unstructured.Unstructured{Object: u}, metav1.UpdateOptions{})
+}
+
+func getPortMap(t *testing.T, c fakeClient) *v1alpha1.PortMap {
 	t.Helper()
 	u, err := c.Resource(v1alpha1.PortMapsResource).Namespace("games").Get(context.Background(), "remote", metav1.GetOptions{})
 	require.NoError(t, err)

@@ -1710,11 +1710,12 @@ func (x *EntryError) GetMessage() string {
 }
 
 // Ack reports the outcome of applying one program version. The agent sends it when Apply
-// has returned: the program's nftables elements are committed, its links and return paths
-// are in place, and the conntrack entries of flows its DNAT change left pinned to an old
-// target (or, for UDP, un-NATed past a mapping added now) are deleted, so a client's next
-// packet takes the new rules. An Ack for a program whose content the agent already holds
-// is sent without applying it again (the kernel holds it).
+// has returned: the program's nftables elements are committed and its links and return
+// paths are in place. The conntrack entries of flows its DNAT change left pinned to an old
+// target (or, for UDP, un-NATed past a mapping added now) are deleted within 250 ms after
+// (the agent's SweepDelay, together with those of the programs applied since), so a
+// client's next packet then takes the new rules. An Ack for a program whose content the
+// agent already holds is sent without applying it again (the kernel holds it).
 type Ack struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Version uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
