@@ -94,15 +94,23 @@ func (w *wantLink) vxlan() *netlink.Vxlan {
 }
 
 // vxlanMatches reports whether an existing device has the encapsulation the link wants;
-// the kernel refuses to change these attributes in place, or the device's learned entries
-// would keep the old ones, so a mismatch replaces the device.
+// the kernel refuses to change most of these attributes in place (VNI, port, source ports,
+// checksum), and a new remote would leave learned entries on the old one, so any mismatch
+// replaces the device. Source ports match too when either side has none: a device an agent
+// made before them keeps the kernel's, as it keeps its link-layer address, and a program
+// without them (an older controller's) keeps the device's, so neither an upgrade nor a
+// rollback recreates a link (docs/design/datapath.md#the-link-device).
 func (w *wantLink) vxlanMatches(l netlink.Link) bool {
 	v, ok := l.(*netlink.Vxlan)
+	if !ok {
+		return false
+	}
 	want := w.vxlan()
-	return ok && v.VxlanId == want.VxlanId && v.Port == want.Port && v.TTL == want.TTL &&
+	ports := v.PortLow == want.PortLow && v.PortHigh == want.PortHigh ||
+		v.PortLow == 0 && v.PortHigh == 0 || want.PortLow == 0 && want.PortHigh == 0
+	return v.VxlanId == want.VxlanId && v.Port == want.Port && v.TTL == want.TTL &&
 		v.SrcAddr.Equal(want.SrcAddr) && v.Group.Equal(want.Group) && v.VtepDevIndex == 0 &&
-		v.PortLow == want.PortLow && v.PortHigh == want.PortHigh &&
-		v.Learning == want.Learning && v.UDPCSum == want.UDPCSum
+		ports && v.Learning == want.Learning && v.UDPCSum == want.UDPCSum
 }
 
 // syncLink makes one device match the program: created when missing, replaced when its

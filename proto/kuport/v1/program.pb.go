@@ -896,7 +896,9 @@ type Link struct {
 	// source_port_low up to, not including, source_port_high, so a receiver that spreads or
 	// coalesces by UDP ports tells the link's flows apart
 	// (docs/design/datapath.md#the-link-device). Both 0 (an older controller): the node's local
-	// port range.
+	// port range. A device with the node's keeps them, and so does one with other source ports
+	// under a program without them: only a device and a program that both name source ports
+	// and differ replace the device.
 	SourcePortLow uint32 `protobuf:"varint,12,opt,name=source_port_low,json=sourcePortLow,proto3" json:"source_port_low,omitempty"`
 	// End of the source ports, exclusive: source_port_low < source_port_high <= 65535.
 	SourcePortHigh uint32 `protobuf:"varint,13,opt,name=source_port_high,json=sourcePortHigh,proto3" json:"source_port_high,omitempty"`
