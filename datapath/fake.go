@@ -637,7 +637,7 @@ func (k *fakeKernel) dumpText() (string, error) {
 		if a.Flags&net.FlagUp != 0 {
 			state = "up"
 		}
-		fmt.Fprintf(&b, "link %s vxlan id %d local %s remote %s dstport %d ttl %d mtu %d %s", a.Name, v.VxlanId, v.SrcAddr, v.Group, v.Port, v.TTL, a.MTU, state)
+		fmt.Fprintf(&b, "link %s vxlan id %d local %s remote %s dstport %d ttl %d%s mtu %d %s", a.Name, v.VxlanId, v.SrcAddr, v.Group, v.Port, v.TTL, vxlanFlags(v), a.MTU, state)
 		for _, ad := range k.addrs[a.Index] {
 			fmt.Fprintf(&b, " %s", ad.IPNet)
 		}
@@ -670,3 +670,20 @@ func (k *fakeKernel) dumpText() (string, error) {
 // kuportTable reports the tables the tests' programs give return paths: from 201 (programs
 // without return_marking) or the default range, never the kernel's.
 func kuportTable(t int) bool { return t >= 201 && !reservedTable(t) }
+
+// vxlanFlags is a vxlan device's source ports, UDP checksum and learning as the dumps print
+// them, after `ip -d link show`'s words.
+func vxlanFlags(v *netlink.Vxlan) string {
+	s := fmt.Sprintf(" srcport %d %d", v.PortLow, v.PortHigh)
+	for _, f := range []struct {
+		on   bool
+		name string
+	}{{v.UDPCSum, "udpcsum"}, {v.Learning, "learning"}} {
+		if !f.on {
+			s += " no" + f.name
+		} else {
+			s += " " + f.name
+		}
+	}
+	return s
+}

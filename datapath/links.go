@@ -35,10 +35,14 @@ type wantLink struct {
 	mtu     int
 	// mac is the address a new device gets (nil: the kernel's choice).
 	mac net.HardwareAddr
+	// srcLow and srcHigh are the outer UDP source ports, high exclusive (both 0: the
+	// node's local port range).
+	srcLow, srcHigh int
 }
 
 func planLink(l *kuportv1.Link) (*wantLink, error) {
-	w := &wantLink{name: l.GetName(), vni: int(l.GetVni()), port: int(l.GetPort()), mtu: int(l.GetMtu())}
+	w := &wantLink{name: l.GetName(), vni: int(l.GetVni()), port: int(l.GetPort()), mtu: int(l.GetMtu()),
+		srcLow: int(l.GetSourcePortLow()), srcHigh: int(l.GetSourcePortHigh())}
 	if err := checkIfname(w.name); err != nil || !strings.HasPrefix(w.name, linkPrefix) {
 		return nil, fmt.Errorf("name %q is not a %s* device name", w.name, linkPrefix)
 	}
@@ -50,6 +54,9 @@ func planLink(l *kuportv1.Link) (*wantLink, error) {
 	}
 	if w.mtu < 68 {
 		return nil, fmt.Errorf("mtu %d is below 68", w.mtu)
+	}
+	if (w.srcLow != 0 || w.srcHigh != 0) && (w.srcLow < 1 || w.srcLow >= w.srcHigh || w.srcHigh > 65535) {
+		return nil, fmt.Errorf("source ports %d-%d are not 1 <= low < high <= 65535", w.srcLow, w.srcHigh)
 	}
 	if m := l.GetMac(); m != "" {
 		mac, err := net.ParseMAC(m)
@@ -75,12 +82,35 @@ func planLink(l *kuportv1.Link) (*wantLink, error) {
 	return w, nil
 }
 
+// vxlan is the device the link wants: the UDP checksum on, as an underlay that coalesces
+// the outer datagrams before the kernel sees them (wireguard-go's) merges none whose
+// checksum is zero, and learning on (docs/design/datapath.md#the-link-device).
+func (w *wantLink) vxlan() *netlink.Vxlan {
+	return &netlink.Vxlan{
+		LinkAttrs: netlink.LinkAttrs{Name: w.name, MTU: w.mtu, HardwareAddr: w.mac},
+		VxlanId:   w.vni, SrcAddr: w.local, Group: w.remote, Port: w.port, TTL: linkTTL,
+		PortLow: w.srcLow, PortHigh: w.srcHigh, Learning: true, UDPCSum: true,
+	}
+}
+
 // vxlanMatches reports whether an existing device has the encapsulation the link wants;
-// these attributes cannot be changed in place, so a mismatch replaces the device.
+// the kernel refuses to change most of these attributes in place (VNI, port, source ports,
+// checksum), and a new remote would leave learned entries on the old one, so any mismatch
+// replaces the device. Source ports match too when either side has none: a device an agent
+// made before them keeps the kernel's, as it keeps its link-layer address, and a program
+// without them (an older controller's) keeps the device's, so neither an upgrade nor a
+// rollback recreates a link (docs/design/datapath.md#the-link-device).
 func (w *wantLink) vxlanMatches(l netlink.Link) bool {
 	v, ok := l.(*netlink.Vxlan)
-	return ok && v.VxlanId == w.vni && v.Port == w.port && v.TTL == linkTTL &&
-		v.SrcAddr.Equal(w.local) && v.Group.Equal(w.remote) && v.VtepDevIndex == 0
+	if !ok {
+		return false
+	}
+	want := w.vxlan()
+	ports := v.PortLow == want.PortLow && v.PortHigh == want.PortHigh ||
+		v.PortLow == 0 && v.PortHigh == 0 || want.PortLow == 0 && want.PortHigh == 0
+	return v.VxlanId == want.VxlanId && v.Port == want.Port && v.TTL == want.TTL &&
+		v.SrcAddr.Equal(want.SrcAddr) && v.Group.Equal(want.Group) && v.VtepDevIndex == 0 &&
+		ports && v.Learning == want.Learning && v.UDPCSum == want.UDPCSum
 }
 
 // syncLink makes one device match the program: created when missing, replaced when its
@@ -105,12 +135,7 @@ func (d *Datapath) syncLink(w *wantLink, changes *int) error {
 		d.log.Trace("add link", "name", w.name, "vni", w.vni)
 		// A device that already exists keeps its address: changing it would leave the peer's
 		// neighbor entry for this end pointing at the old one until it is probed again.
-		err := d.nl.LinkAdd(&netlink.Vxlan{
-			LinkAttrs: netlink.LinkAttrs{Name: w.name, MTU: w.mtu, HardwareAddr: w.mac},
-			VxlanId:   w.vni, SrcAddr: w.local, Group: w.remote, Port: w.port, TTL: linkTTL,
-			Learning: true, UDPCSum: true,
-		})
-		if err != nil {
+		if err := d.nl.LinkAdd(w.vxlan()); err != nil {
 			return fmt.Errorf("add vxlan device: %w", err)
 		}
 		*changes++

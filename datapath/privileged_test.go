@@ -245,6 +245,13 @@ func (tn *testNS) checkKernel(t *testing.T, p *kuportv1.NodeProgram) {
 		assert.Equal(t, l.GetLocalUnderlay(), v.SrcAddr.String())
 		assert.Equal(t, l.GetRemoteUnderlay(), v.Group.String())
 		assert.NotZero(t, v.Flags&net.FlagUp, "up")
+		// The encapsulation's settings as the ip tool reads them, apart from the library.
+		details := tn.exec(t, "ip", "-d", "link", "show", "dev", l.GetName())
+		if l.GetSourcePortHigh() != 0 { // a program without them keeps the device's
+			assert.Contains(t, details, fmt.Sprintf(" srcport %d %d ", l.GetSourcePortLow(), l.GetSourcePortHigh()))
+		}
+		assert.Contains(t, details, " udpcsum ")
+		assert.NotContains(t, details, "nolearning")
 		assert.Contains(t, tn.exec(t, "ip", "-4", "-o", "addr", "show", "dev", l.GetName()), l.GetLocalAddress()+"/31")
 		assert.Equal(t, "2\n", tn.exec(t, "cat", "/proc/sys/net/ipv4/conf/"+l.GetName()+"/rp_filter"))
 	}
@@ -488,6 +495,8 @@ func TestPrivilegedLinkChanges(t *testing.T) {
 			p.ReturnPaths[0].PeerUnderlay = "100.64.93.160"
 		}, false},
 		{"local underlay", func(p *kuportv1.NodeProgram) { p.Links[0].LocalUnderlay = "100.64.93.151" }, false},
+		{"source ports", func(p *kuportv1.NodeProgram) { p.Links[0].SourcePortLow, p.Links[0].SourcePortHigh = 32768, 61000 }, false},
+		{"no source ports", func(p *kuportv1.NodeProgram) { p.Links[0].SourcePortLow, p.Links[0].SourcePortHigh = 0, 0 }, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -514,6 +523,23 @@ func TestPrivilegedLinkChanges(t *testing.T) {
 			assert.Zero(t, tn.dp.lastChanges, "the changed program is all in the kernel")
 		})
 	}
+}
+
+// TestPrivilegedLinkSettingsRepaired: a link device someone made again with the program's
+// encapsulation but other settings (no UDP checksum, no learning, the kernel's source ports)
+// is replaced by one with kuport's, and the next Apply writes nothing.
+func TestPrivilegedLinkSettingsRepaired(t *testing.T) {
+	testenv.Privileged(t)
+	p := goldenPrograms(t)["remote-worker-b"]
+	l := p.GetLinks()[0]
+	tn := newTestNS(t, "100.64.93.150")
+	tn.exec(t, "ip", "link", "add", l.GetName(), "type", "vxlan", "id", itoa(l.GetVni()), "dstport", itoa(l.GetPort()),
+		"local", l.GetLocalUnderlay(), "remote", l.GetRemoteUnderlay(), "ttl", "64", "noudpcsum", "nolearning")
+	require.NoError(t, tn.dp.Apply(p))
+	assert.Equal(t, Render(p), tn.nftList(t))
+	tn.checkKernel(t, p)
+	require.NoError(t, tn.dp.Apply(p))
+	assert.Zero(t, tn.dp.lastChanges, "the repaired device is kept")
 }
 
 // TestPrivilegedRecreatedLinkKeepsItsAddress deletes a link device as a reboot or another

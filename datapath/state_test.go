@@ -36,7 +36,7 @@ func (tn *testNS) kernelDump(t *testing.T) string {
 		}
 		fmt.Fprintf(&b, "link %s", a.Name)
 		if v, ok := l.(*netlink.Vxlan); ok {
-			fmt.Fprintf(&b, " vxlan id %d local %s remote %s dstport %d ttl %d", v.VxlanId, v.SrcAddr, v.Group, v.Port, v.TTL)
+			fmt.Fprintf(&b, " vxlan id %d local %s remote %s dstport %d ttl %d%s", v.VxlanId, v.SrcAddr, v.Group, v.Port, v.TTL, vxlanFlags(v))
 		}
 		state := "down"
 		if a.Flags&net.FlagUp != 0 {
@@ -157,7 +157,9 @@ type stateStep struct {
 // moved, mappings removed one by one, then none.
 func workerBStates() []stateStep {
 	public := &kuportv1.Link{Name: "kup-dcc4266d", ClassName: "public", PeerNode: "edge-a", Vni: 4242, Port: 4790,
-		LocalUnderlay: "100.64.93.150", RemoteUnderlay: "100.64.93.143", LocalAddress: "169.254.77.1", PeerAddress: "169.254.77.0", Mtu: 1370}
+		LocalUnderlay: "100.64.93.150", RemoteUnderlay: "100.64.93.143", LocalAddress: "169.254.77.1", PeerAddress: "169.254.77.0", Mtu: 1370,
+		SourcePortLow: 49152, SourcePortHigh: 65535}
+	// intranet's program names no source ports, as an older controller's: the kernel's default.
 	intranet := &kuportv1.Link{Name: "kup-2b1e7a90", ClassName: "intranet", PeerNode: "edge-c", Vni: 4300, Port: 4790,
 		LocalUnderlay: "100.64.93.150", RemoteUnderlay: "100.64.93.160", LocalAddress: "169.254.79.0", PeerAddress: "169.254.79.1", Mtu: 1370}
 	a := podMapping{"games/a", kuportv1.Protocol_PROTOCOL_UDP, 27015, "10.244.18.107", public, 1}
@@ -167,8 +169,8 @@ func workerBStates() []stateStep {
 	c := podMapping{"web/c", kuportv1.Protocol_PROTOCOL_TCP, 443, "10.244.18.109", intranet, 2}
 
 	const (
-		linkPublic   = "link kup-dcc4266d vxlan id 4242 local 100.64.93.150 remote 100.64.93.143 dstport 4790 ttl 64 mtu 1370 up 169.254.77.1/31 rp_filter 2\n"
-		linkIntranet = "link kup-2b1e7a90 vxlan id 4300 local 100.64.93.150 remote 100.64.93.160 dstport 4790 ttl 64 mtu 1370 up 169.254.79.0/31 rp_filter 2\n"
+		linkPublic   = "link kup-dcc4266d vxlan id 4242 local 100.64.93.150 remote 100.64.93.143 dstport 4790 ttl 64 srcport 49152 65535 udpcsum learning mtu 1370 up 169.254.77.1/31 rp_filter 2\n"
+		linkIntranet = "link kup-2b1e7a90 vxlan id 4300 local 100.64.93.150 remote 100.64.93.160 dstport 4790 ttl 64 srcport 0 0 udpcsum learning mtu 1370 up 169.254.79.0/31 rp_filter 2\n"
 		rulesPublic  = "101:\tfrom all to 100.64.93.143 fwmark 0x1/0x301f lookup main proto 107\n" +
 			"102:\tfrom all fwmark 0x1/0x301f lookup 27505 proto 107\n"
 		rulesBoth = "101:\tfrom all to 100.64.93.143 fwmark 0x1/0x301f lookup main proto 107\n" +

@@ -12,22 +12,17 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/google/nftables"
 	"github.com/hashicorp/go-hclog"
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/proto"
 
@@ -109,85 +104,6 @@ func (t *topology) close() {
 	}
 }
 
-// serve runs the pod's TCP server: each connection is read to its end (throughput), or
-// answered byte for byte (request/response and connection rate).
-func serve(l net.Listener) {
-	for {
-		c, err := l.Accept()
-		if err != nil {
-			return
-		}
-		go func() {
-			defer func() { _ = c.Close() }()
-			_, _ = io.Copy(c, c)
-		}()
-	}
-}
-
-// trafficFigures measures, from the client to the node's dialed port: one flow's
-// throughput, sequential new connections per second, and the p50 of connect + one-byte
-// request + reply.
-func trafficFigures(t *topology, port int, d time.Duration) (gbps, connPerS, rrP50us float64, err error) {
-	target := net.JoinHostPort(nodeAddr, strconv.Itoa(port))
-	dialer := net.Dialer{Timeout: 2 * time.Second}
-	err = labbench.InNS(t.client, func() error {
-		c, err := dialer.Dial("tcp4", target)
-		if err != nil {
-			return err
-		}
-		go func() { _, _ = io.Copy(io.Discard, c) }()
-		buf := make([]byte, 128<<10)
-		var sent int64
-		start := time.Now()
-		for time.Since(start) < d {
-			n, err := c.Write(buf)
-			sent += int64(n)
-			if err != nil {
-				return err
-			}
-		}
-		gbps = float64(sent) * 8 / time.Since(start).Seconds() / 1e9
-		_ = c.Close()
-
-		var conns int
-		start = time.Now()
-		for time.Since(start) < d {
-			c, err := dialer.Dial("tcp4", target)
-			if err != nil {
-				return err
-			}
-			_ = c.(*net.TCPConn).SetLinger(0)
-			_ = c.Close()
-			conns++
-		}
-		connPerS = float64(conns) / time.Since(start).Seconds()
-
-		var rtts []time.Duration
-		one := []byte{'k'}
-		start = time.Now()
-		for time.Since(start) < d {
-			t0 := time.Now()
-			c, err := dialer.Dial("tcp4", target)
-			if err != nil {
-				return err
-			}
-			if _, err := c.Write(one); err != nil {
-				return err
-			}
-			if _, err := io.ReadFull(c, one); err != nil {
-				return err
-			}
-			rtts = append(rtts, time.Since(t0))
-			_ = c.(*net.TCPConn).SetLinger(0)
-			_ = c.Close()
-		}
-		slices.Sort(rtts)
-		rrP50us = float64(rtts[len(rtts)/2].Nanoseconds()) / 1e3
-		return nil
-	})
-	return gbps, connPerS, rrP50us, err
-}
-
 // lastField is the integer field name of the last Apply summary the log recorded (-1 when
 // there is none): kernel_writes, in_kernel_us, took_us.
 func lastField(log *bytes.Buffer, name string) int {
@@ -216,28 +132,14 @@ func measure(n int, agent string, d time.Duration) error {
 		return err
 	}
 	defer func() { _ = pod.Close() }()
-	go serve(pod)
+	go labbench.Serve(pod)
 
-	ns, err := netns.GetFromName(t.node)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = ns.Close() }()
-	// Lasting, as the agent's: a socket per transaction costs an RCU grace period (8-30 ms)
-	// when it closes after one that deleted an element (datapath.Config.NFT).
-	conn, err := nftables.New(nftables.AsLasting(), nftables.WithNetNSFd(int(ns)), datapath.NFTSocketOption())
-	if err != nil {
-		return err
-	}
-	defer func() { _ = conn.CloseLasting() }()
-	nl, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		return err
-	}
-	defer nl.Close()
 	var log bytes.Buffer
-	dp := datapath.New(datapath.Config{NFT: conn, Netlink: nl, NetNS: ns,
-		Log: hclog.New(&hclog.LoggerOptions{Level: hclog.Debug, Output: &log})})
+	dp, closeDP, err := labbench.NodeDatapath(t.node, hclog.New(&hclog.LoggerOptions{Level: hclog.Debug, Output: &log}))
+	if err != nil {
+		return err
+	}
+	defer closeDP()
 
 	var before, after runtime.MemStats
 	runtime.GC()
@@ -314,9 +216,20 @@ func measure(n int, agent string, d time.Duration) error {
 	whole /= changes
 	fmt.Fprintf(os.Stderr, "mappings=%d change: in the kernel after %.1f ms, Apply with the conntrack sweep %.1f ms\n", n, ms(change), ms(whole))
 
-	gbps, connPerS, rrP50, err := trafficFigures(t, 10000+n-1, d)
+	// From the client to the node's dialed port: one flow's throughput, sequential new
+	// connections per second, and the p50 of connect + one-byte request + reply.
+	target := net.JoinHostPort(nodeAddr, strconv.Itoa(10000+n-1))
+	gbps, err := labbench.Throughput(t.client, target, d)
 	if err != nil {
-		return fmt.Errorf("traffic: %w", err)
+		return fmt.Errorf("throughput: %w", err)
+	}
+	connPerS, err := labbench.ConnRate(t.client, target, d)
+	if err != nil {
+		return fmt.Errorf("connection rate: %w", err)
+	}
+	rrP50, err := labbench.RRP50(t.client, target, d)
+	if err != nil {
+		return fmt.Errorf("request/response: %w", err)
 	}
 	rss := "n/a"
 	if agent != "" {

@@ -208,7 +208,8 @@ func remoteEdgeA() *kuportv1.NodeProgram {
 		Links: []*kuportv1.Link{
 			{Name: linkToWorkerB, ClassName: "public", PeerNode: "worker-b", Vni: 4242, Port: 4790,
 				LocalUnderlay: "100.64.93.143", RemoteUnderlay: "100.64.93.150",
-				LocalAddress: "169.254.77.0", PeerAddress: "169.254.77.1", Mtu: 1370, Mac: "02:6b:a9:fe:4d:00"},
+				LocalAddress: "169.254.77.0", PeerAddress: "169.254.77.1", Mtu: 1370, Mac: "02:6b:a9:fe:4d:00",
+				SourcePortLow: 49152, SourcePortHigh: 65535},
 		},
 	}
 }
@@ -237,7 +238,8 @@ func remoteWorkerB() *kuportv1.NodeProgram {
 		Links: []*kuportv1.Link{
 			{Name: linkToEdgeA, ClassName: "public", PeerNode: "edge-a", Vni: 4242, Port: 4790,
 				LocalUnderlay: "100.64.93.150", RemoteUnderlay: "100.64.93.143",
-				LocalAddress: "169.254.77.1", PeerAddress: "169.254.77.0", Mtu: 1370, Mac: "02:6b:a9:fe:4d:01"},
+				LocalAddress: "169.254.77.1", PeerAddress: "169.254.77.0", Mtu: 1370, Mac: "02:6b:a9:fe:4d:01",
+				SourcePortLow: 49152, SourcePortHigh: 65535},
 		},
 		ReturnPaths: []*kuportv1.ReturnPath{
 			{Id: linkToEdgeA + "/return", Link: linkToEdgeA, Mark: 0x1, Table: 27505,
@@ -300,7 +302,8 @@ func multiEdgeA() *kuportv1.NodeProgram {
 		Links: []*kuportv1.Link{
 			{Name: intranetToWB, ClassName: "intranet", PeerNode: "worker-b", Vni: 4300, Port: 4790,
 				LocalUnderlay: "100.64.93.143", RemoteUnderlay: "100.64.93.150",
-				LocalAddress: "169.254.79.0", PeerAddress: "169.254.79.1", Mtu: 1370, Mac: "02:6b:a9:fe:4f:00"},
+				LocalAddress: "169.254.79.0", PeerAddress: "169.254.79.1", Mtu: 1370, Mac: "02:6b:a9:fe:4f:00",
+				SourcePortLow: 49152, SourcePortHigh: 65535},
 		},
 	}
 }
@@ -320,7 +323,8 @@ func multiWorkerC() *kuportv1.NodeProgram {
 		Links: []*kuportv1.Link{
 			{Name: intranetToWB, ClassName: "intranet", PeerNode: "worker-b", Vni: 4301, Port: 4790,
 				LocalUnderlay: "100.64.93.160", RemoteUnderlay: "100.64.93.150",
-				LocalAddress: "169.254.79.3", PeerAddress: "169.254.79.2", Mtu: 1370, Mac: "02:6b:a9:fe:4f:03"},
+				LocalAddress: "169.254.79.3", PeerAddress: "169.254.79.2", Mtu: 1370, Mac: "02:6b:a9:fe:4f:03",
+				SourcePortLow: 49152, SourcePortHigh: 65535},
 		},
 	}
 }
@@ -356,10 +360,12 @@ func multiWorkerB() *kuportv1.NodeProgram {
 		Links: []*kuportv1.Link{
 			{Name: intranetToEA, ClassName: "intranet", PeerNode: "edge-a", Vni: 4300, Port: 4790,
 				LocalUnderlay: "100.64.93.150", RemoteUnderlay: "100.64.93.143",
-				LocalAddress: "169.254.79.1", PeerAddress: "169.254.79.0", Mtu: 1370, Mac: "02:6b:a9:fe:4f:01"},
+				LocalAddress: "169.254.79.1", PeerAddress: "169.254.79.0", Mtu: 1370, Mac: "02:6b:a9:fe:4f:01",
+				SourcePortLow: 49152, SourcePortHigh: 65535},
 			{Name: intranetToWC, ClassName: "intranet", PeerNode: "worker-c", Vni: 4301, Port: 4790,
 				LocalUnderlay: "100.64.93.150", RemoteUnderlay: "100.64.93.160",
-				LocalAddress: "169.254.79.2", PeerAddress: "169.254.79.3", Mtu: 1370, Mac: "02:6b:a9:fe:4f:02"},
+				LocalAddress: "169.254.79.2", PeerAddress: "169.254.79.3", Mtu: 1370, Mac: "02:6b:a9:fe:4f:02",
+				SourcePortLow: 49152, SourcePortHigh: 65535},
 		},
 		ReturnPaths: []*kuportv1.ReturnPath{
 			{Id: intranetToEA + "/return", Link: intranetToEA, Mark: 0x1, Table: 27505,

@@ -116,6 +116,11 @@ func vniFits(base uint32, s int32) bool { return s >= 0 && uint64(base)+uint64(s
 // linkPrefix begins the name of every link device kuport makes.
 const linkPrefix = "kup-"
 
+// linkSourcePortLow and linkSourcePortHigh (exclusive) are every link's outer UDP source
+// ports: RFC 7348's dynamic range, whatever a node's local port range, so a receiver spreads
+// and coalesces the link's flows apart (docs/design/datapath.md#the-link-device).
+const linkSourcePortLow, linkSourcePortHigh = 49152, 65535
+
 // linkName is the device a node names after its peer: "kup-" + the first 8 hex digits of
 // sha256("<class>/<peer node>") (docs/design/datapath.md#the-link-device).
 func linkName(class, peer string) string {

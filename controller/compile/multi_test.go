@@ -74,7 +74,8 @@ func TestMulti(t *testing.T) {
 					Links: []*kuportv1.Link{
 						{Name: intranetToEA, ClassName: "intranet", PeerNode: "edge-a", Vni: 4300, Port: 4790,
 							LocalUnderlay: "100.64.93.160", RemoteUnderlay: "100.64.93.143",
-							LocalAddress: "169.254.79.1", PeerAddress: "169.254.79.0", Mtu: 1370, Mac: "02:6b:a9:fe:4f:01"},
+							LocalAddress: "169.254.79.1", PeerAddress: "169.254.79.0", Mtu: 1370, Mac: "02:6b:a9:fe:4f:01",
+							SourcePortLow: 49152, SourcePortHigh: 65535},
 					},
 					ReturnPaths: []*kuportv1.ReturnPath{
 						{Id: intranetToEA + "/return", Link: intranetToEA, Mark: 0x1, Table: 27505,

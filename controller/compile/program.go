@@ -322,6 +322,7 @@ func (c *compiler) emitLink(cl *claim, a, b string) {
 			Vni: cl.vni(), Port: cl.class.port, LocalUnderlay: end[2], RemoteUnderlay: end[3],
 			LocalAddress: cl.addressText(self), PeerAddress: cl.addressText(peer),
 			Mtu: linkMTU(ma, mb), Mac: linkMAC(cl.address(self)),
+			SourcePortLow: linkSourcePortLow, SourcePortHigh: linkSourcePortHigh,
 		})
 	}
 }

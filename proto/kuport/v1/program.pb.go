@@ -891,9 +891,19 @@ type Link struct {
 	// local_address, so a device recreated (deleted, or after a reboot) has the address the
 	// peer's neighbor entry for this end already holds, and answers at once. An existing
 	// device keeps the address it has. Empty (an older controller): the kernel picks one.
-	Mac           string `protobuf:"bytes,11,opt,name=mac,proto3" json:"mac,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Mac string `protobuf:"bytes,11,opt,name=mac,proto3" json:"mac,omitempty"`
+	// Outer UDP source ports: the kernel hashes each inner flow to a port from
+	// source_port_low up to, not including, source_port_high, so a receiver that spreads or
+	// coalesces by UDP ports tells the link's flows apart
+	// (docs/design/datapath.md#the-link-device). Both 0 (an older controller): the node's local
+	// port range. A device with the node's keeps them, and so does one with other source ports
+	// under a program without them: only a device and a program that both name source ports
+	// and differ replace the device.
+	SourcePortLow uint32 `protobuf:"varint,12,opt,name=source_port_low,json=sourcePortLow,proto3" json:"source_port_low,omitempty"`
+	// End of the source ports, exclusive: source_port_low < source_port_high <= 65535.
+	SourcePortHigh uint32 `protobuf:"varint,13,opt,name=source_port_high,json=sourcePortHigh,proto3" json:"source_port_high,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Link) Reset() {
@@ -1001,6 +1011,20 @@ func (x *Link) GetMac() string {
 		return x.Mac
 	}
 	return ""
+}
+
+func (x *Link) GetSourcePortLow() uint32 {
+	if x != nil {
+		return x.SourcePortLow
+	}
+	return 0
+}
+
+func (x *Link) GetSourcePortHigh() uint32 {
+	if x != nil {
+		return x.SourcePortHigh
+	}
+	return 0
 }
 
 // ReturnPath diverts marked replies into a link
@@ -2730,7 +2754,7 @@ const file_kuport_v1_program_proto_rawDesc = "" +
 	"\x05ports\x18\x05 \x01(\v2\x14.kuport.v1.PortRangeR\x05ports\x12\x12\n" +
 	"\x04mark\x18\x06 \x01(\rR\x04mark\x12'\n" +
 	"\x04kind\x18\a \x01(\x0e2\x13.kuport.v1.MarkKindR\x04kind\x12!\n" +
-	"\fin_interface\x18\b \x01(\tR\vinInterface\"\xb8\x02\n" +
+	"\fin_interface\x18\b \x01(\tR\vinInterface\"\x8a\x03\n" +
 	"\x04Link\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +
@@ -2744,7 +2768,9 @@ const file_kuport_v1_program_proto_rawDesc = "" +
 	"\fpeer_address\x18\t \x01(\tR\vpeerAddress\x12\x10\n" +
 	"\x03mtu\x18\n" +
 	" \x01(\rR\x03mtu\x12\x10\n" +
-	"\x03mac\x18\v \x01(\tR\x03mac\"\xab\x01\n" +
+	"\x03mac\x18\v \x01(\tR\x03mac\x12&\n" +
+	"\x0fsource_port_low\x18\f \x01(\rR\rsourcePortLow\x12(\n" +
+	"\x10source_port_high\x18\r \x01(\rR\x0esourcePortHigh\"\xab\x01\n" +
 	"\n" +
 	"ReturnPath\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
