@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -20,6 +21,15 @@ func (r portRange) each(fn func(port, offset uint16)) {
 	for p := uint32(r.first); p <= uint32(r.last); p++ {
 		fn(uint16(p), uint16(p-uint32(r.first)))
 	}
+}
+
+// keeps reports whether the range is one element of a range set: more than one port, each
+// kept (docs/design/datapath.md#port-ranges).
+func (r portRange) keeps(toPort uint32) bool { return r.last > r.first && toPort == uint32(r.first) }
+
+// rangePut is the element of set single's range set that holds ports r of key's form.
+func rangePut(single string, key func(port uint16) string, r portRange, val string) put {
+	return put{set: rangesName(single), elem: elem{key: key(r.first), end: key(r.last), val: val}}
 }
 
 // put is one element an entry needs in one set.
@@ -95,16 +105,14 @@ func planEntries(p *kuportv1.NodeProgram) (*table, []error, map[setKey]bool) {
 		t.elems["return-marks"][string(markBytes(m))] = elem{key: string(markBytes(m)), val: markChain(m)}
 	}
 	shared := map[setKey]bool{}
+	ranges := rangeIndex{}
 	for _, en := range entries {
 		var conflict error
 		for _, pt := range en.puts {
-			if err := l.jumps(pt); err != nil {
-				conflict = err
+			if conflict = l.jumps(pt); conflict != nil {
 				break
 			}
-			if have, ok := t.elems[pt.set][pt.key]; ok && have.val != pt.val {
-				s := t.layout.byName[pt.set]
-				conflict = fmt.Errorf("%s is %s's in %s", valueText(s.key, pt.key), have.id, pt.set)
+			if conflict = t.clash(pt, ranges); conflict != nil {
 				break
 			}
 		}
@@ -117,10 +125,102 @@ func planEntries(p *kuportv1.NodeProgram) (*table, []error, map[setKey]bool) {
 				shared[setKey{pt.set, pt.key}] = true
 			} else {
 				t.elems[pt.set][pt.key] = pt.elem
+				ranges.add(l.byName[pt.set], pt.elem)
 			}
 		}
 	}
 	return t, errs, shared
+}
+
+// rangeIndex is the elements of a table's range sets by set and by key without its port:
+// the ranges a port of a key could fall in.
+type rangeIndex map[string]map[string][]elem
+
+// add indexes e when set s holds ranges.
+func (x rangeIndex) add(s *setSpec, e elem) {
+	if !s.interval() {
+		return
+	}
+	if x[s.name] == nil {
+		x[s.name] = map[string][]elem{}
+	}
+	pre, _ := splitPort(e.key)
+	x[s.name][pre] = append(x[s.name][pre], e)
+}
+
+// rangeIndexOf indexes t's range elements.
+func rangeIndexOf(t *table) rangeIndex {
+	x := rangeIndex{}
+	for _, s := range t.layout.sets {
+		for _, e := range t.elems[s.name] {
+			x.add(s, e)
+		}
+	}
+	return x
+}
+
+// splitPort splits a key at its last part, the port (every set keyed by a port ends in it).
+func splitPort(key string) (string, uint16) {
+	if len(key) < 4 {
+		return key, 0
+	}
+	return key[:len(key)-4], binary.BigEndian.Uint16([]byte(key[len(key)-4:]))
+}
+
+// withPort is key with port in place of its last part.
+func withPort(key string, port uint16) string {
+	pre, _ := splitPort(key)
+	return pre + pack(portBytes(port))
+}
+
+// clash says why t cannot take pt: a key t holds with other data, a port of a range t holds
+// with other data as a single port or in another range (the kernel refuses overlapping
+// ranges), or a single port within a range of other data; nil when it can (an element the
+// same in every part is shared). A range's data is the same as a single port's when it
+// translates that port the same: a DNAT range keeps the port its single port names.
+func (t *table) clash(pt put, ranges rangeIndex) error {
+	s := t.layout.byName[pt.set]
+	if have, ok := t.elems[pt.set][pt.key]; ok && (have.val != pt.val || have.end != pt.end) {
+		return fmt.Errorf("%s is %s's in %s", pt.keyText(s), have.id, pt.set)
+	}
+	switch pre, port := splitPort(pt.key); {
+	case s.interval():
+		_, last := splitPort(pt.end)
+		for _, have := range ranges[s.name][pre] {
+			_, hf := splitPort(have.key)
+			_, hl := splitPort(have.end)
+			if have.key != pt.key && port <= hl && hf <= last {
+				return fmt.Errorf("%s overlaps %s, %s's in %s", pt.keyText(s), have.keyText(s), have.id, pt.set)
+			}
+		}
+		single := t.elems[s.single.name]
+		if len(single) == 0 {
+			return nil
+		}
+		for p := uint32(port); p <= uint32(last); p++ {
+			if have, ok := single[withPort(pt.key, uint16(p))]; ok && !s.keepsAs(pt.val, uint16(p), have.val) {
+				return fmt.Errorf("%s is %s's in %s", have.keyText(s.single), have.id, s.single.name)
+			}
+		}
+	case s.ranges != nil:
+		for _, have := range ranges[s.ranges.name][pre] {
+			_, hf := splitPort(have.key)
+			_, hl := splitPort(have.end)
+			if hf <= port && port <= hl && !s.ranges.keepsAs(have.val, port, pt.val) {
+				return fmt.Errorf("%s is in %s, %s's in %s", pt.keyText(s), have.keyText(s.ranges), have.id, s.ranges.name)
+			}
+		}
+	}
+	return nil
+}
+
+// keepsAs reports whether range data val of range set s translates port as single-port data
+// single does.
+func (s *setSpec) keepsAs(val string, port uint16, single string) bool {
+	if s.role == roleDNAT {
+		return single == val+pack(portBytes(port))
+	}
+	return single == val
 }
 
 // dnatPuts is the DnatRule form of program.proto (docs/design/datapath.md#kup-pre-the-dnat):
@@ -177,6 +277,19 @@ func dnatPuts(fam family, e *kuportv1.DnatRule) ([]put, error) {
 		}
 		return pack(ifnameBytes(e.GetInInterface()), []byte{proto}, portBytes(port))
 	}
+	if dport.keeps(toPort) {
+		// One element a set: the dialed range, translated to the target address alone.
+		dialed := func(port uint16) string { return key(daddr, port) }
+		nat := dialed
+		var puts []put
+		if standIn.IsValid() {
+			if daddr.IsValid() {
+				nat = func(port uint16) string { return key(standIn, port) }
+			}
+			puts = append(puts, rangePut(steer, dialed, dport, pack(standIn.AsSlice())))
+		}
+		return append(puts, rangePut(dnat, nat, dport, pack(to.AsSlice())), rangePut(out, dialed, dport, "")), nil
+	}
 	var puts []put
 	dport.each(func(port, offset uint16) {
 		// Steered, kup-pre sees the stand-in where the dialed destination was.
@@ -223,20 +336,26 @@ func snatPuts(fam family, e *kuportv1.SnatRule) ([]put, error) {
 	if err != nil {
 		return nil, err
 	}
-	var puts []put
+	var set string
 	switch e.GetKind() {
 	case kuportv1.SnatKind_SNAT_KIND_REQUEST:
-		pr.each(func(port, _ uint16) {
-			puts = append(puts, put{set: "snat-request", elem: elem{key: pack(addr.AsSlice(), []byte{proto}, portBytes(port))}})
-		})
+		set = "snat-request"
 	case kuportv1.SnatKind_SNAT_KIND_REPLY:
-		pr.each(func(port, _ uint16) {
-			puts = append(puts, put{set: "snat-reply", elem: elem{key: pack(addr.AsSlice(), []byte{proto}, portBytes(port))}})
-		})
+		set = "snat-reply"
 	default:
 		return nil, fmt.Errorf("unknown snat kind %v", e.GetKind())
 	}
-	return puts, nil
+	return podPortPuts(set, func(port uint16) string { return pack(addr.AsSlice(), []byte{proto}, portBytes(port)) }, pr, ""), nil
+}
+
+// podPortPuts are the elements of an SNAT or mark entry matching ports pr of key's form in
+// set: a range is one element of the set's range set (a pod port range is kept whatever the
+// dialed ports, so any range is), a single port one of set.
+func podPortPuts(set string, key func(port uint16) string, pr portRange, val string) []put {
+	if pr.last > pr.first {
+		return []put{rangePut(set, key, pr, val)}
+	}
+	return []put{{set: set, elem: elem{key: key(pr.first), val: val}}}
 }
 
 // markPuts is a return-marking form of program.proto's MarkKind
@@ -250,23 +369,18 @@ func markPuts(fam family, e *kuportv1.MarkRule) ([]put, error) {
 		return nil, err
 	}
 	mark := e.GetMark()
-	var puts []put
+	bySource := func(port uint16) string { return pack(addr.AsSlice(), []byte{proto}, portBytes(port)) }
 	switch e.GetKind() {
 	case kuportv1.MarkKind_MARK_KIND_STATIC:
-		pr.each(func(port, _ uint16) {
-			puts = append(puts, put{set: "mark-static", elem: elem{key: pack(addr.AsSlice(), []byte{proto}, portBytes(port)), val: markChain(mark)}})
-		})
+		return podPortPuts("mark-static", bySource, pr, markChain(mark)), nil
 	case kuportv1.MarkKind_MARK_KIND_CT_SAVE:
-		pr.each(func(port, _ uint16) {
-			puts = append(puts, put{set: "mark-ct-save",
-				elem: elem{key: pack(ifnameBytes(e.GetInInterface()), addr.AsSlice(), []byte{proto}, portBytes(port)), val: ctMarkChain(mark)}})
-		})
+		return podPortPuts("mark-ct-save", func(port uint16) string {
+			return pack(ifnameBytes(e.GetInInterface()), addr.AsSlice(), []byte{proto}, portBytes(port))
+		}, pr, ctMarkChain(mark)), nil
 	case kuportv1.MarkKind_MARK_KIND_CT_RESTORE:
-		pr.each(func(port, _ uint16) {
-			puts = append(puts, put{set: "mark-ct-restore", elem: elem{key: pack(addr.AsSlice(), []byte{proto}, portBytes(port))}})
-		})
+		return podPortPuts("mark-ct-restore", bySource, pr, ""), nil
 	}
-	return puts, nil
+	return nil, nil
 }
 
 // checkMarkRule validates a mark entry (markPuts', and the layout's marks', programMarks).

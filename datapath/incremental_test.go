@@ -134,10 +134,18 @@ func TestIncrementalSteps(t *testing.T) {
 		{"retarget m2's reply", func(p *kuportv1.NodeProgram) {
 			for _, e := range p.SnatRules {
 				if e.Id == "m2/reply" {
+					e.Ports = &kuportv1.PortRange{First: 3001, Last: 3001}
+				}
+			}
+		}, true, 2},
+		// A range is one element, planned whole.
+		{"m2's reply a range", func(p *kuportv1.NodeProgram) {
+			for _, e := range p.SnatRules {
+				if e.Id == "m2/reply" {
 					e.Ports = &kuportv1.PortRange{First: 3001, Last: 3002}
 				}
 			}
-		}, true, 3},
+		}, false, 2},
 		{"nothing", func(p *kuportv1.NodeProgram) { p.DnatRules, p.SnatRules, p.MarkRules = nil, nil, nil }, false, 1},
 		{"all again", func(p *kuportv1.NodeProgram) { proto.Merge(p, base()) }, false, -1},
 	}

@@ -125,12 +125,26 @@ func (r setRole) kind() string {
 // reply-counting elements have its DNAT element's key, the dialed port, so `nft list` shows
 // them next to it without the id again, and a comment costs about 1.8 µs an element to write
 // (BENCHMARKS.md, "Four elements a mapping and fewer comments").
+//
+// A range set (interval, `flags interval`) holds the ranges of its single-port set: an element
+// per range, its key the first port and its end the last, looked up by a rule of its own after
+// the single port's, so a single port pays no interval lookup where the hash one hits
+// (docs/design/datapath.md#port-ranges).
 type setSpec struct {
 	name string
 	key  []field
 	data []field
 	role setRole
+	// ranges is a single-port set's range set; single is a range set's single-port set.
+	ranges, single *setSpec
 }
+
+// rangesName is the name of the range set of the single-port set named single: "dnat-ports"
+// has "dnat-ranges", "snat-request" "snat-request-ranges".
+func rangesName(single string) string { return strings.TrimSuffix(single, "-ports") + "-ranges" }
+
+// interval reports whether the set holds port ranges.
+func (s *setSpec) interval() bool { return s.single != nil }
 
 // commented reports whether the set's elements carry their entry's id as a comment.
 func (s *setSpec) commented() bool {
@@ -179,7 +193,7 @@ func (s *setSpec) dataType() nftables.SetDatatype {
 
 // kernelSet is the set as AddSet creates it.
 func (s *setSpec) kernelSet(t *nftables.Table) *nftables.Set {
-	return &nftables.Set{Table: t, Name: s.name, IsMap: s.data != nil, Counter: true,
+	return &nftables.Set{Table: t, Name: s.name, IsMap: s.data != nil, Counter: true, Interval: s.interval(),
 		Concatenation: len(s.key) > 1, KeyType: s.keyType(), DataType: s.dataType()}
 }
 
@@ -188,6 +202,9 @@ func (s *setSpec) header() []string {
 	typ := typeText(s.key)
 	if s.data != nil {
 		typ += " : " + typeText(s.data)
+	}
+	if s.interval() {
+		return []string{"type " + typ, "flags interval", "counter"}
 	}
 	return []string{"type " + typ, "counter"}
 }
@@ -315,20 +332,38 @@ func newLayout(fam family, mask uint32, marks []uint32) *layout {
 		return s
 	}
 	target := []field{{typ: fam.addr}, fieldPort}
+	// ranged adds single's range set: the same key, and data for a range (a DNAT range keeps
+	// each port, so its data is the target address alone).
+	ranged := func(single *setSpec, data []field) *setSpec {
+		r := set(rangesName(single.name), single.role, single.key, data)
+		single.ranges, r.single = r, single
+		return r
+	}
 	// A DNAT entry with a destination match (this node's end of a link) and one without are
 	// separate maps: a hash key has no wildcard.
 	dnatAddr := set("dnat-addr-ports", roleDNAT, []field{fieldIIF, fam.daddr, fieldProto, fieldDport}, target)
+	dnatAddrR := ranged(dnatAddr, []field{{typ: fam.addr}})
 	dnat := set("dnat-ports", roleDNAT, []field{fieldIIF, fieldProto, fieldDport}, target)
+	dnatR := ranged(dnat, []field{{typ: fam.addr}})
 	outAddr := set("count-out-addr-ports", roleCountOut, []field{fieldOIF, fam.saddr, fieldProto, fieldSport}, nil)
+	outAddrR := ranged(outAddr, nil)
 	out := set("count-out-ports", roleCountOut, []field{fieldOIF, fieldProto, fieldSport}, nil)
+	outR := ranged(out, nil)
 	request := set("snat-request", roleSNAT, []field{fam.daddr, fieldProto, fieldDport}, nil)
+	requestR := ranged(request, nil)
 	reply := set("snat-reply", roleSNAT, []field{fam.saddr, fieldProto, fieldSport}, nil)
+	replyR := ranged(reply, nil)
 	static := set("mark-static", roleMark, []field{fam.saddr, fieldProto, fieldSport}, []field{fieldJump})
+	staticR := ranged(static, []field{fieldJump})
 	save := set("mark-ct-save", roleMark, []field{fieldIIF, fam.daddr, fieldProto, fieldDport}, []field{fieldJump})
+	saveR := ranged(save, []field{fieldJump})
 	restore := set("mark-ct-restore", roleMark, []field{fam.saddr, fieldProto, fieldSport}, nil)
+	restoreR := ranged(restore, nil)
 	returns := set("return-marks", roleReturn, []field{fieldMark}, []field{fieldJump})
 	steerAddr := set("steer-addr-ports", roleSteer, []field{fieldIIF, fam.daddr, fieldProto, fieldDport}, []field{{typ: fam.addr}})
+	steerAddrR := ranged(steerAddr, []field{{typ: fam.addr}})
 	steer := set("steer-ports", roleSteer, []field{fieldIIF, fieldProto, fieldDport}, []field{{typ: fam.addr}})
+	steerR := ranged(steer, []field{{typ: fam.addr}})
 
 	// The mark is worked on in a register past the lookup's result (the DNAT target).
 	markReg := register(4)
@@ -340,6 +375,12 @@ func newLayout(fam family, mask uint32, marks []uint32) *layout {
 	}
 	flag := binaryutil.NativeEndian.PutUint32(translatedMark)
 	dnatTo := func(s *setSpec) ruleSpec {
+		if s.interval() {
+			// A range keeps each port: NAT to an address alone leaves the port as it is.
+			return l.rule("kup-pre", fmt.Sprintf("meta mark set meta mark | 0x%08x dnat to %s map @%s", translatedMark, keyText(s), s.name), nil, s, true,
+				append(setMarkBits(^uint32(translatedMark), translatedMark),
+					&expr.NAT{Type: expr.NATTypeDestNAT, Family: fam.nat, RegAddrMin: register(0), RegAddrMax: register(0), Specified: true})...)
+		}
 		return l.rule("kup-pre", fmt.Sprintf("meta mark set meta mark | 0x%08x dnat %s to %s map @%s", translatedMark, fam.name, keyText(s), s.name), nil, s, true,
 			append(setMarkBits(^uint32(translatedMark), translatedMark),
 				&expr.NAT{Type: expr.NATTypeDestNAT, Family: fam.nat, RegAddrMin: register(0), RegAddrMax: register(0),
@@ -358,11 +399,20 @@ func newLayout(fam family, mask uint32, marks []uint32) *layout {
 	// The reply's exemption: a packet the pod sends first and routes into a link, which every
 	// CNI would masquerade on its way out (datapath/README.md).
 	byLink := []expr.Any{fieldOIF.load(register(0)), &expr.Cmp{Op: expr.CmpOpEq, Register: register(0), Data: []byte(linkPrefix)}}
-	l.rules = append(l.rules, dnatTo(dnatAddr), dnatTo(dnat),
+	snatReply := func(s *setSpec) ruleSpec {
+		return l.rule("kup-post", fmt.Sprintf("oifname %q %s @%s snat to %s saddr", linkPrefix+"*", keyText(s), s.name, fam.name),
+			byLink, s, false, identity...)
+	}
+	// Each destination match before the rules without one, each single port before its
+	// ranges. The request's range rule comes first and clears the bit only when it claims the
+	// flow: the single-port rule after it clears it whatever its lookup finds.
+	l.rules = append(l.rules, dnatTo(dnatAddr), dnatTo(dnatAddrR), dnatTo(dnat), dnatTo(dnatR),
+		l.rule("kup-post", fmt.Sprintf("meta mark & 0x%08x == 0x%08x %s @%s meta mark set meta mark & 0x%08x snat to %s saddr",
+			translatedMark, translatedMark, keyText(requestR), requestR.name, ^uint32(translatedMark), fam.name),
+			translated[:3], requestR, false, append(setMarkBits(^uint32(translatedMark), 0), identity...)...),
 		l.rule("kup-post", fmt.Sprintf("meta mark & 0x%08x == 0x%08x meta mark set meta mark & 0x%08x %s @%s snat to %s saddr",
 			translatedMark, translatedMark, ^uint32(translatedMark), keyText(request), request.name, fam.name), translated, request, false, identity...),
-		l.rule("kup-post", fmt.Sprintf("oifname %q %s @%s snat to %s saddr", linkPrefix+"*", keyText(reply), reply.name, fam.name),
-			byLink, reply, false, identity...))
+		snatReply(reply), snatReply(replyR))
 	dirIs := func(dir byte) []expr.Any {
 		return []expr.Any{&expr.Ct{Key: expr.CtKeyDIRECTION, Register: register(0)},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: register(0), Data: []byte{dir}}}
@@ -374,13 +424,18 @@ func newLayout(fam family, mask uint32, marks []uint32) *layout {
 			&expr.Cmp{Op: expr.CmpOpNeq, Register: register(0), Data: make([]byte, 4)})
 	}
 	replyDNAT := dnatted(ctDirReply)
-	l.rules = append(l.rules,
-		l.rule("kup-mangle", fmt.Sprintf("%s vmap @%s", keyText(static), static.name), nil, static, false),
-		l.rule("kup-mangle", fmt.Sprintf("%s vmap @%s", keyText(save), save.name), nil, save, false),
-		l.restoreRule(restore, returns),
-		l.rule("kup-count-out", fmt.Sprintf("ct direction reply ct status dnat %s @%s", keyText(outAddr), outAddr.name), replyDNAT, outAddr, false),
-		l.rule("kup-count-out", fmt.Sprintf("ct direction reply ct status dnat %s @%s", keyText(out), out.name), replyDNAT, out, false),
-	)
+	vmap := func(s *setSpec) ruleSpec {
+		return l.rule("kup-mangle", fmt.Sprintf("%s vmap @%s", keyText(s), s.name), nil, s, false)
+	}
+	// "accept" ends kup-count-out (only) once a reply is counted: a single port's reply is
+	// not looked up in the ranges, and no reply counts twice.
+	countOut := func(s *setSpec) ruleSpec {
+		return l.rule("kup-count-out", fmt.Sprintf("ct direction reply ct status dnat %s @%s accept", keyText(s), s.name), replyDNAT, s, false,
+			&expr.Verdict{Kind: expr.VerdictAccept})
+	}
+	l.rules = append(l.rules, vmap(static), vmap(staticR), vmap(save), vmap(saveR),
+		l.restoreRule(restore, returns), l.restoreRule(restoreR, returns),
+		countOut(outAddr), countOut(outAddrR), countOut(out), countOut(outR))
 	// "ip daddr set": the looked-up stand-in written over the destination, with the IPv4
 	// header checksum (csum_type inet at offset 10) and the transport checksum's pseudo-header
 	// part fixed, as nft writes it. New flows only (a UDP flow's packets until the first
@@ -401,11 +456,14 @@ func newLayout(fam family, mask uint32, marks []uint32) *layout {
 	// The rest of a translated flow's requests are looked up without a rewrite, only to count
 	// them: every request packet of kuport's flows meets one steering element, by the port it
 	// dialed (Counter.forwarded_in). A flow kuport did not translate (one that reached a host
-	// listener before its mapping existed) is neither rewritten nor counted.
+	// listener before its mapping existed) is neither rewritten nor counted. "accept" ends
+	// kup-steer once a request is counted, as in kup-count-out.
 	countIn := func(s *setSpec) ruleSpec {
-		return l.rule("kup-steer", fmt.Sprintf("ct direction original ct status dnat %s @%s", keyText(s), s.name), dnatted(ctDirOriginal), s, false)
+		return l.rule("kup-steer", fmt.Sprintf("ct direction original ct status dnat %s @%s accept", keyText(s), s.name), dnatted(ctDirOriginal), s, false,
+			&expr.Verdict{Kind: expr.VerdictAccept})
 	}
-	l.rules = append(l.rules, steerTo(steerAddr), steerTo(steer), countIn(steerAddr), countIn(steer))
+	l.rules = append(l.rules, steerTo(steerAddr), steerTo(steerAddrR), steerTo(steer), steerTo(steerR),
+		countIn(steerAddr), countIn(steerAddrR), countIn(steer), countIn(steerR))
 	for _, m := range marks {
 		l.markChains(m)
 	}

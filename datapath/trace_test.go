@@ -40,17 +40,17 @@ func TestTraceGolden(t *testing.T) {
 		name: "range keeps the port", program: "ranges-edge-a",
 		pkt: Packet{In: "enp1s0", Proto: udp, Src: client, Dst: ap("203.0.113.9:27100"), Out: "cilium_host"},
 		want: Verdict{StandIn: addr("10.244.17.9"), DNAT: ap("10.244.17.9:27100"), Out: "cilium_host", SNAT: "cilium_host", Elements: []string{
-			"kup-steer steer-ports games/server/dnat/enp1s0",
-			"kup-pre dnat-ports games/server/dnat/enp1s0",
-			"kup-post snat-request games/server/snat",
-			"kup-count-out count-out-ports games/server/dnat/enp1s0"}},
+			"kup-steer steer-ranges games/server/dnat/enp1s0",
+			"kup-pre dnat-ranges games/server/dnat/enp1s0",
+			"kup-post snat-request-ranges games/server/snat",
+			"kup-count-out count-out-ranges games/server/dnat/enp1s0"}},
 	}, {
 		name: "shifted range maps port by port", program: "ranges-edge-a",
 		pkt: Packet{In: "enp1s0", Proto: tcp, Src: client, Dst: ap("203.0.113.9:40009"), Out: "cilium_host"},
 		want: Verdict{StandIn: addr("10.244.17.9"), DNAT: ap("10.244.17.9:7009"), Out: "cilium_host", SNAT: "cilium_host", Elements: []string{
 			"kup-steer steer-ports games/shifted/dnat/enp1s0",
 			"kup-pre dnat-ports games/shifted/dnat/enp1s0",
-			"kup-post snat-request games/shifted/snat",
+			"kup-post snat-request-ranges games/shifted/snat",
 			"kup-count-out count-out-ports games/shifted/dnat/enp1s0"}},
 	}, {
 		name: "cross node, accepting node", program: "remote-edge-a",
