@@ -379,7 +379,7 @@ func newLayout(fam family, mask uint32, marks []uint32) *layout {
 			// A range keeps each port: NAT to an address alone leaves the port as it is.
 			return l.rule("kup-pre", fmt.Sprintf("meta mark set meta mark | 0x%08x dnat to %s map @%s", translatedMark, keyText(s), s.name), nil, s, true,
 				append(setMarkBits(^uint32(translatedMark), translatedMark),
-					&expr.NAT{Type: expr.NATTypeDestNAT, Family: fam.nat, RegAddrMin: register(0), RegAddrMax: register(0), Specified: true})...)
+					&expr.NAT{Type: expr.NATTypeDestNAT, Family: fam.nat, RegAddrMin: register(0), RegAddrMax: register(0)})...)
 		}
 		return l.rule("kup-pre", fmt.Sprintf("meta mark set meta mark | 0x%08x dnat %s to %s map @%s", translatedMark, fam.name, keyText(s), s.name), nil, s, true,
 			append(setMarkBits(^uint32(translatedMark), translatedMark),
