@@ -152,8 +152,10 @@ func (x rangeIndex) add(s *setSpec, e elem) {
 func rangeIndexOf(t *table) rangeIndex {
 	x := rangeIndex{}
 	for _, s := range t.layout.sets {
-		for _, e := range t.elems[s.name] {
-			x.add(s, e)
+		if s.interval() {
+			for _, e := range t.elems[s.name] {
+				x.add(s, e)
+			}
 		}
 	}
 	return x
@@ -183,6 +185,12 @@ func (t *table) clash(pt put, ranges rangeIndex) error {
 	if have, ok := t.elems[pt.set][pt.key]; ok && (have.val != pt.val || have.end != pt.end) {
 		return fmt.Errorf("%s is %s's in %s", pt.keyText(s), have.id, pt.set)
 	}
+	return t.rangeClash(s, pt, ranges)
+}
+
+// rangeClash is clash but for pt's own key: the ports of other keys pt's range holds, or the
+// ranges pt's single port lies in.
+func (t *table) rangeClash(s *setSpec, pt put, ranges rangeIndex) error {
 	switch pre, port := splitPort(pt.key); {
 	case s.interval():
 		_, last := splitPort(pt.end)

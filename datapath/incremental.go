@@ -324,11 +324,11 @@ func (c *planner) step(p *kuportv1.NodeProgram) bool {
 			if c.tab.layout.jumps(pt) != nil {
 				return false // refused by the whole plan
 			}
-			if rs := c.tab.layout.byName[pt.set].ranges; rs != nil && len(c.tab.elems[rs.name]) > 0 {
+			if s := c.tab.layout.byName[pt.set]; s.ranges != nil && len(c.tab.elems[s.ranges.name]) > 0 {
 				if ranges == nil {
 					ranges = rangeIndexOf(c.tab)
 				}
-				if c.tab.clash(pt, ranges) != nil {
+				if c.tab.rangeClash(s, pt, ranges) != nil {
 					return false // a port within a range: refused by the whole plan
 				}
 			}

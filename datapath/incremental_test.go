@@ -195,9 +195,15 @@ func TestIncrementalEqualsFull(t *testing.T) {
 		f := port()
 		return &kuportv1.PortRange{First: f, Last: f + uint32(pick(2))}
 	}
+	// Some DNAT entries keep their ports: a range of them is a range element, which
+	// single ports and other ranges may clash with.
 	newDnat := func(id string) *kuportv1.DnatRule {
+		ps, to := ports(), port()
+		if pick(8) == 0 {
+			to = ps.GetFirst()
+		}
 		return &kuportv1.DnatRule{Id: id, InInterface: []string{"enp1s0", "kup-l1"}[pick(2)], Protocol: kuportv1.Protocol(1 + pick(2)),
-			Ports: ports(), ToAddress: pods[pick(len(pods))], ToPort: port()}
+			Ports: ps, ToAddress: pods[pick(len(pods))], ToPort: to}
 	}
 	newSnat := func(id string) *kuportv1.SnatRule {
 		return &kuportv1.SnatRule{Id: id, Kind: kuportv1.SnatKind(1 + pick(2)), Address: pods[pick(len(pods))],
