@@ -2,8 +2,10 @@ package datapath
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
@@ -39,14 +41,13 @@ type put struct {
 }
 
 // planTable turns the program's entries into the table's elements (Render's and Apply's
-// one source). Every port of a range is its own element: a hash lookup costs the same at any
-// size, where an interval set costs about 15 µs per lookup at 10,000 elements
-// (docs/design/nftables.md#what-a-chain-costs-per-packet). So a range keeps each port by
-// mapping each to itself, and a shifted range maps port by port, which NAT to a port range
-// cannot (it picks from the range as a pool; docs/design/datapath.md#port-ranges).
+// one source). A range that keeps its ports is one element of a range set, a shifted range
+// one element per port of the single ports' hash sets, mapped port by port, which NAT to a
+// port range cannot (it picks from the range as a pool; docs/design/datapath.md#port-ranges).
 //
 // An invalid entry, one whose id repeats, or one that needs a key another entry already
-// holds with other data (a dialed port taken, a pod port marked for another link) becomes an
+// holds with other data (a dialed port taken, a pod port marked for another link, a range
+// overlapping another's or holding a port another translates otherwise: clash) becomes an
 // *EntryError and puts nothing. An element another entry already holds with the same data is
 // shared: it stays that entry's, whose id it carries and under which it is counted (a rule
 // per mapping, the form of docs/design/datapath.md#kup-pre-the-dnat, counted it under the
@@ -108,11 +109,19 @@ func planEntries(p *kuportv1.NodeProgram) (*table, []error, map[setKey]bool) {
 	ranges := rangeIndex{}
 	for _, en := range entries {
 		var conflict error
-		for _, pt := range en.puts {
+		for i := 0; i < len(en.puts); i++ {
+			pt := en.puts[i]
 			if conflict = l.jumps(pt); conflict != nil {
 				break
 			}
-			if conflict = t.clash(pt, ranges); conflict != nil {
+			conflict = t.clash(pt, ranges)
+			if errors.Is(conflict, errSplit) {
+				// Its ports, each its own element, beside the range they overlap.
+				en.puts = slices.Concat(en.puts[:i], l.byName[pt.set].split(pt), en.puts[i+1:])
+				i--
+				continue
+			}
+			if conflict != nil {
 				break
 			}
 		}
@@ -183,9 +192,34 @@ func withPort(key string, port uint16) string {
 func (t *table) clash(pt put, ranges rangeIndex) error {
 	s := t.layout.byName[pt.set]
 	if have, ok := t.elems[pt.set][pt.key]; ok && (have.val != pt.val || have.end != pt.end) {
+		if s.interval() && have.val == pt.val {
+			return errSplit
+		}
 		return fmt.Errorf("%s is %s's in %s", pt.keyText(s), have.id, pt.set)
 	}
 	return t.rangeClash(s, pt, ranges)
+}
+
+// errSplit is clash's answer for a range that overlaps another range of the same data
+// without being it, which the kernel would refuse: its ports are written one by one
+// instead (split), as they were before ranges were elements, so two mappings to
+// overlapping pod port ranges of one pod still share what they need.
+var errSplit = errors.New("overlaps a range of the same data")
+
+// split is range element pt of range set s as the single-port elements of its set, each
+// translated as the range translates it.
+func (s *setSpec) split(pt put) []put {
+	_, first := splitPort(pt.key)
+	_, last := splitPort(pt.end)
+	out := make([]put, 0, int(last-first)+1)
+	for p := uint32(first); p <= uint32(last); p++ {
+		val := pt.val
+		if s.role == roleDNAT {
+			val += pack(portBytes(uint16(p)))
+		}
+		out = append(out, put{set: s.single.name, elem: elem{key: withPort(pt.key, uint16(p)), val: val, id: pt.id}})
+	}
+	return out
 }
 
 // rangeClash is clash but for pt's own key: the ports of other keys pt's range holds, or the
@@ -198,6 +232,9 @@ func (t *table) rangeClash(s *setSpec, pt put, ranges rangeIndex) error {
 			_, hf := splitPort(have.key)
 			_, hl := splitPort(have.end)
 			if have.key != pt.key && port <= hl && hf <= last {
+				if have.val == pt.val {
+					return errSplit
+				}
 				return fmt.Errorf("%s overlaps %s, %s's in %s", pt.keyText(s), have.keyText(s), have.id, pt.set)
 			}
 		}

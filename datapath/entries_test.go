@@ -145,8 +145,9 @@ func TestElementConflicts(t *testing.T) {
 }
 
 // TestRangeConflicts: a range that keeps its ports is one element of a range set; a single
-// port within it with other data, or a range overlapping it, is refused by id, and one that
-// translates the same way, or the same range with the same data, is not.
+// port within it with other data, or a range overlapping it with other data, is refused by
+// id. A single port that translates the same way is its own element, the same range with the
+// same data is shared, and a range overlapping it with the same data is written port by port.
 func TestRangeConflicts(t *testing.T) {
 	dnat := func(id string, first, last uint32, to string) *kuportv1.DnatRule {
 		return &kuportv1.DnatRule{Id: id, InInterface: "enp1s0", Protocol: kuportv1.Protocol_PROTOCOL_UDP,
@@ -156,10 +157,11 @@ func TestRangeConflicts(t *testing.T) {
 		dnat("a", 4000, 4099, "10.0.0.1"),
 		dnat("b", 4050, 4050, "10.0.0.2"), // within a, elsewhere: refused
 		dnat("c", 4060, 4060, "10.0.0.1"), // within a, the same: its own element
-		dnat("d", 4090, 4199, "10.0.0.1"), // overlaps a: refused
+		dnat("d", 4090, 4199, "10.0.0.9"), // overlaps a, elsewhere: refused
 		dnat("e", 4000, 4099, "10.0.0.1"), // a again: shared
 		dnat("f", 5000, 5000, "10.0.0.3"),
 		dnat("g", 4990, 5010, "10.0.0.4"), // holds f's port: refused
+		dnat("h", 4098, 4101, "10.0.0.1"), // overlaps a, the same: port by port
 	}})
 	var refused []string
 	for _, e := range EntryErrors(errors.Join(errs...)) {
@@ -171,6 +173,10 @@ func TestRangeConflicts(t *testing.T) {
 		`dnat g: "enp1s0" . udp . 5000 is f's in dnat-ports`,
 	}, refused)
 	assert.Equal(t, `dnat-ports: "enp1s0" . udp . 4060 counter comment "c" : 10.0.0.1 . 4060, `+
+		`"enp1s0" . udp . 4098 counter comment "h" : 10.0.0.1 . 4098, `+
+		`"enp1s0" . udp . 4099 counter comment "h" : 10.0.0.1 . 4099, `+
+		`"enp1s0" . udp . 4100 counter comment "h" : 10.0.0.1 . 4100, `+
+		`"enp1s0" . udp . 4101 counter comment "h" : 10.0.0.1 . 4101, `+
 		`"enp1s0" . udp . 5000 counter comment "f" : 10.0.0.3 . 5000`+"\n"+
 		`dnat-ranges: "enp1s0" . udp . 4000-4099 counter comment "a" : 10.0.0.1`,
 		strings.Join(strings.Split(elementsText(tbl), "\n")[:2], "\n"))
