@@ -242,8 +242,11 @@ func (t *table) rangeClash(s *setSpec, pt put, ranges rangeIndex) error {
 		if len(single) == 0 {
 			return nil
 		}
+		// Each port's key in one buffer: a lookup by string(key) copies nothing.
+		key := []byte(pt.key)
 		for p := uint32(port); p <= uint32(last); p++ {
-			if have, ok := single[withPort(pt.key, uint16(p))]; ok && !s.keepsAs(pt.val, uint16(p), have.val) {
+			binary.BigEndian.PutUint16(key[len(key)-4:], uint16(p))
+			if have, ok := single[string(key)]; ok && !s.keepsAs(pt.val, uint16(p), have.val) {
 				return fmt.Errorf("%s is %s's in %s", have.keyText(s.single), have.id, s.single.name)
 			}
 		}
