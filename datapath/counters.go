@@ -70,7 +70,7 @@ func (d *Datapath) counters(yield func() bool) ([]*kuportv1.Counter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list sets: %w", err)
 	}
-	l := newLayout(fam, 0, nil)
+	l := newLayout(fam, 0, nil, true)
 	byID := make(map[string]*kuportv1.Counter, len(d.planned.dnat.msgs)+len(d.planned.snat.msgs)+len(d.planned.mark.msgs))
 	for _, ks := range sets {
 		s := l.byName[ks.Name]

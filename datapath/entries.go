@@ -29,6 +29,28 @@ func (r portRange) each(fn func(port, offset uint16)) {
 // kept (docs/design/datapath.md#port-ranges).
 func (r portRange) keeps(toPort uint32) bool { return r.last > r.first && toPort == uint32(r.first) }
 
+// programRanges reports whether program p has an entry that a range set would hold: its
+// layout has the range sets then (newLayout).
+func programRanges(p *kuportv1.NodeProgram) bool {
+	wide := func(r *kuportv1.PortRange) bool { return r.GetLast() > r.GetFirst() }
+	for _, e := range p.GetDnatRules() {
+		if wide(e.GetPorts()) && e.GetToPort() == e.GetPorts().GetFirst() {
+			return true
+		}
+	}
+	for _, e := range p.GetSnatRules() {
+		if wide(e.GetPorts()) {
+			return true
+		}
+	}
+	for _, e := range p.GetMarkRules() {
+		if wide(e.GetPorts()) {
+			return true
+		}
+	}
+	return false
+}
+
 // rangePut is the element of set single's range set that holds ports r of key's form.
 func rangePut(single string, key func(port uint16) string, r portRange, val string) put {
 	return put{set: rangesName(single), elem: elem{key: key(r.first), end: key(r.last), val: val}}

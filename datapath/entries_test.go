@@ -186,7 +186,12 @@ func TestRangeConflicts(t *testing.T) {
 // encoding and back (what reading the kernel does): it must match what was written, or
 // every Apply would find the table damaged and rebuild it.
 func TestRuleWireRoundTrip(t *testing.T) {
-	l := newLayout(familyIPv4, legacyMarking.mask, nil)
+	for _, ranges := range []bool{false, true} {
+		testRuleWireRoundTrip(t, newLayout(familyIPv4, legacyMarking.mask, nil, ranges))
+	}
+}
+
+func testRuleWireRoundTrip(t *testing.T, l *layout) {
 	for _, r := range l.rules {
 		want := r.exprs(byName)
 		var wire []expr.Any

@@ -255,8 +255,9 @@ func (d *Datapath) plan(p *kuportv1.NodeProgram) (*table, []error) {
 // when p must be planned whole.
 func (c *planner) step(p *kuportv1.NodeProgram) bool {
 	fam := c.tab.layout.fam
-	// Another mask or set of return marks is another layout: planned and written whole.
-	if !c.tab.layout.sameMarks(programMarks(fam, p)) {
+	// Another mask, set of return marks or the first or last range is another layout:
+	// planned and written whole.
+	if !c.tab.layout.sameMarks(programMarks(fam, p)) || c.tab.layout.ranges != programRanges(p) {
 		return false
 	}
 	dc, da, dn, du, ok1 := diff(dnatKind, fam, c.dnat, p.GetDnatRules())

@@ -138,14 +138,15 @@ func TestIncrementalSteps(t *testing.T) {
 				}
 			}
 		}, true, 2},
-		// A range is one element, planned whole.
+		// A range is one element, planned whole; the first one is another layout, the
+		// table written anew (deleted, created, every element).
 		{"m2's reply a range", func(p *kuportv1.NodeProgram) {
 			for _, e := range p.SnatRules {
 				if e.Id == "m2/reply" {
 					e.Ports = &kuportv1.PortRange{First: 3001, Last: 3002}
 				}
 			}
-		}, false, 2},
+		}, false, 25},
 		{"nothing", func(p *kuportv1.NodeProgram) { p.DnatRules, p.SnatRules, p.MarkRules = nil, nil, nil }, false, 1},
 		{"all again", func(p *kuportv1.NodeProgram) { proto.Merge(p, base()) }, false, -1},
 	}

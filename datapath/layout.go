@@ -15,7 +15,8 @@ import (
 // program has. Every rule is one lookup in a set whose elements are the program's entries
 // (elements.go), so a packet costs one hash lookup per rule whatever the number of mappings
 // (docs/design/nftables.md#what-a-chain-costs-per-packet: a chain of N rules costs about
-// 22 ns per rule per packet; a hash set lookup does not move from 2 to 20,000 elements). The
+// 22 ns per rule per packet; a hash set lookup does not move from 2 to 20,000 elements), and
+// the ranges' rules an interval lookup each in a set of ranges only (setSpec). The
 // rule forms of docs/design/datapath.md stay the semantics: each set says which of them its
 // elements stand for.
 
@@ -141,7 +142,9 @@ type setSpec struct {
 
 // rangesName is the name of the range set of the single-port set named single: "dnat-ports"
 // has "dnat-ranges", "snat-request" "snat-request-ranges".
-func rangesName(single string) string { return strings.TrimSuffix(single, "-ports") + "-ranges" }
+func rangesName(single string) string { return strings.TrimSuffix(single, "-ports") + rangesSuffix }
+
+const rangesSuffix = "-ranges"
 
 // interval reports whether the set holds port ranges.
 func (s *setSpec) interval() bool { return s.single != nil }
@@ -297,6 +300,7 @@ type layout struct {
 	fam    family
 	mask   uint32
 	marks  []uint32 // sorted
+	ranges bool     // the range sets and their rules
 	chains []chainSpec
 	sets   []*setSpec
 	byName map[string]*setSpec
@@ -323,8 +327,11 @@ func (l *layout) hasChain(name string) bool { _, ok := l.chain(name); return ok 
 // NAT hooks of one packet.
 const translatedMark = 0x00000080
 
-func newLayout(fam family, mask uint32, marks []uint32) *layout {
-	l := &layout{fam: fam, mask: mask, marks: marks, chains: slices.Clone(chainSpecs), byName: map[string]*setSpec{}}
+// newLayout is the layout of a return-mark mask and marks, with the range sets and their
+// rules when ranges: a program without ranges has the table of single ports alone, and a
+// single port's packet pays no range lookup.
+func newLayout(fam family, mask uint32, marks []uint32, ranges bool) *layout {
+	l := &layout{fam: fam, mask: mask, marks: marks, ranges: ranges, chains: slices.Clone(chainSpecs), byName: map[string]*setSpec{}}
 	set := func(name string, role setRole, key, data []field) *setSpec {
 		s := &setSpec{name: name, key: key, data: data, role: role}
 		l.sets = append(l.sets, s)
@@ -335,6 +342,9 @@ func newLayout(fam family, mask uint32, marks []uint32) *layout {
 	// ranged adds single's range set: the same key, and data for a range (a DNAT range keeps
 	// each port, so its data is the target address alone).
 	ranged := func(single *setSpec, data []field) *setSpec {
+		if !ranges {
+			return nil
+		}
 		r := set(rangesName(single.name), single.role, single.key, data)
 		single.ranges, r.single = r, single
 		return r
@@ -365,6 +375,21 @@ func newLayout(fam family, mask uint32, marks []uint32) *layout {
 	steer := set("steer-ports", roleSteer, []field{fieldIIF, fieldProto, fieldDport}, []field{{typ: fam.addr}})
 	steerR := ranged(steer, []field{{typ: fam.addr}})
 
+	// each is build's rule for each of sets the layout has (a range set only with ranges).
+	each := func(build func(*setSpec) ruleSpec, sets ...*setSpec) []ruleSpec {
+		var out []ruleSpec
+		for _, s := range sets {
+			if s != nil {
+				out = append(out, build(s))
+			}
+		}
+		return out
+	}
+	var accept []expr.Any
+	acceptText := ""
+	if ranges {
+		accept, acceptText = []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}, " accept"
+	}
 	// The mark is worked on in a register past the lookup's result (the DNAT target).
 	markReg := register(4)
 	setMarkBits := func(mask, xor uint32) []expr.Any {
@@ -406,13 +431,15 @@ func newLayout(fam family, mask uint32, marks []uint32) *layout {
 	// Each destination match before the rules without one, each single port before its
 	// ranges. The request's range rule comes first and clears the bit only when it claims the
 	// flow: the single-port rule after it clears it whatever its lookup finds.
-	l.rules = append(l.rules, dnatTo(dnatAddr), dnatTo(dnatAddrR), dnatTo(dnat), dnatTo(dnatR),
-		l.rule("kup-post", fmt.Sprintf("meta mark & 0x%08x == 0x%08x %s @%s meta mark set meta mark & 0x%08x snat to %s saddr",
+	l.rules = append(l.rules, each(dnatTo, dnatAddr, dnatAddrR, dnat, dnatR)...)
+	if requestR != nil {
+		l.rules = append(l.rules, l.rule("kup-post", fmt.Sprintf("meta mark & 0x%08x == 0x%08x %s @%s meta mark set meta mark & 0x%08x snat to %s saddr",
 			translatedMark, translatedMark, keyText(requestR), requestR.name, ^uint32(translatedMark), fam.name),
-			translated[:3], requestR, false, append(setMarkBits(^uint32(translatedMark), 0), identity...)...),
-		l.rule("kup-post", fmt.Sprintf("meta mark & 0x%08x == 0x%08x meta mark set meta mark & 0x%08x %s @%s snat to %s saddr",
-			translatedMark, translatedMark, ^uint32(translatedMark), keyText(request), request.name, fam.name), translated, request, false, identity...),
-		snatReply(reply), snatReply(replyR))
+			translated[:3], requestR, false, append(setMarkBits(^uint32(translatedMark), 0), identity...)...))
+	}
+	l.rules = append(l.rules, l.rule("kup-post", fmt.Sprintf("meta mark & 0x%08x == 0x%08x meta mark set meta mark & 0x%08x %s @%s snat to %s saddr",
+		translatedMark, translatedMark, ^uint32(translatedMark), keyText(request), request.name, fam.name), translated, request, false, identity...))
+	l.rules = append(l.rules, each(snatReply, reply, replyR)...)
 	dirIs := func(dir byte) []expr.Any {
 		return []expr.Any{&expr.Ct{Key: expr.CtKeyDIRECTION, Register: register(0)},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: register(0), Data: []byte{dir}}}
@@ -427,15 +454,16 @@ func newLayout(fam family, mask uint32, marks []uint32) *layout {
 	vmap := func(s *setSpec) ruleSpec {
 		return l.rule("kup-mangle", fmt.Sprintf("%s vmap @%s", keyText(s), s.name), nil, s, false)
 	}
-	// "accept" ends kup-count-out (only) once a reply is counted: a single port's reply is
-	// not looked up in the ranges, and no reply counts twice.
+	// With ranges, "accept" ends kup-count-out (only) once a reply is counted: a single
+	// port's reply is not looked up in the ranges, and no reply counts twice.
 	countOut := func(s *setSpec) ruleSpec {
-		return l.rule("kup-count-out", fmt.Sprintf("ct direction reply ct status dnat %s @%s accept", keyText(s), s.name), replyDNAT, s, false,
-			&expr.Verdict{Kind: expr.VerdictAccept})
+		return l.rule("kup-count-out", fmt.Sprintf("ct direction reply ct status dnat %s @%s%s", keyText(s), s.name, acceptText),
+			replyDNAT, s, false, accept...)
 	}
-	l.rules = append(l.rules, vmap(static), vmap(staticR), vmap(save), vmap(saveR),
-		l.restoreRule(restore, returns), l.restoreRule(restoreR, returns),
-		countOut(outAddr), countOut(outAddrR), countOut(out), countOut(outR))
+	restoreTo := func(s *setSpec) ruleSpec { return l.restoreRule(s, returns) }
+	l.rules = append(l.rules, each(vmap, static, staticR, save, saveR)...)
+	l.rules = append(l.rules, each(restoreTo, restore, restoreR)...)
+	l.rules = append(l.rules, each(countOut, outAddr, outAddrR, out, outR)...)
 	// "ip daddr set": the looked-up stand-in written over the destination, with the IPv4
 	// header checksum (csum_type inet at offset 10) and the transport checksum's pseudo-header
 	// part fixed, as nft writes it. New flows only (a UDP flow's packets until the first
@@ -456,14 +484,14 @@ func newLayout(fam family, mask uint32, marks []uint32) *layout {
 	// The rest of a translated flow's requests are looked up without a rewrite, only to count
 	// them: every request packet of kuport's flows meets one steering element, by the port it
 	// dialed (Counter.forwarded_in). A flow kuport did not translate (one that reached a host
-	// listener before its mapping existed) is neither rewritten nor counted. "accept" ends
-	// kup-steer once a request is counted, as in kup-count-out.
+	// listener before its mapping existed) is neither rewritten nor counted. With ranges,
+	// "accept" ends kup-steer once a request is counted, as in kup-count-out.
 	countIn := func(s *setSpec) ruleSpec {
-		return l.rule("kup-steer", fmt.Sprintf("ct direction original ct status dnat %s @%s accept", keyText(s), s.name), dnatted(ctDirOriginal), s, false,
-			&expr.Verdict{Kind: expr.VerdictAccept})
+		return l.rule("kup-steer", fmt.Sprintf("ct direction original ct status dnat %s @%s%s", keyText(s), s.name, acceptText),
+			dnatted(ctDirOriginal), s, false, accept...)
 	}
-	l.rules = append(l.rules, steerTo(steerAddr), steerTo(steerAddrR), steerTo(steer), steerTo(steerR),
-		countIn(steerAddr), countIn(steerAddrR), countIn(steer), countIn(steerR))
+	l.rules = append(l.rules, each(steerTo, steerAddr, steerAddrR, steer, steerR)...)
+	l.rules = append(l.rules, each(countIn, steerAddr, steerAddrR, steer, steerR)...)
 	for _, m := range marks {
 		l.markChains(m)
 	}

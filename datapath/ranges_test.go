@@ -63,8 +63,9 @@ func (p *peerNS) exchangeTCP(t *testing.T, dst string, dport int) string {
 // TestPrivilegedWideRange sends real traffic through a 10,000-port range that keeps its
 // ports, TCP and UDP, beside a single port: its first, middle and last port reach the pod
 // with the client's address, each set holds the range as one element, and each mapping's
-// counters count exactly its own packets. Removing the UDP range leaves none of its elements
-// and deletes its flows, not the single port's.
+// counters count exactly its own packets. A range element deleted by hand is put back;
+// removing the UDP range leaves none of its elements and deletes its flows, not the single
+// port's.
 func TestPrivilegedWideRange(t *testing.T) {
 	testenv.Privileged(t)
 	tn := newTestNS(t, "100.64.93.143")
@@ -118,6 +119,12 @@ func TestPrivilegedWideRange(t *testing.T) {
 	for id, want := range map[string]uint64{udpS.Id: flows, tcpS.Id: flows, oneS.Id: 1} {
 		assert.Equal(t, want, counterOf(counters, id).GetPackets(), "%s: flows claimed", id)
 	}
+
+	// A range element deleted by hand is put back by the next Apply, as any other.
+	tn.exec(t, "nft", "delete", "element", "ip", "kuport", "dnat-ranges", `{ "enp1s0" . tcp . 20000-29999 }`)
+	require.NotContains(t, tn.nftList(t), `"enp1s0" . tcp . 20000-29999 counter comment`)
+	require.NoError(t, tn.dp.Apply(p))
+	assert.Equal(t, Render(p), tn.nftList(t), "the deleted range is back")
 
 	// The UDP range goes: its elements and its flows with it; the single port's stay.
 	udpFlows := func() (inRange, single int) {
