@@ -46,13 +46,16 @@ const (
 )
 
 func main() {
-	sizes := flag.String("mappings", "1,1000,10000", "program sizes, comma-separated")
+	sizes := flag.String("mappings", "1,1000,10000", "program sizes, comma-separated; empty: none")
 	agent := flag.String("agent", "", "kuport-agent binary (agent_rss_mb); empty: not measured")
 	traffic := flag.Duration("traffic", 2*time.Second, "duration of each traffic measurement")
 	ranged := flag.String("ranged", "10000:100", "sizes with ranges, comma-separated mappings:ranges (1,000 ports each); empty: none")
 	rangePorts := flag.Int("range-ports", 16384, "ports of the one wide UDP range measured; 0: none")
 	flag.Parse()
 	for _, s := range strings.Split(*sizes, ",") {
+		if s == "" {
+			continue
+		}
 		n, err := strconv.Atoi(s)
 		if err == nil {
 			err = measure(n, 0, *agent, *traffic)
