@@ -1,6 +1,8 @@
 package datapath
 
 import (
+	"slices"
+
 	"google.golang.org/protobuf/proto"
 
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
@@ -288,8 +290,8 @@ func (c *planner) step(p *kuportv1.NodeProgram) bool {
 	// holds for others, is planned whole.
 	// A range is planned whole: whether it clashes depends on every element of its ports.
 	for _, ch := range changes {
-		for _, pt := range append(ch.old[:len(ch.old):len(ch.old)], ch.new...) {
-			if pt.end != "" {
+		for _, pts := range [][]put{ch.old, ch.new} {
+			if slices.ContainsFunc(pts, func(pt put) bool { return pt.end != "" }) {
 				return false
 			}
 		}

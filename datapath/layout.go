@@ -129,8 +129,8 @@ func (r setRole) kind() string {
 //
 // A range set (interval, `flags interval`) holds the ranges of its single-port set: an element
 // per range, its key the first port and its end the last, looked up by a rule of its own after
-// the single port's, so a single port pays no interval lookup where the hash one hits
-// (docs/design/datapath.md#port-ranges).
+// the single port's (the request's SNAT before it, newLayout), so a single port pays no
+// interval lookup where the hash one hits (docs/design/datapath.md#port-ranges).
 type setSpec struct {
 	name string
 	key  []field
@@ -144,6 +144,7 @@ type setSpec struct {
 // has "dnat-ranges", "snat-request" "snat-request-ranges".
 func rangesName(single string) string { return strings.TrimSuffix(single, "-ports") + rangesSuffix }
 
+// rangesSuffix ends the name of every range set.
 const rangesSuffix = "-ranges"
 
 // interval reports whether the set holds port ranges.

@@ -18,9 +18,13 @@ import (
 const maxElemBatch = 60 << 10
 
 // elemSize bounds an element's encoded size: the nested element, key and data attributes,
-// (a range's key end too), and the comment's userdata, each with its header and padding.
+// and the comment's userdata, each with its header and padding, and a range's key end.
 func elemSize(e nftables.SetElement) int {
-	return 56 + len(e.Key) + len(e.KeyEnd) + len(e.Val) + len(e.Comment)
+	n := 48 + len(e.Key) + len(e.Val) + len(e.Comment)
+	if len(e.KeyEnd) > 0 {
+		n += 8 + len(e.KeyEnd)
+	}
+	return n
 }
 
 // nftElem is e as queued to set s: its key, and to add it its data and comment, their bytes
