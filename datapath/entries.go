@@ -238,7 +238,8 @@ func podPortMatch(fam family, id, address string, p kuportv1.Protocol, r *kuport
 }
 
 // snatPuts is the identity SNAT of program.proto's SnatKind
-// (docs/design/datapath.md#kup-post-the-identity-snat), one element per port.
+// (docs/design/datapath.md#kup-post-the-identity-snat): one element per port, a range one
+// element.
 func snatPuts(fam family, e *kuportv1.SnatRule) ([]put, error) {
 	addr, proto, pr, err := podPortMatch(fam, e.GetId(), e.GetAddress(), e.GetProtocol(), e.GetPorts())
 	if err != nil {
