@@ -47,7 +47,7 @@ type staleFlows struct {
 	// gone, each by protocol and dialed port. A flow an unchanged element translated is
 	// translated the same way by want, so only gone and added are searched for every flow,
 	// want only for a flow a gone element made.
-	want, gone, added map[protoPort][]translation
+	want, gone, added translations
 	// matched is called with each flow the filter matches, for the trace log.
 	matched func(*netlink.ConntrackFlow)
 }
@@ -58,12 +58,83 @@ type protoPort struct {
 }
 
 // translation is one DNAT element read back: a first packet of protocol proto to port
-// (and daddr, when valid) goes to to:toPort.
+// (to last, for a range; and daddr, when valid) goes to to:toPort, or to to and the port it
+// came to when keep (a range keeps each port).
 type translation struct {
 	protoPort
+	last   uint16
 	daddr  netip.Addr
 	to     netip.Addr
 	toPort uint16
+	keep   bool
+}
+
+// covers reports whether the translation is of pp.
+func (tr translation) covers(pp protoPort) bool {
+	return tr.proto == pp.proto && tr.port <= pp.port && pp.port <= tr.last
+}
+
+// portFor is the port a first packet to port goes to.
+func (tr translation) portFor(port uint16) uint16 {
+	if tr.keep {
+		return port
+	}
+	return tr.toPort
+}
+
+// translations are DNAT translations by protocol and port, a range's apart: a range of
+// 16,384 ports is one.
+type translations struct {
+	byPort map[protoPort][]translation
+	ranges []translation
+}
+
+func (ts *translations) add(tr translation) {
+	if tr.last > tr.port {
+		ts.ranges = append(ts.ranges, tr)
+		return
+	}
+	if ts.byPort == nil {
+		ts.byPort = map[protoPort][]translation{}
+	}
+	ts.byPort[tr.protoPort] = append(ts.byPort[tr.protoPort], tr)
+}
+
+func (ts *translations) empty() bool { return len(ts.byPort) == 0 && len(ts.ranges) == 0 }
+
+// any reports whether a translation of pp satisfies f.
+func (ts *translations) any(pp protoPort, f func(translation) bool) bool {
+	return slices.ContainsFunc(ts.byPort[pp], f) || slices.ContainsFunc(ts.ranges, func(tr translation) bool { return tr.covers(pp) && f(tr) })
+}
+
+// overlaps reports whether a translation of ts shares a port with tr.
+func (ts *translations) overlaps(tr translation) bool {
+	if len(ts.byPort[tr.protoPort]) > 0 || slices.ContainsFunc(ts.ranges, func(r translation) bool {
+		return r.proto == tr.proto && r.port <= tr.last && tr.port <= r.last
+	}) {
+		return true
+	}
+	if tr.last == tr.port {
+		return false
+	}
+	for pp := range ts.byPort {
+		if tr.covers(pp) {
+			return true
+		}
+	}
+	return false
+}
+
+// all calls fn with every translation.
+func (ts *translations) all(fn func(translation)) {
+	for _, trs := range ts.byPort {
+		for _, tr := range trs {
+			fn(tr)
+		}
+	}
+	for _, tr := range ts.ranges {
+		fn(tr)
+	}
 }
 
 // translation reads a DNAT element of set s; false for one in no DNAT form.
@@ -85,6 +156,14 @@ func translationOf(s *setSpec, e elem) (translation, bool) {
 		case "inet_service":
 			tr.port = binary.BigEndian.Uint16(b)
 		}
+	}
+	tr.last = tr.port
+	if s.interval() {
+		if _, tr.last = splitPort(e.end); len(e.val) < 4 || tr.last < tr.port {
+			return tr, false
+		}
+		tr.to, tr.keep = netip.AddrFrom4([4]byte([]byte(e.val[:4]))), true
+		return tr, true
 	}
 	if len(e.val) < 6 {
 		return tr, false
@@ -115,11 +194,17 @@ func dialed(t *table) map[string]netip.Addr {
 	if t == nil {
 		return out
 	}
-	for _, e := range t.elems["steer-addr-ports"] {
-		addDialed(out, e)
+	for _, set := range steerAddrSets {
+		for _, e := range t.elems[set] {
+			addDialed(out, e)
+		}
 	}
 	return out
 }
+
+// steerAddrSets are the steering sets whose elements write a stand-in over a destination
+// match: a range's key is its first port's, as is its DNAT element's.
+var steerAddrSets = []string{"steer-addr-ports", "steer-addr-ranges"}
 
 // addDialed records steering element e in a dialed map.
 func addDialed(out map[string]netip.Addr, e elem) {
@@ -186,7 +271,7 @@ func dirtyStaleFlows(want *table, dirty map[setKey]prior) *staleFlows {
 	dialedBefore := func() map[string]netip.Addr {
 		out := dialed(want)
 		for sk, p := range dirty {
-			if sk.set != "steer-addr-ports" {
+			if !slices.Contains(steerAddrSets, sk.set) {
 				continue
 			}
 			if e, now := want.elems[sk.set][sk.key]; now {
@@ -209,7 +294,7 @@ func dirtyStaleFlows(want *table, dirty map[setKey]prior) *staleFlows {
 // the table before (read once, when some element changed). Its cost is the keys' but for
 // one pass over want's DNAT elements when some went.
 func staleFlowsOf(want *table, keys iter.Seq[setKey], was func(setKey) prior, dialedBefore func() map[string]netip.Addr) *staleFlows {
-	s := &staleFlows{want: map[protoPort][]translation{}, gone: map[protoPort][]translation{}, added: map[protoPort][]translation{}}
+	s := &staleFlows{}
 	// The dialed maps are read when first needed: an added TCP mapping, which sweeps
 	// nothing, reads neither (a pass over want's steering each).
 	var before, after map[string]netip.Addr
@@ -234,28 +319,28 @@ func staleFlowsOf(want *table, keys iter.Seq[setKey], was func(setKey) prior, di
 				before = dialedBefore()
 			}
 			if tr, ok := translationAt(spec, w.e, before[k.key]); ok {
-				s.gone[tr.protoPort] = append(s.gone[tr.protoPort], tr)
+				s.gone.add(tr)
 			}
 		}
 		if ok && !(w.present && w.e.val == is.val) {
 			if tr, ok := translationOf(spec, is); ok && tr.proto != unix.IPPROTO_TCP {
 				tr, _ = translationAt(spec, is, dialedAfter(k.key))
-				s.added[tr.protoPort] = append(s.added[tr.protoPort], tr)
+				s.added.add(tr)
 			}
 		}
 	}
-	if len(s.gone) == 0 && len(s.added) == 0 {
+	if s.gone.empty() && s.added.empty() {
 		return nil
 	}
 	s.wantFrom(want, dialedAfter)
 	return s
 }
 
-// wantFrom sets s.want to table t's translations of the protocols and ports of s.gone, each
-// DNAT element's dialed destination read through dialedAt (nil: from t's steering).
+// wantFrom sets s.want to table t's translations that share a protocol and port with s.gone,
+// each DNAT element's dialed destination read through dialedAt (nil: from t's steering).
 func (s *staleFlows) wantFrom(t *table, dialedAt func(string) netip.Addr) {
-	s.want = map[protoPort][]translation{}
-	if len(s.gone) == 0 {
+	s.want = translations{}
+	if s.gone.empty() {
 		return
 	}
 	if dialedAt == nil {
@@ -265,8 +350,8 @@ func (s *staleFlows) wantFrom(t *table, dialedAt func(string) netip.Addr) {
 	for set, elems := range dnatSets(t) {
 		spec := t.layout.byName[set]
 		for k, e := range elems {
-			if tr, ok := translationAt(spec, e, dialedAt(k)); ok && s.gone[tr.protoPort] != nil {
-				s.want[tr.protoPort] = append(s.want[tr.protoPort], tr)
+			if tr, ok := translationAt(spec, e, dialedAt(k)); ok && s.gone.overlaps(tr) {
+				s.want.add(tr)
 			}
 		}
 	}
@@ -279,11 +364,8 @@ func (s *staleFlows) join(o *staleFlows, t *table) *staleFlows {
 	if s == nil || o == nil {
 		return cmp.Or(s, o)
 	}
-	for _, m := range []struct{ to, from map[protoPort][]translation }{{s.gone, o.gone}, {s.added, o.added}} {
-		for pp, trs := range m.from {
-			m.to[pp] = append(m.to[pp], trs...)
-		}
-	}
+	o.gone.all(s.gone.add)
+	o.added.all(s.added.add)
 	s.wantFrom(t, nil)
 	return s
 }
@@ -299,10 +381,10 @@ func (s *staleFlows) MatchConntrackFlow(f *netlink.ConntrackFlow) bool {
 	catches := func(tr translation) bool { return !tr.daddr.IsValid() || tr.daddr == dst }
 	var match bool
 	if to == dst && toPort == pp.port {
-		match = slices.ContainsFunc(s.added[pp], catches)
+		match = s.added.any(pp, catches)
 	} else {
-		made := func(tr translation) bool { return catches(tr) && tr.to == to && tr.toPort == toPort }
-		match = slices.ContainsFunc(s.gone[pp], made) && !slices.ContainsFunc(s.want[pp], made)
+		made := func(tr translation) bool { return catches(tr) && tr.to == to && tr.portFor(pp.port) == toPort }
+		match = s.gone.any(pp, made) && !s.want.any(pp, made)
 	}
 	if match && s.matched != nil {
 		s.matched(f)
@@ -323,14 +405,12 @@ func (s *staleFlows) setLocal(routes []netlink.Route) {
 			s.local = append(s.local, netip.PrefixFrom(p.Unmap(), ones))
 		}
 	}
-	for _, m := range []map[protoPort][]translation{s.gone, s.added} {
-		for _, trs := range m {
-			for _, tr := range trs {
-				if tr.daddr.IsValid() {
-					s.local = append(s.local, netip.PrefixFrom(tr.daddr, tr.daddr.BitLen()))
-				}
+	for _, ts := range []*translations{&s.gone, &s.added} {
+		ts.all(func(tr translation) {
+			if tr.daddr.IsValid() {
+				s.local = append(s.local, netip.PrefixFrom(tr.daddr, tr.daddr.BitLen()))
 			}
-		}
+		})
 	}
 }
 

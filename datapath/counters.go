@@ -11,7 +11,7 @@ import (
 
 // Counters returns the packets and bytes the kernel counted for every entry of the program
 // last applied, one Counter per entry id, sorted by id: the sum over the entry's elements
-// (one per port) of the set they are in. A DNAT entry's kup-pre elements count its new flows,
+// (one per port, or one per range) of the set they are in. A DNAT entry's kup-pre elements count its new flows,
 // its kup-steer and kup-count-out elements fill forwarded_in and forwarded_out. Each element
 // is the entry's that the planned table gives its key to (the one whose id the element
 // carries, in a set with comments); an element two entries share counts under the entry it is
@@ -70,7 +70,7 @@ func (d *Datapath) counters(yield func() bool) ([]*kuportv1.Counter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list sets: %w", err)
 	}
-	l := newLayout(fam, 0, nil)
+	l := newLayout(fam, 0, nil, true)
 	byID := make(map[string]*kuportv1.Counter, len(d.planned.dnat.msgs)+len(d.planned.snat.msgs)+len(d.planned.mark.msgs))
 	for _, ks := range sets {
 		s := l.byName[ks.Name]

@@ -14,10 +14,11 @@ import (
 // (each part padded to 4 bytes), and the id of the program entry it renders, under which its
 // counter is reported and which the elements of an entry's own translation carry as their
 // comment, for `nft list` (setSpec.commented). An element read back from a set without
-// comments has none.
+// comments has none. An element of a range set has the key of its last port as end (its key
+// is the first's); keyed by its key like any other, since ranges of one set never overlap.
 type elem struct {
-	key, val string
-	id       string
+	key, end, val string
+	id            string
 }
 
 // table is the whole of table ip kuport: its layout and every set's elements by key.
@@ -41,6 +42,39 @@ func (t *table) empty() bool {
 		if len(m) > 0 {
 			return false
 		}
+	}
+	return true
+}
+
+// lookup is the element of set s that key meets: the one of that key, or in a range set
+// the one whose every part holds key's between its first and last.
+func (t *table) lookup(s *setSpec, key string) (elem, bool) {
+	if !s.interval() {
+		e, ok := t.elems[s.name][key]
+		return e, ok
+	}
+	for _, e := range t.elems[s.name] {
+		if within(s.key, key, e.key, e.end) {
+			return e, true
+		}
+	}
+	return elem{}, false
+}
+
+// within reports whether each part of key lies between those of first and last, compared
+// as the kernel compares them: bytewise, in network order.
+func within(fields []field, key, first, last string) bool {
+	at := 0
+	for _, f := range fields {
+		n := int(f.words() * 4)
+		if len(key) < at+n || len(first) < at+n || len(last) < at+n {
+			return false
+		}
+		k := key[at : at+n]
+		if k < first[at:at+n] || k > last[at:at+n] {
+			return false
+		}
+		at += n
 	}
 	return true
 }
@@ -120,9 +154,32 @@ func valueText(fields []field, packed string) string {
 	return strings.Join(parts, " . ")
 }
 
+// rangeText prints a range element's key from first to end as nft lists it: each part
+// whose ends differ as "first-last".
+func rangeText(fields []field, first, end string) string {
+	a, b := strings.Split(valueText(fields, first), " . "), strings.Split(valueText(fields, end), " . ")
+	if len(a) != len(b) {
+		return valueText(fields, first) + " # ends " + valueText(fields, end)
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			a[i] += "-" + b[i]
+		}
+	}
+	return strings.Join(a, " . ")
+}
+
+// keyText is the element's key (a range's from first to end) as nft lists it.
+func (e elem) keyText(s *setSpec) string {
+	if e.end != "" {
+		return rangeText(s.key, e.key, e.end)
+	}
+	return valueText(s.key, e.key)
+}
+
 // text is the element as `nft list` prints it, its counter normalised to "counter".
 func (e elem) text(s *setSpec, counted bool) string {
-	t := valueText(s.key, e.key)
+	t := e.keyText(s)
 	if counted {
 		t += " counter"
 	}

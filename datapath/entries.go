@@ -1,8 +1,10 @@
 package datapath
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
@@ -29,14 +31,13 @@ type put struct {
 }
 
 // planTable turns the program's entries into the table's elements (Render's and Apply's
-// one source). Every port of a range is its own element: a hash lookup costs the same at any
-// size, where an interval set costs about 15 µs per lookup at 10,000 elements
-// (docs/design/nftables.md#what-a-chain-costs-per-packet). So a range keeps each port by
-// mapping each to itself, and a shifted range maps port by port, which NAT to a port range
-// cannot (it picks from the range as a pool; docs/design/datapath.md#port-ranges).
+// one source). A range that keeps its ports is one element of a range set, a shifted range
+// one element per port of the single ports' hash sets, mapped port by port, which NAT to a
+// port range cannot (it picks from the range as a pool; docs/design/datapath.md#port-ranges).
 //
 // An invalid entry, one whose id repeats, or one that needs a key another entry already
-// holds with other data (a dialed port taken, a pod port marked for another link) becomes an
+// holds with other data (a dialed port taken, a pod port marked for another link, a range
+// overlapping another's or holding a port another translates otherwise: clash) becomes an
 // *EntryError and puts nothing. An element another entry already holds with the same data is
 // shared: it stays that entry's, whose id it carries and under which it is counted (a rule
 // per mapping, the form of docs/design/datapath.md#kup-pre-the-dnat, counted it under the
@@ -95,16 +96,22 @@ func planEntries(p *kuportv1.NodeProgram) (*table, []error, map[setKey]bool) {
 		t.elems["return-marks"][string(markBytes(m))] = elem{key: string(markBytes(m)), val: markChain(m)}
 	}
 	shared := map[setKey]bool{}
+	ranges := rangeIndex{}
 	for _, en := range entries {
 		var conflict error
-		for _, pt := range en.puts {
-			if err := l.jumps(pt); err != nil {
-				conflict = err
+		for i := 0; i < len(en.puts); i++ {
+			pt := en.puts[i]
+			if conflict = l.jumps(pt); conflict != nil {
 				break
 			}
-			if have, ok := t.elems[pt.set][pt.key]; ok && have.val != pt.val {
-				s := t.layout.byName[pt.set]
-				conflict = fmt.Errorf("%s is %s's in %s", valueText(s.key, pt.key), have.id, pt.set)
+			conflict = t.clash(pt, ranges)
+			if errors.Is(conflict, errSplit) {
+				// Its ports, each its own element, beside the range they overlap.
+				en.puts = slices.Concat(en.puts[:i], l.byName[pt.set].split(pt), en.puts[i+1:])
+				i--
+				continue
+			}
+			if conflict != nil {
 				break
 			}
 		}
@@ -117,6 +124,7 @@ func planEntries(p *kuportv1.NodeProgram) (*table, []error, map[setKey]bool) {
 				shared[setKey{pt.set, pt.key}] = true
 			} else {
 				t.elems[pt.set][pt.key] = pt.elem
+				ranges.add(l.byName[pt.set], pt.elem)
 			}
 		}
 	}
@@ -177,6 +185,19 @@ func dnatPuts(fam family, e *kuportv1.DnatRule) ([]put, error) {
 		}
 		return pack(ifnameBytes(e.GetInInterface()), []byte{proto}, portBytes(port))
 	}
+	if dport.keeps(toPort) {
+		// One element a set: the dialed range, translated to the target address alone.
+		dialed := func(port uint16) string { return key(daddr, port) }
+		nat := dialed
+		var puts []put
+		if standIn.IsValid() {
+			if daddr.IsValid() {
+				nat = func(port uint16) string { return key(standIn, port) }
+			}
+			puts = append(puts, rangePut(steer, dialed, dport, pack(standIn.AsSlice())))
+		}
+		return append(puts, rangePut(dnat, nat, dport, pack(to.AsSlice())), rangePut(out, dialed, dport, "")), nil
+	}
 	var puts []put
 	dport.each(func(port, offset uint16) {
 		// Steered, kup-pre sees the stand-in where the dialed destination was.
@@ -217,26 +238,33 @@ func podPortMatch(fam family, id, address string, p kuportv1.Protocol, r *kuport
 }
 
 // snatPuts is the identity SNAT of program.proto's SnatKind
-// (docs/design/datapath.md#kup-post-the-identity-snat), one element per port.
+// (docs/design/datapath.md#kup-post-the-identity-snat): one element per port, a range one
+// element.
 func snatPuts(fam family, e *kuportv1.SnatRule) ([]put, error) {
 	addr, proto, pr, err := podPortMatch(fam, e.GetId(), e.GetAddress(), e.GetProtocol(), e.GetPorts())
 	if err != nil {
 		return nil, err
 	}
-	var puts []put
+	var set string
 	switch e.GetKind() {
 	case kuportv1.SnatKind_SNAT_KIND_REQUEST:
-		pr.each(func(port, _ uint16) {
-			puts = append(puts, put{set: "snat-request", elem: elem{key: pack(addr.AsSlice(), []byte{proto}, portBytes(port))}})
-		})
+		set = "snat-request"
 	case kuportv1.SnatKind_SNAT_KIND_REPLY:
-		pr.each(func(port, _ uint16) {
-			puts = append(puts, put{set: "snat-reply", elem: elem{key: pack(addr.AsSlice(), []byte{proto}, portBytes(port))}})
-		})
+		set = "snat-reply"
 	default:
 		return nil, fmt.Errorf("unknown snat kind %v", e.GetKind())
 	}
-	return puts, nil
+	return podPortPuts(set, func(port uint16) string { return pack(addr.AsSlice(), []byte{proto}, portBytes(port)) }, pr, ""), nil
+}
+
+// podPortPuts are the elements of an SNAT or mark entry matching ports pr of key's form in
+// set: a range is one element of the set's range set (a pod port range is kept whatever the
+// dialed ports, so any range is), a single port one of set.
+func podPortPuts(set string, key func(port uint16) string, pr portRange, val string) []put {
+	if pr.last > pr.first {
+		return []put{rangePut(set, key, pr, val)}
+	}
+	return []put{{set: set, elem: elem{key: key(pr.first), val: val}}}
 }
 
 // markPuts is a return-marking form of program.proto's MarkKind
@@ -250,23 +278,18 @@ func markPuts(fam family, e *kuportv1.MarkRule) ([]put, error) {
 		return nil, err
 	}
 	mark := e.GetMark()
-	var puts []put
+	bySource := func(port uint16) string { return pack(addr.AsSlice(), []byte{proto}, portBytes(port)) }
 	switch e.GetKind() {
 	case kuportv1.MarkKind_MARK_KIND_STATIC:
-		pr.each(func(port, _ uint16) {
-			puts = append(puts, put{set: "mark-static", elem: elem{key: pack(addr.AsSlice(), []byte{proto}, portBytes(port)), val: markChain(mark)}})
-		})
+		return podPortPuts("mark-static", bySource, pr, markChain(mark)), nil
 	case kuportv1.MarkKind_MARK_KIND_CT_SAVE:
-		pr.each(func(port, _ uint16) {
-			puts = append(puts, put{set: "mark-ct-save",
-				elem: elem{key: pack(ifnameBytes(e.GetInInterface()), addr.AsSlice(), []byte{proto}, portBytes(port)), val: ctMarkChain(mark)}})
-		})
+		return podPortPuts("mark-ct-save", func(port uint16) string {
+			return pack(ifnameBytes(e.GetInInterface()), addr.AsSlice(), []byte{proto}, portBytes(port))
+		}, pr, ctMarkChain(mark)), nil
 	case kuportv1.MarkKind_MARK_KIND_CT_RESTORE:
-		pr.each(func(port, _ uint16) {
-			puts = append(puts, put{set: "mark-ct-restore", elem: elem{key: pack(addr.AsSlice(), []byte{proto}, portBytes(port))}})
-		})
+		return podPortPuts("mark-ct-restore", bySource, pr, ""), nil
 	}
-	return puts, nil
+	return nil, nil
 }
 
 // checkMarkRule validates a mark entry (markPuts', and the layout's marks', programMarks).

@@ -75,7 +75,7 @@ func TestMarkRuleForms(t *testing.T) {
 			"mark-ct-save: \"kup-aaaaaaaa\" . 169.254.79.1 . tcp . 3000 counter comment \"id\" : jump kup-ctmark-6b700002\n" +
 				"return-marks: 0x6b700002 counter : jump kup-mark-6b700002", ""},
 		{"ct restore", &kuportv1.MarkRule{Kind: restore, Address: "10.244.18.107", Protocol: tcp, Ports: &kuportv1.PortRange{First: 27015, Last: 27016}},
-			`mark-ct-restore: 10.244.18.107 . tcp . 27015 counter comment "id", 10.244.18.107 . tcp . 27016 counter comment "id"`, ""},
+			`mark-ct-restore-ranges: 10.244.18.107 . tcp . 27015-27016 counter comment "id"`, ""},
 		{"no kind", &kuportv1.MarkRule{Address: "10.244.18.107", Protocol: tcp, Ports: one, Mark: 1}, "", "unknown mark kind"},
 		{"static mark 0", &kuportv1.MarkRule{Kind: static, Address: "10.244.18.107", Protocol: tcp, Ports: one}, "", "mark is 0"},
 		{"static with an interface", &kuportv1.MarkRule{Kind: static, InInterface: "kup-aaaaaaaa", Address: "10.244.18.107", Protocol: tcp, Ports: one, Mark: 1},
@@ -121,7 +121,8 @@ func elementsText(tbl *table) string {
 func TestElementConflicts(t *testing.T) {
 	tcp := kuportv1.Protocol_PROTOCOL_TCP
 	dnat := func(id string, port uint32, to string) *kuportv1.DnatRule {
-		return &kuportv1.DnatRule{Id: id, InInterface: "enp1s0", Protocol: tcp, Ports: &kuportv1.PortRange{First: port, Last: port + 1}, ToAddress: to, ToPort: port}
+		// Shifted: one element per port.
+		return &kuportv1.DnatRule{Id: id, InInterface: "enp1s0", Protocol: tcp, Ports: &kuportv1.PortRange{First: port, Last: port + 1}, ToAddress: to, ToPort: port + 1000}
 	}
 	snat := func(id string) *kuportv1.SnatRule {
 		return &kuportv1.SnatRule{Id: id, Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST, Address: "10.0.0.1", Protocol: tcp,
@@ -135,19 +136,62 @@ func TestElementConflicts(t *testing.T) {
 	require.Len(t, got, 1)
 	assert.Equal(t, "b", got[0].GetId())
 	assert.Contains(t, got[0].GetMessage(), `dnat b: "enp1s0" . tcp . 4001 is a's in dnat-ports`)
-	assert.Equal(t, `dnat-ports: "enp1s0" . tcp . 4000 counter comment "a" : 10.0.0.1 . 4000, `+
-		`"enp1s0" . tcp . 4001 counter comment "a" : 10.0.0.1 . 4001, `+
-		`"enp1s0" . tcp . 4002 counter comment "c" : 10.0.0.1 . 4002, `+
-		`"enp1s0" . tcp . 4003 counter comment "c" : 10.0.0.1 . 4003`,
+	assert.Equal(t, `dnat-ports: "enp1s0" . tcp . 4000 counter comment "a" : 10.0.0.1 . 5000, `+
+		`"enp1s0" . tcp . 4001 counter comment "a" : 10.0.0.1 . 5001, `+
+		`"enp1s0" . tcp . 4002 counter comment "c" : 10.0.0.1 . 5002, `+
+		`"enp1s0" . tcp . 4003 counter comment "c" : 10.0.0.1 . 5003`,
 		strings.Split(elementsText(tbl), "\n")[0])
 	assert.Contains(t, elementsText(tbl), `snat-request: 10.0.0.1 . tcp . 3000 counter comment "s1"`)
+}
+
+// TestRangeConflicts: a range that keeps its ports is one element of a range set; a single
+// port within it with other data, or a range overlapping it with other data, is refused by
+// id. A single port that translates the same way is its own element, the same range with the
+// same data is shared, and a range overlapping it with the same data is written port by port.
+func TestRangeConflicts(t *testing.T) {
+	dnat := func(id string, first, last uint32, to string) *kuportv1.DnatRule {
+		return &kuportv1.DnatRule{Id: id, InInterface: "enp1s0", Protocol: kuportv1.Protocol_PROTOCOL_UDP,
+			Ports: &kuportv1.PortRange{First: first, Last: last}, ToAddress: to, ToPort: first}
+	}
+	tbl, errs := planTable(&kuportv1.NodeProgram{DnatRules: []*kuportv1.DnatRule{
+		dnat("a", 4000, 4099, "10.0.0.1"),
+		dnat("b", 4050, 4050, "10.0.0.2"), // within a, elsewhere: refused
+		dnat("c", 4060, 4060, "10.0.0.1"), // within a, the same: its own element
+		dnat("d", 4090, 4199, "10.0.0.9"), // overlaps a, elsewhere: refused
+		dnat("e", 4000, 4099, "10.0.0.1"), // a again: shared
+		dnat("f", 5000, 5000, "10.0.0.3"),
+		dnat("g", 4990, 5010, "10.0.0.4"), // holds f's port: refused
+		dnat("h", 4098, 4101, "10.0.0.1"), // overlaps a, the same: port by port
+	}})
+	var refused []string
+	for _, e := range EntryErrors(errors.Join(errs...)) {
+		refused = append(refused, e.GetMessage())
+	}
+	assert.Equal(t, []string{
+		`dnat b: "enp1s0" . udp . 4050 is in "enp1s0" . udp . 4000-4099, a's in dnat-ranges`,
+		`dnat d: "enp1s0" . udp . 4090-4199 overlaps "enp1s0" . udp . 4000-4099, a's in dnat-ranges`,
+		`dnat g: "enp1s0" . udp . 5000 is f's in dnat-ports`,
+	}, refused)
+	assert.Equal(t, `dnat-ports: "enp1s0" . udp . 4060 counter comment "c" : 10.0.0.1 . 4060, `+
+		`"enp1s0" . udp . 4098 counter comment "h" : 10.0.0.1 . 4098, `+
+		`"enp1s0" . udp . 4099 counter comment "h" : 10.0.0.1 . 4099, `+
+		`"enp1s0" . udp . 4100 counter comment "h" : 10.0.0.1 . 4100, `+
+		`"enp1s0" . udp . 4101 counter comment "h" : 10.0.0.1 . 4101, `+
+		`"enp1s0" . udp . 5000 counter comment "f" : 10.0.0.3 . 5000`+"\n"+
+		`dnat-ranges: "enp1s0" . udp . 4000-4099 counter comment "a" : 10.0.0.1`,
+		strings.Join(strings.Split(elementsText(tbl), "\n")[:2], "\n"))
 }
 
 // TestRuleWireRoundTrip passes every rule of the layout through the library's netlink
 // encoding and back (what reading the kernel does): it must match what was written, or
 // every Apply would find the table damaged and rebuild it.
 func TestRuleWireRoundTrip(t *testing.T) {
-	l := newLayout(familyIPv4, legacyMarking.mask, nil)
+	for _, ranges := range []bool{false, true} {
+		testRuleWireRoundTrip(t, newLayout(familyIPv4, legacyMarking.mask, nil, ranges))
+	}
+}
+
+func testRuleWireRoundTrip(t *testing.T, l *layout) {
 	for _, r := range l.rules {
 		want := r.exprs(byName)
 		var wire []expr.Any

@@ -206,7 +206,9 @@ func (k *fakeKernel) AddRule(r *nftables.Rule) *nftables.Rule {
 
 // addElems adds elements as the kernel does without NLM_F_EXCL: a key the set holds with
 // the same data is kept, with other data refused (EBUSY); a key or data of the wrong
-// length is invalid. A set with counters gives each element its own.
+// length is invalid. An interval set's element needs its key end, and one that overlaps
+// another but is not the same range is refused (ENOTEMPTY, as pipapo refuses it). A set
+// with counters gives each element its own.
 func addElems(ft *fakeTable, set string, vals []nftables.SetElement) error {
 	s := ft.set(set)
 	if s == nil {
@@ -214,18 +216,26 @@ func addElems(ft *fakeTable, set string, vals []nftables.SetElement) error {
 	}
 	for _, v := range vals {
 		vmap := s.IsMap && s.DataType.Name == nftables.TypeVerdict.Name
-		if len(v.Key) != int(s.KeyType.Bytes) || s.IsMap && !vmap && len(v.Val) != int(s.DataType.Bytes) {
-			return fmt.Errorf("element of %s: key %d bytes, data %d: %w", set, len(v.Key), len(v.Val), syscall.EINVAL)
+		if len(v.Key) != int(s.KeyType.Bytes) || s.IsMap && !vmap && len(v.Val) != int(s.DataType.Bytes) ||
+			s.Interval != (len(v.KeyEnd) > 0) || s.Interval && (len(v.KeyEnd) != len(v.Key) || bytes.Compare(v.KeyEnd, v.Key) < 0) {
+			return fmt.Errorf("element of %s: key %d bytes, end %d, data %d: %w", set, len(v.Key), len(v.KeyEnd), len(v.Val), syscall.EINVAL)
 		}
 		// The kernel refuses a jump to a chain the table lacks.
 		if to := jumpTarget(v.Val); vmap && !slices.ContainsFunc(ft.chains, func(c *nftables.Chain) bool { return c.Name == to }) {
 			return fmt.Errorf("element of %s jumps to chain %q: %w", set, to, syscall.ENOENT)
 		}
 		if have, ok := ft.elems[set][string(v.Key)]; ok {
-			if !bytes.Equal(have.Val, v.Val) {
+			if !bytes.Equal(have.Val, v.Val) || !bytes.Equal(have.KeyEnd, v.KeyEnd) {
 				return fmt.Errorf("element of %s: %w", set, syscall.EBUSY)
 			}
 			continue
+		}
+		if s.Interval {
+			for _, have := range ft.elems[set] {
+				if bytes.Compare(v.Key, have.KeyEnd) <= 0 && bytes.Compare(have.Key, v.KeyEnd) <= 0 {
+					return fmt.Errorf("element of %s overlaps another: %w", set, syscall.ENOTEMPTY)
+				}
+			}
 		}
 		if s.Counter {
 			v.Counter = &expr.Counter{}
@@ -240,7 +250,7 @@ func addElems(ft *fakeTable, set string, vals []nftables.SetElement) error {
 func queued(vals []nftables.SetElement) []nftables.SetElement {
 	vals = slices.Clone(vals)
 	for i := range vals {
-		vals[i].Key, vals[i].Val = slices.Clone(vals[i].Key), slices.Clone(vals[i].Val)
+		vals[i].Key, vals[i].KeyEnd, vals[i].Val = slices.Clone(vals[i].Key), slices.Clone(vals[i].KeyEnd), slices.Clone(vals[i].Val)
 		if v := vals[i].VerdictData; v != nil {
 			// A verdict map's data as google/nftables v0.3.0 reads it back: the raw
 			// NFTA_DATA_VERDICT attributes, no VerdictData.
@@ -266,7 +276,7 @@ func (k *fakeKernel) SetDeleteElements(s *nftables.Set, vals []nftables.SetEleme
 			return fmt.Errorf("set %s: %w", s.Name, syscall.ENOENT)
 		}
 		for _, v := range vals {
-			if _, ok := ft.elems[s.Name][string(v.Key)]; !ok {
+			if have, ok := ft.elems[s.Name][string(v.Key)]; !ok || !bytes.Equal(have.KeyEnd, v.KeyEnd) {
 				return fmt.Errorf("delete element of %s: %w", s.Name, syscall.ENOENT)
 			}
 			delete(ft.elems[s.Name], string(v.Key))

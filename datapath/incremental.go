@@ -1,6 +1,8 @@
 package datapath
 
 import (
+	"slices"
+
 	"google.golang.org/protobuf/proto"
 
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
@@ -19,8 +21,8 @@ import (
 // entries otherwise is planned whole instead. Those are a previous plan that refused an
 // entry, most entries of a kind changed, entries reordered or an id repeated, a changed entry
 // holding an element it shares with another, or needing one a later entry holds (it would
-// hold it first), an id moving between kinds, and a change of the reply exemptions' device
-// prefixes (the layout).
+// hold it first), an id moving between kinds, a change of the reply exemptions' device
+// prefixes (the layout), a range changed, and a single port within a range of other data.
 
 // wholePlanAt is the number of changed entries of one kind above which a change of most
 // of them is planned whole.
@@ -255,8 +257,9 @@ func (d *Datapath) plan(p *kuportv1.NodeProgram) (*table, []error) {
 // when p must be planned whole.
 func (c *planner) step(p *kuportv1.NodeProgram) bool {
 	fam := c.tab.layout.fam
-	// Another mask or set of return marks is another layout: planned and written whole.
-	if !c.tab.layout.sameMarks(programMarks(fam, p)) {
+	// Another mask, set of return marks or the first or last range is another layout:
+	// planned and written whole.
+	if !c.tab.layout.sameMarks(programMarks(fam, p)) || c.tab.layout.ranges != programRanges(p) {
 		return false
 	}
 	dc, da, dn, du, ok1 := diff(dnatKind, fam, c.dnat, p.GetDnatRules())
@@ -285,6 +288,14 @@ func (c *planner) step(p *kuportv1.NodeProgram) bool {
 	// same, shares it (joins), and one that leaves an element an earlier entry holds leaves
 	// it as it is; an entry that would hold such an element first, or that leaves one it
 	// holds for others, is planned whole.
+	// A range is planned whole: whether it clashes depends on every element of its ports.
+	for _, ch := range changes {
+		for _, pts := range [][]put{ch.old, ch.new} {
+			if slices.ContainsFunc(pts, func(pt put) bool { return pt.end != "" }) {
+				return false
+			}
+		}
+	}
 	gone := map[setKey]bool{}
 	var drops []put
 	for _, ch := range changes {
@@ -304,6 +315,7 @@ func (c *planner) step(p *kuportv1.NodeProgram) bool {
 	comes := map[setKey]bool{}
 	var puts []put
 	var joins []setKey
+	var ranges rangeIndex
 	for _, ch := range changes {
 		for _, pt := range ch.new {
 			k := setKey{pt.set, pt.key}
@@ -314,6 +326,14 @@ func (c *planner) step(p *kuportv1.NodeProgram) bool {
 			comes[k] = true
 			if c.tab.layout.jumps(pt) != nil {
 				return false // refused by the whole plan
+			}
+			if s := c.tab.layout.byName[pt.set]; s.ranges != nil && len(c.tab.elems[s.ranges.name]) > 0 {
+				if ranges == nil {
+					ranges = rangeIndexOf(c.tab)
+				}
+				if c.tab.rangeClash(s, pt, ranges) != nil {
+					return false // a port within a range: refused by the whole plan
+				}
 			}
 			if e, held := m[pt.key]; held && !gone[k] {
 				if e.id == ch.id || e.val != pt.val || !c.earlier(e.id, ch) {

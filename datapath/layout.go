@@ -15,7 +15,8 @@ import (
 // program has. Every rule is one lookup in a set whose elements are the program's entries
 // (elements.go), so a packet costs one hash lookup per rule whatever the number of mappings
 // (docs/design/nftables.md#what-a-chain-costs-per-packet: a chain of N rules costs about
-// 22 ns per rule per packet; a hash set lookup does not move from 2 to 20,000 elements). The
+// 22 ns per rule per packet; a hash set lookup does not move from 2 to 20,000 elements), and
+// the ranges' rules an interval lookup each in a set of ranges only (setSpec). The
 // rule forms of docs/design/datapath.md stay the semantics: each set says which of them its
 // elements stand for.
 
@@ -125,12 +126,29 @@ func (r setRole) kind() string {
 // reply-counting elements have its DNAT element's key, the dialed port, so `nft list` shows
 // them next to it without the id again, and a comment costs about 1.8 µs an element to write
 // (BENCHMARKS.md, "Four elements a mapping and fewer comments").
+//
+// A range set (interval, `flags interval`) holds the ranges of its single-port set: an element
+// per range, its key the first port and its end the last, looked up by a rule of its own after
+// the single port's (the request's SNAT before it, newLayout), so a single port pays no
+// interval lookup where the hash one hits (docs/design/datapath.md#port-ranges).
 type setSpec struct {
 	name string
 	key  []field
 	data []field
 	role setRole
+	// ranges is a single-port set's range set; single is a range set's single-port set.
+	ranges, single *setSpec
 }
+
+// rangesName is the name of the range set of the single-port set named single: "dnat-ports"
+// has "dnat-ranges", "snat-request" "snat-request-ranges".
+func rangesName(single string) string { return strings.TrimSuffix(single, "-ports") + rangesSuffix }
+
+// rangesSuffix ends the name of every range set.
+const rangesSuffix = "-ranges"
+
+// interval reports whether the set holds port ranges.
+func (s *setSpec) interval() bool { return s.single != nil }
 
 // commented reports whether the set's elements carry their entry's id as a comment.
 func (s *setSpec) commented() bool {
@@ -179,7 +197,7 @@ func (s *setSpec) dataType() nftables.SetDatatype {
 
 // kernelSet is the set as AddSet creates it.
 func (s *setSpec) kernelSet(t *nftables.Table) *nftables.Set {
-	return &nftables.Set{Table: t, Name: s.name, IsMap: s.data != nil, Counter: true,
+	return &nftables.Set{Table: t, Name: s.name, IsMap: s.data != nil, Counter: true, Interval: s.interval(),
 		Concatenation: len(s.key) > 1, KeyType: s.keyType(), DataType: s.dataType()}
 }
 
@@ -188,6 +206,9 @@ func (s *setSpec) header() []string {
 	typ := typeText(s.key)
 	if s.data != nil {
 		typ += " : " + typeText(s.data)
+	}
+	if s.interval() {
+		return []string{"type " + typ, "flags interval", "counter"}
 	}
 	return []string{"type " + typ, "counter"}
 }
@@ -280,6 +301,7 @@ type layout struct {
 	fam    family
 	mask   uint32
 	marks  []uint32 // sorted
+	ranges bool     // the range sets and their rules
 	chains []chainSpec
 	sets   []*setSpec
 	byName map[string]*setSpec
@@ -306,8 +328,11 @@ func (l *layout) hasChain(name string) bool { _, ok := l.chain(name); return ok 
 // NAT hooks of one packet.
 const translatedMark = 0x00000080
 
-func newLayout(fam family, mask uint32, marks []uint32) *layout {
-	l := &layout{fam: fam, mask: mask, marks: marks, chains: slices.Clone(chainSpecs), byName: map[string]*setSpec{}}
+// newLayout is the layout of a return-mark mask and marks, with the range sets and their
+// rules when ranges: a program without ranges has the table of single ports alone, and a
+// single port's packet pays no range lookup.
+func newLayout(fam family, mask uint32, marks []uint32, ranges bool) *layout {
+	l := &layout{fam: fam, mask: mask, marks: marks, ranges: ranges, chains: slices.Clone(chainSpecs), byName: map[string]*setSpec{}}
 	set := func(name string, role setRole, key, data []field) *setSpec {
 		s := &setSpec{name: name, key: key, data: data, role: role}
 		l.sets = append(l.sets, s)
@@ -315,21 +340,57 @@ func newLayout(fam family, mask uint32, marks []uint32) *layout {
 		return s
 	}
 	target := []field{{typ: fam.addr}, fieldPort}
+	// ranged adds single's range set: the same key, and data for a range (a DNAT range keeps
+	// each port, so its data is the target address alone).
+	ranged := func(single *setSpec, data []field) *setSpec {
+		if !ranges {
+			return nil
+		}
+		r := set(rangesName(single.name), single.role, single.key, data)
+		single.ranges, r.single = r, single
+		return r
+	}
 	// A DNAT entry with a destination match (this node's end of a link) and one without are
 	// separate maps: a hash key has no wildcard.
 	dnatAddr := set("dnat-addr-ports", roleDNAT, []field{fieldIIF, fam.daddr, fieldProto, fieldDport}, target)
+	dnatAddrR := ranged(dnatAddr, []field{{typ: fam.addr}})
 	dnat := set("dnat-ports", roleDNAT, []field{fieldIIF, fieldProto, fieldDport}, target)
+	dnatR := ranged(dnat, []field{{typ: fam.addr}})
 	outAddr := set("count-out-addr-ports", roleCountOut, []field{fieldOIF, fam.saddr, fieldProto, fieldSport}, nil)
+	outAddrR := ranged(outAddr, nil)
 	out := set("count-out-ports", roleCountOut, []field{fieldOIF, fieldProto, fieldSport}, nil)
+	outR := ranged(out, nil)
 	request := set("snat-request", roleSNAT, []field{fam.daddr, fieldProto, fieldDport}, nil)
+	requestR := ranged(request, nil)
 	reply := set("snat-reply", roleSNAT, []field{fam.saddr, fieldProto, fieldSport}, nil)
+	replyR := ranged(reply, nil)
 	static := set("mark-static", roleMark, []field{fam.saddr, fieldProto, fieldSport}, []field{fieldJump})
+	staticR := ranged(static, []field{fieldJump})
 	save := set("mark-ct-save", roleMark, []field{fieldIIF, fam.daddr, fieldProto, fieldDport}, []field{fieldJump})
+	saveR := ranged(save, []field{fieldJump})
 	restore := set("mark-ct-restore", roleMark, []field{fam.saddr, fieldProto, fieldSport}, nil)
+	restoreR := ranged(restore, nil)
 	returns := set("return-marks", roleReturn, []field{fieldMark}, []field{fieldJump})
 	steerAddr := set("steer-addr-ports", roleSteer, []field{fieldIIF, fam.daddr, fieldProto, fieldDport}, []field{{typ: fam.addr}})
+	steerAddrR := ranged(steerAddr, []field{{typ: fam.addr}})
 	steer := set("steer-ports", roleSteer, []field{fieldIIF, fieldProto, fieldDport}, []field{{typ: fam.addr}})
+	steerR := ranged(steer, []field{{typ: fam.addr}})
 
+	// each is build's rule for each of sets the layout has (a range set only with ranges).
+	each := func(build func(*setSpec) ruleSpec, sets ...*setSpec) []ruleSpec {
+		var out []ruleSpec
+		for _, s := range sets {
+			if s != nil {
+				out = append(out, build(s))
+			}
+		}
+		return out
+	}
+	var accept []expr.Any
+	acceptText := ""
+	if ranges {
+		accept, acceptText = []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}, " accept"
+	}
 	// The mark is worked on in a register past the lookup's result (the DNAT target).
 	markReg := register(4)
 	setMarkBits := func(mask, xor uint32) []expr.Any {
@@ -340,6 +401,12 @@ func newLayout(fam family, mask uint32, marks []uint32) *layout {
 	}
 	flag := binaryutil.NativeEndian.PutUint32(translatedMark)
 	dnatTo := func(s *setSpec) ruleSpec {
+		if s.interval() {
+			// A range keeps each port: NAT to an address alone leaves the port as it is.
+			return l.rule("kup-pre", fmt.Sprintf("meta mark set meta mark | 0x%08x dnat to %s map @%s", translatedMark, keyText(s), s.name), nil, s, true,
+				append(setMarkBits(^uint32(translatedMark), translatedMark),
+					&expr.NAT{Type: expr.NATTypeDestNAT, Family: fam.nat, RegAddrMin: register(0), RegAddrMax: register(0)})...)
+		}
 		return l.rule("kup-pre", fmt.Sprintf("meta mark set meta mark | 0x%08x dnat %s to %s map @%s", translatedMark, fam.name, keyText(s), s.name), nil, s, true,
 			append(setMarkBits(^uint32(translatedMark), translatedMark),
 				&expr.NAT{Type: expr.NATTypeDestNAT, Family: fam.nat, RegAddrMin: register(0), RegAddrMax: register(0),
@@ -358,11 +425,22 @@ func newLayout(fam family, mask uint32, marks []uint32) *layout {
 	// The reply's exemption: a packet the pod sends first and routes into a link, which every
 	// CNI would masquerade on its way out (datapath/README.md).
 	byLink := []expr.Any{fieldOIF.load(register(0)), &expr.Cmp{Op: expr.CmpOpEq, Register: register(0), Data: []byte(linkPrefix)}}
-	l.rules = append(l.rules, dnatTo(dnatAddr), dnatTo(dnat),
-		l.rule("kup-post", fmt.Sprintf("meta mark & 0x%08x == 0x%08x meta mark set meta mark & 0x%08x %s @%s snat to %s saddr",
-			translatedMark, translatedMark, ^uint32(translatedMark), keyText(request), request.name, fam.name), translated, request, false, identity...),
-		l.rule("kup-post", fmt.Sprintf("oifname %q %s @%s snat to %s saddr", linkPrefix+"*", keyText(reply), reply.name, fam.name),
-			byLink, reply, false, identity...))
+	snatReply := func(s *setSpec) ruleSpec {
+		return l.rule("kup-post", fmt.Sprintf("oifname %q %s @%s snat to %s saddr", linkPrefix+"*", keyText(s), s.name, fam.name),
+			byLink, s, false, identity...)
+	}
+	// Each destination match before the rules without one, each single port before its
+	// ranges. The request's range rule comes first and clears the bit only when it claims the
+	// flow: the single-port rule after it clears it whatever its lookup finds.
+	l.rules = append(l.rules, each(dnatTo, dnatAddr, dnatAddrR, dnat, dnatR)...)
+	if requestR != nil {
+		l.rules = append(l.rules, l.rule("kup-post", fmt.Sprintf("meta mark & 0x%08x == 0x%08x %s @%s meta mark set meta mark & 0x%08x snat to %s saddr",
+			translatedMark, translatedMark, keyText(requestR), requestR.name, ^uint32(translatedMark), fam.name),
+			translated[:3], requestR, false, append(setMarkBits(^uint32(translatedMark), 0), identity...)...))
+	}
+	l.rules = append(l.rules, l.rule("kup-post", fmt.Sprintf("meta mark & 0x%08x == 0x%08x meta mark set meta mark & 0x%08x %s @%s snat to %s saddr",
+		translatedMark, translatedMark, ^uint32(translatedMark), keyText(request), request.name, fam.name), translated, request, false, identity...))
+	l.rules = append(l.rules, each(snatReply, reply, replyR)...)
 	dirIs := func(dir byte) []expr.Any {
 		return []expr.Any{&expr.Ct{Key: expr.CtKeyDIRECTION, Register: register(0)},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: register(0), Data: []byte{dir}}}
@@ -374,13 +452,19 @@ func newLayout(fam family, mask uint32, marks []uint32) *layout {
 			&expr.Cmp{Op: expr.CmpOpNeq, Register: register(0), Data: make([]byte, 4)})
 	}
 	replyDNAT := dnatted(ctDirReply)
-	l.rules = append(l.rules,
-		l.rule("kup-mangle", fmt.Sprintf("%s vmap @%s", keyText(static), static.name), nil, static, false),
-		l.rule("kup-mangle", fmt.Sprintf("%s vmap @%s", keyText(save), save.name), nil, save, false),
-		l.restoreRule(restore, returns),
-		l.rule("kup-count-out", fmt.Sprintf("ct direction reply ct status dnat %s @%s", keyText(outAddr), outAddr.name), replyDNAT, outAddr, false),
-		l.rule("kup-count-out", fmt.Sprintf("ct direction reply ct status dnat %s @%s", keyText(out), out.name), replyDNAT, out, false),
-	)
+	vmap := func(s *setSpec) ruleSpec {
+		return l.rule("kup-mangle", fmt.Sprintf("%s vmap @%s", keyText(s), s.name), nil, s, false)
+	}
+	// With ranges, "accept" ends kup-count-out (only) once a reply is counted: a single
+	// port's reply is not looked up in the ranges, and no reply counts twice.
+	countOut := func(s *setSpec) ruleSpec {
+		return l.rule("kup-count-out", fmt.Sprintf("ct direction reply ct status dnat %s @%s%s", keyText(s), s.name, acceptText),
+			replyDNAT, s, false, accept...)
+	}
+	restoreTo := func(s *setSpec) ruleSpec { return l.restoreRule(s, returns) }
+	l.rules = append(l.rules, each(vmap, static, staticR, save, saveR)...)
+	l.rules = append(l.rules, each(restoreTo, restore, restoreR)...)
+	l.rules = append(l.rules, each(countOut, outAddr, outAddrR, out, outR)...)
 	// "ip daddr set": the looked-up stand-in written over the destination, with the IPv4
 	// header checksum (csum_type inet at offset 10) and the transport checksum's pseudo-header
 	// part fixed, as nft writes it. New flows only (a UDP flow's packets until the first
@@ -405,12 +489,14 @@ func newLayout(fam family, mask uint32, marks []uint32) *layout {
 	// the stand-in and compares it with the unspecified address, which no stand-in is: Debian
 	// 12's Linux 6.1 refuses a lookup of a map without a destination register (EINVAL, found
 	// by build/release/armvm_test.go). nft cannot type a map's value in a comparison and
-	// prints the address as "0x0 [invalid type]".
+	// prints the address as "0x0 [invalid type]". With ranges, "accept" ends kup-steer once a
+	// request is counted, as in kup-count-out.
 	countIn := func(s *setSpec) ruleSpec {
-		return l.rule("kup-steer", fmt.Sprintf("ct direction original ct status dnat %s map @%s != 0x0 [invalid type]", keyText(s), s.name),
-			dnatted(ctDirOriginal), s, true, &expr.Cmp{Op: expr.CmpOpNeq, Register: register(0), Data: make([]byte, fam.addr.Bytes)})
+		return l.rule("kup-steer", fmt.Sprintf("ct direction original ct status dnat %s map @%s != 0x0 [invalid type]%s", keyText(s), s.name, acceptText),
+			dnatted(ctDirOriginal), s, true, append([]expr.Any{&expr.Cmp{Op: expr.CmpOpNeq, Register: register(0), Data: make([]byte, fam.addr.Bytes)}}, accept...)...)
 	}
-	l.rules = append(l.rules, steerTo(steerAddr), steerTo(steer), countIn(steerAddr), countIn(steer))
+	l.rules = append(l.rules, each(steerTo, steerAddr, steerAddrR, steer, steerR)...)
+	l.rules = append(l.rules, each(countIn, steerAddr, steerAddrR, steer, steerR)...)
 	for _, m := range marks {
 		l.markChains(m)
 	}

@@ -178,7 +178,7 @@ func programMarks(fam family, p *kuportv1.NodeProgram) (uint32, []uint32) {
 // programLayout is the layout planned from program p.
 func programLayout(fam family, p *kuportv1.NodeProgram) *layout {
 	mask, marks := programMarks(fam, p)
-	return newLayout(fam, mask, marks)
+	return newLayout(fam, mask, marks, programRanges(p))
 }
 
 // sameMarks reports whether layout l is the layout of mask and marks.
@@ -187,7 +187,8 @@ func (l *layout) sameMarks(mask uint32, marks []uint32) bool {
 }
 
 // kernelLayout is the layout a kernel table was written in: its return marks by the names of
-// its mark chains, the mask by the restore rule's (a whole mark when it has none).
+// its mark chains, the mask by the restore rule's (a whole mark when it has none), its ranges
+// by its range sets.
 func (kt *kernelTable) kernelLayout() *layout {
 	mask := uint32(0xffffffff)
 	for _, r := range kt.rules["kup-mangle"] {
@@ -207,7 +208,8 @@ func (kt *kernelTable) kernelLayout() *layout {
 		}
 	}
 	slices.Sort(marks)
-	return newLayout(kt.fam, mask, marks)
+	ranges := slices.ContainsFunc(kt.sets, func(s *nftables.Set) bool { return strings.HasSuffix(s.Name, rangesSuffix) })
+	return newLayout(kt.fam, mask, marks, ranges)
 }
 
 // rtprotKuport is the protocol of kuport's ip rules and routes (FRA_PROTOCOL, rtm_protocol):

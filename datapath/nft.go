@@ -80,9 +80,9 @@ func setMatches(k *nftables.Set, s *setSpec) bool {
 	kt, dt := s.keyType(), s.dataType()
 	if s.vmap() {
 		// v0.3.0 reads a verdict map's key type as the verdict type: name and shape only.
-		return k.Name == s.name && k.IsMap && !k.Interval && !k.Anonymous && !k.Constant && !k.HasTimeout
+		return k.Name == s.name && k.IsMap && k.Interval == s.interval() && !k.Anonymous && !k.Constant && !k.HasTimeout
 	}
-	return k.Name == s.name && k.IsMap == (s.data != nil) && !k.Interval && !k.Anonymous && !k.Constant && !k.HasTimeout &&
+	return k.Name == s.name && k.IsMap == (s.data != nil) && k.Interval == s.interval() && !k.Anonymous && !k.Constant && !k.HasTimeout &&
 		k.KeyType.GetNFTMagic() == kt.GetNFTMagic() && k.KeyType.Bytes == kt.Bytes &&
 		(s.data == nil || k.DataType.GetNFTMagic() == dt.GetNFTMagic() && k.DataType.Bytes == dt.Bytes)
 }
@@ -161,7 +161,7 @@ func (kt *kernelTable) view(l *layout) (t *table, intact bool, counters map[stri
 		}
 		counters[s.name] = map[string]*expr.Counter{}
 		for _, ke := range kt.elems[ks.Name] {
-			e := elem{key: string(ke.Key), val: string(ke.Val), id: ke.Comment}
+			e := elem{key: string(ke.Key), end: string(ke.KeyEnd), val: string(ke.Val), id: ke.Comment}
 			if s.vmap() {
 				e.val = jumpTarget(ke.Val)
 			}

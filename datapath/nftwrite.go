@@ -18,9 +18,13 @@ import (
 const maxElemBatch = 60 << 10
 
 // elemSize bounds an element's encoded size: the nested element, key and data attributes,
-// and the comment's userdata, each with its header and padding.
+// and the comment's userdata, each with its header and padding, and a range's key end.
 func elemSize(e nftables.SetElement) int {
-	return 48 + len(e.Key) + len(e.Val) + len(e.Comment)
+	n := 48 + len(e.Key) + len(e.Val) + len(e.Comment)
+	if len(e.KeyEnd) > 0 {
+		n += 8 + len(e.KeyEnd)
+	}
+	return n
 }
 
 // nftElem is e as queued to set s: its key, and to add it its data and comment, their bytes
@@ -29,6 +33,12 @@ func nftElem(buf []byte, s *setSpec, e elem, withData bool) (nftables.SetElement
 	at := len(buf)
 	buf = append(buf, e.key...)
 	ne := nftables.SetElement{Key: buf[at:len(buf):len(buf)]}
+	if e.end != "" {
+		// A range is deleted as it is added: by its first and last key.
+		at = len(buf)
+		buf = append(buf, e.end...)
+		ne.KeyEnd = buf[at:len(buf):len(buf)]
+	}
 	if withData && s.vmap() {
 		ne.VerdictData, ne.Comment = &expr.Verdict{Kind: expr.VerdictJump, Chain: e.val}, s.written(e).id
 	} else if withData {

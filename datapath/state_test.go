@@ -80,7 +80,7 @@ func nftTable(elements ...[]string) string {
 		}
 	}
 	slices.Sort(marks)
-	l := newLayout(familyIPv4, stateMarking.GetMarkMask(), slices.Compact(marks))
+	l := newLayout(familyIPv4, stateMarking.GetMarkMask(), slices.Compact(marks), false)
 	var blocks []block
 	for _, s := range l.sets {
 		slices.Sort(bySet[s.name])

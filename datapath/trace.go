@@ -319,7 +319,7 @@ func (tr *tracer) rule(chain string, exprs []expr.Any, p *packet, f *flow, dir b
 			for _, k := range s.key {
 				n += k.words() * 4
 			}
-			el, ok := tr.t.elems[s.name][string(reg(e.SourceRegister, n))]
+			el, ok := tr.t.lookup(s, string(reg(e.SourceRegister, n)))
 			if !ok {
 				return false, nil
 			}
@@ -342,7 +342,12 @@ func (tr *tracer) rule(chain string, exprs []expr.Any, p *packet, f *flow, dir b
 			addr := netip.AddrFrom4([4]byte(reg(e.RegAddrMin, 4)))
 			switch e.Type {
 			case expr.NATTypeDestNAT:
-				p.setDst(netip.AddrPortFrom(addr, binary.BigEndian.Uint16(reg(e.RegProtoMin, 2))))
+				// Without a port register NAT keeps the port.
+				port := binary.BigEndian.Uint16(p.th[2:4])
+				if e.RegProtoMin != 0 {
+					port = binary.BigEndian.Uint16(reg(e.RegProtoMin, 2))
+				}
+				p.setDst(netip.AddrPortFrom(addr, port))
 				f.dnat = true
 			case expr.NATTypeSourceNAT:
 				if e.RegProtoMin != 0 || addr.As4() != [4]byte(p.nh[12:16]) {

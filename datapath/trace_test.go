@@ -40,17 +40,17 @@ func TestTraceGolden(t *testing.T) {
 		name: "range keeps the port", program: "ranges-edge-a",
 		pkt: Packet{In: "enp1s0", Proto: udp, Src: client, Dst: ap("203.0.113.9:27100"), Out: "cilium_host"},
 		want: Verdict{StandIn: addr("10.244.17.9"), DNAT: ap("10.244.17.9:27100"), Out: "cilium_host", SNAT: "cilium_host", Elements: []string{
-			"kup-steer steer-ports games/server/dnat/enp1s0",
-			"kup-pre dnat-ports games/server/dnat/enp1s0",
-			"kup-post snat-request games/server/snat",
-			"kup-count-out count-out-ports games/server/dnat/enp1s0"}},
+			"kup-steer steer-ranges games/server/dnat/enp1s0",
+			"kup-pre dnat-ranges games/server/dnat/enp1s0",
+			"kup-post snat-request-ranges games/server/snat",
+			"kup-count-out count-out-ranges games/server/dnat/enp1s0"}},
 	}, {
 		name: "shifted range maps port by port", program: "ranges-edge-a",
 		pkt: Packet{In: "enp1s0", Proto: tcp, Src: client, Dst: ap("203.0.113.9:40009"), Out: "cilium_host"},
 		want: Verdict{StandIn: addr("10.244.17.9"), DNAT: ap("10.244.17.9:7009"), Out: "cilium_host", SNAT: "cilium_host", Elements: []string{
 			"kup-steer steer-ports games/shifted/dnat/enp1s0",
 			"kup-pre dnat-ports games/shifted/dnat/enp1s0",
-			"kup-post snat-request games/shifted/snat",
+			"kup-post snat-request-ranges games/shifted/snat",
 			"kup-count-out count-out-ports games/shifted/dnat/enp1s0"}},
 	}, {
 		name: "cross node, accepting node", program: "remote-edge-a",
@@ -109,7 +109,9 @@ func TestTraceGolden(t *testing.T) {
 
 // TestPrivilegedTraceAgrees is the differential test of Trace: UDP exchanges from a client
 // through the kernel holding a program (two mappings dialed on 4000 and 4001 to one pod
-// port, a shifted range 5000-5009 to 2995-3004, each steered to the pod's address), each of whose element counters moved
+// port, a shifted range 5000-5009 to 2995-3004, a range 2990-3010 that keeps its ports, whose
+// identity SNAT overlaps the shifted range's and is written port by port, each steered to
+// the pod's address), each of whose element counters moved
 // compared with the elements Trace says the flow matches; the pod answers on 3000 only,
 // so an answer shows the translation Trace gives.
 func TestPrivilegedTraceAgrees(t *testing.T) {
@@ -128,7 +130,7 @@ func TestPrivilegedTraceAgrees(t *testing.T) {
 	for _, m := range []struct {
 		key             string
 		first, last, to uint32
-	}{{"g/a", 4000, 4000, 3000}, {"g/b", 4001, 4001, 3000}, {"g/shifted", 5000, 5009, 2995}} {
+	}{{"g/a", 4000, 4000, 3000}, {"g/b", 4001, 4001, 3000}, {"g/shifted", 5000, 5009, 2995}, {"g/range", 2990, 3010, 2990}} {
 		d, s := mapping(m.key, m.first, m.last, m.to)
 		p.DnatRules, p.SnatRules = append(p.DnatRules, d), append(p.SnatRules, s)
 	}
@@ -148,7 +150,7 @@ func TestPrivilegedTraceAgrees(t *testing.T) {
 	}
 	field := map[string]string{"kup-pre": "packets", "kup-post": "packets", "kup-mangle": "packets",
 		"kup-steer": "forwarded_in", "kup-count-out": "forwarded_out"}
-	for _, dport := range []uint16{4000, 4001, 5005} {
+	for _, dport := range []uint16{4000, 4001, 5005, 3000} {
 		before := counts()
 		text, from := client.exchangeUDP(t, "203.0.113.9", int(dport))
 		assert.Equal(t, "203.0.113.7", text, "the pod saw the client")

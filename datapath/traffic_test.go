@@ -125,8 +125,9 @@ func TestPrivilegedLateInterface(t *testing.T) {
 
 // addPod gives tn forwarding and a pod: a namespace holding eth0 with addr/24 behind
 // cilium_host (10.244.17.1/24 in tn), its default route through it, and a UDP server on
-// port that answers every datagram to its sender with the sender's address as it saw it.
-func (tn *testNS) addPod(t *testing.T, addr string, port int) {
+// port that answers every datagram to its sender with the sender's address as it saw it. It
+// returns the pod's namespace.
+func (tn *testNS) addPod(t *testing.T, addr string, port int) netns.NsHandle {
 	t.Helper()
 	name, ns := newNetNS(t, "kuptest-pod-")
 	for _, args := range [][]string{
@@ -146,6 +147,7 @@ func (tn *testNS) addPod(t *testing.T, addr string, port int) {
 		run(t, append([]string{"ip", "netns", "exec", name}, args...)...)
 	}
 	serveUDP(t, ns, addr, port)
+	return ns
 }
 
 // serveUDP runs a UDP server in ns on addr:port that answers every datagram to its sender

@@ -1,8 +1,10 @@
 // Command datapath measures kuport's datapath at several program sizes in one run (the
 // figures are in BENCHMARKS.md): the product's Datapath applies N same-node TCP mappings on
 // enp1s0 to a node namespace between a client namespace and a pod namespace, and traffic goes
-// to the last mapping. It prints one BENCH line per size. Run it as root through
-// bench/datapath.sh.
+// to the last mapping. It prints one BENCH line per size; then one per ranged size (N
+// mappings of which R are 1,000-port ranges, traffic to the middle of the last range), and
+// one for a single wide UDP range (its apply, its kernel elements and the agent holding it).
+// Run it as root through bench/datapath.sh.
 package main
 
 import (
@@ -22,6 +24,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/nftables"
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/proto"
@@ -39,17 +42,45 @@ const (
 )
 
 func main() {
-	sizes := flag.String("mappings", "1,1000,10000", "program sizes, comma-separated")
+	sizes := flag.String("mappings", "1,1000,10000", "program sizes, comma-separated; empty: none")
 	agent := flag.String("agent", "", "kuport-agent binary (agent_rss_mb); empty: not measured")
 	traffic := flag.Duration("traffic", 2*time.Second, "duration of each traffic measurement")
+	ranged := flag.String("ranged", "10000:100", "sizes with ranges, comma-separated mappings:ranges (1,000 ports each); empty: none")
+	rangePorts := flag.Int("range-ports", 16384, "ports of the one wide UDP range measured; 0: none")
 	flag.Parse()
 	for _, s := range strings.Split(*sizes, ",") {
+		if s == "" {
+			continue
+		}
 		n, err := strconv.Atoi(s)
 		if err == nil {
-			err = measure(n, *agent, *traffic)
+			err = measure(n, 0, *agent, *traffic)
 		}
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "mappings=%s: %v\n", s, err)
+			os.Exit(1)
+		}
+	}
+	for _, s := range strings.Split(*ranged, ",") {
+		if s == "" {
+			continue
+		}
+		var n, r int
+		_, err := fmt.Sscanf(s, "%d:%d", &n, &r)
+		if err == nil && (r < 1 || r > n) {
+			err = fmt.Errorf("ranges %d of %d mappings", r, n)
+		}
+		if err == nil {
+			err = measure(n, r, *agent, *traffic)
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "ranged=%s: %v\n", s, err)
+			os.Exit(1)
+		}
+	}
+	if *rangePorts > 0 {
+		if err := measureRange(*rangePorts, *agent); err != nil {
+			fmt.Fprintf(os.Stderr, "range-ports=%d: %v\n", *rangePorts, err)
 			os.Exit(1)
 		}
 	}
@@ -104,6 +135,23 @@ func (t *topology) close() {
 	}
 }
 
+// trafficFigures measures, from the client to the node's dialed port: one flow's
+// throughput, sequential new connections per second, and the p50 of connect + one-byte
+// request + reply.
+func trafficFigures(t *topology, port int, d time.Duration) (gbps, connPerS, rrP50us float64, err error) {
+	target := net.JoinHostPort(nodeAddr, strconv.Itoa(port))
+	if gbps, err = labbench.Throughput(t.client, target, d); err != nil {
+		return 0, 0, 0, fmt.Errorf("throughput: %w", err)
+	}
+	if connPerS, err = labbench.ConnRate(t.client, target, d); err != nil {
+		return 0, 0, 0, fmt.Errorf("connection rate: %w", err)
+	}
+	if rrP50us, err = labbench.RRP50(t.client, target, d); err != nil {
+		return 0, 0, 0, fmt.Errorf("request/response: %w", err)
+	}
+	return gbps, connPerS, rrP50us, nil
+}
+
 // lastField is the integer field name of the last Apply summary the log recorded (-1 when
 // there is none): kernel_writes, in_kernel_us, took_us.
 func lastField(log *bytes.Buffer, name string) int {
@@ -117,29 +165,58 @@ func lastField(log *bytes.Buffer, name string) int {
 
 func lastWrites(log *bytes.Buffer) int { return lastField(log, "kernel_writes") }
 
-func measure(n int, agent string, d time.Duration) error {
-	p := datapathtest.Program(n, "enp1s0")
+// node is the product's Datapath on a topology's node namespace, its debug log kept.
+type node struct {
+	dp   *datapath.Datapath
+	conn *nftables.Conn
+	log  bytes.Buffer
+	done func()
+}
+
+func newNode(t *topology) (*node, error) {
+	nd := &node{}
+	var err error
+	nd.dp, nd.conn, nd.done, err = labbench.NodeDatapath(t.node, hclog.New(&hclog.LoggerOptions{Level: hclog.Debug, Output: &nd.log}))
+	return nd, err
+}
+
+// listen serves TCP on the pod's addr:port until the returned func closes it.
+func (t *topology) listen(addr string, port int) (func(), error) {
+	var pod net.Listener
+	if err := labbench.InNS(t.pod, func() error {
+		var err error
+		pod, err = net.Listen("tcp4", net.JoinHostPort(addr, strconv.Itoa(port)))
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	go labbench.Serve(pod)
+	return func() { _ = pod.Close() }, nil
+}
+
+// measure prints the figures of n mappings, the last ranges of them 1,000-port ranges
+// (datapathtest.RangedProgram) with the traffic to the last range, or none.
+func measure(n, ranges int, agent string, d time.Duration) error {
+	p, port := datapathtest.Program(n, "enp1s0"), 10000+n-1
+	if ranges > 0 {
+		p, port = datapathtest.RangedProgram(n, ranges, "enp1s0"), datapathtest.RangedPort
+	}
 	t, err := newTopology(datapathtest.PodAddr(n - 1))
 	if err != nil {
 		return err
 	}
 	defer t.close()
-	var pod net.Listener
-	if err := labbench.InNS(t.pod, func() error {
-		pod, err = net.Listen("tcp4", net.JoinHostPort(datapathtest.PodAddr(n-1), strconv.Itoa(10000+n-1)))
-		return err
-	}); err != nil {
-		return err
-	}
-	defer func() { _ = pod.Close() }()
-	go labbench.Serve(pod)
-
-	var log bytes.Buffer
-	dp, closeDP, err := labbench.NodeDatapath(t.node, hclog.New(&hclog.LoggerOptions{Level: hclog.Debug, Output: &log}))
+	closePod, err := t.listen(datapathtest.PodAddr(n-1), port)
 	if err != nil {
 		return err
 	}
-	defer closeDP()
+	defer closePod()
+	nd, err := newNode(t)
+	if err != nil {
+		return err
+	}
+	defer nd.done()
+	dp, log := nd.dp, &nd.log
 
 	var before, after runtime.MemStats
 	runtime.GC()
@@ -158,7 +235,7 @@ func measure(n int, agent string, d time.Duration) error {
 		if err := dp.Apply(p); err != nil {
 			return err
 		}
-		if w := lastWrites(&log); w != 0 {
+		if w := lastWrites(log); w != 0 {
 			return fmt.Errorf("an unchanged program wrote %d times", w)
 		}
 	}
@@ -209,27 +286,16 @@ func measure(n int, agent string, d time.Duration) error {
 		}
 		cur = next
 		whole += time.Since(start)
-		change += before + time.Duration(lastField(&log, "in_kernel_us"))*time.Microsecond
-		writes = lastWrites(&log)
+		change += before + time.Duration(lastField(log, "in_kernel_us"))*time.Microsecond
+		writes = lastWrites(log)
 	}
 	change /= changes
 	whole /= changes
 	fmt.Fprintf(os.Stderr, "mappings=%d change: in the kernel after %.1f ms, Apply with the conntrack sweep %.1f ms\n", n, ms(change), ms(whole))
 
-	// From the client to the node's dialed port: one flow's throughput, sequential new
-	// connections per second, and the p50 of connect + one-byte request + reply.
-	target := net.JoinHostPort(nodeAddr, strconv.Itoa(10000+n-1))
-	gbps, err := labbench.Throughput(t.client, target, d)
+	gbps, connPerS, rrP50, err := trafficFigures(t, port, d)
 	if err != nil {
-		return fmt.Errorf("throughput: %w", err)
-	}
-	connPerS, err := labbench.ConnRate(t.client, target, d)
-	if err != nil {
-		return fmt.Errorf("connection rate: %w", err)
-	}
-	rrP50, err := labbench.RRP50(t.client, target, d)
-	if err != nil {
-		return fmt.Errorf("request/response: %w", err)
+		return fmt.Errorf("traffic: %w", err)
 	}
 	rss := "n/a"
 	if agent != "" {
@@ -239,9 +305,75 @@ func measure(n int, agent string, d time.Duration) error {
 		}
 		rss = fmt.Sprintf("%.1f", mb)
 	}
-	fmt.Printf("BENCH datapath mappings=%d tcp_gbps=%.2f conn_per_s=%.0f rr_p50_us=%.0f first_apply_ms=%.1f resync_ms=%.1f change_ms=%.1f change_writes=%d apply_alloc_mb=%.1f agent_rss_mb=%s\n",
-		n, gbps, connPerS, rrP50, ms(first), ms(resync), ms(change), writes, allocMB, rss)
+	name := "datapath"
+	if ranges > 0 {
+		name = fmt.Sprintf("datapath_ranges ranges=%d", ranges)
+	}
+	fmt.Printf("BENCH %s mappings=%d tcp_gbps=%.2f conn_per_s=%.0f rr_p50_us=%.0f first_apply_ms=%.1f resync_ms=%.1f change_ms=%.1f change_writes=%d apply_alloc_mb=%.1f agent_rss_mb=%s\n",
+		name, n, gbps, connPerS, rrP50, ms(first), ms(resync), ms(change), writes, allocMB, rss)
 	return nil
+}
+
+// measureRange prints the figures of one UDP mapping of ports ports that keeps them
+// (datapathtest.RangeProgram): its first Apply, the elements the kernel then holds, and the
+// resident memory of the agent holding it (the empty agent's on stderr). to_programmed_ms
+// needs a controller and its lab (bench/lab.sh), so it is "na" here.
+func measureRange(ports int, agent string) error {
+	p := datapathtest.RangeProgram(ports, "enp1s0")
+	t, err := newTopology(datapathtest.PodAddr(0))
+	if err != nil {
+		return err
+	}
+	defer t.close()
+	rss, emptyRSS := "n/a", "n/a"
+	if agent != "" {
+		mb, err := agentRSS(agent, t.node, &kuportv1.NodeProgram{Node: p.Node, Version: 1, Epoch: 1})
+		if err != nil {
+			return fmt.Errorf("empty agent: %w", err)
+		}
+		emptyRSS = fmt.Sprintf("%.1f", mb)
+	}
+	nd, err := newNode(t)
+	if err != nil {
+		return err
+	}
+	defer nd.done()
+	start := time.Now()
+	if err := nd.dp.Apply(p); err != nil {
+		return err
+	}
+	first := time.Since(start)
+	elements, err := countElements(nd.conn)
+	if err != nil {
+		return err
+	}
+	if agent != "" {
+		mb, err := agentRSS(agent, t.node, p)
+		if err != nil {
+			return fmt.Errorf("agent: %w", err)
+		}
+		rss = fmt.Sprintf("%.1f", mb)
+	}
+	fmt.Fprintf(os.Stderr, "range-ports=%d: an agent holding an empty program: %s MB\n", ports, emptyRSS)
+	fmt.Printf("BENCH range ports=%d first_apply_ms=%.1f elements=%d agent_rss_mb=%s to_programmed_ms=na\n", ports, ms(first), elements, rss)
+	return nil
+}
+
+// countElements counts the elements of every set of table ip kuport.
+func countElements(conn *nftables.Conn) (int, error) {
+	sets, err := conn.GetSets(&nftables.Table{Name: "kuport", Family: nftables.TableFamilyIPv4})
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, s := range sets {
+		es, err := conn.GetSetElements(s)
+		if err != nil {
+			return 0, err
+		}
+		n += len(es)
+	}
+	return n, nil
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 }

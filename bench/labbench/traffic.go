@@ -112,29 +112,29 @@ func RRP50(ns, target string, d time.Duration) (us float64, err error) {
 }
 
 // NodeDatapath is the product's Datapath in network namespace name, as the agent opens it,
-// and what closes it.
-func NodeDatapath(name string, log hclog.Logger) (*datapath.Datapath, func(), error) {
+// its nftables connection (to read the kernel back) and what closes both.
+func NodeDatapath(name string, log hclog.Logger) (*datapath.Datapath, *nftables.Conn, func(), error) {
 	ns, err := netns.GetFromName(name)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	// Lasting, as the agent's: a socket per transaction costs an RCU grace period (8-30 ms)
 	// when it closes after one that deleted an element (datapath.Config.NFT).
 	conn, err := nftables.New(nftables.AsLasting(), nftables.WithNetNSFd(int(ns)), datapath.NFTSocketOption())
 	if err != nil {
 		_ = ns.Close()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	nl, err := netlink.NewHandleAt(ns)
 	if err != nil {
 		_ = conn.CloseLasting()
 		_ = ns.Close()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	closeAll := func() {
 		nl.Close()
 		_ = conn.CloseLasting()
 		_ = ns.Close()
 	}
-	return datapath.New(datapath.Config{NFT: conn, Netlink: nl, NetNS: ns, Log: log}), closeAll, nil
+	return datapath.New(datapath.Config{NFT: conn, Netlink: nl, NetNS: ns, Log: log}), conn, closeAll, nil
 }

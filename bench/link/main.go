@@ -93,7 +93,7 @@ func run(rounds int, d time.Duration, before, underlayGSO bool) error {
 	dps := map[string]*datapath.Datapath{}
 	nsOf := map[string]string{acceptNode: t.accept, servingNode: t.serving}
 	for node, ns := range nsOf {
-		dp, closeDP, err := labbench.NodeDatapath(ns, hclog.NewNullLogger())
+		dp, _, closeDP, err := labbench.NodeDatapath(ns, hclog.NewNullLogger())
 		if err != nil {
 			return err
 		}

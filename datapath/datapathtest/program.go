@@ -28,3 +28,46 @@ func Program(n int, iface string) *kuportv1.NodeProgram {
 
 // PodAddr is mapping i's pod address in Program: 10.244.17.2 up, 250 a /24.
 func PodAddr(i int) string { return fmt.Sprintf("10.244.%d.%d", 17+i/250, 2+i%250) }
+
+// rangesPerIface is how many 1,000-port ranges fit on one interface in RangedProgram: ports
+// 20000-64999, above the single ports.
+const rangesPerIface = 45
+
+// RangedProgram is Program with its last ranges mappings 1,000-port TCP ranges that keep
+// their ports: the last one on iface at RangedPort, the others 45 an interface, on iface
+// and on names after it (enp2s0 ... for enp1s0), which need not exist. Its single ports are
+// Program's.
+func RangedProgram(n, ranges int, iface string) *kuportv1.NodeProgram {
+	p := Program(n, iface)
+	for j := range ranges {
+		i := n - ranges + j
+		k := ranges - 1 - j // the last range first on iface
+		in := iface
+		if k >= rangesPerIface {
+			in = fmt.Sprintf("enp%ds0", 1+k/rangesPerIface)
+		}
+		first := uint32(20000 + k%rangesPerIface*1000)
+		ports := &kuportv1.PortRange{First: first, Last: first + 999}
+		d, s := p.DnatRules[i], p.SnatRules[i]
+		d.Id, d.InInterface, d.Ports, d.ToPort = d.Mapping+"/dnat/"+in, in, ports, first
+		s.Ports = ports
+	}
+	return p
+}
+
+// RangedPort is the port RangedProgram's last mapping serves in the middle of its range
+// (the range keeps its ports: the pod listens on it too).
+const RangedPort = 20500
+
+// RangeProgram is edge-a's program for one UDP mapping of ports ports that keeps them,
+// ending at 65535 (16,384 is coturn's 49152-65535), arriving on iface to PodAddr(0): its
+// DNAT entry, steered, and its identity SNAT.
+func RangeProgram(ports int, iface string) *kuportv1.NodeProgram {
+	p := Program(1, iface)
+	first := uint32(65536 - ports)
+	r := &kuportv1.PortRange{First: first, Last: 65535}
+	d, s := p.DnatRules[0], p.SnatRules[0]
+	d.Protocol, d.Ports, d.ToPort = kuportv1.Protocol_PROTOCOL_UDP, r, first
+	s.Protocol, s.Ports = kuportv1.Protocol_PROTOCOL_UDP, r
+	return p
+}
