@@ -65,7 +65,7 @@ var docsWant = map[string][]string{
 	"table-clash":        {`(?m)^102:\s+from all fwmark 0x1/0x301f lookup 27505 proto 107`, `(?m)^table 27505$`},
 	"mtu-class":          {`edge-a underlayMTU=1420 linkMTU=1370`},
 	"mtu-node":           {`kup-5e30a797: .* mtu 1370 `, `1 received`},
-	"wg-show":            {`(?m)^interface: wt0$`, `(?m)^\s+allowed ips: 100\.64\.93\.143/32$`, `latest handshake: `},
+	"wg-show":            {`(?m)^interface: wt0$`, `(?m)^\s+allowed ips: 100\.64\.93\.143/32(,|$)`, `latest handshake: `},
 }
 
 // On the pod's node every serving mode marks the return way through the flow: the request
