@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
@@ -100,6 +101,27 @@ func (k *kernel) countElements(table, set string) (int, error) {
 		return 0, fmt.Errorf("elements of %s: %w", set, err)
 	}
 	return len(elems), nil
+}
+
+// tableElements is the number of elements of each set of table (family ip); none when the
+// table is absent (an empty program deletes it).
+func (k *kernel) tableElements(table string) (map[string]int, error) {
+	sets, err := k.nft.GetSets(&nftables.Table{Name: table, Family: nftables.TableFamilyIPv4})
+	if err != nil {
+		// The library's error for an absent table does not wrap ENOENT: look for the table.
+		tables, lerr := k.nft.ListTablesOfFamily(nftables.TableFamilyIPv4)
+		if lerr == nil && !slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == table }) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("sets of %s: %w", table, err)
+	}
+	n := map[string]int{}
+	for _, s := range sets {
+		if n[s.Name], err = k.countElements(table, s.Name); err != nil {
+			return nil, err
+		}
+	}
+	return n, nil
 }
 
 // deleteTables deletes the named tables of family ip and ip6 that exist.

@@ -12,6 +12,13 @@
 //	BENCH bulk n=<n> floor_create_s=<x> floor_delete_s=<x> kuport_over_floor_programmed_s=<x> kuport_over_floor_delete_s=<x>
 //
 // the second with the same run's floor: what the API server alone needs for the same objects.
+// Then, for one PortMap of a UDP range of --range-ports ports that keeps them, ending at 65535
+// (coturn's 49152-65535 at the default 16,384), to a pod on another node than edge-a,
+//
+//	BENCH range ports=<n> first_apply_ms=na elements=<x> agent_rss_mb=<x> to_programmed_ms=<x>
+//
+// bench/datapath prints the same line for one agent without a lab, filling first_apply_ms,
+// elements and agent_rss_mb; this bench fills elements, agent_rss_mb and to_programmed_ms.
 // "In the kernel" is what this process reads from the node's nftables over netlink. See
 // BENCHMARKS.md for what each figure measures. Run by bench/control.sh (root).
 package main
@@ -36,6 +43,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/utils/ptr"
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
 	"kuport.wlz.li/kuport/bench/labbench"
@@ -62,6 +70,14 @@ const (
 
 	podIP   = "10.244.17.10" // the endpoint of every Service, on edge-a's pod CIDR
 	podPort = 8080
+
+	// The range's class, Service and PortMap (all named rangeName), and its pod on rangeNode.
+	rangeName  = "range"
+	rangeNode  = "worker-b"
+	rangePodIP = "10.244.18.10" // on worker-b's pod CIDR
+	// rangeHold is how long the agents hold the range before their memory is read: as
+	// bench/datapath reads its agent's, 5 s past the Ack, reports (every 2 s in the lab) past.
+	rangeHold = 5 * time.Second
 
 	probeEvery = time.Millisecond
 )
@@ -103,6 +119,7 @@ func run(args []string) error {
 	settle := fs.Duration("settle", 45*time.Minute, "the longest wait for all PortMaps to be Programmed, or for a change or sync to reach the kernel")
 	profile := fs.String("profile", "", "directory to write the bulk's CPU profiles to (the controller runs with --pprof, kube-apiserver with --profiling): kube-apiserver's and the controller's from the first create and from the first delete, kube-apiserver's from the floor's (--profile-seconds each)")
 	profileSeconds := fs.Int("profile-seconds", 3, "length of each profile")
+	rangePorts := fs.Int("range-ports", 16384, "ports of the one UDP range PortMap measured after the bulk, ending at 65535; 0 skips it")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -114,8 +131,8 @@ func run(args []string) error {
 		}
 		ns = append(ns, n)
 	}
-	if ns[len(ns)-1]+*changes*len(ns) > bulkBase-sizeBase || *bulk > 65535-bulkBase || *changes < 1 {
-		return fmt.Errorf("sizes, changes or bulk out of range")
+	if ns[len(ns)-1]+*changes*len(ns) > bulkBase-sizeBase || *bulk > 65535-bulkBase || *changes < 1 || *rangePorts < 0 || *rangePorts > 65535 {
+		return fmt.Errorf("sizes, changes, bulk or range ports out of range")
 	}
 	apiserverArgs := []string{"--service-node-port-range=" + nodePortRange}
 	if *profile != "" {
@@ -155,6 +172,11 @@ func run(args []string) error {
 			return err
 		}
 	}
+	if *rangePorts > 0 {
+		if err := b.portRange(ctx, *rangePorts); err != nil {
+			return fmt.Errorf("range-ports=%d: %w", *rangePorts, err)
+		}
+	}
 	for _, n := range ns {
 		if err := b.size(ctx, n); err != nil {
 			return fmt.Errorf("n=%d: %w", n, err)
@@ -181,11 +203,11 @@ func (b *bench) setup(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return b.l.Expose(ctx, kuportNS, "pod", "p", corev1.ProtocolTCP, podPort, backend(kuportNS, podIP))
+	return b.l.Expose(ctx, kuportNS, "pod", "p", corev1.ProtocolTCP, podPort, backend(kuportNS, node, podIP))
 }
 
-func backend(ns, ip string) lab.Backend {
-	return lab.Backend{Pod: lab.Pod{Namespace: ns, Name: "pod", Node: node, IP: ip}, Ready: true}
+func backend(ns, podNode, ip string) lab.Backend {
+	return lab.Backend{Pod: lab.Pod{Namespace: ns, Name: "pod", Node: podNode, IP: ip}, Ready: true}
 }
 
 func (b *bench) portMap(name string, port int) error {
@@ -211,7 +233,7 @@ func (b *bench) nodePortService(ctx context.Context, i int) error {
 	if _, err := b.l.Kube.CoreV1().Services(kpNS).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("service %s: %w", name, err)
 	}
-	return b.l.SetEndpoints(ctx, kpNS, name, "p", corev1.ProtocolTCP, podPort, backend(kpNS, podIP))
+	return b.l.SetEndpoints(ctx, kpNS, name, "p", corev1.ProtocolTCP, podPort, backend(kpNS, node, podIP))
 }
 
 // kuportCount is how many DNAT elements edge-a's kernel holds.
@@ -482,6 +504,130 @@ func (b *bench) profileFrom(ctx context.Context, what string, controller bool) (
 	return labbench.ProfileFrom(ctx, b.log, b.l, b.profile, b.profileSeconds, what+"-apiserver-cpu.pprof", controllerFile)
 }
 
+// portRange measures one PortMap of a UDP range of ports ports that keeps them, ending at
+// 65535, to a pod on rangeNode: edge-a DNATs it into the link to rangeNode, whose elements
+// take it to the pod (docs/design/datapath.md#port-ranges). It prints the range line: create
+// to Programmed=True as a watch on it saw it, the elements edge-a's table ip kuport gained,
+// and edge-a's agent's memory after rangeHold. Stderr gets the elements per set of both
+// nodes, every agent's memory before and holding it, and the delete until edge-a's table is
+// back to what it held before.
+func (b *bench) portRange(ctx context.Context, ports int) error {
+	first := int32(65536 - ports)
+	b.log.Info("range: one PortMap of a UDP range to a pod on another node", "ports", ports, "first", first, "pod_node", rangeNode)
+	// A class of its own with a return path: bench's builds no link, its endpoints all on edge-a.
+	err := b.l.ApplyClass(ctx, &v1alpha1.PortMapClass{
+		ObjectMeta: metav1.ObjectMeta{Name: rangeName},
+		Spec: v1alpha1.PortMapClassSpec{
+			Nodes:      map[string]v1alpha1.ClassNode{node: {Interfaces: []string{iface}}},
+			ReturnPath: v1alpha1.ReturnPath{Mode: v1alpha1.ReturnPathVxlan},
+		},
+	})
+	if err != nil {
+		return err
+	}
+	// The slice's port is the range's first: the pod receives on the port dialed.
+	if err := b.l.Expose(ctx, kuportNS, rangeName, "p", corev1.ProtocolUDP, first, backend(kuportNS, rangeNode, rangePodIP)); err != nil {
+		return err
+	}
+	serving, err := openKernel(rangeNode)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = serving.close() }()
+	before, err := b.k.tableElements(kuportTable)
+	if err != nil {
+		return err
+	}
+	emptyRSS, err := b.agentsRSS()
+	if err != nil {
+		return err
+	}
+
+	programmedAt, stop, err := b.watchProgrammed(ctx, rangeName)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	err = b.l.ApplyPortMap(ctx, &v1alpha1.PortMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: kuportNS, Name: rangeName},
+		Spec: v1alpha1.PortMapSpec{
+			ClassName: rangeName, Protocol: v1alpha1.ProtocolUDP, Port: first, EndPort: ptr.To[int32](65535),
+			ServiceRef: v1alpha1.ServiceRef{Name: rangeName, Port: "p"},
+		},
+	})
+	if err != nil {
+		stop()
+		return err
+	}
+	programmed, err := programmedAt()
+	stop()
+	if err != nil {
+		return err
+	}
+	toProgrammed := programmed.Sub(start)
+	accepting, err := b.k.tableElements(kuportTable)
+	if err != nil {
+		return err
+	}
+	servingSets, err := serving.tableElements(kuportTable)
+	if err != nil {
+		return err
+	}
+	time.Sleep(rangeHold)
+	rss, err := b.agentsRSS()
+	if err != nil {
+		return err
+	}
+
+	deleted := time.Now()
+	if err := b.l.DeletePortMap(ctx, kuportNS, rangeName); err != nil {
+		return err
+	}
+	count := func() (int, error) {
+		sets, err := b.k.tableElements(kuportTable)
+		return total(sets), err
+	}
+	if err := b.waitCount(ctx, "range gone from edge-a's kernel", count, total(before), 5*time.Millisecond); err != nil {
+		return err
+	}
+	gone := time.Since(deleted)
+	// The sizes that follow expect the lab as setup left it.
+	if err := b.l.Unexpose(ctx, kuportNS, rangeName); err != nil {
+		return err
+	}
+	if err := b.l.DeleteClass(ctx, rangeName); err != nil {
+		return err
+	}
+	b.log.Info("range", "ports", ports, "to_programmed_ms", labbench.Ms(toProgrammed), "delete_to_kernel_ms", labbench.Ms(gone),
+		"accepting_node_sets", accepting, "accepting_node_sets_before", before, "serving_node_sets", servingSets,
+		"agent_rss_mb_empty", emptyRSS, "agent_rss_mb_holding", rss)
+	fmt.Printf("BENCH range ports=%d first_apply_ms=na elements=%d agent_rss_mb=%.1f to_programmed_ms=%.1f\n",
+		ports, total(accepting)-total(before), rss[node], labbench.Ms(toProgrammed))
+	return nil
+}
+
+// total is the elements of every set.
+func total(sets map[string]int) int {
+	n := 0
+	for _, c := range sets {
+		n += c
+	}
+	return n
+}
+
+// agentsRSS is each node's agent's resident memory in MB (labbench.RSSMB).
+func (b *bench) agentsRSS() (map[string]float64, error) {
+	rss := map[string]float64{}
+	for _, n := range b.l.Net.Nodes() {
+		mb, err := labbench.RSSMB(b.l.AgentPid(n.Name))
+		if err != nil {
+			return nil, err
+		}
+		rss[n.Name] = math.Round(mb*10) / 10
+	}
+	return rss, nil
+}
+
 // cpuUse is the CPU seconds so far of the lab's processes: kuport's controller, the API
 // server with etcd, kuport's agents, and this process (the bench's own clients).
 type cpuUse struct{ controller, plane, agents, bench float64 }
@@ -612,22 +758,13 @@ func (b *bench) kuportChanges(ctx context.Context) (toKernel, toProgrammed []tim
 		i := b.portMaps
 		name := fmt.Sprintf("pm-%05d", i)
 		port := sizeBase + i
-		w, err := b.l.Dyn.Resource(v1alpha1.PortMapsResource).Namespace(kuportNS).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name})
+		programmedAt, stop, err := b.watchProgrammed(ctx, name)
 		if err != nil {
-			return nil, nil, fmt.Errorf("watch %s: %w", name, err)
+			return nil, nil, err
 		}
-		programmed := make(chan time.Time, 1)
-		go func() {
-			for ev := range w.ResultChan() {
-				if u, ok := ev.Object.(*unstructured.Unstructured); ok && ev.Type != watch.Error && labbench.Programmed(u) {
-					programmed <- time.Now()
-					return
-				}
-			}
-		}()
 		start := time.Now()
 		if err := b.portMap(name, port); err != nil {
-			w.Stop()
+			stop()
 			return nil, nil, err
 		}
 		b.portMaps++
@@ -636,22 +773,48 @@ func (b *bench) kuportChanges(ctx context.Context) (toKernel, toProgrammed []tim
 			return b.k.hasElement(kuportTable, dnatSet, key)
 		})
 		if err != nil {
-			w.Stop()
+			stop()
 			return nil, nil, err
 		}
 		toKernel = append(toKernel, time.Since(start))
-		select {
-		case t := <-programmed:
-			toProgrammed = append(toProgrammed, t.Sub(start))
-		case <-time.After(b.settle):
-			w.Stop()
-			return nil, nil, fmt.Errorf("PortMap %s not Programmed within %s", name, b.settle)
+		programmed, err := programmedAt()
+		stop()
+		if err != nil {
+			return nil, nil, err
 		}
-		w.Stop()
+		toProgrammed = append(toProgrammed, programmed.Sub(start))
 		b.log.Info("kuport change", "portmap", name, "to_kernel_ms", labbench.Ms(toKernel[len(toKernel)-1]),
 			"to_programmed_ms", labbench.Ms(toProgrammed[len(toProgrammed)-1]))
 	}
 	return toKernel, toProgrammed, nil
+}
+
+// watchProgrammed watches PortMap name of kuportNS from now on: programmedAt waits up to the
+// settle time for it to be Programmed=True and returns when the watch saw it so; stop ends
+// the watch.
+func (b *bench) watchProgrammed(ctx context.Context, name string) (programmedAt func() (time.Time, error), stop func(), err error) {
+	w, err := b.l.Dyn.Resource(v1alpha1.PortMapsResource).Namespace(kuportNS).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name})
+	if err != nil {
+		return nil, nil, fmt.Errorf("watch %s: %w", name, err)
+	}
+	programmed := make(chan time.Time, 1)
+	go func() {
+		for ev := range w.ResultChan() {
+			if u, ok := ev.Object.(*unstructured.Unstructured); ok && ev.Type != watch.Error && labbench.Programmed(u) {
+				programmed <- time.Now()
+				return
+			}
+		}
+	}()
+	programmedAt = func() (time.Time, error) {
+		select {
+		case t := <-programmed:
+			return t, nil
+		case <-time.After(b.settle):
+			return time.Time{}, fmt.Errorf("PortMap %s not Programmed within %s", name, b.settle)
+		}
+	}
+	return programmedAt, w.Stop, nil
 }
 
 // kubeProxyFullSync (re)starts kube-proxy with no table of its own and times it until its
@@ -691,7 +854,7 @@ func (b *bench) kubeProxyChanges(ctx context.Context, n int) ([]time.Duration, e
 		ip := netip.AddrFrom4([4]byte{10, 244, byte(100 + b.moved/250), byte(1 + b.moved%250)})
 		key := hairpinKey(ip, podPort)
 		start := time.Now()
-		if err := b.l.SetEndpoints(ctx, kpNS, name, "p", corev1.ProtocolTCP, podPort, backend(kpNS, ip.String())); err != nil {
+		if err := b.l.SetEndpoints(ctx, kpNS, name, "p", corev1.ProtocolTCP, podPort, backend(kpNS, node, ip.String())); err != nil {
 			return nil, err
 		}
 		err := labbench.WaitFor(ctx, "kube-proxy's endpoint "+ip.String()+" of "+name, probeEvery, b.settle, func() (bool, error) {

@@ -3,7 +3,8 @@
 // enp1s0 to a node namespace between a client namespace and a pod namespace, and traffic goes
 // to the last mapping. It prints one BENCH line per size; then one per ranged size (N
 // mappings of which R are 1,000-port ranges, traffic to the middle of the last range), and
-// one for a single wide UDP range (its apply, its kernel elements and the agent holding it).
+// one for a single wide UDP range (its apply, its kernel elements and the agent holding it;
+// bench/control.sh gives its time to Programmed=True in the lab).
 // Run it as root through bench/datapath.sh.
 package main
 
@@ -316,8 +317,10 @@ func measure(n, ranges int, agent string, d time.Duration) error {
 
 // measureRange prints the figures of one UDP mapping of ports ports that keeps them
 // (datapathtest.RangeProgram): its first Apply, the elements the kernel then holds, and the
-// resident memory of the agent holding it (the empty agent's on stderr). to_programmed_ms
-// needs a controller and its lab (bench/lab.sh), so it is "na" here.
+// resident memory of the agent holding it (the empty agent's on stderr). It fills
+// first_apply_ms, elements and agent_rss_mb; to_programmed_ms needs a controller and its lab,
+// so it is "na" here and bench/control.sh prints it (with its own elements and agent_rss_mb,
+// and first_apply_ms "na").
 func measureRange(ports int, agent string) error {
 	p := datapathtest.RangeProgram(ports, "enp1s0")
 	t, err := newTopology(datapathtest.PodAddr(0))
