@@ -28,6 +28,7 @@ import (
 	"flag"
 	"fmt"
 	"math"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -38,6 +39,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -514,6 +517,9 @@ func (b *bench) profileFrom(ctx context.Context, what string, controller bool) (
 func (b *bench) portRange(ctx context.Context, ports int) error {
 	first := int32(65536 - ports)
 	b.log.Info("range: one PortMap of a UDP range to a pod on another node", "ports", ports, "first", first, "pod_node", rangeNode)
+	if err := b.waitAgentsCaughtUp(ctx); err != nil {
+		return err
+	}
 	// A class of its own with a return path: bench's builds no link, its endpoints all on edge-a.
 	err := b.l.ApplyClass(ctx, &v1alpha1.PortMapClass{
 		ObjectMeta: metav1.ObjectMeta{Name: rangeName},
@@ -604,6 +610,79 @@ func (b *bench) portRange(ctx context.Context, ports int) error {
 	fmt.Printf("BENCH range ports=%d first_apply_ms=na elements=%d agent_rss_mb=%.1f to_programmed_ms=%.1f\n",
 		ports, total(accepting)-total(before), rss[node], labbench.Ms(toProgrammed))
 	return nil
+}
+
+// waitAgentsCaughtUp waits until every node's agent is connected and has acknowledged the
+// program the controller holds for it: startKuport waits for edge-a's alone, and a mapping
+// created while rangeNode's agent still reconnects would wait for it.
+func (b *bench) waitAgentsCaughtUp(ctx context.Context) error {
+	url := "http://" + lab.ControllerHTTPAddr + "/metrics"
+	last := "no /metrics read"
+	err := labbench.WaitFor(ctx, "every agent caught up", 10*time.Millisecond, b.settle, func() (bool, error) {
+		v, err := readAgentVersions(ctx, url)
+		if err != nil {
+			last = err.Error() // the controller may not listen yet
+			return false, nil
+		}
+		last = fmt.Sprintf("%d connected, programs %v, acknowledged %v", v.connected, v.program, v.acked)
+		if v.connected != len(b.l.Net.Nodes()) {
+			return false, nil
+		}
+		for _, n := range b.l.Net.Nodes() {
+			if v.acked[n.Name] != v.program[n.Name] {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%w (%s)", err, last)
+	}
+	return nil
+}
+
+// agentVersions is what the controller's /metrics says of the agents: how many are
+// connected, and by node the version of its program and the one its agent acknowledged.
+type agentVersions struct {
+	connected      int
+	program, acked map[string]float64
+}
+
+func readAgentVersions(ctx context.Context, url string) (agentVersions, error) {
+	var v agentVersions
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return v, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return v, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return v, fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return v, fmt.Errorf("%s: %w", url, err)
+	}
+	byNode := func(name string) map[string]float64 {
+		m := map[string]float64{}
+		for _, s := range families[name].GetMetric() {
+			for _, l := range s.GetLabel() {
+				if l.GetName() == "node" {
+					m[l.GetValue()] = s.GetGauge().GetValue()
+				}
+			}
+		}
+		return m
+	}
+	for _, s := range families["kuport_agents_connected"].GetMetric() {
+		v.connected = int(s.GetGauge().GetValue())
+	}
+	v.program, v.acked = byNode("kuport_node_program_version"), byNode("kuport_node_acked_version")
+	return v, nil
 }
 
 // total is the elements of every set.
