@@ -95,10 +95,19 @@ GO
 go mod tidy >&2
 ver="-X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=36"
 ver="$ver -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=36"
+# One go build for every missing command: it links one binary while it compiles or links
+# the next, where a build per command left a core idle through each link.
+missing=()
 for b in "${K8S_CMDS[@]}"; do
-  [[ -x "$OUT/$b" ]] || go build -trimpath -ldflags "-s -w $ver" -o "$OUT/$b.tmp" "k8s.io/kubernetes/cmd/$b" >&2
+  [[ -x "$OUT/$b" ]] || missing+=("k8s.io/kubernetes/cmd/$b")
 done
-[[ -x "$OUT/etcd" ]] || go build -trimpath -ldflags "-s -w" -o "$OUT/etcd.tmp" ./cmd/etcd >&2
+[[ -x "$OUT/etcd" ]] || missing+=(./cmd/etcd)
+if ((${#missing[@]})); then
+  bin=$(mktemp -d "$work/bin.XXXXXX")
+  go build -trimpath -ldflags "-s -w $ver" -o "$bin/" "${missing[@]}" >&2
+  for f in "$bin"/*; do mv "$f" "$OUT/$(basename "$f").tmp"; done
+  rmdir "$bin"
+fi
 
 # CoreDNS in a module of its own (its dependencies are not Kubernetes').
 dns="$CACHE/build-coredns-$COREDNS_VERSION"
