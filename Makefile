@@ -54,8 +54,13 @@ $(ACTIONLINT):
 $(CYCLONEDX_GOMOD):
 	$(call go-install,$@,github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@$(CYCLONEDX_GOMOD_VERSION))
 
+TOOL_BINS := $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(CONTROLLER_GEN) $(GRPCURL) $(CRD_REF_DOCS) $(HELM) $(ACTIONLINT) $(CYCLONEDX_GOMOD)
+
+# tools installs two at a time (silently; go install still prints any error): on a cold
+# machine one tool links, on one core, while the next compiles.
 .PHONY: tools
-tools: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(CONTROLLER_GEN) $(GRPCURL) $(CRD_REF_DOCS) $(HELM) $(ACTIONLINT) $(CYCLONEDX_GOMOD)
+tools:
+	@$(MAKE) --no-print-directory -s -j2 $(TOOL_BINS)
 
 .PHONY: proto
 proto: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC)
