@@ -42,14 +42,9 @@ func TestStreamResultLine(t *testing.T) {
 func TestStreamAgainstServe(t *testing.T) {
 	for _, proto := range []string{"tcp", "udp"} {
 		t.Run(proto, func(t *testing.T) {
-			port := freePort(t, proto)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			served := &syncbuf.Buffer{}
-			go func() { _ = Serve(ctx, []string{"--proto", proto, "--port", fmt.Sprint(port)}, served) }()
-			require.Eventually(t, func() bool {
-				return strings.Contains(served.String(), ListeningLine(proto, port))
-			}, 5*time.Second, 10*time.Millisecond)
+			port, _ := startServe(ctx, t, proto)
 			var out bytes.Buffer
 			require.NoError(t, Stream(ctx, []string{"--proto", proto, "--to", fmt.Sprintf("127.0.0.1:%d", port),
 				"--interval", "5ms", "--duration", "200ms"}, &out))
@@ -67,14 +62,9 @@ func TestStreamAgainstServe(t *testing.T) {
 func TestProbeBothFamilies(t *testing.T) {
 	for _, proto := range []string{"tcp", "udp"} {
 		t.Run(proto, func(t *testing.T) {
-			port := freePort(t, proto)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			served := &syncbuf.Buffer{}
-			go func() { _ = Serve(ctx, []string{"--proto", proto, "--port", fmt.Sprint(port)}, served) }()
-			require.Eventually(t, func() bool {
-				return strings.Contains(served.String(), ListeningLine(proto, port))
-			}, 5*time.Second, 10*time.Millisecond)
+			port, served := startServe(ctx, t, proto)
 			for _, lo := range []string{"127.0.0.1", "::1"} {
 				dst := netip.AddrPortFrom(netip.MustParseAddr(lo), uint16(port)).String()
 				var out bytes.Buffer
@@ -148,4 +138,17 @@ func freePort(t *testing.T, proto string) int {
 	require.NoError(t, err)
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// startServe runs Serve on a free port of proto until ctx ends and returns the port once it
+// listens, with what Serve writes.
+func startServe(ctx context.Context, t *testing.T, proto string) (int, *syncbuf.Buffer) {
+	t.Helper()
+	port := freePort(t, proto)
+	served := &syncbuf.Buffer{}
+	go func() { _ = Serve(ctx, []string{"--proto", proto, "--port", fmt.Sprint(port)}, served) }()
+	require.Eventually(t, func() bool {
+		return strings.Contains(served.String(), ListeningLine(proto, port))
+	}, 5*time.Second, 10*time.Millisecond)
+	return port, served
 }
