@@ -32,20 +32,9 @@ import (
 func BenchmarkPrivilegedAgentChange(b *testing.B) {
 	testenv.Privileged(b)
 	const n = 10000
-	full := datapathtest.Program(n+1, "wt0")
-	version := func(v uint64, m int) *kuportv1.NodeProgram {
-		return &kuportv1.NodeProgram{Node: full.Node, Version: v, Epoch: full.Epoch, DnatRules: full.DnatRules[:m], SnatRules: full.SnatRules[:m]}
-	}
-
-	d := newDriftNS(b)
-	conn, err := nftables.New(nftables.AsLasting(), nftables.WithNetNSFd(int(d.ns)), datapath.NFTSocketOption())
-	require.NoError(b, err)
-	b.Cleanup(func() { _ = conn.CloseLasting() })
-	nl, err := netlink.NewHandleAt(d.ns)
-	require.NoError(b, err)
-	b.Cleanup(nl.Close)
+	version := programVersions(n + 1)
 	log := hclog.New(&hclog.LoggerOptions{Output: io.Discard, Level: hclog.Info})
-	dp := datapath.New(datapath.Config{NFT: conn, Netlink: nl, NetNS: d.ns, Log: log.Named("datapath")})
+	dp := benchDatapath(b, log, 0)
 	defer debug.SetGCPercent(debug.SetGCPercent(steadyGCPercent))
 
 	c, target := startController(b)
@@ -98,21 +87,11 @@ func BenchmarkPrivilegedAgentChange(b *testing.B) {
 func BenchmarkPrivilegedAgentBulkDelete(b *testing.B) {
 	testenv.Privileged(b)
 	const n, step = 1000, 25
-	full := datapathtest.Program(n, "wt0")
-	version := func(v uint64, m int) *kuportv1.NodeProgram {
-		return &kuportv1.NodeProgram{Node: full.Node, Version: v, Epoch: full.Epoch, DnatRules: full.DnatRules[:m], SnatRules: full.SnatRules[:m]}
-	}
+	version := programVersions(n)
 	for _, delay := range []time.Duration{0, SweepDelay} {
 		b.Run("sweep-delay="+delay.String(), func(b *testing.B) {
-			d := newDriftNS(b)
-			conn, err := nftables.New(nftables.AsLasting(), nftables.WithNetNSFd(int(d.ns)), datapath.NFTSocketOption())
-			require.NoError(b, err)
-			b.Cleanup(func() { _ = conn.CloseLasting() })
-			nl, err := netlink.NewHandleAt(d.ns)
-			require.NoError(b, err)
-			b.Cleanup(nl.Close)
 			log := hclog.New(&hclog.LoggerOptions{Output: io.Discard, Level: hclog.Info})
-			dp := datapath.New(datapath.Config{NFT: conn, Netlink: nl, NetNS: d.ns, Log: log.Named("datapath"), SweepDelay: delay})
+			dp := benchDatapath(b, log, delay)
 			b.Cleanup(dp.SweepNow)
 			defer debug.SetGCPercent(debug.SetGCPercent(steadyGCPercent))
 
@@ -141,4 +120,26 @@ func BenchmarkPrivilegedAgentBulkDelete(b *testing.B) {
 			}
 		})
 	}
+}
+
+// programVersions returns the program of the first m of n benchmark mappings at version v.
+func programVersions(n int) func(v uint64, m int) *kuportv1.NodeProgram {
+	full := datapathtest.Program(n, "wt0")
+	return func(v uint64, m int) *kuportv1.NodeProgram {
+		return &kuportv1.NodeProgram{Node: full.Node, Version: v, Epoch: full.Epoch, DnatRules: full.DnatRules[:m], SnatRules: full.SnatRules[:m]}
+	}
+}
+
+// benchDatapath is a real datapath logging to log's "datapath", in a fresh namespace that
+// goes when b ends, its conntrack sweeps put off by sweepDelay.
+func benchDatapath(b *testing.B, log hclog.Logger, sweepDelay time.Duration) *datapath.Datapath {
+	b.Helper()
+	d := newDriftNS(b)
+	conn, err := nftables.New(nftables.AsLasting(), nftables.WithNetNSFd(int(d.ns)), datapath.NFTSocketOption())
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = conn.CloseLasting() })
+	nl, err := netlink.NewHandleAt(d.ns)
+	require.NoError(b, err)
+	b.Cleanup(nl.Close)
+	return datapath.New(datapath.Config{NFT: conn, Netlink: nl, NetNS: d.ns, Log: log.Named("datapath"), SweepDelay: sweepDelay})
 }
