@@ -540,15 +540,18 @@ type DnatRule struct {
 	Mapping string `protobuf:"bytes,2,opt,name=mapping,proto3" json:"mapping,omitempty"`
 	// Interface the request arrives on: an accepting interface, or a link device on the pod's node.
 	InInterface string `protobuf:"bytes,3,opt,name=in_interface,json=inInterface,proto3" json:"in_interface,omitempty"`
-	// Optional IPv4 destination to match: this node's end of the link's /31 on the pod's node.
+	// Optional destination to match: this node's end of the link (its /31, or for an IPv6
+	// entry its /127) on the pod's node. An entry's addresses are all IPv4 or all IPv6; the
+	// family of to_address decides which.
 	MatchDestination string     `protobuf:"bytes,4,opt,name=match_destination,json=matchDestination,proto3" json:"match_destination,omitempty"`
 	Protocol         Protocol   `protobuf:"varint,5,opt,name=protocol,proto3,enum=kuport.v1.Protocol" json:"protocol,omitempty"`
 	Ports            *PortRange `protobuf:"bytes,6,opt,name=ports,proto3" json:"ports,omitempty"`
-	// IPv4 address translated to: the local pod, or the far end of this node's link to the pod's node.
+	// Address translated to, IPv4 or IPv6: the local pod, or the far end of this node's link
+	// to the pod's node.
 	ToAddress string `protobuf:"bytes,7,opt,name=to_address,json=toAddress,proto3" json:"to_address,omitempty"`
 	// First port translated to; a range keeps its width, so port first+i goes to to_port+i.
 	ToPort uint32 `protobuf:"varint,8,opt,name=to_port,json=toPort,proto3" json:"to_port,omitempty"`
-	// IPv4 stand-in for the dialed destination: the compiler sets to_address (an address of
+	// Stand-in for the dialed destination, of to_address's family: the compiler sets to_address (an address of
 	// this node only for a pod in the node's network namespace). Chain kup-steer (filter,
 	// prerouting, priority dstnat - 20, after conntrack has recorded the dialed address and a
 	// mesh's mangle mark, before a host firewall at dstnat - 10) rewrites a new flow's
@@ -670,7 +673,8 @@ type SnatRule struct {
 	// PortMap the rule belongs to: "<namespace>/<name>".
 	Mapping string   `protobuf:"bytes,2,opt,name=mapping,proto3" json:"mapping,omitempty"`
 	Kind    SnatKind `protobuf:"varint,3,opt,name=kind,proto3,enum=kuport.v1.SnatKind" json:"kind,omitempty"`
-	// IPv4 address: the request's translated destination (REQUEST) or the pod's address (REPLY).
+	// IPv4 or IPv6 address: the request's translated destination (REQUEST) or the pod's
+	// address (REPLY).
 	Address  string   `protobuf:"bytes,5,opt,name=address,proto3" json:"address,omitempty"`
 	Protocol Protocol `protobuf:"varint,6,opt,name=protocol,proto3,enum=kuport.v1.Protocol" json:"protocol,omitempty"`
 	// Destination ports (REQUEST) or source ports (REPLY), after translation.
@@ -759,8 +763,8 @@ type MarkRule struct {
 	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// PortMap the rule belongs to: "<namespace>/<name>".
 	Mapping string `protobuf:"bytes,2,opt,name=mapping,proto3" json:"mapping,omitempty"`
-	// STATIC and CT_RESTORE: the pod's IPv4 address (reply source). CT_SAVE: this node's end
-	// of the link's /31 (the request's destination on arrival).
+	// STATIC and CT_RESTORE: the pod's IPv4 or IPv6 address (reply source). CT_SAVE: this
+	// node's end of the link's /31 or /127 (the request's destination on arrival).
 	Address  string   `protobuf:"bytes,3,opt,name=address,proto3" json:"address,omitempty"`
 	Protocol Protocol `protobuf:"varint,4,opt,name=protocol,proto3,enum=kuport.v1.Protocol" json:"protocol,omitempty"`
 	// STATIC and CT_RESTORE: the pod's ports the reply leaves from. CT_SAVE: the dialed ports
@@ -902,8 +906,14 @@ type Link struct {
 	SourcePortLow uint32 `protobuf:"varint,12,opt,name=source_port_low,json=sourcePortLow,proto3" json:"source_port_low,omitempty"`
 	// End of the source ports, exclusive: source_port_low < source_port_high <= 65535.
 	SourcePortHigh uint32 `protobuf:"varint,13,opt,name=source_port_high,json=sourcePortHigh,proto3" json:"source_port_high,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// This end of the link's /127 from the class's subnet6, assigned with prefix length 127:
+	// the link carries IPv6 inside the same device over the IPv4 underlay. Empty: the link
+	// carries IPv4 only.
+	LocalAddress6 string `protobuf:"bytes,14,opt,name=local_address6,json=localAddress6,proto3" json:"local_address6,omitempty"`
+	// The peer's end of the /127; set exactly when local_address6 is.
+	PeerAddress6  string `protobuf:"bytes,15,opt,name=peer_address6,json=peerAddress6,proto3" json:"peer_address6,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Link) Reset() {
@@ -1027,14 +1037,31 @@ func (x *Link) GetSourcePortHigh() uint32 {
 	return 0
 }
 
+func (x *Link) GetLocalAddress6() string {
+	if x != nil {
+		return x.LocalAddress6
+	}
+	return ""
+}
+
+func (x *Link) GetPeerAddress6() string {
+	if x != nil {
+		return x.PeerAddress6
+	}
+	return ""
+}
+
 // ReturnPath diverts marked replies into a link
 // (docs/design/datapath.md#the-return-path-ip-rules-101-and-102):
 //
 //	ip rule add pref <loop_guard_pref> fwmark <mark>/<mark_mask> to <peer_underlay>/32 lookup main
 //	ip rule add pref <divert_pref> fwmark <mark>/<mark_mask> lookup <table>
 //	ip route add default via <peer_link_address> dev <link> table <table>
+//	ip -6 rule add pref <divert_pref> fwmark <mark>/<mark_mask> lookup <table>
+//	ip -6 route add default via <peer_link_address6> dev <link> table <table>
 //
-// (ReturnMarking's values; rules and route carry kuport's protocol.)
+// (ReturnMarking's values; rules and routes carry kuport's protocol; the IPv6 ones only with
+// peer_link_address6.)
 type ReturnPath struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Counter and error id, unique within the program.
@@ -1051,8 +1078,12 @@ type ReturnPath struct {
 	PeerUnderlay string `protobuf:"bytes,5,opt,name=peer_underlay,json=peerUnderlay,proto3" json:"peer_underlay,omitempty"`
 	// Peer's end of the link /31: the default route's gateway in the table.
 	PeerLinkAddress string `protobuf:"bytes,6,opt,name=peer_link_address,json=peerLinkAddress,proto3" json:"peer_link_address,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Peer's end of the link's /127: the IPv6 default route's gateway in the same table, with
+	// an IPv6 rule at divert_pref (ip -6 rule, the same mark and table). No IPv6 loop guard:
+	// the link's outer packets are IPv4. Empty: replies return over the link for IPv4 only.
+	PeerLinkAddress6 string `protobuf:"bytes,7,opt,name=peer_link_address6,json=peerLinkAddress6,proto3" json:"peer_link_address6,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ReturnPath) Reset() {
@@ -1123,6 +1154,13 @@ func (x *ReturnPath) GetPeerUnderlay() string {
 func (x *ReturnPath) GetPeerLinkAddress() string {
 	if x != nil {
 		return x.PeerLinkAddress
+	}
+	return ""
+}
+
+func (x *ReturnPath) GetPeerLinkAddress6() string {
+	if x != nil {
+		return x.PeerLinkAddress6
 	}
 	return ""
 }
@@ -1437,6 +1475,9 @@ type Interface struct {
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// IPv4 addresses without prefix length, in kernel order.
 	Addresses []string `protobuf:"bytes,2,rep,name=addresses,proto3" json:"addresses,omitempty"`
+	// Global IPv6 addresses (no link-local, no tentative or deprecated ones) without prefix
+	// length, in kernel order.
+	Addresses6 []string `protobuf:"bytes,7,rep,name=addresses6,proto3" json:"addresses6,omitempty"`
 	// MTU in bytes.
 	Mtu uint32 `protobuf:"varint,3,opt,name=mtu,proto3" json:"mtu,omitempty"`
 	// Encapsulation of a tunnel device; UNSPECIFIED for any other device. The controller
@@ -1494,6 +1535,13 @@ func (x *Interface) GetName() string {
 func (x *Interface) GetAddresses() []string {
 	if x != nil {
 		return x.Addresses
+	}
+	return nil
+}
+
+func (x *Interface) GetAddresses6() []string {
+	if x != nil {
+		return x.Addresses6
 	}
 	return nil
 }
@@ -2754,7 +2802,7 @@ const file_kuport_v1_program_proto_rawDesc = "" +
 	"\x05ports\x18\x05 \x01(\v2\x14.kuport.v1.PortRangeR\x05ports\x12\x12\n" +
 	"\x04mark\x18\x06 \x01(\rR\x04mark\x12'\n" +
 	"\x04kind\x18\a \x01(\x0e2\x13.kuport.v1.MarkKindR\x04kind\x12!\n" +
-	"\fin_interface\x18\b \x01(\tR\vinInterface\"\x8a\x03\n" +
+	"\fin_interface\x18\b \x01(\tR\vinInterface\"\xd6\x03\n" +
 	"\x04Link\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +
@@ -2770,7 +2818,9 @@ const file_kuport_v1_program_proto_rawDesc = "" +
 	" \x01(\rR\x03mtu\x12\x10\n" +
 	"\x03mac\x18\v \x01(\tR\x03mac\x12&\n" +
 	"\x0fsource_port_low\x18\f \x01(\rR\rsourcePortLow\x12(\n" +
-	"\x10source_port_high\x18\r \x01(\rR\x0esourcePortHigh\"\xab\x01\n" +
+	"\x10source_port_high\x18\r \x01(\rR\x0esourcePortHigh\x12%\n" +
+	"\x0elocal_address6\x18\x0e \x01(\tR\rlocalAddress6\x12#\n" +
+	"\rpeer_address6\x18\x0f \x01(\tR\fpeerAddress6\"\xd9\x01\n" +
 	"\n" +
 	"ReturnPath\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
@@ -2778,7 +2828,8 @@ const file_kuport_v1_program_proto_rawDesc = "" +
 	"\x04mark\x18\x03 \x01(\rR\x04mark\x12\x14\n" +
 	"\x05table\x18\x04 \x01(\rR\x05table\x12#\n" +
 	"\rpeer_underlay\x18\x05 \x01(\tR\fpeerUnderlay\x12*\n" +
-	"\x11peer_link_address\x18\x06 \x01(\tR\x0fpeerLinkAddress\"\x96\x01\n" +
+	"\x11peer_link_address\x18\x06 \x01(\tR\x0fpeerLinkAddress\x12,\n" +
+	"\x12peer_link_address6\x18\a \x01(\tR\x10peerLinkAddress6\"\x96\x01\n" +
 	"\x0eConnectRequest\x12(\n" +
 	"\x05hello\x18\x01 \x01(\v2\x10.kuport.v1.HelloH\x00R\x05hello\x12\"\n" +
 	"\x03ack\x18\x02 \x01(\v2\x0e.kuport.v1.AckH\x00R\x03ack\x12+\n" +
@@ -2797,10 +2848,13 @@ const file_kuport_v1_program_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12%\n" +
 	"\x05value\x18\x02 \x01(\v2\x0f.kuport.v1.KeysR\x05value:\x028\x01\"\x1a\n" +
 	"\x04Keys\x12\x12\n" +
-	"\x04keys\x18\x01 \x03(\tR\x04keys\"\xb1\x01\n" +
+	"\x04keys\x18\x01 \x03(\tR\x04keys\"\xd1\x01\n" +
 	"\tInterface\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
-	"\taddresses\x18\x02 \x03(\tR\taddresses\x12\x10\n" +
+	"\taddresses\x18\x02 \x03(\tR\taddresses\x12\x1e\n" +
+	"\n" +
+	"addresses6\x18\a \x03(\tR\n" +
+	"addresses6\x12\x10\n" +
 	"\x03mtu\x18\x03 \x01(\rR\x03mtu\x12-\n" +
 	"\x06tunnel\x18\x04 \x01(\x0e2\x15.kuport.v1.TunnelKindR\x06tunnel\x12\x19\n" +
 	"\budp_port\x18\x05 \x01(\rR\audpPort\x12\x16\n" +
