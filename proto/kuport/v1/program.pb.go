@@ -1582,7 +1582,10 @@ type NodeState struct {
 	// Name of the underlay interface (outer source of links).
 	UnderlayInterface string `protobuf:"bytes,2,opt,name=underlay_interface,json=underlayInterface,proto3" json:"underlay_interface,omitempty"`
 	// Whether net.ipv4.ip_forward is 1; the agent checks it and never changes it.
-	IpForward     bool `protobuf:"varint,3,opt,name=ip_forward,json=ipForward,proto3" json:"ip_forward,omitempty"`
+	IpForward bool `protobuf:"varint,3,opt,name=ip_forward,json=ipForward,proto3" json:"ip_forward,omitempty"`
+	// Whether net.ipv6.conf.all.forwarding is 1, read the same way: without it the node
+	// serves no IPv6 (the class's node row says ipv6Unavailable).
+	Ipv6Forward   bool `protobuf:"varint,4,opt,name=ipv6_forward,json=ipv6Forward,proto3" json:"ipv6_forward,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1634,6 +1637,13 @@ func (x *NodeState) GetUnderlayInterface() string {
 func (x *NodeState) GetIpForward() bool {
 	if x != nil {
 		return x.IpForward
+	}
+	return false
+}
+
+func (x *NodeState) GetIpv6Forward() bool {
+	if x != nil {
+		return x.Ipv6Forward
 	}
 	return false
 }
@@ -2858,14 +2868,15 @@ const file_kuport_v1_program_proto_rawDesc = "" +
 	"\x03mtu\x18\x03 \x01(\rR\x03mtu\x12-\n" +
 	"\x06tunnel\x18\x04 \x01(\x0e2\x15.kuport.v1.TunnelKindR\x06tunnel\x12\x19\n" +
 	"\budp_port\x18\x05 \x01(\rR\audpPort\x12\x16\n" +
-	"\x06netkit\x18\x06 \x01(\bR\x06netkit\"\x8f\x01\n" +
+	"\x06netkit\x18\x06 \x01(\bR\x06netkit\"\xb2\x01\n" +
 	"\tNodeState\x124\n" +
 	"\n" +
 	"interfaces\x18\x01 \x03(\v2\x14.kuport.v1.InterfaceR\n" +
 	"interfaces\x12-\n" +
 	"\x12underlay_interface\x18\x02 \x01(\tR\x11underlayInterface\x12\x1d\n" +
 	"\n" +
-	"ip_forward\x18\x03 \x01(\bR\tipForward\"\xdf\x01\n" +
+	"ip_forward\x18\x03 \x01(\bR\tipForward\x12!\n" +
+	"\fipv6_forward\x18\x04 \x01(\bR\vipv6Forward\"\xdf\x01\n" +
 	"\x05Hello\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12#\n" +
 	"\ragent_version\x18\x02 \x01(\tR\fagentVersion\x12*\n" +
