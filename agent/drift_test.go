@@ -81,7 +81,7 @@ func (d *driftNS) try(args ...string) (string, error) {
 
 // TestPrivilegedDriftRepaired runs the agent over the real datapath in a fresh namespace
 // with the periodic resync an hour away, so only the watch (Config.Drift, Datapath.Watch)
-// can repair: a deleted table ip kuport, a deleted ip rule at pref 101, a deleted kup-*
+// can repair: a deleted table inet kuport, a deleted ip rule at pref 101, a deleted kup-*
 // device, a flushed ruleset, a deleted element, route and address and a device set down are
 // each back whole within 2 s. Changes to another table, device, rule or route
 // cause no Apply at all.
@@ -152,12 +152,12 @@ func TestPrivilegedDriftRepaired(t *testing.T) {
 	settle()
 	require.True(t, whole(), "the program is in the kernel:\n%s", d.exec(t, "ip", "rule", "show"))
 	for _, damage := range [][]string{
-		{"nft", "delete", "table", "ip", "kuport"},
+		{"nft", "delete", "table", "inet", "kuport"},
 		{"ip", "rule", "del", "pref", "101"},
 		{"ip", "link", "del", "kup-dcc4266d"},
 		// What a firewall reload or a networkd restart does, and smaller damage.
 		{"nft", "flush", "ruleset"},
-		{"nft", "delete", "element", "ip", "kuport", "dnat-addr-ports", "{ kup-dcc4266d . 10.244.18.107 . tcp . 3000 }"},
+		{"nft", "delete", "element", "inet", "kuport", "dnat-addr-ports", "{ kup-dcc4266d . 10.244.18.107 . tcp . 3000 }"},
 		{"ip", "route", "del", "default", "table", "27505"},
 		{"ip", "addr", "flush", "dev", "kup-dcc4266d"},
 		{"ip", "link", "set", "kup-dcc4266d", "down"},

@@ -27,13 +27,13 @@ func TestInvalidProgramRefusedWhole(t *testing.T) {
 	bad := program(2, 1, 27016)
 	bad.DnatRules = append(bad.DnatRules, &kuportv1.DnatRule{Id: "games/bad/dnat/wt0", Mapping: "games/bad",
 		InInterface: "wt0", Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: &kuportv1.PortRange{First: 1, Last: 1},
-		ToAddress: "::1", ToPort: 1})
+		ToAddress: "fd00::1", ToPort: 1, StandIn: "10.244.17.5"})
 	s.Send(t, bad)
 	ack := s.NextAck(t)
 	require.Equal(t, uint64(2), ack.GetVersion())
 	require.Len(t, ack.GetErrors(), 1)
 	require.Equal(t, "games/bad/dnat/wt0", ack.GetErrors()[0].GetId())
-	require.Contains(t, ack.GetErrors()[0].GetMessage(), `to_address "::1" is not an IPv4 address`)
+	require.Contains(t, ack.GetErrors()[0].GetMessage(), `stand_in "10.244.17.5" is not an IPv6 address`)
 	applied, applies := dp.snapshot()
 	require.Equal(t, 1, applies, "the invalid program never reached the datapath")
 	requireProtoEqual(t, good, applied)

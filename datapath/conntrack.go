@@ -149,8 +149,8 @@ func translationOf(s *setSpec, e elem) (translation, bool) {
 		b := []byte(key[:f.typ.Bytes])
 		key = key[n:]
 		switch f.typ.Name {
-		case "ipv4_addr":
-			tr.daddr = netip.AddrFrom4([4]byte(b))
+		case "ipv4_addr", "ipv6_addr":
+			tr.daddr, _ = netip.AddrFromSlice(b)
 		case "inet_proto":
 			tr.proto = b[0]
 		case "inet_service":
@@ -158,17 +158,20 @@ func translationOf(s *setSpec, e elem) (translation, bool) {
 		}
 	}
 	tr.last = tr.port
+	n := int(s.data[0].typ.Bytes) // the target address's length: the family's
 	if s.interval() {
-		if _, tr.last = splitPort(e.end); len(e.val) < 4 || tr.last < tr.port {
+		if _, tr.last = splitPort(e.end); len(e.val) < n || tr.last < tr.port {
 			return tr, false
 		}
-		tr.to, tr.keep = netip.AddrFrom4([4]byte([]byte(e.val[:4]))), true
+		tr.to, _ = netip.AddrFromSlice([]byte(e.val[:n]))
+		tr.keep = true
 		return tr, true
 	}
-	if len(e.val) < 6 {
+	if len(e.val) < n+2 {
 		return tr, false
 	}
-	tr.to, tr.toPort = netip.AddrFrom4([4]byte([]byte(e.val[:4]))), binary.BigEndian.Uint16([]byte(e.val[4:6]))
+	tr.to, _ = netip.AddrFromSlice([]byte(e.val[:n]))
+	tr.toPort = binary.BigEndian.Uint16([]byte(e.val[n : n+2]))
 	return tr, true
 }
 
@@ -194,33 +197,38 @@ func dialed(t *table) map[string]netip.Addr {
 	if t == nil {
 		return out
 	}
-	for _, set := range steerAddrSets {
+	for set, n := range steerAddrSets {
 		for _, e := range t.elems[set] {
-			addDialed(out, e)
+			addDialed(out, e, n)
 		}
 	}
 	return out
 }
 
 // steerAddrSets are the steering sets whose elements write a stand-in over a destination
-// match: a range's key is its first port's, as is its DNAT element's.
-var steerAddrSets = []string{"steer-addr-ports", "steer-addr-ranges"}
+// match, with the length of the family's addresses: a range's key is its first port's, as
+// is its DNAT element's.
+var steerAddrSets = map[string]int{
+	"steer-addr-ports": 4, "steer-addr-ranges": 4,
+	familyIPv6.setName("steer-addr-ports"): 16, familyIPv6.setName("steer-addr-ranges"): 16,
+}
 
-// addDialed records steering element e in a dialed map.
-func addDialed(out map[string]netip.Addr, e elem) {
-	if k, d, ok := steeredKey(e); ok {
+// addDialed records steering element e, its addresses n bytes long, in a dialed map.
+func addDialed(out map[string]netip.Addr, e elem, n int) {
+	if k, d, ok := steeredKey(e, n); ok {
 		out[k] = d
 	}
 }
 
 // steeredKey is the key of the DNAT element that steering element e's stand-in meets, and
-// the destination the client dialed.
-func steeredKey(e elem) (string, netip.Addr, bool) {
-	// iifname (16 bytes) . ip daddr (4) . l4proto . dport : stand-in (4)
-	if len(e.key) < 20 || len(e.val) < 4 {
+// the destination the client dialed; its addresses are n bytes long.
+func steeredKey(e elem, n int) (string, netip.Addr, bool) {
+	// iifname (16 bytes) . daddr (n) . l4proto . dport : stand-in (n)
+	if len(e.key) < 16+n || len(e.val) < n {
 		return "", netip.Addr{}, false
 	}
-	return e.key[:16] + e.val[:4] + e.key[20:], netip.AddrFrom4([4]byte([]byte(e.key[16:20]))), true
+	d, _ := netip.AddrFromSlice([]byte(e.key[16 : 16+n]))
+	return e.key[:16] + e.val[:n] + e.key[16+n:], d, true
 }
 
 // translationAt reads DNAT element e of set s, with dialed (if valid) in place of the
@@ -271,16 +279,17 @@ func dirtyStaleFlows(want *table, dirty map[setKey]prior) *staleFlows {
 	dialedBefore := func() map[string]netip.Addr {
 		out := dialed(want)
 		for sk, p := range dirty {
-			if !slices.Contains(steerAddrSets, sk.set) {
+			n, steers := steerAddrSets[sk.set]
+			if !steers {
 				continue
 			}
 			if e, now := want.elems[sk.set][sk.key]; now {
-				if k, _, ok := steeredKey(e); ok {
+				if k, _, ok := steeredKey(e, n); ok {
 					delete(out, k)
 				}
 			}
 			if p.present {
-				addDialed(out, p.e)
+				addDialed(out, p.e, n)
 			}
 		}
 		return out
@@ -378,7 +387,8 @@ func (s *staleFlows) MatchConntrackFlow(f *netlink.ConntrackFlow) bool {
 	}
 	pp := protoPort{f.Forward.Protocol, f.Forward.DstPort}
 	to, toPort := addrOf(f.Reverse.SrcIP), f.Reverse.SrcPort
-	catches := func(tr translation) bool { return !tr.daddr.IsValid() || tr.daddr == dst }
+	// A translation without a destination match catches any of its family's.
+	catches := func(tr translation) bool { return tr.to.Is4() == dst.Is4() && (!tr.daddr.IsValid() || tr.daddr == dst) }
 	var match bool
 	if to == dst && toPort == pp.port {
 		match = s.added.any(pp, catches)
@@ -412,6 +422,25 @@ func (s *staleFlows) setLocal(routes []netlink.Route) {
 			}
 		})
 	}
+}
+
+// families are the address families of the filter's translations (netlink.FAMILY_V4,
+// FAMILY_V6): a sweep dumps only their conntrack tables.
+func (s *staleFlows) families() []int {
+	var v4, v6 bool
+	for _, ts := range []*translations{&s.gone, &s.added} {
+		ts.all(func(tr translation) {
+			v4, v6 = v4 || tr.to.Is4(), v6 || tr.to.Is6()
+		})
+	}
+	var out []int
+	if v4 {
+		out = append(out, netlink.FAMILY_V4)
+	}
+	if v6 {
+		out = append(out, netlink.FAMILY_V6)
+	}
+	return out
 }
 
 func (s *staleFlows) isLocal(a netip.Addr) bool {
@@ -486,18 +515,27 @@ func (d *Datapath) deleteStaleFlows(s *staleFlows, changes int) {
 	if s == nil {
 		return
 	}
-	routes, err := d.nl.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_LOCAL, Type: unix.RTN_LOCAL},
-		netlink.RT_FILTER_TABLE|netlink.RT_FILTER_TYPE)
-	if err != nil {
-		d.log.Warn("conntrack entries of changed DNAT rules not deleted", "error", err)
-		return
+	var routes []netlink.Route
+	fams := s.families()
+	for _, f := range fams {
+		r, err := d.nl.RouteListFiltered(f, &netlink.Route{Table: unix.RT_TABLE_LOCAL, Type: unix.RTN_LOCAL},
+			netlink.RT_FILTER_TABLE|netlink.RT_FILTER_TYPE)
+		if err != nil {
+			d.log.Warn("conntrack entries of changed DNAT rules not deleted", "error", err)
+			return
+		}
+		routes = append(routes, r...)
 	}
 	s.setLocal(routes)
 	s.matched = func(f *netlink.ConntrackFlow) { d.log.Trace("delete conntrack entry", "flow", f.String()) }
-	n, err := d.nl.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, s)
-	if err != nil {
-		d.log.Warn("deleting conntrack entries of changed DNAT rules", "deleted", n, "error", err)
-		return
+	var n uint
+	for _, f := range fams {
+		m, err := d.nl.ConntrackDeleteFilters(netlink.ConntrackTable, netlink.InetFamily(f), s)
+		n += m
+		if err != nil {
+			d.log.Warn("deleting conntrack entries of changed DNAT rules", "deleted", n, "error", err)
+			return
+		}
 	}
 	log := d.log.Debug
 	if n > 0 {

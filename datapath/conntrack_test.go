@@ -325,7 +325,7 @@ func TestPrivilegedConntrack(t *testing.T) {
 	// An element deleted by hand lets a new client past it; the resync that puts the element
 	// back deletes that client's un-NATed entry, and only that.
 	const bypass = 5004
-	tn.exec(t, "nft", "delete", "element", "ip", "kuport", "dnat-ports", `{ "enp1s0" . udp . 3002 }`)
+	tn.exec(t, "nft", "delete", "element", "inet", "kuport", "dnat-ports", `{ "enp1s0" . udp . 3002 }`)
 	client.sendUDP(t, bypass, "203.0.113.9", 3002)
 	tn.waitFlows(t, map[uint16]string{
 		moves:   "203.0.113.9:3000 -> 10.244.17.6:3000",

@@ -61,8 +61,7 @@ func (d *Datapath) lock() {
 // counters reads and sums the elements of the kernel's counted sets; errYielded when yield
 // stopped a read. Called with d.mu and d.counting held.
 func (d *Datapath) counters(yield func() bool) ([]*kuportv1.Counter, error) {
-	fam := familyIPv4
-	t, err := d.kernelTableOf(fam)
+	t, err := d.kernelTableOf(tableFamily)
 	if t == nil || err != nil {
 		return nil, err
 	}
@@ -70,7 +69,7 @@ func (d *Datapath) counters(yield func() bool) ([]*kuportv1.Counter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list sets: %w", err)
 	}
-	l := newLayout(fam, 0, nil, true)
+	l := newLayout(0, nil, true, true)
 	byID := make(map[string]*kuportv1.Counter, len(d.planned.dnat.msgs)+len(d.planned.snat.msgs)+len(d.planned.mark.msgs))
 	for _, ks := range sets {
 		s := l.byName[ks.Name]
@@ -78,7 +77,7 @@ func (d *Datapath) counters(yield func() bool) ([]*kuportv1.Counter, error) {
 			continue
 		}
 		planned := d.planned.tab.elems[s.name]
-		err := d.counterSocket.setCounters(fam.table, tableName, ks.Name, func(key []byte, packets, bytes uint64) {
+		err := d.counterSocket.setCounters(tableFamily, tableName, ks.Name, func(key []byte, packets, bytes uint64) {
 			e, ok := planned[string(key)]
 			if !ok {
 				return

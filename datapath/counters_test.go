@@ -93,7 +93,7 @@ func TestPrivilegedElementReadGivesWay(t *testing.T) {
 	require.NoError(t, tn.dp.Apply(datapathtest.Program(n, "enp1s0")))
 	read := func(yield func() bool) (int, error) {
 		count := 0
-		err := tn.dp.counterSocket.setCounters(familyIPv4.table, tableName, "dnat-ports",
+		err := tn.dp.counterSocket.setCounters(tableFamily, tableName, "dnat-ports",
 			func([]byte, uint64, uint64) { count++ }, yield)
 		return count, err
 	}

@@ -81,6 +81,9 @@ type Datapath struct {
 	// planned the last plan (incremental.go).
 	known   *known
 	planned planner
+	// legacyTable: the last whole read found table ip kuport, an earlier agent's, which the
+	// next write of the table deletes (nftwrite.go).
+	legacyTable bool
 	// routeTables are the routing tables the last Apply synced (the program's and those
 	// its band's rules pointed at), read by Watch without the lock (watch.go).
 	routeTables atomic.Pointer[map[int]bool]

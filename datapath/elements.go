@@ -129,8 +129,9 @@ func valueText(fields []field, packed string) string {
 		switch f.typ.Name {
 		case "ifname":
 			parts = append(parts, fmt.Sprintf("%q", strings.TrimRight(string(b), "\x00")))
-		case "ipv4_addr":
-			parts = append(parts, netip.AddrFrom4([4]byte(b)).String())
+		case "ipv4_addr", "ipv6_addr":
+			a, _ := netip.AddrFromSlice(b)
+			parts = append(parts, a.String())
 		case "inet_proto":
 			switch b[0] {
 			case protoTCP:

@@ -51,7 +51,6 @@ func planTable(p *kuportv1.NodeProgram) (*table, []error) {
 // identity SNAT for two mappings to one pod port), which incremental plans leave to a
 // plan of the whole program (incremental.go).
 func planEntries(p *kuportv1.NodeProgram) (*table, []error, map[setKey]bool) {
-	fam := familyIPv4
 	var errs []error
 	n := len(p.GetDnatRules()) + len(p.GetSnatRules()) + len(p.GetMarkRules())
 	seen := make(map[string]bool, n)
@@ -74,11 +73,11 @@ func planEntries(p *kuportv1.NodeProgram) (*table, []error, map[setKey]bool) {
 		}
 		entries = append(entries, entry{kind, id, puts})
 	}
-	dnatKind.each(fam, p, add)
-	snatKind.each(fam, p, add)
-	markKind.each(fam, p, add)
+	dnatKind.each(p, add)
+	snatKind.each(p, add)
+	markKind.each(p, add)
 
-	l := programLayout(fam, p)
+	l := programLayout(p)
 	t := newTable(l)
 	// Each set's map made for its elements, which spares growing it element by element.
 	sizes := map[string]int{}
@@ -175,9 +174,9 @@ func dnatPuts(fam family, e *kuportv1.DnatRule) ([]put, error) {
 			return nil, err
 		}
 	}
-	dnat, out, steer := "dnat-ports", "count-out-ports", "steer-ports"
+	dnat, out, steer := fam.setName("dnat-ports"), fam.setName("count-out-ports"), fam.setName("steer-ports")
 	if daddr.IsValid() {
-		dnat, out, steer = "dnat-addr-ports", "count-out-addr-ports", "steer-addr-ports"
+		dnat, out, steer = fam.setName("dnat-addr-ports"), fam.setName("count-out-addr-ports"), fam.setName("steer-addr-ports")
 	}
 	key := func(daddr netip.Addr, port uint16) string {
 		if daddr.IsValid() {
@@ -248,9 +247,9 @@ func snatPuts(fam family, e *kuportv1.SnatRule) ([]put, error) {
 	var set string
 	switch e.GetKind() {
 	case kuportv1.SnatKind_SNAT_KIND_REQUEST:
-		set = "snat-request"
+		set = fam.setName("snat-request")
 	case kuportv1.SnatKind_SNAT_KIND_REPLY:
-		set = "snat-reply"
+		set = fam.setName("snat-reply")
 	default:
 		return nil, fmt.Errorf("unknown snat kind %v", e.GetKind())
 	}
@@ -281,13 +280,13 @@ func markPuts(fam family, e *kuportv1.MarkRule) ([]put, error) {
 	bySource := func(port uint16) string { return pack(addr.AsSlice(), []byte{proto}, portBytes(port)) }
 	switch e.GetKind() {
 	case kuportv1.MarkKind_MARK_KIND_STATIC:
-		return podPortPuts("mark-static", bySource, pr, markChain(mark)), nil
+		return podPortPuts(fam.setName("mark-static"), bySource, pr, markChain(mark)), nil
 	case kuportv1.MarkKind_MARK_KIND_CT_SAVE:
-		return podPortPuts("mark-ct-save", func(port uint16) string {
+		return podPortPuts(fam.setName("mark-ct-save"), func(port uint16) string {
 			return pack(ifnameBytes(e.GetInInterface()), addr.AsSlice(), []byte{proto}, portBytes(port))
 		}, pr, ctMarkChain(mark)), nil
 	case kuportv1.MarkKind_MARK_KIND_CT_RESTORE:
-		return podPortPuts("mark-ct-restore", bySource, pr, ""), nil
+		return podPortPuts(fam.setName("mark-ct-restore"), bySource, pr, ""), nil
 	}
 	return nil, nil
 }

@@ -21,7 +21,7 @@ func TestPlanRejectsInvalidEntries(t *testing.T) {
 		DnatRules: []*kuportv1.DnatRule{
 			{Id: "ok", InInterface: "enp1s0", Protocol: tcp, Ports: one, ToAddress: "10.0.0.1", ToPort: 3000, StandIn: "10.0.0.1"},
 			{Id: "ok", InInterface: "enp1s0", Protocol: tcp, Ports: one, ToAddress: "10.0.0.1", ToPort: 3000, StandIn: "10.0.0.1"},
-			{Id: "v6", InInterface: "enp1s0", Protocol: tcp, Ports: one, ToAddress: "::1", ToPort: 3000},
+			{Id: "mixed", InInterface: "enp1s0", Protocol: tcp, Ports: one, ToAddress: "fd00::1", ToPort: 3000, StandIn: "10.0.0.1"},
 			{Id: "proto", InInterface: "enp1s0", Ports: one, ToAddress: "10.0.0.1", ToPort: 3000},
 			{Id: "overflow", InInterface: "enp1s0", Protocol: tcp, Ports: &kuportv1.PortRange{First: 10, Last: 20}, ToAddress: "10.0.0.1", ToPort: 65530},
 			{Id: "ifname", InInterface: "a-name-longer-than-15", Protocol: tcp, Ports: one, ToAddress: "10.0.0.1", ToPort: 3000},
@@ -44,9 +44,10 @@ func TestPlanRejectsInvalidEntries(t *testing.T) {
 	for _, e := range got {
 		ids = append(ids, e.GetId())
 	}
-	assert.Equal(t, []string{"ok", "v6", "proto", "overflow", "ifname", "quote\"", "kind", "mark0"}, ids)
+	assert.Equal(t, []string{"ok", "mixed", "proto", "overflow", "ifname", "quote\"", "kind", "mark0"}, ids)
 	assert.Contains(t, got[0].GetMessage(), "dnat ok: id used by another entry")
-	assert.NotContains(t, Render(p), "v6", "invalid entries are not rendered")
+	assert.Contains(t, got[1].GetMessage(), `dnat mixed: stand_in "10.0.0.1" is not an IPv6 address`, "an entry's addresses are of its target's family")
+	assert.NotContains(t, Render(p), "mixed", "invalid entries are not rendered")
 }
 
 func TestEntryErrorsOfNonEntryFailure(t *testing.T) {
@@ -69,11 +70,11 @@ func TestMarkRuleForms(t *testing.T) {
 		wantErr string // a part of its error
 	}{
 		{"static", &kuportv1.MarkRule{Kind: static, Address: "10.244.18.107", Protocol: tcp, Ports: one, Mark: 0x6b700001},
-			"mark-static: 10.244.18.107 . tcp . 3000 counter comment \"id\" : jump kup-mark-6b700001\n" +
-				"return-marks: 0x6b700001 counter : jump kup-mark-6b700001", ""},
+			"return-marks: 0x6b700001 counter : jump kup-mark-6b700001\n" +
+				"mark-static: 10.244.18.107 . tcp . 3000 counter comment \"id\" : jump kup-mark-6b700001", ""},
 		{"ct save", &kuportv1.MarkRule{Kind: save, InInterface: "kup-aaaaaaaa", Address: "169.254.79.1", Protocol: tcp, Ports: one, Mark: 0x6b700002},
-			"mark-ct-save: \"kup-aaaaaaaa\" . 169.254.79.1 . tcp . 3000 counter comment \"id\" : jump kup-ctmark-6b700002\n" +
-				"return-marks: 0x6b700002 counter : jump kup-mark-6b700002", ""},
+			"return-marks: 0x6b700002 counter : jump kup-mark-6b700002\n" +
+				"mark-ct-save: \"kup-aaaaaaaa\" . 169.254.79.1 . tcp . 3000 counter comment \"id\" : jump kup-ctmark-6b700002", ""},
 		{"ct restore", &kuportv1.MarkRule{Kind: restore, Address: "10.244.18.107", Protocol: tcp, Ports: &kuportv1.PortRange{First: 27015, Last: 27016}},
 			`mark-ct-restore-ranges: 10.244.18.107 . tcp . 27015-27016 counter comment "id"`, ""},
 		{"no kind", &kuportv1.MarkRule{Address: "10.244.18.107", Protocol: tcp, Ports: one, Mark: 1}, "", "unknown mark kind"},
@@ -187,7 +188,9 @@ func TestRangeConflicts(t *testing.T) {
 // every Apply would find the table damaged and rebuild it.
 func TestRuleWireRoundTrip(t *testing.T) {
 	for _, ranges := range []bool{false, true} {
-		testRuleWireRoundTrip(t, newLayout(familyIPv4, legacyMarking.mask, nil, ranges))
+		for _, v6 := range []bool{false, true} {
+			testRuleWireRoundTrip(t, newLayout(legacyMarking.mask, nil, ranges, v6))
+		}
 	}
 }
 
@@ -199,10 +202,10 @@ func testRuleWireRoundTrip(t *testing.T, l *layout) {
 			if _, ok := e.(*expr.Byteorder); ok {
 				continue // the library cannot decode it (ruleMatches)
 			}
-			b, err := expr.MarshalExprData(byte(nftables.TableFamilyIPv4), e)
+			b, err := expr.MarshalExprData(byte(tableFamily), e)
 			require.NoError(t, err)
 			back := reflect.New(reflect.TypeOf(e).Elem()).Interface().(expr.Any)
-			require.NoError(t, expr.Unmarshal(byte(nftables.TableFamilyIPv4), b, back))
+			require.NoError(t, expr.Unmarshal(byte(tableFamily), b, back))
 			wire = append(wire, back)
 		}
 		assert.True(t, ruleMatches(&nftables.Rule{Exprs: wire}, want), r.text)

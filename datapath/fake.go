@@ -28,7 +28,7 @@ func NewFake(underlay string, log hclog.Logger) (*Datapath, func() (string, erro
 }
 
 // fakeKernel is an in-memory network namespace holding what kuport's Datapath calls: the
-// nftables tables of family ip, devices with their addresses, MTU, up state and
+// nftables tables, devices with their addresses, MTU, up state and
 // rp_filter, ip rules, routes, and the ruleset generation, so reconcile tests run without
 // root. Like knftables' Fake, nftables calls are queued and Flush applies them in order
 // to a copy of the tables, committing it (and counting a generation) only when every one
@@ -99,8 +99,8 @@ func (k *fakeKernel) enqueue(op func(map[string]*fakeTable) error) { k.queue = a
 
 func (k *fakeKernel) AddTable(t *nftables.Table) *nftables.Table {
 	k.enqueue(func(ts map[string]*fakeTable) error {
-		if ts[t.Name] == nil {
-			ts[t.Name] = &fakeTable{table: &nftables.Table{Name: t.Name, Family: t.Family}, rules: map[string][]*nftables.Rule{},
+		if ts[fakeTableKey(t)] == nil {
+			ts[fakeTableKey(t)] = &fakeTable{table: &nftables.Table{Name: t.Name, Family: t.Family}, rules: map[string][]*nftables.Rule{},
 				elems: map[string]map[string]nftables.SetElement{}}
 		}
 		return nil
@@ -110,18 +110,21 @@ func (k *fakeKernel) AddTable(t *nftables.Table) *nftables.Table {
 
 func (k *fakeKernel) DelTable(t *nftables.Table) {
 	k.enqueue(func(ts map[string]*fakeTable) error {
-		if ts[t.Name] == nil {
+		if ts[fakeTableKey(t)] == nil {
 			return fmt.Errorf("delete table %s: %w", t.Name, syscall.ENOENT)
 		}
-		delete(ts, t.Name)
+		delete(ts, fakeTableKey(t))
 		return nil
 	})
 }
 
+// fakeTableKey names a table by its family and name, as the kernel tells tables apart.
+func fakeTableKey(t *nftables.Table) string { return fmt.Sprintf("%d/%s", t.Family, t.Name) }
+
 // in runs op on the table named by t, cloned so the committed one is not written.
 func (k *fakeKernel) in(t *nftables.Table, op func(*fakeTable) error) {
 	k.enqueue(func(ts map[string]*fakeTable) error {
-		ft := ts[t.Name]
+		ft := ts[fakeTableKey(t)]
 		if ft == nil {
 			return fmt.Errorf("table %s: %w", t.Name, syscall.ENOENT)
 		}
@@ -129,7 +132,7 @@ func (k *fakeKernel) in(t *nftables.Table, op func(*fakeTable) error) {
 		if err := op(ft); err != nil {
 			return err
 		}
-		ts[t.Name] = ft
+		ts[fakeTableKey(t)] = ft
 		return nil
 	})
 }
@@ -332,7 +335,7 @@ func (k *fakeKernel) ListChainsOfTableFamily(family nftables.TableFamily) ([]*nf
 }
 
 func (k *fakeKernel) table(t *nftables.Table) (*fakeTable, error) {
-	ft := k.tables[t.Name]
+	ft := k.tables[fakeTableKey(t)]
 	if ft == nil {
 		return nil, fmt.Errorf("table %s: %w", t.Name, syscall.ENOENT)
 	}

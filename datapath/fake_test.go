@@ -50,7 +50,7 @@ func TestFakeRepair(t *testing.T) {
 	require.NoError(t, dp.Apply(base))
 	want := k.dump(t)
 	require.True(t, strings.HasPrefix(want, Render(base)), "the fake holds the rendered table:\n%s", want)
-	kuport := &nftables.Table{Name: tableName, Family: nftables.TableFamilyIPv4}
+	kuport := &nftables.Table{Name: tableName, Family: tableFamily}
 	link, err := k.LinkByName("kup-dcc4266d")
 	require.NoError(t, err)
 
@@ -105,7 +105,7 @@ func TestFakeTransaction(t *testing.T) {
 	k := newFakeKernel("100.64.93.150")
 	require.NoError(t, k.datapath(t).Apply(goldenPrograms(t)["local-edge-a"]))
 	before, gen := k.dump(t), k.gen
-	kuport := &nftables.Table{Name: tableName, Family: nftables.TableFamilyIPv4}
+	kuport := &nftables.Table{Name: tableName, Family: tableFamily}
 	set := &nftables.Set{Table: kuport, Name: "dnat-ports"}
 	elems, err := k.GetSetElements(set)
 	require.NoError(t, err)

@@ -312,7 +312,7 @@ func checkRenders(t *testing.T, p *kuportv1.NodeProgram) {
 	for _, e := range p.GetMarkRules() {
 		valid[e.GetId()] = true
 	}
-	kt := &nftables.Table{Family: tbl.layout.fam.table, Name: tableName}
+	kt := &nftables.Table{Family: tableFamily, Name: tableName}
 	for _, s := range tbl.layout.sets {
 		ks := s.kernelSet(kt)
 		for _, e := range tbl.elems[s.name] {

@@ -44,12 +44,15 @@ type entryMsg interface {
 }
 
 // each renders every entry of the kind in p for planEntries.
-func (k entryKind[T]) each(fam family, p *kuportv1.NodeProgram, add func(kind, id string, puts []put, err error)) {
+func (k entryKind[T]) each(p *kuportv1.NodeProgram, add func(kind, id string, puts []put, err error)) {
 	for _, e := range k.list(p) {
-		puts, err := k.puts(fam, e)
+		puts, err := k.render(e)
 		add(k.name, e.GetId(), puts, err)
 	}
 }
+
+// render is entry e's elements, in the sets of its address family.
+func (k entryKind[T]) render(e T) ([]put, error) { return k.puts(familyOf(k.address(e)), e) }
 
 // entryKind is what planning one kind of entry takes: the program's list of it, its
 // rendering, and equality of two entries (every field: TestSameCoversEveryField).
@@ -60,12 +63,14 @@ type entryKind[T entryMsg] struct {
 	list  func(*kuportv1.NodeProgram) []T
 	puts  func(family, T) ([]put, error)
 	same  func(a, b T) bool
+	// address is the entry's address that decides its family: its target.
+	address func(T) string
 }
 
 var (
-	dnatKind = entryKind[*kuportv1.DnatRule]{name: "dnat", order: 0, list: (*kuportv1.NodeProgram).GetDnatRules, puts: dnatPuts, same: sameDnat}
-	snatKind = entryKind[*kuportv1.SnatRule]{name: "snat", order: 1, list: (*kuportv1.NodeProgram).GetSnatRules, puts: snatPuts, same: sameSnat}
-	markKind = entryKind[*kuportv1.MarkRule]{name: "mark", order: 2, list: (*kuportv1.NodeProgram).GetMarkRules, puts: markPuts, same: sameMark}
+	dnatKind = entryKind[*kuportv1.DnatRule]{name: "dnat", order: 0, list: (*kuportv1.NodeProgram).GetDnatRules, puts: dnatPuts, same: sameDnat, address: (*kuportv1.DnatRule).GetToAddress}
+	snatKind = entryKind[*kuportv1.SnatRule]{name: "snat", order: 1, list: (*kuportv1.NodeProgram).GetSnatRules, puts: snatPuts, same: sameSnat, address: (*kuportv1.SnatRule).GetAddress}
+	markKind = entryKind[*kuportv1.MarkRule]{name: "mark", order: 2, list: (*kuportv1.NodeProgram).GetMarkRules, puts: markPuts, same: sameMark, address: (*kuportv1.MarkRule).GetAddress}
 )
 
 func samePorts(a, b *kuportv1.PortRange) bool {
@@ -122,7 +127,7 @@ type change struct {
 // planned entry by entry (reordered, an id repeated, an entry that does not render). The
 // positions are updated in place, for the entries that moved, rather than built anew: at
 // 10,000 mappings a new map cost more than the rest of the step.
-func diff[T entryMsg](k entryKind[T], fam family, es entryList[T], list []T) (changes []change, added []string, next entryList[T], update func(), ok bool) {
+func diff[T entryMsg](k entryKind[T], es entryList[T], list []T) (changes []change, added []string, next entryList[T], update func(), ok bool) {
 	// changed and moved are positions in list: entries to render anew, and entries whose
 	// position differs from es's; gone are positions in es of the entries list lacks.
 	var changed, moved, gone []int
@@ -166,7 +171,7 @@ func diff[T entryMsg](k entryKind[T], fam family, es entryList[T], list []T) (ch
 		return nil, nil, es, nil, false
 	}
 	for _, j := range gone {
-		old, err := k.puts(fam, es.msgs[j])
+		old, err := k.render(es.msgs[j])
 		if err != nil {
 			return nil, nil, es, nil, false
 		}
@@ -177,7 +182,7 @@ func diff[T entryMsg](k entryKind[T], fam family, es entryList[T], list []T) (ch
 		c := change{kind: k.name, id: e.GetId()}
 		j, found := es.pos[e.GetId()]
 		if found {
-			old, err := k.puts(fam, es.msgs[j])
+			old, err := k.render(es.msgs[j])
 			if err != nil {
 				return nil, nil, es, nil, false
 			}
@@ -185,7 +190,7 @@ func diff[T entryMsg](k entryKind[T], fam family, es entryList[T], list []T) (ch
 		} else {
 			added = append(added, c.id)
 		}
-		puts, err := k.puts(fam, e)
+		puts, err := k.render(e)
 		if err != nil {
 			return nil, nil, es, nil, false
 		}
@@ -256,15 +261,14 @@ func (d *Datapath) plan(p *kuportv1.NodeProgram) (*table, []error) {
 // step plans p from the planner's state entry by entry; false (and nothing changed)
 // when p must be planned whole.
 func (c *planner) step(p *kuportv1.NodeProgram) bool {
-	fam := c.tab.layout.fam
-	// Another mask, set of return marks or the first or last range is another layout:
-	// planned and written whole.
-	if !c.tab.layout.sameMarks(programMarks(fam, p)) || c.tab.layout.ranges != programRanges(p) {
+	// Another mask, set of return marks, the first or last range or IPv6 entry is another
+	// layout: planned and written whole.
+	if !c.tab.layout.sameMarks(programMarks(p)) || c.tab.layout.ranges != programRanges(p) || c.tab.layout.v6 != programV6(p) {
 		return false
 	}
-	dc, da, dn, du, ok1 := diff(dnatKind, fam, c.dnat, p.GetDnatRules())
-	sc, sa, sn, su, ok2 := diff(snatKind, fam, c.snat, p.GetSnatRules())
-	mc, ma, mn, mu, ok3 := diff(markKind, fam, c.mark, p.GetMarkRules())
+	dc, da, dn, du, ok1 := diff(dnatKind, c.dnat, p.GetDnatRules())
+	sc, sa, sn, su, ok2 := diff(snatKind, c.snat, p.GetSnatRules())
+	mc, ma, mn, mu, ok3 := diff(markKind, c.mark, p.GetMarkRules())
 	if !ok1 || !ok2 || !ok3 {
 		return false
 	}

@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -20,24 +21,46 @@ import (
 // rule forms of docs/design/datapath.md stay the semantics: each set says which of them its
 // elements stand for.
 
-// tableName is the one nftables table kuport owns.
-const tableName = "kuport"
+// tableName is the one nftables table kuport owns, tableFamily its family: inet, so one
+// table holds both address families' sets and rules, and one transaction changes both.
+const (
+	tableName       = "kuport"
+	tableFamily     = nftables.TableFamilyINet
+	tableFamilyName = "inet"
+)
 
-// family is what the address family decides: the table's family, the address fields and
-// their type, the NAT family. kuport writes IPv4 only; every set and rule takes its address
-// fields from here, so IPv6 is another value of this type (table ip6 kuport, the same sets
-// with ipv6_addr), not another layout.
+// legacyTableFamily is the family of the table agents before IPv6 wrote (table ip kuport):
+// an agent deletes it in the transaction that writes its inet table (nftwrite.go).
+const legacyTableFamily = nftables.TableFamilyIPv4
+
+// family is what the address family decides: the address fields and their type, the NAT
+// family, the names of the family's sets. Every set and rule takes its address fields from
+// here, so IPv6 is the same sets with ipv6_addr under other names, and the same rules
+// behind another meta nfproto match, not another layout.
 type family struct {
-	table        nftables.TableFamily
-	name         string // as nft names the family: "ip"
-	addrName     string // in errors: "IPv4"
+	name      string // as nft names the family in a payload: "ip", "ip6"
+	addrName  string // in errors: "IPv4"
+	nfproto   byte   // as meta nfproto loads it: NFPROTO_IPV4
+	protoName string // as nft prints it: "ipv4"
+	// prefix begins the name of each of the family's sets: "" for IPv4, whose sets keep
+	// the names they had in table ip kuport.
+	prefix       string
 	nat          uint32
 	addr         nftables.SetDatatype
 	saddr, daddr field
-	// daddrOffset is the destination's offset in the network header, csumOffset the header
-	// checksum's (0 for a header without one).
+	// daddrOffset is the destination's offset in the network header, csumOffset the
+	// checksum the rewrite of the destination fixes (steerTo).
 	daddrOffset, csumOffset uint32
+	// markReg is the 32-bit register word a rule works the packet mark in, past the
+	// family's lookup results (a DNAT target: address and port).
+	markReg uint32
 }
+
+// v6 reports whether the family is IPv6.
+func (f family) v6() bool { return f.nfproto == unix.NFPROTO_IPV6 }
+
+// setName is the name of the family's set called base in IPv4.
+func (f family) setName(base string) string { return f.prefix + base }
 
 // field is one part of a set's key or data: its type and, for a key, the expression that
 // loads it from the packet and the text nft prints for that.
@@ -72,10 +95,34 @@ var (
 )
 
 var familyIPv4 = family{
-	table: nftables.TableFamilyIPv4, name: "ip", addrName: "IPv4", nat: unix.NFPROTO_IPV4, addr: nftables.TypeIPAddr,
+	name: "ip", addrName: "IPv4", nfproto: unix.NFPROTO_IPV4, protoName: "ipv4", nat: unix.NFPROTO_IPV4, addr: nftables.TypeIPAddr,
 	saddr:       field{nftables.TypeIPAddr, "ip saddr", payload(expr.PayloadBaseNetworkHeader, 12, 4)},
 	daddr:       field{nftables.TypeIPAddr, "ip daddr", payload(expr.PayloadBaseNetworkHeader, 16, 4)},
-	daddrOffset: 16, csumOffset: 10,
+	daddrOffset: 16, csumOffset: 10, markReg: 4,
+}
+
+// familyIPv6's header has no checksum. nft fixes only the transport checksum's
+// pseudo-header when it rewrites an IPv6 address (the flag, without a checksum type), which
+// google/nftables v0.3.0 cannot write: it sends the flag only with a type. So the rewrite
+// asks for an inet checksum at the destination's own first bytes, which the kernel updates
+// before it stores the new address over them (nft_payload_set_eval), and the flag with it.
+var familyIPv6 = family{
+	name: "ip6", addrName: "IPv6", nfproto: unix.NFPROTO_IPV6, protoName: "ipv6", prefix: "ip6-", nat: unix.NFPROTO_IPV6, addr: nftables.TypeIP6Addr,
+	saddr:       field{nftables.TypeIP6Addr, "ip6 saddr", payload(expr.PayloadBaseNetworkHeader, 8, 16)},
+	daddr:       field{nftables.TypeIP6Addr, "ip6 daddr", payload(expr.PayloadBaseNetworkHeader, 24, 16)},
+	daddrOffset: 24, csumOffset: 24, markReg: 8,
+}
+
+// families are the address families in the order a layout has their sets and rules.
+var families = []family{familyIPv4, familyIPv6}
+
+// familyOf is the family of address text s: IPv6 for an IPv6 address (not an IPv4-mapped
+// one), IPv4 for anything else, whose parse then says what is wrong.
+func familyOf(s string) family {
+	if a, err := netip.ParseAddr(s); err == nil && a.Is6() && !a.Is4In6() {
+		return familyIPv6
+	}
+	return familyIPv4
 }
 
 // words is the field's length in 32-bit registers: concatenations pad each part to 4 bytes.
@@ -298,10 +345,10 @@ type ruleSpec struct {
 // layout is the whole table but its elements: the same for every program of one return-mark
 // mask and one set of return marks (marks.go).
 type layout struct {
-	fam    family
 	mask   uint32
 	marks  []uint32 // sorted
 	ranges bool     // the range sets and their rules
+	v6     bool     // IPv6's sets and rules beside IPv4's
 	chains []chainSpec
 	sets   []*setSpec
 	byName map[string]*setSpec
@@ -329,16 +376,53 @@ func (l *layout) hasChain(name string) bool { _, ok := l.chain(name); return ok 
 const translatedMark = 0x00000080
 
 // newLayout is the layout of a return-mark mask and marks, with the range sets and their
-// rules when ranges: a program without ranges has the table of single ports alone, and a
-// single port's packet pays no range lookup.
-func newLayout(fam family, mask uint32, marks []uint32, ranges bool) *layout {
-	l := &layout{fam: fam, mask: mask, marks: marks, ranges: ranges, chains: slices.Clone(chainSpecs), byName: map[string]*setSpec{}}
-	set := func(name string, role setRole, key, data []field) *setSpec {
-		s := &setSpec{name: name, key: key, data: data, role: role}
-		l.sets = append(l.sets, s)
-		l.byName[name] = s
-		return s
+// rules when ranges, and IPv6's sets and rules when v6: a program without ranges has the
+// table of single ports alone, and a single port's packet pays no range lookup; one without
+// IPv6 entries has IPv4's alone.
+func newLayout(mask uint32, marks []uint32, ranges, v6 bool) *layout {
+	l := &layout{mask: mask, marks: marks, ranges: ranges, v6: v6, chains: slices.Clone(chainSpecs), byName: map[string]*setSpec{}}
+	// One return-marks map serves both families: it is keyed by the conntrack mark alone.
+	returns := l.addSet("return-marks", roleReturn, []field{fieldMark}, []field{fieldJump})
+	l.addFamily(familyIPv4, returns)
+	if v6 {
+		l.addFamily(familyIPv6, returns)
 	}
+	for _, m := range marks {
+		l.markChains(m)
+	}
+	return l
+}
+
+// families are the layout's address families, IPv4 first.
+func (l *layout) families() []family {
+	if l.v6 {
+		return families
+	}
+	return families[:1]
+}
+
+// addSet adds a set to the layout.
+func (l *layout) addSet(name string, role setRole, key, data []field) *setSpec {
+	s := &setSpec{name: name, key: key, data: data, role: role}
+	l.sets = append(l.sets, s)
+	l.byName[name] = s
+	return s
+}
+
+// addFamily adds the family's sets and their rules. Each rule matches the family first
+// (meta nfproto): in an inet table a rule meets both families' packets, and IPv4's sets
+// without an address in their key would translate an IPv6 packet to an IPv4 target.
+func (l *layout) addFamily(fam family, returns *setSpec) {
+	ranges := l.ranges
+	set := func(name string, role setRole, key, data []field) *setSpec {
+		return l.addSet(fam.setName(name), role, key, data)
+	}
+	first := len(l.rules)
+	defer func() {
+		for i := first; i < len(l.rules); i++ {
+			l.rules[i] = fam.guard(l.rules[i])
+		}
+	}()
 	target := []field{{typ: fam.addr}, fieldPort}
 	// ranged adds single's range set: the same key, and data for a range (a DNAT range keeps
 	// each port, so its data is the target address alone).
@@ -346,7 +430,7 @@ func newLayout(fam family, mask uint32, marks []uint32, ranges bool) *layout {
 		if !ranges {
 			return nil
 		}
-		r := set(rangesName(single.name), single.role, single.key, data)
+		r := l.addSet(rangesName(single.name), single.role, single.key, data)
 		single.ranges, r.single = r, single
 		return r
 	}
@@ -370,7 +454,6 @@ func newLayout(fam family, mask uint32, marks []uint32, ranges bool) *layout {
 	saveR := ranged(save, []field{fieldJump})
 	restore := set("mark-ct-restore", roleMark, []field{fam.saddr, fieldProto, fieldSport}, nil)
 	restoreR := ranged(restore, nil)
-	returns := set("return-marks", roleReturn, []field{fieldMark}, []field{fieldJump})
 	steerAddr := set("steer-addr-ports", roleSteer, []field{fieldIIF, fam.daddr, fieldProto, fieldDport}, []field{{typ: fam.addr}})
 	steerAddrR := ranged(steerAddr, []field{{typ: fam.addr}})
 	steer := set("steer-ports", roleSteer, []field{fieldIIF, fieldProto, fieldDport}, []field{{typ: fam.addr}})
@@ -392,7 +475,7 @@ func newLayout(fam family, mask uint32, marks []uint32, ranges bool) *layout {
 		accept, acceptText = []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}, " accept"
 	}
 	// The mark is worked on in a register past the lookup's result (the DNAT target).
-	markReg := register(4)
+	markReg := register(fam.markReg)
 	setMarkBits := func(mask, xor uint32) []expr.Any {
 		return []expr.Any{&expr.Meta{Key: expr.MetaKeyMARK, Register: markReg},
 			&expr.Bitwise{SourceRegister: markReg, DestRegister: markReg, Len: 4,
@@ -403,7 +486,7 @@ func newLayout(fam family, mask uint32, marks []uint32, ranges bool) *layout {
 	dnatTo := func(s *setSpec) ruleSpec {
 		if s.interval() {
 			// A range keeps each port: NAT to an address alone leaves the port as it is.
-			return l.rule("kup-pre", fmt.Sprintf("meta mark set meta mark | 0x%08x dnat to %s map @%s", translatedMark, keyText(s), s.name), nil, s, true,
+			return l.rule("kup-pre", fmt.Sprintf("meta mark set meta mark | 0x%08x dnat %s to %s map @%s", translatedMark, fam.name, keyText(s), s.name), nil, s, true,
 				append(setMarkBits(^uint32(translatedMark), translatedMark),
 					&expr.NAT{Type: expr.NATTypeDestNAT, Family: fam.nat, RegAddrMin: register(0), RegAddrMax: register(0)})...)
 		}
@@ -426,7 +509,7 @@ func newLayout(fam family, mask uint32, marks []uint32, ranges bool) *layout {
 	// CNI would masquerade on its way out (datapath/README.md).
 	byLink := []expr.Any{fieldOIF.load(register(0)), &expr.Cmp{Op: expr.CmpOpEq, Register: register(0), Data: []byte(linkPrefix)}}
 	snatReply := func(s *setSpec) ruleSpec {
-		return l.rule("kup-post", fmt.Sprintf("oifname %q %s @%s snat to %s saddr", linkPrefix+"*", keyText(s), s.name, fam.name),
+		return l.rule("kup-post", fmt.Sprintf("oifname %q %s @%s snat %s to %s saddr", linkPrefix+"*", keyText(s), s.name, fam.name, fam.name),
 			byLink, s, false, identity...)
 	}
 	// Each destination match before the rules without one, each single port before its
@@ -434,12 +517,12 @@ func newLayout(fam family, mask uint32, marks []uint32, ranges bool) *layout {
 	// flow: the single-port rule after it clears it whatever its lookup finds.
 	l.rules = append(l.rules, each(dnatTo, dnatAddr, dnatAddrR, dnat, dnatR)...)
 	if requestR != nil {
-		l.rules = append(l.rules, l.rule("kup-post", fmt.Sprintf("meta mark & 0x%08x == 0x%08x %s @%s meta mark set meta mark & 0x%08x snat to %s saddr",
-			translatedMark, translatedMark, keyText(requestR), requestR.name, ^uint32(translatedMark), fam.name),
+		l.rules = append(l.rules, l.rule("kup-post", fmt.Sprintf("meta mark & 0x%08x == 0x%08x %s @%s meta mark set meta mark & 0x%08x snat %s to %s saddr",
+			translatedMark, translatedMark, keyText(requestR), requestR.name, ^uint32(translatedMark), fam.name, fam.name),
 			translated[:3], requestR, false, append(setMarkBits(^uint32(translatedMark), 0), identity...)...))
 	}
-	l.rules = append(l.rules, l.rule("kup-post", fmt.Sprintf("meta mark & 0x%08x == 0x%08x meta mark set meta mark & 0x%08x %s @%s snat to %s saddr",
-		translatedMark, translatedMark, ^uint32(translatedMark), keyText(request), request.name, fam.name), translated, request, false, identity...))
+	l.rules = append(l.rules, l.rule("kup-post", fmt.Sprintf("meta mark & 0x%08x == 0x%08x meta mark set meta mark & 0x%08x %s @%s snat %s to %s saddr",
+		translatedMark, translatedMark, ^uint32(translatedMark), keyText(request), request.name, fam.name, fam.name), translated, request, false, identity...))
 	l.rules = append(l.rules, each(snatReply, reply, replyR)...)
 	dirIs := func(dir byte) []expr.Any {
 		return []expr.Any{&expr.Ct{Key: expr.CtKeyDIRECTION, Register: register(0)},
@@ -497,10 +580,53 @@ func newLayout(fam family, mask uint32, marks []uint32, ranges bool) *layout {
 	}
 	l.rules = append(l.rules, each(steerTo, steerAddr, steerAddrR, steer, steerR)...)
 	l.rules = append(l.rules, each(countIn, steerAddr, steerAddrR, steer, steerR)...)
-	for _, m := range marks {
-		l.markChains(m)
+}
+
+// guard makes r the family's: it matches the family first. nft 1.0.6 lists that match only
+// where it cannot tell it from a statement on the network header that implies it: in a
+// rule that reads or writes no address, or sets the mark before its first statement that
+// does (impliedFamily).
+func (f family) guard(r ruleSpec) ruleSpec {
+	inner := r.exprs
+	g := []expr.Any{&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: register(0)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: register(0), Data: []byte{f.nfproto}}}
+	r.exprs = func(set func(string) *nftables.Set) []expr.Any { return append(slices.Clone(g), inner(set)...) }
+	if !impliedFamily(inner(func(name string) *nftables.Set { return &nftables.Set{Name: name} })) {
+		r.text = "meta nfproto " + f.protoName + " " + r.text
 	}
-	return l
+	return r
+}
+
+// impliedFamily reports whether nft lists a rule of exprs without its family match: when a
+// statement on an address (a match, lookup, NAT or write using a network header load, or a
+// write of it) comes before any mark write. A map lookup's result carries its key's load
+// on to the statement that uses it.
+func impliedFamily(exprs []expr.Any) bool {
+	loaded := false
+	for _, e := range exprs {
+		switch e := e.(type) {
+		case *expr.Payload:
+			if e.Base == expr.PayloadBaseNetworkHeader {
+				if e.OperationType == expr.PayloadWrite {
+					return true
+				}
+				loaded = true
+			}
+		case *expr.Meta:
+			if e.SourceRegister {
+				return false
+			}
+		case *expr.Lookup:
+			if loaded && (!e.IsDestRegSet || e.DestRegister == 0) {
+				return true
+			}
+		case *expr.Cmp, *expr.NAT:
+			if loaded {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Conntrack directions as "ct direction" loads them (IP_CT_DIR_ORIGINAL, IP_CT_DIR_REPLY).

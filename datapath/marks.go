@@ -159,11 +159,11 @@ func (l *layout) jumps(pt put) error {
 // once: the marks its valid mark entries write, when valid under the mask, and those its
 // valid return paths match. Each has its two chains and its return-marks element, whether or
 // not another entry's key refuses the entry (planEntries).
-func programMarks(fam family, p *kuportv1.NodeProgram) (uint32, []uint32) {
+func programMarks(p *kuportv1.NodeProgram) (uint32, []uint32) {
 	m := markingOf(p)
 	var marks []uint32
 	for _, e := range p.GetMarkRules() {
-		if _, _, _, err := checkMarkRule(fam, e); err == nil && m.validMark(e.GetMark()) {
+		if _, _, _, err := checkMarkRule(familyOf(e.GetAddress()), e); err == nil && m.validMark(e.GetMark()) {
 			marks = append(marks, e.GetMark())
 		}
 	}
@@ -176,9 +176,17 @@ func programMarks(fam family, p *kuportv1.NodeProgram) (uint32, []uint32) {
 }
 
 // programLayout is the layout planned from program p.
-func programLayout(fam family, p *kuportv1.NodeProgram) *layout {
-	mask, marks := programMarks(fam, p)
-	return newLayout(fam, mask, marks, programRanges(p))
+func programLayout(p *kuportv1.NodeProgram) *layout {
+	mask, marks := programMarks(p)
+	return newLayout(mask, marks, programRanges(p), programV6(p))
+}
+
+// programV6 reports whether program p has an IPv6 entry, valid or not: its layout has
+// IPv6's sets then, as one with a range has the range sets.
+func programV6(p *kuportv1.NodeProgram) bool {
+	return slices.ContainsFunc(p.GetDnatRules(), func(e *kuportv1.DnatRule) bool { return familyOf(e.GetToAddress()).v6() }) ||
+		slices.ContainsFunc(p.GetSnatRules(), func(e *kuportv1.SnatRule) bool { return familyOf(e.GetAddress()).v6() }) ||
+		slices.ContainsFunc(p.GetMarkRules(), func(e *kuportv1.MarkRule) bool { return familyOf(e.GetAddress()).v6() })
 }
 
 // sameMarks reports whether layout l is the layout of mask and marks.
@@ -209,7 +217,8 @@ func (kt *kernelTable) kernelLayout() *layout {
 	}
 	slices.Sort(marks)
 	ranges := slices.ContainsFunc(kt.sets, func(s *nftables.Set) bool { return strings.HasSuffix(s.Name, rangesSuffix) })
-	return newLayout(kt.fam, mask, marks, ranges)
+	v6 := slices.ContainsFunc(kt.sets, func(s *nftables.Set) bool { return strings.HasPrefix(s.Name, familyIPv6.prefix) })
+	return newLayout(mask, marks, ranges, v6)
 }
 
 // rtprotKuport is the protocol of kuport's ip rules and routes (FRA_PROTOCOL, rtm_protocol):

@@ -12,27 +12,32 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// kernelTable is table ip kuport as read from the kernel: chains in kernel order with their
-// rules, sets with their elements.
+// kernelTable is table inet kuport as read from the kernel: chains in kernel order with
+// their rules, sets with their elements.
 type kernelTable struct {
-	fam    family
 	chains []*nftables.Chain
 	rules  map[string][]*nftables.Rule
 	sets   []*nftables.Set
 	elems  map[string][]nftables.SetElement
 }
 
-// readKernel reads table ip kuport whole, elements included; nil when there is no such
+// readKernel reads table inet kuport whole, elements included; nil when there is no such
 // table. It is the one read that grows with the program: Apply needs it only when the
-// ruleset generation moved since its last write (gen.go), Counters and Dump always.
+// ruleset generation moved since its last write (gen.go), Counters and Dump always. It
+// notes whether the table of agents before IPv6, table ip kuport, is there too
+// (Datapath.legacyTable), which the next write deletes.
 func (d *Datapath) readKernel() (*kernelTable, error) {
-	fam := familyIPv4
-	t, err := d.kernelTableOf(fam)
+	legacy, err := d.kernelTableOf(legacyTableFamily)
+	if err != nil {
+		return nil, err
+	}
+	d.legacyTable = legacy != nil
+	t, err := d.kernelTableOf(tableFamily)
 	if t == nil || err != nil {
 		return nil, err
 	}
-	kt := &kernelTable{fam: fam, rules: map[string][]*nftables.Rule{}, elems: map[string][]nftables.SetElement{}}
-	chains, err := d.nft.ListChainsOfTableFamily(fam.table)
+	kt := &kernelTable{rules: map[string][]*nftables.Rule{}, elems: map[string][]nftables.SetElement{}}
+	chains, err := d.nft.ListChainsOfTableFamily(tableFamily)
 	if err != nil {
 		return nil, fmt.Errorf("list nftables chains: %w", err)
 	}
@@ -56,9 +61,9 @@ func (d *Datapath) readKernel() (*kernelTable, error) {
 	return kt, nil
 }
 
-// kernelTableOf is the family's table kuport, nil when there is none.
-func (d *Datapath) kernelTableOf(fam family) (*nftables.Table, error) {
-	tables, err := d.nft.ListTablesOfFamily(fam.table)
+// kernelTableOf is the table kuport of the nftables family, nil when there is none.
+func (d *Datapath) kernelTableOf(fam nftables.TableFamily) (*nftables.Table, error) {
+	tables, err := d.nft.ListTablesOfFamily(fam)
 	if err != nil {
 		return nil, fmt.Errorf("list nftables tables: %w", err)
 	}
@@ -219,7 +224,7 @@ func (kt *kernelTable) text() string {
 		}
 		blocks = append(blocks, bl)
 	}
-	return render(kt.fam, blocks)
+	return render(blocks)
 }
 
 // jumpTarget is the chain of a verdict map element's data as google/nftables v0.3.0 reads it

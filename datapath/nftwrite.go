@@ -118,18 +118,28 @@ func (q *elemQueue) send(ks *nftables.Set, del bool) error {
 // after them (a chain an element jumps to cannot be deleted). It returns the number of kernel writes and, when the
 // transaction failed, the entries whose elements it added, their kind by id (all failed).
 func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes int, added map[string]string, err error) {
-	fam := want.layout.fam
-	t := &nftables.Table{Name: tableName, Family: fam.table}
-	if have == want && intact {
+	t := &nftables.Table{Name: tableName, Family: tableFamily}
+	legacy := d.legacyTable
+	if have == want && intact && !legacy {
 		return 0, nil, nil // the table planned from the program the kernel is known to hold
 	}
+	// The table agents before IPv6 wrote goes in the transaction that writes this one, so
+	// no packet meets both or neither (docs/upgrade.md).
+	if legacy {
+		d.nft.DelTable(&nftables.Table{Name: tableName, Family: legacyTableFamily})
+		d.log.Info("deleting table ip kuport of an earlier agent with this write")
+		changes++
+	}
 	if want.empty() {
-		if have == nil {
+		if have != nil {
+			d.nft.DelTable(t)
+			d.log.Trace("nft delete table")
+			changes++
+		}
+		if changes == 0 {
 			return 0, nil, nil
 		}
-		d.nft.DelTable(t)
-		d.log.Trace("nft delete table")
-		return 1, nil, d.flush()
+		return changes, nil, d.flushLegacy()
 	}
 	sets := map[string]*nftables.Set{}
 	rebuild := have == nil || !intact || !sameShape(have.layout, want.layout)
@@ -210,13 +220,23 @@ func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes in
 	if changes == 0 {
 		return 0, nil, nil
 	}
-	if err := d.flush(); err != nil {
+	if err := d.flushLegacy(); err != nil {
 		return changes, unheld(want, func(s *setSpec, k string, w elem) bool {
 			e, ok := have.elems[s.name][k]
 			return ok && s.holds(e, w)
 		}), err
 	}
 	return changes, nil, nil
+}
+
+// flushLegacy commits a transaction writeTable queued, which deleted the legacy table if
+// there was one: there is none after it commits.
+func (d *Datapath) flushLegacy() error {
+	err := d.flush()
+	if err == nil {
+		d.legacyTable = false
+	}
+	return err
 }
 
 // unheld are the entries of want's elements that held reports false for (the elements a
@@ -238,7 +258,7 @@ func unheld(want *table, held func(s *setSpec, k string, w elem) bool) map[strin
 // intact: each changed element is deleted as it was and added as it is, so the others keep
 // their counters. It returns what writeTable returns.
 func (d *Datapath) writeDirty(want *table, dirty map[setKey]prior) (changes int, added map[string]string, err error) {
-	t := &nftables.Table{Name: tableName, Family: want.layout.fam.table}
+	t := &nftables.Table{Name: tableName, Family: tableFamily}
 	dels, adds := map[string][]elem{}, map[string][]elem{}
 	for k, was := range dirty {
 		is, ok := want.elems[k.set][k.key]

@@ -127,11 +127,11 @@ func sortElements(listing string) string {
 	return strings.Join(out, "\n")
 }
 
-// nftList is `nft list table ip kuport` in the namespace with counters normalised and
+// nftList is `nft list table inet kuport` in the namespace with counters normalised and
 // elements sorted, or "" when there is no table.
 func (tn *testNS) nftList(t *testing.T) string {
 	t.Helper()
-	out, err := exec.Command("ip", "netns", "exec", tn.name, "nft", "list", "table", "ip", "kuport").CombinedOutput()
+	out, err := exec.Command("ip", "netns", "exec", tn.name, "nft", "list", "table", "inet", "kuport").CombinedOutput()
 	if err != nil {
 		require.Contains(t, string(out), "No such file or directory", "nft list: %s", out)
 		return ""
@@ -143,7 +143,7 @@ func (tn *testNS) nftList(t *testing.T) string {
 // with handles and counters verbatim, every link's index, the ip rules and the routes.
 func (tn *testNS) snapshot(t *testing.T) string {
 	t.Helper()
-	table, _ := exec.Command("ip", "netns", "exec", tn.name, "nft", "-a", "list", "table", "ip", "kuport").CombinedOutput()
+	table, _ := exec.Command("ip", "netns", "exec", tn.name, "nft", "-a", "list", "table", "inet", "kuport").CombinedOutput()
 	return string(table) + tn.exec(t, "ip", "-o", "link", "show") + tn.exec(t, "ip", "-o", "addr", "show") +
 		tn.exec(t, "ip", "rule", "show") + tn.exec(t, "ip", "route", "show", "table", "all")
 }
@@ -167,10 +167,14 @@ func pokedMarkRules(p *kuportv1.NodeProgram) []*kuportv1.MarkRule {
 func (tn *testNS) pokeMarkRule(t *testing.T, p *kuportv1.NodeProgram) {
 	t.Helper()
 	for _, m := range pokedMarkRules(p) {
-		tn.exec(t, "ip", "addr", "add", m.GetAddress()+"/32", "dev", "lo")
+		prefix, to := "/32", "127.0.0.1:9"
+		if familyOf(m.GetAddress()).v6() {
+			prefix, to = "/128", "[::1]:9"
+		}
+		tn.exec(t, "ip", "addr", "add", m.GetAddress()+prefix, "dev", "lo", "nodad")
 		inNS(t, tn.ns, func() error {
 			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(m.GetAddress()), Port: int(m.GetPorts().GetFirst())}}
-			c, err := d.Dial("tcp", "127.0.0.1:9")
+			c, err := d.Dial("tcp", to)
 			if err == nil {
 				_ = c.Close()
 			}
@@ -300,11 +304,13 @@ func TestPrivilegedLifecycle(t *testing.T) {
 	}
 	foreign := func() string { return tn.foreignState(t) }
 	foreignBefore := foreign()
-	// A table ip kuport left in a wrong shape (a chain at another priority, a stray chain)
-	// is rebuilt.
+	// A table inet kuport left in a wrong shape (a chain at another priority, a stray
+	// chain) is rebuilt, and an earlier agent's table ip kuport goes.
+	tn.exec(t, "nft", "add", "table", "inet", "kuport")
+	tn.exec(t, "nft", "add", "chain", "inet", "kuport", "kup-pre", "{ type nat hook prerouting priority 0; policy accept; }")
+	tn.exec(t, "nft", "add", "chain", "inet", "kuport", "stray")
 	tn.exec(t, "nft", "add", "table", "ip", "kuport")
-	tn.exec(t, "nft", "add", "chain", "ip", "kuport", "kup-pre", "{ type nat hook prerouting priority 0; policy accept; }")
-	tn.exec(t, "nft", "add", "chain", "ip", "kuport", "stray")
+	tn.exec(t, "nft", "add", "chain", "ip", "kuport", "kup-pre", "{ type nat hook prerouting priority -110; policy accept; }")
 
 	require.NoError(t, tn.dp.Apply(base))
 	assert.Equal(t, Render(base), tn.nftList(t))
@@ -316,8 +322,8 @@ func TestPrivilegedLifecycle(t *testing.T) {
 	// A rebuilt table has a new handle (the kernel numbers tables per namespace), its rules
 	// would not: the table's handle tells.
 	handles := func() string {
-		table, _, _ := strings.Cut(tn.exec(t, "nft", "-a", "list", "table", "ip", "kuport"), "\n")
-		return table + "\n" + tn.exec(t, "nft", "-a", "list", "chain", "ip", "kuport", "kup-pre")
+		table, _, _ := strings.Cut(tn.exec(t, "nft", "-a", "list", "table", "inet", "kuport"), "\n")
+		return table + "\n" + tn.exec(t, "nft", "-a", "list", "chain", "inet", "kuport", "kup-pre")
 	}
 	before := handles()
 
@@ -376,7 +382,7 @@ func TestPrivilegedLifecycle(t *testing.T) {
 
 func (tn *testNS) assertNothingOwned(t *testing.T, tables ...string) {
 	t.Helper()
-	assert.Empty(t, tn.nftList(t), "table ip kuport is gone")
+	assert.Empty(t, tn.nftList(t), "table inet kuport is gone")
 	dump, err := tn.dp.Dump()
 	require.NoError(t, err)
 	assert.Empty(t, dump)

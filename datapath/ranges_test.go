@@ -121,7 +121,7 @@ func TestPrivilegedWideRange(t *testing.T) {
 	}
 
 	// A range element deleted by hand is put back by the next Apply, as any other.
-	tn.exec(t, "nft", "delete", "element", "ip", "kuport", "dnat-ranges", `{ "enp1s0" . tcp . 20000-29999 }`)
+	tn.exec(t, "nft", "delete", "element", "inet", "kuport", "dnat-ranges", `{ "enp1s0" . tcp . 20000-29999 }`)
 	require.NotContains(t, tn.nftList(t), `"enp1s0" . tcp . 20000-29999 counter comment`)
 	require.NoError(t, tn.dp.Apply(p))
 	assert.Equal(t, Render(p), tn.nftList(t), "the deleted range is back")

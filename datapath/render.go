@@ -47,9 +47,9 @@ func (bl block) elementsText() string {
 
 // render prints a table as nft 1.0.6 lists it (`nft list table ip kuport`): sets first, then
 // chains, each followed by a blank line but the last; a set's elements one per line.
-func render(fam family, blocks []block) string {
+func render(blocks []block) string {
 	var b strings.Builder
-	b.WriteString("table " + fam.name + " " + tableName + " {\n")
+	b.WriteString("table " + tableFamilyName + " " + tableName + " {\n")
 	for i, bl := range blocks {
 		if i > 0 {
 			b.WriteByte('\n')
@@ -95,5 +95,5 @@ func (t *table) text() string {
 		}
 		blocks = append(blocks, bl)
 	}
-	return render(l.fam, blocks)
+	return render(blocks)
 }

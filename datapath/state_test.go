@@ -66,7 +66,7 @@ func (tn *testNS) kernelDump(t *testing.T) string {
 	return b.String()
 }
 
-// nftTable is the text `nft list table ip kuport` prints (elements sorted) for these
+// nftTable is the text `nft list table inet kuport` prints (elements sorted) for these
 // element lines, each "<set>\t<element>", in the default return marking.
 func nftTable(elements ...[]string) string {
 	bySet := map[string][]string{}
@@ -80,7 +80,7 @@ func nftTable(elements ...[]string) string {
 		}
 	}
 	slices.Sort(marks)
-	l := newLayout(familyIPv4, stateMarking.GetMarkMask(), slices.Compact(marks), false)
+	l := newLayout(stateMarking.GetMarkMask(), slices.Compact(marks), false, false)
 	var blocks []block
 	for _, s := range l.sets {
 		slices.Sort(bySet[s.name])
@@ -95,7 +95,7 @@ func nftTable(elements ...[]string) string {
 		}
 		blocks = append(blocks, bl)
 	}
-	return render(familyIPv4, blocks)
+	return render(blocks)
 }
 
 // podMapping is worker-b's part of a mapping whose pod it holds, reached from edge-a over
@@ -252,7 +252,7 @@ func TestPrivilegedStates(t *testing.T) {
 }
 
 // foreignState is what kuport does not own in the namespace: `nft list ruleset` without
-// table ip kuport, `ip rule` without prefs 101/102, `ip -4 route show table all` without
+// table inet kuport, `ip rule` without prefs 101/102, `ip -4 route show table all` without
 // routes through kup-* devices (which includes every route of kuport's tables). IPv4 only:
 // kuport writes no IPv6, and the kernel adds IPv6 link-local routes whenever a device's
 // carrier comes up, which may be after the test's first look.
@@ -262,7 +262,7 @@ func (tn *testNS) foreignState(t *testing.T) string {
 	inKuport := false
 	for _, line := range strings.SplitAfter(tn.exec(t, "nft", "list", "ruleset"), "\n") {
 		switch {
-		case line == "table ip kuport {\n":
+		case line == "table inet kuport {\n":
 			inKuport = true
 		case inKuport:
 			inKuport = line != "}\n"

@@ -130,37 +130,53 @@ type flow struct {
 	original netip.AddrPort
 }
 
-// packet is an IPv4 packet as the rules read it: the devices, the network header's
-// addresses at their offsets and the transport header's ports, the mark.
+// packet is an IPv4 or IPv6 packet as the rules read it: the devices, its family, the
+// network header's addresses at their offsets and the transport header's ports, the mark.
 type packet struct {
 	iif, oif string
+	fam      family
 	l4proto  uint8
-	nh       [20]byte
+	nh       [40]byte
 	th       [4]byte
 	mark     uint32
 }
 
+// newPacket is a packet from src to dst, of their family (the source's: a client dials
+// the family it has).
 func newPacket(iif string, proto uint8, src, dst netip.AddrPort) *packet {
-	p := &packet{iif: iif, l4proto: proto}
+	p := &packet{iif: iif, l4proto: proto, fam: familyOf(src.Addr().String())}
 	p.setSrc(src)
 	p.setDst(dst)
 	return p
 }
 
+// saddrAt is the source address's offset in the family's header, which the destination
+// follows.
+func (f family) saddrAt() uint32 { return f.daddrOffset - f.addr.Bytes }
+
 func (p *packet) setSrc(a netip.AddrPort) {
-	b := a.Addr().As4()
-	copy(p.nh[12:16], b[:])
+	copy(p.nh[p.fam.saddrAt():p.fam.daddrOffset], a.Addr().AsSlice())
 	binary.BigEndian.PutUint16(p.th[0:2], a.Port())
 }
 
 func (p *packet) setDst(a netip.AddrPort) {
-	b := a.Addr().As4()
-	copy(p.nh[16:20], b[:])
+	copy(p.nh[p.fam.daddrOffset:], a.Addr().AsSlice())
 	binary.BigEndian.PutUint16(p.th[2:4], a.Port())
 }
 
+// daddr and saddr are the packet's addresses.
+func (p *packet) daddr() netip.Addr {
+	a, _ := netip.AddrFromSlice(p.nh[p.fam.daddrOffset : p.fam.daddrOffset+p.fam.addr.Bytes])
+	return a
+}
+
+func (p *packet) saddr() netip.Addr {
+	a, _ := netip.AddrFromSlice(p.nh[p.fam.saddrAt():p.fam.daddrOffset])
+	return a
+}
+
 func (p *packet) dst() netip.AddrPort {
-	return netip.AddrPortFrom(netip.AddrFrom4([4]byte(p.nh[16:20])), binary.BigEndian.Uint16(p.th[2:4]))
+	return netip.AddrPortFrom(p.daddr(), binary.BigEndian.Uint16(p.th[2:4]))
 }
 
 type tracer struct {
@@ -232,6 +248,8 @@ func (tr *tracer) rule(chain string, exprs []expr.Any, p *packet, f *flow, dir b
 				load(e.Register, ifnameBytes(p.oif))
 			case e.Key == expr.MetaKeyL4PROTO:
 				load(e.Register, []byte{p.l4proto})
+			case e.Key == expr.MetaKeyNFPROTO:
+				load(e.Register, []byte{p.fam.nfproto})
 			case e.Key == expr.MetaKeyMARK:
 				load(e.Register, binaryutil.NativeEndian.PutUint32(p.mark))
 			default:
@@ -247,8 +265,8 @@ func (tr *tracer) rule(chain string, exprs []expr.Any, p *packet, f *flow, dir b
 			if e.OperationType == expr.PayloadWrite {
 				// Checksums are not traced: the kernel fixes them as the expression says.
 				copy(h[e.Offset:e.Offset+e.Len], reg(e.SourceRegister, e.Len))
-				if e.Base == expr.PayloadBaseNetworkHeader && e.Offset == familyIPv4.daddrOffset {
-					v.StandIn = netip.AddrFrom4([4]byte(p.nh[16:20]))
+				if e.Base == expr.PayloadBaseNetworkHeader && e.Offset == p.fam.daddrOffset {
+					v.StandIn = p.daddr()
 				}
 				continue
 			}
@@ -339,7 +357,10 @@ func (tr *tracer) rule(chain string, exprs []expr.Any, p *packet, f *flow, dir b
 				copy(reg(e.DestRegister, uint32(len(el.val))), el.val)
 			}
 		case *expr.NAT:
-			addr := netip.AddrFrom4([4]byte(reg(e.RegAddrMin, 4)))
+			if e.Family != p.fam.nat {
+				return false, fmt.Errorf("NAT of family %d on an %s packet", e.Family, p.fam.addrName)
+			}
+			addr, _ := netip.AddrFromSlice(reg(e.RegAddrMin, p.fam.addr.Bytes))
 			switch e.Type {
 			case expr.NATTypeDestNAT:
 				// Without a port register NAT keeps the port.
@@ -350,7 +371,7 @@ func (tr *tracer) rule(chain string, exprs []expr.Any, p *packet, f *flow, dir b
 				p.setDst(netip.AddrPortFrom(addr, port))
 				f.dnat = true
 			case expr.NATTypeSourceNAT:
-				if e.RegProtoMin != 0 || addr.As4() != [4]byte(p.nh[12:16]) {
+				if e.RegProtoMin != 0 || addr != p.saddr() {
 					return false, fmt.Errorf("a source NAT other than the identity is not traced")
 				}
 				v.SNAT = p.oif

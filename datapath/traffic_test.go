@@ -120,7 +120,7 @@ func TestPrivilegedLateInterface(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	assert.Equal(t, uint64(3), packets())
-	assert.Contains(t, tn.exec(t, "nft", "list", "table", "ip", "kuport"), `"enp7s0" . udp . 27015 counter packets 3 `)
+	assert.Contains(t, tn.exec(t, "nft", "list", "table", "inet", "kuport"), `"enp7s0" . udp . 27015 counter packets 3 `)
 }
 
 // addPod gives tn forwarding and a pod: a namespace holding eth0 with addr/24 behind
@@ -157,7 +157,7 @@ func serveUDP(t *testing.T, ns netns.NsHandle, addr string, port int) {
 	var conn *net.UDPConn
 	inNS(t, ns, func() error {
 		var err error
-		conn, err = net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP(addr), Port: port})
+		conn, err = net.ListenUDP("udp", &net.UDPAddr{IP: net.ParseIP(addr), Port: port})
 		return err
 	})
 	t.Cleanup(func() { _ = conn.Close() })
@@ -189,7 +189,7 @@ func (p *peerNS) flowUDP(t *testing.T, dst string, dport int, rounds ...int) ([]
 	var texts []string
 	var from string
 	inNS(t, p.ns, func() error {
-		c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP(p.addr)})
+		c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.ParseIP(p.addr)})
 		if err != nil {
 			return err
 		}

@@ -159,18 +159,18 @@ func (d *Datapath) ownedRoute(m netlink.Message) string {
 	return ""
 }
 
-// ownedNFT describes an nftables notification of an object in table ip kuport; "" for any
+// ownedNFT describes an nftables notification of an object in table inet kuport; "" for any
 // other. Every object notification carries its table's name as attribute 1
 // (NFTA_TABLE_NAME, NFTA_CHAIN_TABLE, NFTA_RULE_TABLE, NFTA_SET_TABLE,
 // NFTA_SET_ELEM_LIST_TABLE, NFTA_OBJ_TABLE, NFTA_FLOWTABLE_TABLE); the generation's, which
 // ends each transaction, carries a number there.
 func ownedNFT(m netlink.Message) string {
 	if m.Header.Type>>8 != unix.NFNL_SUBSYS_NFTABLES || m.Header.Type&0xff == unix.NFT_MSG_NEWGEN ||
-		len(m.Data) < 4 || m.Data[0] != unix.NFPROTO_IPV4 {
+		len(m.Data) < 4 || m.Data[0] != byte(tableFamily) {
 		return ""
 	}
 	if stringAttr(m.Data, 4, 1) == tableName {
-		return "table ip " + tableName
+		return "table " + tableFamilyName + " " + tableName
 	}
 	return ""
 }

@@ -77,12 +77,12 @@ func TestWatchOwns(t *testing.T) {
 		m    netlink.Message
 		want string
 	}{
-		{"table ip kuport deleted", nft(unix.NFT_MSG_DELTABLE, unix.NFPROTO_IPV4, "kuport"), "table ip kuport"},
-		{"its chain deleted", nft(unix.NFT_MSG_DELCHAIN, unix.NFPROTO_IPV4, "kuport"), "table ip kuport"},
-		{"its rule deleted", nft(unix.NFT_MSG_DELRULE, unix.NFPROTO_IPV4, "kuport"), "table ip kuport"},
-		{"its set deleted", nft(unix.NFT_MSG_DELSET, unix.NFPROTO_IPV4, "kuport"), "table ip kuport"},
-		{"its element deleted", nft(unix.NFT_MSG_DELSETELEM, unix.NFPROTO_IPV4, "kuport"), "table ip kuport"},
-		{"table inet kuport", nft(unix.NFT_MSG_DELTABLE, unix.NFPROTO_INET, "kuport"), ""},
+		{"table inet kuport deleted", nft(unix.NFT_MSG_DELTABLE, unix.NFPROTO_INET, "kuport"), "table inet kuport"},
+		{"its chain deleted", nft(unix.NFT_MSG_DELCHAIN, unix.NFPROTO_INET, "kuport"), "table inet kuport"},
+		{"its rule deleted", nft(unix.NFT_MSG_DELRULE, unix.NFPROTO_INET, "kuport"), "table inet kuport"},
+		{"its set deleted", nft(unix.NFT_MSG_DELSET, unix.NFPROTO_INET, "kuport"), "table inet kuport"},
+		{"its element deleted", nft(unix.NFT_MSG_DELSETELEM, unix.NFPROTO_INET, "kuport"), "table inet kuport"},
+		{"table ip kuport", nft(unix.NFT_MSG_DELTABLE, unix.NFPROTO_IPV4, "kuport"), ""},
 		{"table ip filter", nft(unix.NFT_MSG_NEWRULE, unix.NFPROTO_IPV4, "filter"), ""},
 		{"the generation", gen, ""},
 	} {

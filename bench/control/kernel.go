@@ -53,7 +53,7 @@ func (k *kernel) close() error {
 
 // hasElement reports whether set of table (family ip) holds an element with key (the
 // concatenation as the set stores it).
-func (k *kernel) hasElement(table, set string, key []byte) (bool, error) {
+func (k *kernel) hasElement(fam nftables.TableFamily, table, set string, key []byte) (bool, error) {
 	ae := netlink.NewAttributeEncoder()
 	ae.String(unix.NFTA_SET_ELEM_LIST_TABLE, table)
 	ae.String(unix.NFTA_SET_ELEM_LIST_SET, set)
@@ -73,7 +73,7 @@ func (k *kernel) hasElement(table, set string, key []byte) (bool, error) {
 	}
 	_, err = k.elem.Execute(netlink.Message{
 		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETSETELEM), Flags: netlink.Request},
-		Data:   append([]byte{unix.NFPROTO_IPV4, unix.NFNETLINK_V0, 0, 0}, attrs...),
+		Data:   append([]byte{byte(fam), unix.NFNETLINK_V0, 0, 0}, attrs...),
 	})
 	if errors.Is(err, unix.ENOENT) {
 		return false, nil // no such element, set or table
@@ -81,10 +81,10 @@ func (k *kernel) hasElement(table, set string, key []byte) (bool, error) {
 	return err == nil, err
 }
 
-// countElements is the number of elements of set in table (family ip); 0 when the table or
-// the set is absent.
-func (k *kernel) countElements(table, set string) (int, error) {
-	s, err := k.nft.GetSetByName(&nftables.Table{Name: table, Family: nftables.TableFamilyIPv4}, set)
+// countElements is the number of elements of set in table (of family fam); 0 when the table
+// or the set is absent.
+func (k *kernel) countElements(fam nftables.TableFamily, table, set string) (int, error) {
+	s, err := k.nft.GetSetByName(&nftables.Table{Name: table, Family: fam}, set)
 	if errors.Is(err, unix.ENOENT) {
 		return 0, nil
 	}
@@ -103,13 +103,13 @@ func (k *kernel) countElements(table, set string) (int, error) {
 	return len(elems), nil
 }
 
-// tableElements is the number of elements of each set of table (family ip); none when the
-// table is absent (an empty program deletes it).
-func (k *kernel) tableElements(table string) (map[string]int, error) {
-	sets, err := k.nft.GetSets(&nftables.Table{Name: table, Family: nftables.TableFamilyIPv4})
+// tableElements is the number of elements of each set of table (of family fam); none when
+// the table is absent (an empty program deletes it).
+func (k *kernel) tableElements(fam nftables.TableFamily, table string) (map[string]int, error) {
+	sets, err := k.nft.GetSets(&nftables.Table{Name: table, Family: fam})
 	if err != nil {
 		// The library's error for an absent table does not wrap ENOENT: look for the table.
-		tables, lerr := k.nft.ListTablesOfFamily(nftables.TableFamilyIPv4)
+		tables, lerr := k.nft.ListTablesOfFamily(fam)
 		if lerr == nil && !slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == table }) {
 			return nil, nil
 		}
@@ -117,21 +117,21 @@ func (k *kernel) tableElements(table string) (map[string]int, error) {
 	}
 	n := map[string]int{}
 	for _, s := range sets {
-		if n[s.Name], err = k.countElements(table, s.Name); err != nil {
+		if n[s.Name], err = k.countElements(fam, table, s.Name); err != nil {
 			return nil, err
 		}
 	}
 	return n, nil
 }
 
-// deleteTables deletes the named tables of family ip and ip6 that exist.
+// deleteTables deletes the named tables of family ip, ip6 and inet that exist.
 func (k *kernel) deleteTables(name string) error {
 	tables, err := k.nft.ListTables()
 	if err != nil {
 		return fmt.Errorf("list tables: %w", err)
 	}
 	for _, t := range tables {
-		if t.Name == name && (t.Family == nftables.TableFamilyIPv4 || t.Family == nftables.TableFamilyIPv6) {
+		if t.Name == name && (t.Family == nftables.TableFamilyIPv4 || t.Family == nftables.TableFamilyIPv6 || t.Family == nftables.TableFamilyINet) {
 			k.nft.DelTable(t)
 		}
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/binary"
+	"github.com/google/nftables"
 	"io"
 	"net"
 	"net/netip"
@@ -21,7 +22,8 @@ import (
 // kube-proxy v1.36.3 in nftables mode on one lab node, as lab/kubelab runs it on the
 // kubelet-backed cluster, reaching the lab's API server through a bridge this process holds.
 const (
-	kubeProxyTable = "kube-proxy"
+	kubeProxyTable  = "kube-proxy"
+	kubeProxyFamily = nftables.TableFamilyIPv4
 	// nodePortsMap is kube-proxy's map of every NodePort (proxier.go, serviceNodePortsMap).
 	nodePortsMap = "service-nodeports"
 	// hairpinSet holds every local endpoint (proxier.go, hairpinConnectionsSet).

@@ -27,6 +27,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"github.com/google/nftables"
 	"math"
 	"net/http"
 	"net/netip"
@@ -62,8 +63,9 @@ const (
 	kuportNS = "bench-kuport"
 	kpNS     = "bench-kube-proxy"
 
-	kuportTable = "kuport"
-	dnatSet     = "dnat-ports"
+	kuportTable  = "kuport"
+	kuportFamily = nftables.TableFamilyINet
+	dnatSet      = "dnat-ports"
 
 	// Dialed ports: the sizes' PortMaps from sizeBase, the bulk's from bulkBase, kube-proxy's
 	// NodePorts in nodePortRange, all disjoint.
@@ -240,7 +242,9 @@ func (b *bench) nodePortService(ctx context.Context, i int) error {
 }
 
 // kuportCount is how many DNAT elements edge-a's kernel holds.
-func (b *bench) kuportCount() (int, error) { return b.k.countElements(kuportTable, dnatSet) }
+func (b *bench) kuportCount() (int, error) {
+	return b.k.countElements(kuportFamily, kuportTable, dnatSet)
+}
 
 func (b *bench) waitCount(ctx context.Context, what string, count func() (int, error), want int, every time.Duration) error {
 	last := -1
@@ -540,7 +544,7 @@ func (b *bench) portRange(ctx context.Context, ports int) error {
 		return err
 	}
 	defer func() { _ = serving.close() }()
-	before, err := b.k.tableElements(kuportTable)
+	before, err := b.k.tableElements(kuportFamily, kuportTable)
 	if err != nil {
 		return err
 	}
@@ -571,11 +575,11 @@ func (b *bench) portRange(ctx context.Context, ports int) error {
 		return err
 	}
 	toProgrammed := programmed.Sub(start)
-	accepting, err := b.k.tableElements(kuportTable)
+	accepting, err := b.k.tableElements(kuportFamily, kuportTable)
 	if err != nil {
 		return err
 	}
-	servingSets, err := serving.tableElements(kuportTable)
+	servingSets, err := serving.tableElements(kuportFamily, kuportTable)
 	if err != nil {
 		return err
 	}
@@ -590,7 +594,7 @@ func (b *bench) portRange(ctx context.Context, ports int) error {
 		return err
 	}
 	count := func() (int, error) {
-		sets, err := b.k.tableElements(kuportTable)
+		sets, err := b.k.tableElements(kuportFamily, kuportTable)
 		return total(sets), err
 	}
 	if err := b.waitCount(ctx, "range gone from edge-a's kernel", count, total(before), 5*time.Millisecond); err != nil {
@@ -849,7 +853,7 @@ func (b *bench) kuportChanges(ctx context.Context) (toKernel, toProgrammed []tim
 		b.portMaps++
 		key := dnatKey(iface, uint16(port))
 		err = labbench.WaitFor(ctx, "PortMap "+name+" in the kernel", probeEvery, b.settle, func() (bool, error) {
-			return b.k.hasElement(kuportTable, dnatSet, key)
+			return b.k.hasElement(kuportFamily, kuportTable, dnatSet, key)
 		})
 		if err != nil {
 			stop()
@@ -909,7 +913,7 @@ func (b *bench) kubeProxyFullSync(ctx context.Context, n int) (time.Duration, er
 	if err := b.kp.start(b.flags.K8sBin); err != nil {
 		return 0, err
 	}
-	count := func() (int, error) { return b.k.countElements(kubeProxyTable, nodePortsMap) }
+	count := func() (int, error) { return b.k.countElements(kubeProxyFamily, kubeProxyTable, nodePortsMap) }
 	if err := b.waitCount(ctx, "kube-proxy's full sync", count, n, 50*time.Millisecond); err != nil {
 		return 0, fmt.Errorf("%w (log: %s)", err, filepath.Join(b.flags.Dir, "kube-proxy.log"))
 	}
@@ -937,7 +941,7 @@ func (b *bench) kubeProxyChanges(ctx context.Context, n int) ([]time.Duration, e
 			return nil, err
 		}
 		err := labbench.WaitFor(ctx, "kube-proxy's endpoint "+ip.String()+" of "+name, probeEvery, b.settle, func() (bool, error) {
-			return b.k.hasElement(kubeProxyTable, hairpinSet, key)
+			return b.k.hasElement(kubeProxyFamily, kubeProxyTable, hairpinSet, key)
 		})
 		if err != nil {
 			return nil, err

@@ -362,9 +362,9 @@ func measureRange(ports int, agent string) error {
 	return nil
 }
 
-// countElements counts the elements of every set of table ip kuport.
+// countElements counts the elements of every set of table inet kuport.
 func countElements(conn *nftables.Conn) (int, error) {
-	sets, err := conn.GetSets(&nftables.Table{Name: "kuport", Family: nftables.TableFamilyIPv4})
+	sets, err := conn.GetSets(&nftables.Table{Name: "kuport", Family: nftables.TableFamilyINet})
 	if err != nil {
 		return 0, err
 	}

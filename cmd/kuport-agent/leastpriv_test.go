@@ -69,7 +69,7 @@ func TestPrivilegedAgentLeastPrivilege(t *testing.T) {
 	require.Regexp(t, `(?m)^NoNewPrivs:\s+1$`, string(status))
 	require.Contains(t, string(status), "Name:\tkuport-agent.te", "the status is the agent's")
 	require.Equal(t, "2\n", ns.exec(t, "cat", "/proc/sys/net/ipv4/conf/kup-1a2b3c4d/rp_filter"))
-	require.Contains(t, ns.exec(t, "nft", "list", "table", "ip", "kuport"), `comment "games/gs/dnat/wt0" : 169.254.77.1 . 27015`)
+	require.Contains(t, ns.exec(t, "nft", "list", "table", "inet", "kuport"), `comment "games/gs/dnat/wt0" : 169.254.77.1 . 27015`)
 	b, err := os.ReadFile(epoch)
 	require.NoError(t, err)
 	require.Equal(t, "7\n", string(b))

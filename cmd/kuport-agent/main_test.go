@@ -157,7 +157,7 @@ func TestPrivilegedAgentFailStaticAndCleanup(t *testing.T) {
 		ToAddress: "10.244.17.5", ToPort: 27015,
 	}}})
 	nftList := func() (string, error) {
-		out, err := exec.Command("ip", "netns", "exec", ns.name, "nft", "list", "table", "ip", "kuport").CombinedOutput()
+		out, err := exec.Command("ip", "netns", "exec", ns.name, "nft", "list", "table", "inet", "kuport").CombinedOutput()
 		return string(out), err
 	}
 
@@ -197,5 +197,5 @@ func TestPrivilegedAgentFailStaticAndCleanup(t *testing.T) {
 	cleanup, cleanupOut := ns.agentCmd(t, "cleanup")
 	require.NoError(t, cleanup.Run(), cleanupOut.String())
 	table, err = nftList()
-	require.Error(t, err, "cleanup removes table ip kuport: %s", table)
+	require.Error(t, err, "cleanup removes table inet kuport: %s", table)
 }

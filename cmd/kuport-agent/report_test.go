@@ -48,7 +48,7 @@ func sendUDP(t *testing.T, ns, src string, sport int, dst string, dport int) {
 // traffic is one counter's packets and bytes.
 type traffic struct{ packets, bytes uint64 }
 
-// nftCounters reads the element counters of table ip kuport from `nft -j list table ip
+// nftCounters reads the element counters of table inet kuport from `nft -j list table ip
 // kuport`, summed by element comment (an entry id), with " in" for the steering maps and " out"
 // for the count-out sets, whose elements carry no comment: each is the DNAT element's of the
 // same key (every DNAT entry here matches no destination, so both have the dialed key).
@@ -74,7 +74,7 @@ func (n *agentNS) nftCounters(t *testing.T) map[string]traffic {
 			Map *set `json:"map"`
 		} `json:"nftables"`
 	}
-	listed := n.exec(t, "nft", "-j", "list", "table", "ip", "kuport")
+	listed := n.exec(t, "nft", "-j", "list", "table", "inet", "kuport")
 	require.NoError(t, json.Unmarshal([]byte(listed), &listing))
 	type named struct {
 		set string
@@ -142,7 +142,7 @@ func (n *agentNS) linkStats(t *testing.T, dev string) *kuportv1.LinkStats {
 
 // TestPrivilegedAgentReportsCounters runs kuport-agent in a namespace, sends client traffic
 // through a mapping to a local pod and one to a remote pod over a link, and checks that
-// the agent's Report carries exactly the counters `nft list table ip kuport` shows and
+// the agent's Report carries exactly the counters `nft list table inet kuport` shows and
 // the statistics `ip -s link` shows for the link.
 func TestPrivilegedAgentReportsCounters(t *testing.T) {
 	ns := newAgentNS(t, "counters")

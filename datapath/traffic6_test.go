@@ -1,0 +1,216 @@
+package datapath
+
+import (
+	"encoding/binary"
+	"io"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/vishvananda/netns"
+
+	"kuport.wlz.li/kuport/internal/testenv"
+	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
+)
+
+// The dual-stack addresses of TestPrivilegedDualStack: the client and the node's interface
+// it dials, and the pod behind the node's cilium_host.
+const (
+	client6Addr = "2001:db8:1::7"
+	node6Addr   = "2001:db8:1::9"
+	pod6Addr    = "fd00:10:244:17::5"
+	pod4Addr    = "10.244.17.5"
+)
+
+// addDualStackPod is addPod with IPv6 beside IPv4: the pod holds pod4Addr/24 and
+// pod6Addr/64 behind cilium_host (10.244.17.1/24, fd00:10:244:17::1/64), both forwarded,
+// and answers UDP on port in both families, and TCP on tcpPort in IPv6, with the address
+// it saw its peer at.
+func (tn *testNS) addDualStackPod(t *testing.T, port, tcpPort int) netns.NsHandle {
+	t.Helper()
+	name, ns := newNetNS(t, "kuptest-pod-")
+	for _, args := range [][]string{
+		{"sysctl", "-qw", "net.ipv4.ip_forward=1"},
+		{"sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"},
+		{"ip", "link", "add", "cilium_host", "type", "veth", "peer", "name", "eth0", "netns", name},
+		{"ip", "addr", "add", "10.244.17.1/24", "dev", "cilium_host"},
+		{"ip", "addr", "add", "fd00:10:244:17::1/64", "dev", "cilium_host", "nodad"},
+		{"ip", "link", "set", "cilium_host", "up"},
+	} {
+		tn.exec(t, args...)
+	}
+	for _, args := range [][]string{
+		{"ip", "link", "set", "lo", "up"},
+		{"ip", "addr", "add", pod4Addr + "/24", "dev", "eth0"},
+		{"ip", "addr", "add", pod6Addr + "/64", "dev", "eth0", "nodad"},
+		{"ip", "link", "set", "eth0", "up"},
+		{"ip", "route", "add", "default", "via", "10.244.17.1"},
+		{"ip", "-6", "route", "add", "default", "via", "fd00:10:244:17::1"},
+	} {
+		run(t, append([]string{"ip", "netns", "exec", name}, args...)...)
+	}
+	serveUDP(t, ns, pod4Addr, port)
+	serveUDP(t, ns, pod6Addr, port)
+	var l net.Listener
+	inNS(t, ns, func() error {
+		var err error
+		l, err = net.Listen("tcp", net.JoinHostPort(pod6Addr, itoa(uint32(tcpPort))))
+		return err
+	})
+	t.Cleanup(func() { _ = l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
+			_, _ = c.Write([]byte(host))
+			_ = c.Close()
+		}
+	}()
+	return ns
+}
+
+// TestPrivilegedDualStack serves one mapping in both families on one node: an IPv4 and
+// an IPv6 client each reach the pod, which sees each client's own address, and each answer
+// comes from the address and port its client dialed; the IPv6 request's checksums survive
+// the stand-in's rewrite and the DNAT (a datagram whose checksum the client computed itself,
+// sent past every offload, still arrives); each family's entries count their own flows.
+func TestPrivilegedDualStack(t *testing.T) {
+	testenv.Privileged(t)
+	tn := newTestNS(t, "100.64.93.143")
+	tn.addDualStackPod(t, 3000, 3001)
+	client := tn.addPeer(t, "enp1s0", "203.0.113.9", "203.0.113.7")
+	tn.exec(t, "ip", "addr", "add", node6Addr+"/64", "dev", "enp1s0", "nodad")
+	run(t, "ip", "netns", "exec", client.name, "ip", "addr", "add", client6Addr+"/64", "dev", "eth0", "nodad")
+	client6 := &peerNS{name: client.name, ns: client.ns, addr: client6Addr}
+
+	udp, tcp := kuportv1.Protocol_PROTOCOL_UDP, kuportv1.Protocol_PROTOCOL_TCP
+	dnat := func(id string, proto kuportv1.Protocol, dialed uint32, to string, toPort uint32) *kuportv1.DnatRule {
+		return &kuportv1.DnatRule{Id: id, Mapping: "g/dual", InInterface: "enp1s0", Protocol: proto,
+			Ports: &kuportv1.PortRange{First: dialed, Last: dialed}, ToAddress: to, ToPort: toPort, StandIn: to}
+	}
+	snat := func(id string, proto kuportv1.Protocol, to string, port uint32) *kuportv1.SnatRule {
+		return &kuportv1.SnatRule{Id: id, Mapping: "g/dual", Kind: kuportv1.SnatKind_SNAT_KIND_REQUEST,
+			Address: to, Protocol: proto, Ports: &kuportv1.PortRange{First: port, Last: port}}
+	}
+	p := &kuportv1.NodeProgram{Node: "edge-a", Version: 1,
+		DnatRules: []*kuportv1.DnatRule{
+			dnat("g/dual/dnat/enp1s0", udp, 4000, pod4Addr, 3000),
+			dnat("g/dual/dnat6/enp1s0", udp, 4000, pod6Addr, 3000),
+			dnat("g/tcp6/dnat6/enp1s0", tcp, 4001, pod6Addr, 3001),
+		},
+		SnatRules: []*kuportv1.SnatRule{
+			snat("g/dual/snat", udp, pod4Addr, 3000), snat("g/dual/snat6", udp, pod6Addr, 3000), snat("g/tcp6/snat6", tcp, pod6Addr, 3001),
+		},
+	}
+	require.NoError(t, tn.dp.Apply(p))
+
+	const flows4, flows6 = 2, 3
+	for range flows4 {
+		texts, from := client.flowUDP(t, "203.0.113.9", 4000, 2, 1)
+		assert.Equal(t, []string{"203.0.113.7", "203.0.113.7", "203.0.113.7"}, texts, "the pod saw the IPv4 client")
+		assert.Equal(t, "203.0.113.9:4000", from, "the IPv4 answer comes from the dialed address and port")
+	}
+	for range flows6 {
+		texts, from := client6.flowUDP(t, node6Addr, 4000, 2, 1)
+		assert.Equal(t, []string{client6Addr, client6Addr, client6Addr}, texts, "the pod saw the IPv6 client")
+		assert.Equal(t, net.JoinHostPort(node6Addr, "4000"), from, "the IPv6 answer comes from the dialed address and port")
+	}
+	text, from := client6.exchangeRawUDP6(t, node6Addr, 4000)
+	assert.Equal(t, client6Addr, text, "a datagram with the client's own checksum arrives whole")
+	assert.Equal(t, net.JoinHostPort(node6Addr, "4000"), from)
+
+	inNS(t, client.ns, func() error {
+		c, err := net.DialTimeout("tcp", net.JoinHostPort(node6Addr, "4001"), 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = c.Close() }()
+		b, err := io.ReadAll(c)
+		assert.Equal(t, client6Addr, string(b), "the IPv6 TCP pod saw the client")
+		return err
+	})
+
+	counters, err := tn.dp.Counters()
+	require.NoError(t, err)
+	for id, n := range map[string]uint64{"g/dual/dnat/enp1s0": flows4, "g/dual/dnat6/enp1s0": flows6 + 1, "g/tcp6/dnat6/enp1s0": 1} {
+		c := counterOf(counters, id)
+		require.NotNil(t, c, id)
+		assert.Equal(t, n, c.GetPackets(), "%s: flows", id)
+	}
+	assert.Equal(t, uint64(flows6*3+1), counterOf(counters, "g/dual/dnat6/enp1s0").GetForwardedOut().GetPackets(), "IPv6 answers")
+
+	require.NoError(t, tn.dp.Cleanup())
+	assert.Empty(t, tn.nftList(t), "cleanup leaves no table inet kuport")
+}
+
+// exchangeRawUDP6 sends one UDP datagram from the peer's IPv6 address to dst:dport through
+// a raw socket, its checksum computed here, so no offload fills it in later and the
+// receiver checks it; it returns the answer's text and source.
+func (p *peerNS) exchangeRawUDP6(t *testing.T, dst string, dport int) (string, string) {
+	t.Helper()
+	var text, from string
+	inNS(t, p.ns, func() error {
+		answers, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.ParseIP(p.addr)})
+		if err != nil {
+			return err
+		}
+		defer func() { _ = answers.Close() }()
+		raw, err := net.ListenPacket("ip6:udp", p.addr)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = raw.Close() }()
+		sport := answers.LocalAddr().(*net.UDPAddr).Port
+		datagram := udp6Datagram(netip.MustParseAddr(p.addr), netip.MustParseAddr(dst), uint16(sport), uint16(dport), []byte("kuport"))
+		if _, err := raw.WriteTo(datagram, &net.IPAddr{IP: net.ParseIP(dst)}); err != nil {
+			return err
+		}
+		if err := answers.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+			return err
+		}
+		buf := make([]byte, 1500)
+		n, src, err := answers.ReadFromUDP(buf)
+		text, from = string(buf[:n]), src.String()
+		return err
+	})
+	return text, from
+}
+
+// udp6Datagram is a UDP header and payload with the checksum over the IPv6 pseudo-header
+// (RFC 8200, section 8.1).
+func udp6Datagram(src, dst netip.Addr, sport, dport uint16, payload []byte) []byte {
+	b := make([]byte, 8+len(payload))
+	binary.BigEndian.PutUint16(b[0:], sport)
+	binary.BigEndian.PutUint16(b[2:], dport)
+	binary.BigEndian.PutUint16(b[4:], uint16(len(b)))
+	copy(b[8:], payload)
+	var sum uint32
+	add := func(data []byte) {
+		for i := 0; i+1 < len(data); i += 2 {
+			sum += uint32(binary.BigEndian.Uint16(data[i:]))
+		}
+		if len(data)%2 == 1 {
+			sum += uint32(data[len(data)-1]) << 8
+		}
+	}
+	s, d := src.As16(), dst.As16()
+	add(s[:])
+	add(d[:])
+	add([]byte{0, 0, byte(len(b) >> 8), byte(len(b)), 0, 0, 0, 17})
+	add(b)
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	c := ^uint16(sum)
+	if c == 0 {
+		c = 0xffff
+	}
+	binary.BigEndian.PutUint16(b[6:], c)
+	return b
+}
