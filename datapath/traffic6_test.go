@@ -10,7 +10,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"github.com/vishvananda/netns"
 
 	"kuport.wlz.li/kuport/internal/testenv"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
@@ -28,8 +27,8 @@ const (
 // addDualStackPod is addPod with IPv6 beside IPv4: the pod holds pod4Addr/24 and
 // pod6Addr/64 behind cilium_host (10.244.17.1/24, fd00:10:244:17::1/64), both forwarded,
 // and answers UDP on port in both families, and TCP on tcpPort in IPv6, with the address
-// it saw its peer at.
-func (tn *testNS) addDualStackPod(t *testing.T, port, tcpPort int) netns.NsHandle {
+// it saw its peer at. It returns the pod's namespace's name.
+func (tn *testNS) addDualStackPod(t *testing.T, port, tcpPort int) string {
 	t.Helper()
 	name, ns := newNetNS(t, "kuptest-pod-")
 	for _, args := range [][]string{
@@ -72,7 +71,7 @@ func (tn *testNS) addDualStackPod(t *testing.T, port, tcpPort int) netns.NsHandl
 			_ = c.Close()
 		}
 	}()
-	return ns
+	return name
 }
 
 // TestPrivilegedDualStack serves one mapping in both families on one node: an IPv4 and
@@ -83,11 +82,18 @@ func (tn *testNS) addDualStackPod(t *testing.T, port, tcpPort int) netns.NsHandl
 func TestPrivilegedDualStack(t *testing.T) {
 	testenv.Privileged(t)
 	tn := newTestNS(t, "100.64.93.143")
-	tn.addDualStackPod(t, 3000, 3001)
+	pod := tn.addDualStackPod(t, 3000, 3001)
 	client := tn.addPeer(t, "enp1s0", "203.0.113.9", "203.0.113.7")
 	tn.exec(t, "ip", "addr", "add", node6Addr+"/64", "dev", "enp1s0", "nodad")
 	run(t, "ip", "netns", "exec", client.name, "ip", "addr", "add", client6Addr+"/64", "dev", "eth0", "nodad")
 	client6 := &peerNS{name: client.name, ns: client.ns, addr: client6Addr}
+	// A device's first neighbour discovery may go unanswered while its link-local address
+	// is tentative: begin once none is.
+	for _, ns := range []string{tn.name, client.name, pod} {
+		require.Eventually(t, func() bool {
+			return run(t, "ip", "netns", "exec", ns, "ip", "-6", "addr", "show", "tentative") == ""
+		}, 5*time.Second, 50*time.Millisecond, "addresses of %s still tentative", ns)
+	}
 
 	udp, tcp := kuportv1.Protocol_PROTOCOL_UDP, kuportv1.Protocol_PROTOCOL_TCP
 	dnat := func(id string, proto kuportv1.Protocol, dialed uint32, to string, toPort uint32) *kuportv1.DnatRule {
