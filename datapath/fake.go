@@ -507,6 +507,13 @@ func (k *fakeKernel) LinkSetUp(link netlink.Link) error {
 	return err
 }
 
+// LinkSetIP6AddrGenMode changes nothing the fake models: it generates no link-local
+// addresses.
+func (k *fakeKernel) LinkSetIP6AddrGenMode(link netlink.Link, _ int) error {
+	_, err := k.find(link)
+	return err
+}
+
 func (k *fakeKernel) AddrList(link netlink.Link, family int) ([]netlink.Addr, error) {
 	if _, err := k.find(link); err != nil {
 		return nil, err

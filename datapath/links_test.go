@@ -93,3 +93,91 @@ func TestFakeLinkSourcePortsAdopted(t *testing.T) {
 		})
 	}
 }
+
+// with6 is p with IPv6 on its first link (fd6b::1 here, fd6b::0 the peer) and return path.
+func with6(p *kuportv1.NodeProgram) *kuportv1.NodeProgram {
+	p = proto.CloneOf(p)
+	p.Links[0].LocalAddress6, p.Links[0].PeerAddress6 = "fd6b::1", "fd6b::"
+	p.ReturnPaths[0].PeerLinkAddress6 = "fd6b::"
+	return p
+}
+
+// TestPlanLink6: a link's IPv6 ends are both empty or the two ends of a /127, IPv6 and not
+// IPv4-mapped; anything else refuses the link, as a bad IPv4 address does.
+func TestPlanLink6(t *testing.T) {
+	base := goldenPrograms(t)["remote-worker-b"].GetLinks()[0]
+	for _, c := range []struct {
+		local, peer string
+		want        string // the /127 planned, "" for none
+		err         string
+	}{
+		{"", "", "", ""},
+		{"fd6b::1", "fd6b::", "fd6b::1/127", ""},
+		{"fd6b::", "fd6b::1", "fd6b::/127", ""},
+		{"2001:db8:0:1::ffff", "2001:db8:0:1::fffe", "2001:db8:0:1::ffff/127", ""},
+		{"fd6b::1", "", "", `peer_address6 "" is not an IPv6 address`},
+		{"", "fd6b::1", "", `local_address6 "" is not an IPv6 address`},
+		{"fd6b::1", "fd6b::1", "", "not the two ends of a /127"},
+		{"fd6b::1", "fd6b::2", "", "not the two ends of a /127"},
+		{"fd6b::2", "fd6b::1", "", "not the two ends of a /127"},
+		{"fd6b::3", "fd6b::", "", "not the two ends of a /127"},
+		{"169.254.77.1", "169.254.77.0", "", "is not an IPv6 address"},
+		{"::ffff:169.254.77.1", "::ffff:169.254.77.0", "", "is not an IPv6 address"},
+		{"fe80::1%eth0", "fe80::%eth0", "", "is not an IPv6 address"},
+		{"fd6b::1/127", "fd6b::", "", "is not an IPv6 address"},
+	} {
+		l := proto.CloneOf(base)
+		l.LocalAddress6, l.PeerAddress6 = c.local, c.peer
+		w, err := planLink(l)
+		if c.err != "" {
+			assert.ErrorContains(t, err, c.err, "%q %q", c.local, c.peer)
+			continue
+		}
+		require.NoError(t, err, "%q %q", c.local, c.peer)
+		assert.NoError(t, w.no6)
+		got := ""
+		if w.address6 != nil {
+			got = w.address6.String()
+		}
+		assert.Equal(t, c.want, got, "%q %q", c.local, c.peer)
+	}
+}
+
+// TestPlanLink6MTU: under IPv6's 1280 the link is kept, IPv4 only, and Apply says why;
+// Validate, which refuses a program whole, does not refuse it.
+func TestPlanLink6MTU(t *testing.T) {
+	for _, c := range []struct {
+		mtu uint32
+		ok  bool
+	}{{1280, true}, {1279, false}, {1200, false}} {
+		p := with6(goldenPrograms(t)["remote-worker-b"])
+		p.Links[0].Mtu = c.mtu
+		require.NoError(t, Validate(p), "mtu %d", c.mtu)
+		links, _, errs := planLinks(p)
+		require.Empty(t, errs)
+		require.Len(t, links, 1)
+		if c.ok {
+			assert.NotNil(t, links[0].address6, "mtu %d", c.mtu)
+			continue
+		}
+		assert.Nil(t, links[0].address6, "mtu %d", c.mtu)
+		assert.ErrorContains(t, links[0].no6, "below IPv6's minimum 1280")
+	}
+}
+
+// TestSameProgram6: a program that differs in a link's or a return path's IPv6 side is not
+// the same program, so the agent applies it and Apply reads its links again.
+func TestSameProgram6(t *testing.T) {
+	base := with6(goldenPrograms(t)["remote-worker-b"])
+	for _, edit := range []func(p *kuportv1.NodeProgram){
+		func(p *kuportv1.NodeProgram) { p.Links[0].LocalAddress6 = "fd6b::3" },
+		func(p *kuportv1.NodeProgram) { p.Links[0].PeerAddress6 = "fd6b::2" },
+		func(p *kuportv1.NodeProgram) { p.ReturnPaths[0].PeerLinkAddress6 = "" },
+	} {
+		other := proto.CloneOf(base)
+		edit(other)
+		assert.False(t, SameProgram(base, other))
+		assert.False(t, sameNet(base.GetLinks(), base.GetReturnPaths(), base.GetReturnMarking(), other))
+	}
+	assert.True(t, SameProgram(base, proto.CloneOf(base)))
+}
