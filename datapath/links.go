@@ -165,10 +165,10 @@ func (w *wantLink) vxlanMatches(l netlink.Link) bool {
 }
 
 // syncLink makes one device match the program: created when missing, replaced when its
-// encapsulation differs, MTU, addresses, up state and rp_filter corrected one by one. A
-// failure of the IPv6 side alone is returned after the rest is done, so it never keeps
-// the link from carrying IPv4.
-func (d *Datapath) syncLink(w *wantLink, changes *int) error {
+// encapsulation differs, MTU, addresses, up state and rp_filter corrected one by one, and
+// adds its ifindex to indexes. A failure of the IPv6 side alone is returned after the rest
+// is done, so it never keeps the link from carrying IPv4.
+func (d *Datapath) syncLink(w *wantLink, indexes map[int]bool, changes *int) error {
 	l, err := d.nl.LinkByName(w.name)
 	var notFound netlink.LinkNotFoundError
 	switch {
@@ -206,6 +206,7 @@ func (d *Datapath) syncLink(w *wantLink, changes *int) error {
 			}
 		}
 	}
+	indexes[l.Attrs().Index] = true
 	if l.Attrs().MTU != w.mtu {
 		if err := d.nl.LinkSetMTU(l, w.mtu); err != nil {
 			return fmt.Errorf("set mtu: %w", err)

@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"context"
 	"fmt"
 	"os/exec"
 	"regexp"
@@ -243,4 +244,38 @@ func TestPrivilegedLink6Refused(t *testing.T) {
 	require.NoError(t, b.dp.Apply(pb))
 	b.checkLink6(t, pb, true)
 	b.ping(t, "fd6b::1")
+}
+
+// TestPrivilegedLink6Watched: Watch signals when someone deletes the link's /127 (whose
+// notification names the device by index alone), its IPv6 rule or its IPv6 route.
+func TestPrivilegedLink6Watched(t *testing.T) {
+	testenv.Privileged(t)
+	_, b := link6Ends(t)
+	pb := link6Program(2)
+	require.NoError(t, b.dp.Apply(pb))
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	drift, err := b.dp.Watch(ctx)
+	require.NoError(t, err)
+	for _, damage := range [][]string{
+		{"ip", "-6", "addr", "del", "fd6b::/127", "dev", link6Name},
+		{"ip", "-6", "rule", "del", "pref", "102", "fwmark", "0x1/0x301f", "lookup", itoa(link6Table)},
+		{"ip", "-6", "route", "flush", "table", itoa(link6Table)},
+	} {
+		b.exec(t, damage...)
+		select {
+		case <-drift:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no signal after %v", damage)
+		}
+		require.NoError(t, b.dp.Apply(pb))
+		assert.NotZero(t, b.dp.lastChanges, "%v repaired", damage)
+		b.checkLink6(t, pb, false)
+		// The repair's own notifications signal once more; the next damage waits for its own.
+		time.Sleep(2 * watchDebounce)
+		select {
+		case <-drift:
+		default:
+		}
+	}
 }
