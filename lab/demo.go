@@ -146,7 +146,7 @@ func (l *Lab) WaitProgrammed(ctx context.Context, namespace, name, want string, 
 	return last, err
 }
 
-// RulesMentioning returns, per node, the lines of `ip kuport` containing any of needles.
+// RulesMentioning returns, per node, the lines of `inet kuport` containing any of needles.
 func (l *Lab) RulesMentioning(ctx context.Context, needles ...string) (map[string][]string, error) {
 	out := map[string][]string{}
 	for _, n := range l.Net.Nodes() {

@@ -421,9 +421,9 @@ func stop(p *netlab.Proc, kill bool) error {
 	return p.Stop()
 }
 
-// NftTable returns `nft list table ip kuport` on a node, or "" when the table is absent.
+// NftTable returns `nft list table inet kuport` on a node, or "" when the table is absent.
 func (l *Lab) NftTable(ctx context.Context, node string) (string, error) {
-	out, err := l.Net.Exec(ctx, node, "nft", "list", "table", "ip", "kuport")
+	out, err := l.Net.Exec(ctx, node, "nft", "list", "table", "inet", "kuport")
 	if err != nil {
 		if strings.Contains(err.Error(), "No such file or directory") {
 			return "", nil

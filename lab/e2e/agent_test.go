@@ -147,7 +147,7 @@ func TestPrivilegedE2EDriftRepaired(t *testing.T) {
 	mapTo(t, l, "repair", "public", corev1.ProtocolTCP, 3000, 0, 3000, lab.PodB)
 	assertAnswers(t, l, 3000)
 	for _, damage := range []struct{ node, what string }{
-		{"edge-a", "nft delete table ip kuport"},
+		{"edge-a", "nft delete table inet kuport"},
 		{"worker-b", "ip rule del pref 101"},
 		{"edge-a", "ip link del " + linkOnEdgeA},
 		{"worker-b", "ip link del " + linkOnWorkerB},

@@ -181,7 +181,7 @@ func readLink(t *testing.T, l *lab.Lab, node, dev string) (linkStats, bool) {
 
 // kernelState is what kuport owns on a node, as the kernel lists it: links named kup-*
 // (index, name, mtu, VNI, underlay ends and /31 address), ip rules at prefs 101/102,
-// routes in tables 201+, and the ip kuport table with handles.
+// routes in tables 201+, and the inet kuport table with handles.
 func kernelState(t *testing.T, l *lab.Lab, node string) string {
 	t.Helper()
 	ctx := context.Background()
@@ -218,7 +218,7 @@ func kernelState(t *testing.T, l *lab.Lab, node string) string {
 			fmt.Fprintln(&b, line)
 		}
 	}
-	table, err := l.Net.Exec(ctx, node, "nft", "-a", "list", "table", "ip", "kuport")
+	table, err := l.Net.Exec(ctx, node, "nft", "-a", "list", "table", "inet", "kuport")
 	if err == nil {
 		b.WriteString(regexp.MustCompile(`counter packets \d+ bytes \d+`).ReplaceAllString(table, "counter"))
 	}

@@ -240,7 +240,7 @@ func measureRecovery(t *testing.T, l *lab.Lab, p *udpProbe, node string, event f
 func wipeKuport(t *testing.T, l *lab.Lab, node string) {
 	t.Helper()
 	ctx := context.Background()
-	_, _ = l.Net.Exec(ctx, node, "nft", "delete", "table", "ip", "kuport")
+	_, _ = l.Net.Exec(ctx, node, "nft", "delete", "table", "inet", "kuport")
 	for _, link := range vxlanLinks(t, l, node) {
 		_, err := l.Net.Exec(ctx, node, "ip", "link", "del", link.Name)
 		require.NoError(t, err)
@@ -298,11 +298,11 @@ func testRecovery(t *testing.T, l *lab.Lab) {
 		measureRecovery(t, l, p, "edge-a", run("edge-a", "ip", "link", "del", linkOnEdgeA))
 	})
 	t.Run("the table deleted", func(t *testing.T) {
-		measureRecovery(t, l, p, "worker-b", run("worker-b", "nft", "delete", "table", "ip", "kuport"))
+		measureRecovery(t, l, p, "worker-b", run("worker-b", "nft", "delete", "table", "inet", "kuport"))
 	})
 	t.Run("table and link deleted together", func(t *testing.T) {
 		measureRecovery(t, l, p, "worker-b", func() {
-			run("worker-b", "nft", "delete", "table", "ip", "kuport")()
+			run("worker-b", "nft", "delete", "table", "inet", "kuport")()
 			run("worker-b", "ip", "link", "del", linkOnWorkerB)()
 		})
 	})

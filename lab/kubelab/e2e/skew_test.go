@@ -41,8 +41,9 @@ func (e *env) skew(prev prevRelease, tag string, before map[string]string) {
 	e.assertUninstalled(before)
 }
 
-// tableRebuiltFrom are the releases whose agents wrote table ip kuport in a form this
-// version's agents rebuild once (docs/upgrade.md#agents-rebuild-their-table-once).
+// tableRebuiltFrom are the releases whose agents wrote a table this version's agents
+// rebuild once: v0.1.0's table ip kuport becomes table inet kuport
+// (docs/upgrade.md#agents-rebuild-their-table-once).
 var tableRebuiltFrom = map[string]bool{"v0.1.0": true}
 
 // skewStep runs the docs' step under streams lasting d and asserts it lost nothing,

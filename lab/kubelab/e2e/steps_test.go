@@ -191,12 +191,17 @@ var (
 )
 
 // kernelObjects lists the identities of what kuport made on a node: each kup-* device's
-// ifindex and every nftables handle in table ip kuport. A recreated object changes it.
+// ifindex and every nftables handle in table inet kuport (and table ip kuport, which
+// releases before IPv6 wrote). A recreated object changes it.
 func (e *env) kernelObjects(node string) string {
 	e.t.Helper()
 	links := ifindexRe.FindAllString(e.exec(node, "ip", "-o", "link", "show"), -1)
-	out, _ := e.l.Net.Exec(context.Background(), node, "nft", "-a", "list", "table", "ip", "kuport")
-	return strings.Join(links, "\n") + "\n" + strings.Join(handleRe.FindAllString(out, -1), " ")
+	var handles []string
+	for _, family := range []string{"ip", "inet"} {
+		out, _ := e.l.Net.Exec(context.Background(), node, "nft", "-a", "list", "table", family, "kuport")
+		handles = append(handles, family+": "+strings.Join(handleRe.FindAllString(out, -1), " "))
+	}
+	return strings.Join(links, "\n") + "\n" + strings.Join(handles, "\n")
 }
 
 func (e *env) allKernelObjects() map[string]string {
@@ -396,7 +401,7 @@ func (e *env) assertUninstalled(before map[string]string) {
 	assert.NotContains(e.t, crds, "kuport.wlz.li")
 	for _, n := range e.l.Net.Nodes() {
 		out, _ := e.l.Net.Exec(context.Background(), n.Name, "nft", "list", "tables")
-		assert.NotContains(e.t, out, "ip kuport", n.Name)
+		assert.NotRegexp(e.t, `(ip|inet) kuport`, out, n.Name)
 		assert.NotRegexp(e.t, `: kup-[0-9a-f]{8}[@:]`, e.exec(n.Name, "ip", "-o", "link", "show"), n.Name)
 		rules := e.exec(n.Name, "ip", "rule", "show")
 		assert.NotRegexp(e.t, `(?m)^10[12]:`, rules, n.Name)
