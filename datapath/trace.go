@@ -390,17 +390,22 @@ func (tr *tracer) rule(chain string, exprs []expr.Any, p *packet, f *flow, dir b
 }
 
 // route is the kernel's route lookup for a packet: the ip rules at 101 and 102 by its mark,
-// then main, where each link's /31 is connected and anything else leaves by fallback. It
+// then main, where each link's /31 (and /127) is connected and anything else leaves by
+// fallback; the rules and routes of the packet's family. It
 // returns the device and, when a return path's table routed it, that route.
 func (tr *tracer) route(p *packet, fallback string) (string, *Route) {
-	dst := net.IP(p.nh[16:20])
+	dst := net.IP(p.daddr().AsSlice())
+	fam := returnIPv4
+	if p.fam.v6() {
+		fam = returnIPv6
+	}
 	type ipRule struct {
 		*netlink.Rule
 		w *wantReturn
 	}
 	var rules []ipRule
 	for _, w := range tr.returns {
-		for _, r := range w.rules() {
+		for _, r := range fam.rules(w) {
 			rules = append(rules, ipRule{r, w})
 		}
 	}
@@ -412,12 +417,14 @@ func (tr *tracer) route(p *packet, fallback string) (string, *Route) {
 		if r.Table == unix.RT_TABLE_MAIN {
 			break
 		}
-		gw, _ := netip.AddrFromSlice(r.w.gw.To4())
-		return r.w.link, &Route{Table: r.Table, Link: r.w.link, Via: gw}
+		gw, _ := netip.AddrFromSlice(r.w.gateway(fam))
+		return r.w.link, &Route{Table: r.Table, Link: r.w.link, Via: gw.Unmap()}
 	}
 	for _, l := range tr.links {
-		if l.address.Contains(dst) {
-			return l.name, nil
+		for _, a := range []*net.IPNet{l.address, l.address6} {
+			if a != nil && a.Contains(dst) {
+				return l.name, nil
+			}
 		}
 	}
 	return fallback, nil
