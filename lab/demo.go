@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
 	"time"
 
@@ -23,6 +25,10 @@ const (
 	DemoNamespace = "demo"
 	PublicAddr    = "203.0.113.9"
 	ClientAddr    = "198.51.100.7"
+	// PublicAddr6 and ClientAddr6 are edge-a's uplink's and the client's IPv6 addresses
+	// (lab/netlab/netlab.go).
+	PublicAddr6 = "2001:db8:113::9"
+	ClientAddr6 = "2001:db8:100::7"
 )
 
 var (
@@ -192,7 +198,7 @@ func (l *Lab) Probe(ctx context.Context, proto corev1.Protocol, port int32, trie
 func (l *Lab) ProbeAddr(ctx context.Context, proto corev1.Protocol, addr string, port int32, tries int) (podSaw, replyFrom string, err error) {
 	podSaw, replyFrom = "none", "none"
 	for i := 0; i < tries; i++ {
-		r, err := l.Net.Probe(ctx, strings.ToLower(string(proto)), fmt.Sprintf("%s:%d", addr, port), 2*time.Second)
+		r, err := l.Net.Probe(ctx, strings.ToLower(string(proto)), net.JoinHostPort(addr, strconv.Itoa(int(port))), 2*time.Second)
 		if err != nil {
 			return podSaw, replyFrom, err
 		}

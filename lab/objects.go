@@ -3,6 +3,8 @@ package lab
 import (
 	"context"
 	"fmt"
+	"net/netip"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -22,6 +24,18 @@ import (
 // that a kubelet would have reported Running and Ready.
 type Pod struct {
 	Namespace, Name, Node, IP string
+	// IP6 is the pod's IPv6 address, which the lab's every pod has (netlab.NodeSpec.PodAddr6):
+	// SetEndpoints publishes it when set, so a Service is dual-stack only where a test asks.
+	IP6 string
+}
+
+// DualStack is pod p with its IPv6 address.
+func (l *Lab) DualStack(p Pod) Pod {
+	spec, ok := l.Net.Node(p.Node)
+	if a, err := netip.ParseAddr(p.IP); ok && err == nil {
+		p.IP6 = spec.PodAddr6(a).String()
+	}
+	return p
 }
 
 // AddPod builds the pod's namespace and writes its Pod object with status.
@@ -89,26 +103,47 @@ func (l *Lab) Expose(ctx context.Context, namespace, name, portName string, prot
 	return l.SetEndpoints(ctx, namespace, name, portName, proto, port, backends...)
 }
 
-// SetEndpoints creates or replaces the Service's EndpointSlice (named after the Service).
+// SetEndpoints creates or replaces the Service's EndpointSlice (named after the Service),
+// and, when a backend has an IPv6 address, its IPv6 slice (named after the Service with
+// ipv6SliceSuffix), as the EndpointSlice controller gives a dual-stack Service one per family.
 func (l *Lab) SetEndpoints(ctx context.Context, namespace, name, portName string, proto corev1.Protocol, port int32, backends ...Backend) error {
+	if err := l.setSlice(ctx, namespace, name, name, discoveryv1.AddressTypeIPv4, portName, proto, port, backends, func(p Pod) string { return p.IP }); err != nil {
+		return err
+	}
+	if !slices.ContainsFunc(backends, func(b Backend) bool { return b.Pod.IP6 != "" }) {
+		return nil
+	}
+	return l.setSlice(ctx, namespace, name+ipv6SliceSuffix, name, discoveryv1.AddressTypeIPv6, portName, proto, port, backends, func(p Pod) string { return p.IP6 })
+}
+
+// ipv6SliceSuffix ends the name of a Service's IPv6 EndpointSlice.
+const ipv6SliceSuffix = "-ipv6"
+
+// setSlice creates or replaces the EndpointSlice sliceName of Service name: the backends
+// that have an address of the family (addr).
+func (l *Lab) setSlice(ctx context.Context, namespace, sliceName, name string, family discoveryv1.AddressType, portName string,
+	proto corev1.Protocol, port int32, backends []Backend, addr func(Pod) string) error {
 	slice := &discoveryv1.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{
-			Namespace: namespace, Name: name,
+			Namespace: namespace, Name: sliceName,
 			Labels: map[string]string{discoveryv1.LabelServiceName: name, discoveryv1.LabelManagedBy: "kuport-lab"},
 		},
-		AddressType: discoveryv1.AddressTypeIPv4,
+		AddressType: family,
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To(portName), Protocol: ptr.To(proto), Port: ptr.To(port)}},
 	}
 	for _, b := range backends {
+		if addr(b.Pod) == "" {
+			continue
+		}
 		slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{
-			Addresses:  []string{b.Pod.IP},
+			Addresses:  []string{addr(b.Pod)},
 			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(b.Ready), Serving: ptr.To(b.Ready), Terminating: ptr.To(false)},
 			NodeName:   ptr.To(b.Pod.Node),
 			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: b.Pod.Namespace, Name: b.Pod.Name},
 		})
 	}
 	api := l.Kube.DiscoveryV1().EndpointSlices(namespace)
-	cur, err := api.Get(ctx, name, metav1.GetOptions{})
+	cur, err := api.Get(ctx, sliceName, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 		_, err = api.Create(ctx, slice, metav1.CreateOptions{})
@@ -117,7 +152,7 @@ func (l *Lab) SetEndpoints(ctx context.Context, namespace, name, portName string
 		_, err = api.Update(ctx, slice, metav1.UpdateOptions{})
 	}
 	if err != nil {
-		return fmt.Errorf("lab: endpointslice %s/%s: %w", namespace, name, err)
+		return fmt.Errorf("lab: endpointslice %s/%s: %w", namespace, sliceName, err)
 	}
 	return nil
 }
@@ -125,8 +160,10 @@ func (l *Lab) SetEndpoints(ctx context.Context, namespace, name, portName string
 // Unexpose deletes the Service and its EndpointSlice (force: grace period 0).
 func (l *Lab) Unexpose(ctx context.Context, namespace, name string) error {
 	now := metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}
-	if err := l.Kube.DiscoveryV1().EndpointSlices(namespace).Delete(ctx, name, now); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("lab: delete endpointslice %s/%s: %w", namespace, name, err)
+	for _, slice := range []string{name, name + ipv6SliceSuffix} {
+		if err := l.Kube.DiscoveryV1().EndpointSlices(namespace).Delete(ctx, slice, now); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("lab: delete endpointslice %s/%s: %w", namespace, slice, err)
+		}
 	}
 	if err := l.Kube.CoreV1().Services(namespace).Delete(ctx, name, now); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("lab: delete service %s/%s: %w", namespace, name, err)

@@ -8,9 +8,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -136,8 +139,16 @@ func assertAnswersAt(t *testing.T, l *lab.Lab, proto corev1.Protocol, addr strin
 	t.Helper()
 	podSaw, replyFrom, err := l.ProbeAddr(context.Background(), proto, addr, port, 3)
 	require.NoError(t, err)
-	assert.Equal(t, lab.ClientAddr, podSaw, "%s %s:%d: the address the pod saw", proto, addr, port)
-	assert.Equal(t, fmt.Sprintf("%s:%d", addr, port), replyFrom, "%s %s:%d: where the reply came from", proto, addr, port)
+	assert.Equal(t, clientOf(addr), podSaw, "%s %s:%d: the address the pod saw", proto, addr, port)
+	assert.Equal(t, net.JoinHostPort(addr, strconv.Itoa(int(port))), replyFrom, "%s %s:%d: where the reply came from", proto, addr, port)
+}
+
+// clientOf is the lab client's address of addr's family: the one it dials addr from.
+func clientOf(addr string) string {
+	if netip.MustParseAddr(addr).Is6() {
+		return lab.ClientAddr6
+	}
+	return lab.ClientAddr
 }
 
 // updatePortMap reads, mutates and updates a demo PortMap, retrying while the controller's

@@ -87,12 +87,13 @@ func serve(t *testing.T, l *lab.Lab, pod lab.Pod, proto corev1.Protocol, ports .
 	}
 }
 
-// sawClient counts the requests from the lab's client the pod's server on port logged.
+// sawClient counts the requests from the lab's client, in either family, the pod's server
+// on port logged.
 func sawClient(t *testing.T, l *lab.Lab, pod lab.Pod, proto corev1.Protocol, port int) int {
 	t.Helper()
 	log, err := l.Net.ServerLog(pod.Name, strings.ToLower(string(proto)), port)
 	require.NoError(t, err)
-	return strings.Count(log, "saw "+lab.ClientAddr+":")
+	return strings.Count(log, "saw "+lab.ClientAddr+":") + strings.Count(log, "saw ["+lab.ClientAddr6+"]:")
 }
 
 // assertReaches probes addr:port and asserts the pod saw the client, the reply came from
