@@ -87,6 +87,10 @@ type Datapath struct {
 	// routeTables are the routing tables the last Apply synced (the program's and those
 	// its band's rules pointed at), read by Watch without the lock (watch.go).
 	routeTables atomic.Pointer[map[int]bool]
+	// linkIndexes are the ifindexes of the kup-* devices the last sync of links found or
+	// made, read by Watch without the lock: an IPv6 address's notification names its device
+	// by index alone (watch.go).
+	linkIndexes atomic.Pointer[map[int]bool]
 	// netWatches is the number of live rtnetlink watches, and netNotes the number of
 	// notifications of devices, ip rules and routes kuport owns they read (a lost burst or a
 	// watch that stopped counts as one), both written by Watch (watch.go); netKnown is the
@@ -233,11 +237,13 @@ func (d *Datapath) syncNet(p *kuportv1.NodeProgram, changes *int) []error {
 	for _, l := range p.GetLinks() {
 		keep[l.GetName()] = true
 	}
+	indexes := map[int]bool{}
 	for _, w := range links {
-		if err := d.syncLink(w, changes); err != nil {
+		if err := d.syncLink(w, indexes, changes); err != nil {
 			errs = append(errs, &EntryError{Kind: "link", ID: w.name, Err: err})
 		}
 	}
+	d.linkIndexes.Store(&indexes)
 	errs = append(errs, d.syncReturnPaths(returns, changes)...)
 	errs = append(errs, d.pruneLinks(keep, changes)...)
 	if len(errs) == 0 && watched {

@@ -510,19 +510,76 @@ func (k *fakeKernel) LinkSetUp(link netlink.Link) error {
 	return err
 }
 
+// LinkSetIP6AddrGenMode changes nothing the fake models: it generates no link-local
+// addresses.
+func (k *fakeKernel) LinkSetIP6AddrGenMode(link netlink.Link, _ int) error {
+	_, err := k.find(link)
+	return err
+}
+
 func (k *fakeKernel) AddrList(link netlink.Link, family int) ([]netlink.Addr, error) {
 	if _, err := k.find(link); err != nil {
 		return nil, err
 	}
-	return slices.Clone(k.addrs[link.Attrs().Index]), nil
+	return slices.DeleteFunc(slices.Clone(k.addrs[link.Attrs().Index]), func(a netlink.Addr) bool {
+		return !inFamily(family, ipFamily(a.IP))
+	}), nil
+}
+
+// ipFamily is the netlink family of an address.
+func ipFamily(ip net.IP) int {
+	if ip.To4() != nil {
+		return netlink.FAMILY_V4
+	}
+	return netlink.FAMILY_V6
+}
+
+// inFamily reports whether a list of family (FAMILY_ALL: every one) holds an object of fam.
+func inFamily(family, fam int) bool { return family == netlink.FAMILY_ALL || family == fam }
+
+// routeFamily is a route's family as the kernel keeps it: its destination's, else its
+// gateway's.
+func routeFamily(r *netlink.Route) int {
+	switch {
+	case r.Family != 0:
+		return r.Family
+	case r.Dst != nil:
+		return ipFamily(r.Dst.IP)
+	case r.Gw != nil:
+		return ipFamily(r.Gw)
+	}
+	return netlink.FAMILY_V4
+}
+
+// ruleFamily is a rule's family as netlink.RuleAdd sends it: Family, else its
+// selectors', else IPv4.
+func ruleFamily(r *netlink.Rule) int {
+	switch {
+	case r.Family != 0:
+		return r.Family
+	case r.Dst != nil:
+		return ipFamily(r.Dst.IP)
+	case r.Src != nil:
+		return ipFamily(r.Src.IP)
+	}
+	return netlink.FAMILY_V4
+}
+
+// sameRule is the kernel's identity of a rule: its family and everything ruleKey prints.
+func sameRule(a, b *netlink.Rule) bool {
+	return ruleFamily(a) == ruleFamily(b) && ruleKey(a) == ruleKey(b)
 }
 
 func sameAddr(a, b *netlink.Addr) bool { return a.IPNet.String() == b.IPNet.String() }
 
 // localRoute is the local table's route the kernel adds for an address.
 func localRoute(index int, a *netlink.Addr) netlink.Route {
+	bits := 8 * len(a.IP)
+	if a.IP.To4() != nil {
+		bits = 32
+	}
 	return netlink.Route{LinkIndex: index, Table: unix.RT_TABLE_LOCAL, Type: unix.RTN_LOCAL,
-		Dst: &net.IPNet{IP: a.IP, Mask: net.CIDRMask(32, 32)}}
+		Dst: &net.IPNet{IP: a.IP, Mask: net.CIDRMask(bits, bits)}}
 }
 
 func (k *fakeKernel) AddrAdd(link netlink.Link, addr *netlink.Addr) error {
@@ -553,13 +610,16 @@ func (k *fakeKernel) AddrDel(link netlink.Link, addr *netlink.Addr) error {
 	return nil
 }
 
-// sameRoute is routeKey's identity within one table.
-func sameRoute(a, b *netlink.Route) bool { return a.Table == b.Table && routeKey(a) == routeKey(b) }
+// sameRoute is routeKey's identity within one table of one family.
+func sameRoute(a, b *netlink.Route) bool {
+	return a.Table == b.Table && routeFamily(a) == routeFamily(b) && routeKey(a) == routeKey(b)
+}
 
 func (k *fakeKernel) RouteListFiltered(family int, filter *netlink.Route, mask uint64) ([]netlink.Route, error) {
 	var out []netlink.Route
 	for _, r := range k.routes {
-		if mask&netlink.RT_FILTER_TABLE != 0 && filter.Table != unix.RT_TABLE_UNSPEC && r.Table != filter.Table ||
+		if !inFamily(family, routeFamily(&r)) ||
+			mask&netlink.RT_FILTER_TABLE != 0 && filter.Table != unix.RT_TABLE_UNSPEC && r.Table != filter.Table ||
 			mask&netlink.RT_FILTER_PROTOCOL != 0 && r.Protocol != filter.Protocol ||
 			mask&netlink.RT_FILTER_TYPE != 0 && r.Type != filter.Type {
 			continue
@@ -591,12 +651,14 @@ func (k *fakeKernel) RouteDel(route *netlink.Route) error {
 	return nil
 }
 
-func (k *fakeKernel) RuleList(family int) ([]netlink.Rule, error) { return slices.Clone(k.rules), nil }
+func (k *fakeKernel) RuleList(family int) ([]netlink.Rule, error) {
+	return slices.DeleteFunc(slices.Clone(k.rules), func(r netlink.Rule) bool { return !inFamily(family, ruleFamily(&r)) }), nil
+}
 
 // RuleAdd refuses a rule that exists (netlink adds with NLM_F_EXCL) and keeps the list
 // in preference order, as the kernel walks it.
 func (k *fakeKernel) RuleAdd(rule *netlink.Rule) error {
-	if slices.ContainsFunc(k.rules, func(r netlink.Rule) bool { return ruleKey(&r) == ruleKey(rule) }) {
+	if slices.ContainsFunc(k.rules, func(r netlink.Rule) bool { return sameRule(&r, rule) }) {
 		return fmt.Errorf("add rule %s: %w", ruleKey(rule), syscall.EEXIST)
 	}
 	k.rules = append(k.rules, *rule)
@@ -605,7 +667,7 @@ func (k *fakeKernel) RuleAdd(rule *netlink.Rule) error {
 }
 
 func (k *fakeKernel) RuleDel(rule *netlink.Rule) error {
-	i := slices.IndexFunc(k.rules, func(r netlink.Rule) bool { return ruleKey(&r) == ruleKey(rule) })
+	i := slices.IndexFunc(k.rules, func(r netlink.Rule) bool { return sameRule(&r, rule) })
 	if i < 0 {
 		return fmt.Errorf("delete rule %s: %w", ruleKey(rule), syscall.ENOENT)
 	}
@@ -627,8 +689,9 @@ func (k *fakeKernel) over(log hclog.Logger) *Datapath {
 }
 
 // dumpText is what kernelDump prints of a real namespace: table ip kuport as Datapath.Dump
-// prints it, each kup-* device, the ip rules at 101 and 102 as `ip rule` prints them, and
-// the routes of kuport's tables as `ip route show table all` does.
+// prints it, each kup-* device with its IPv4 addresses, the IPv4 ip rules at 101 and 102 as
+// `ip rule` prints them, and the IPv4 routes of kuport's tables as `ip -4 route show table
+// all` does.
 func (k *fakeKernel) dumpText() (string, error) {
 	var b strings.Builder
 	nft, err := (&Datapath{nft: k}).Dump()
@@ -651,12 +714,14 @@ func (k *fakeKernel) dumpText() (string, error) {
 			state = "up"
 		}
 		fmt.Fprintf(&b, "link %s vxlan id %d local %s remote %s dstport %d ttl %d%s mtu %d %s", a.Name, v.VxlanId, v.SrcAddr, v.Group, v.Port, v.TTL, vxlanFlags(v), a.MTU, state)
-		for _, ad := range k.addrs[a.Index] {
+		addrs, _ := k.AddrList(l, netlink.FAMILY_V4)
+		for _, ad := range addrs {
 			fmt.Fprintf(&b, " %s", ad.IPNet)
 		}
 		fmt.Fprintf(&b, " rp_filter %d\n", k.rp[a.Index])
 	}
-	for _, r := range k.rules {
+	rules, _ := k.RuleList(netlink.FAMILY_V4)
+	for _, r := range rules {
 		fmt.Fprintf(&b, "%d:\tfrom all", r.Priority)
 		if r.Dst != nil {
 			fmt.Fprintf(&b, " to %s", r.Dst.IP)
@@ -672,7 +737,9 @@ func (k *fakeKernel) dumpText() (string, error) {
 		}
 		fmt.Fprintf(&b, " lookup %s proto %d\n", table, r.Protocol)
 	}
-	routes := slices.DeleteFunc(slices.Clone(k.routes), func(r netlink.Route) bool { return !kuportTable(r.Table) })
+	routes := slices.DeleteFunc(slices.Clone(k.routes), func(r netlink.Route) bool {
+		return !kuportTable(r.Table) || routeFamily(&r) != netlink.FAMILY_V4
+	})
 	slices.SortStableFunc(routes, func(a, b netlink.Route) int { return a.Table - b.Table })
 	for _, r := range routes {
 		fmt.Fprintf(&b, "default via %s dev %s table %d proto %d \n", r.Gw, names[r.LinkIndex], r.Table, r.Protocol)

@@ -39,6 +39,7 @@ type netlinkHandle interface {
 	LinkDel(link netlink.Link) error
 	LinkSetMTU(link netlink.Link, mtu int) error
 	LinkSetUp(link netlink.Link) error
+	LinkSetIP6AddrGenMode(link netlink.Link, mode int) error
 	AddrList(link netlink.Link, family int) ([]netlink.Addr, error)
 	AddrAdd(link netlink.Link, addr *netlink.Addr) error
 	AddrDel(link netlink.Link, addr *netlink.Addr) error

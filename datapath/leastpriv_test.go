@@ -17,7 +17,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
-	"google.golang.org/protobuf/proto"
 
 	"kuport.wlz.li/kuport/internal/testenv"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
@@ -36,10 +35,11 @@ mount --bind /proc/sys /proc/sys
 mount -o remount,bind,ro /proc/sys
 exec setpriv --no-new-privs --inh-caps=-all --ambient-caps=-all --bounding-set=-all,+net_admin -- "$@"`
 
-// leastPrivProgram is remote-worker-b (nftables, a vxlan link with rp_filter, a return
-// path) plus a UDP mapping on enp1s0 whose flow Cleanup must delete from conntrack.
+// leastPrivProgram is remote-worker-b (nftables, a vxlan link with rp_filter and its /127,
+// a return path in both families) plus a UDP mapping on enp1s0 whose flow Cleanup must
+// delete from conntrack.
 func leastPrivProgram(t *testing.T) *kuportv1.NodeProgram {
-	p := proto.CloneOf(goldenPrograms(t)["remote-worker-b"])
+	p := with6(goldenPrograms(t)["remote-worker-b"])
 	p.DnatRules = append(p.DnatRules, &kuportv1.DnatRule{
 		Id: "games/udp/dnat/enp1s0", Mapping: "games/udp", InInterface: "enp1s0",
 		Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: &kuportv1.PortRange{First: 27015, Last: 27015},
@@ -78,6 +78,8 @@ func TestPrivilegedLeastPrivilege(t *testing.T) {
 	assert.NotEqual(t, "0", restricted("apply"))
 	assert.Equal(t, Render(p), tn.nftList(t))
 	tn.checkKernel(t, p)
+	assert.Contains(t, tn.exec(t, "ip", "-6", "-o", "addr", "show", "dev", "kup-dcc4266d"), "inet6 fd6b::1/127 scope global nodad")
+	assert.NotEmpty(t, tn.rules6(t), "the IPv6 rule")
 	// The link's own encapsulated packets have conntrack entries too; the client's port
 	// names its flow.
 	const sport = 5000
@@ -95,6 +97,7 @@ func TestPrivilegedLeastPrivilege(t *testing.T) {
 
 	restricted("cleanup")
 	tn.assertNothingOwned(t, itoa(p.GetReturnPaths()[0].GetTable()))
+	assert.Empty(t, tn.rules6(t))
 	assert.Empty(t, flow(), "the mapping's conntrack entry went with it")
 }
 

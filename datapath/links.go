@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"slices"
 	"strings"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
 
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
@@ -24,6 +27,20 @@ const linkTTL = 64
 // (docs/design/datapath.md#the-link-device).
 const rpFilterLoose = 2
 
+// ipv6MinMTU is the smallest MTU IPv6 runs on (RFC 8200); the kernel drops a device's
+// IPv6 below it.
+const ipv6MinMTU = 1280
+
+// tooSmall6 says why a link of this MTU carries no IPv6 (nil: it can). Not a validation
+// error: the kernel itself keeps such a device IPv4 only, and the link's IPv4 side is still
+// wanted.
+func tooSmall6(mtu int) error {
+	if mtu < ipv6MinMTU {
+		return fmt.Errorf("mtu %d is below IPv6's minimum %d", mtu, ipv6MinMTU)
+	}
+	return nil
+}
+
 // wantLink is a validated Link entry.
 type wantLink struct {
 	name    string
@@ -32,7 +49,12 @@ type wantLink struct {
 	local   net.IP
 	remote  net.IP
 	address *net.IPNet
-	mtu     int
+	// address6 is this end of the /127 (nil: the link carries IPv4 only); no6 says why a
+	// link that names one carries IPv4 only, an error Apply reports without failing the
+	// link (docs/design/datapath.md#ipv6-on-the-link).
+	address6 *net.IPNet
+	no6      error
+	mtu      int
 	// mac is the address a new device gets (nil: the kernel's choice).
 	mac net.HardwareAddr
 	// srcLow and srcHigh are the outer UDP source ports, high exclusive (both 0: the
@@ -79,7 +101,36 @@ func planLink(l *kuportv1.Link) (*wantLink, error) {
 			w.address = &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(31, 32)}
 		}
 	}
+	local6, peer6 := l.GetLocalAddress6(), l.GetPeerAddress6()
+	if local6 == "" && peer6 == "" {
+		return w, nil
+	}
+	a, err := linkEnds6(local6, peer6)
+	if err != nil {
+		return nil, err
+	}
+	w.address6 = &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(127, 128)}
+	if err := tooSmall6(w.mtu); err != nil {
+		w.address6, w.no6 = nil, fmt.Errorf("%w: the link carries IPv4 only", err)
+	}
 	return w, nil
+}
+
+// linkEnds6 parses the ends of a link's /127: two IPv6 addresses (not IPv4-mapped) that
+// differ in the last bit only. It returns the local one.
+func linkEnds6(local, peer string) (netip.Addr, error) {
+	var ends [2]netip.Addr
+	for i, f := range []struct{ field, value string }{{"local_address6", local}, {"peer_address6", peer}} {
+		a, err := netip.ParseAddr(f.value)
+		if err != nil || !a.Is6() || a.Is4In6() || a.Zone() != "" {
+			return netip.Addr{}, fmt.Errorf("%s %q is not an IPv6 address", f.field, f.value)
+		}
+		ends[i] = a
+	}
+	if p, _ := ends[0].Prefix(127); ends[0] == ends[1] || !p.Contains(ends[1]) {
+		return netip.Addr{}, fmt.Errorf("local_address6 %s and peer_address6 %s are not the two ends of a /127", ends[0], ends[1])
+	}
+	return ends[0], nil
 }
 
 // vxlan is the device the link wants: the UDP checksum on, as an underlay that coalesces
@@ -114,8 +165,10 @@ func (w *wantLink) vxlanMatches(l netlink.Link) bool {
 }
 
 // syncLink makes one device match the program: created when missing, replaced when its
-// encapsulation differs, MTU, address, up state and rp_filter corrected one by one.
-func (d *Datapath) syncLink(w *wantLink, changes *int) error {
+// encapsulation differs, MTU, addresses, up state and rp_filter corrected one by one, and
+// adds its ifindex to indexes. A failure of the IPv6 side alone is returned after the rest
+// is done, so it never keeps the link from carrying IPv4.
+func (d *Datapath) syncLink(w *wantLink, indexes map[int]bool, changes *int) error {
 	l, err := d.nl.LinkByName(w.name)
 	var notFound netlink.LinkNotFoundError
 	switch {
@@ -131,6 +184,7 @@ func (d *Datapath) syncLink(w *wantLink, changes *int) error {
 		*changes++
 		l = nil
 	}
+	var err6 error
 	if l == nil {
 		d.log.Trace("add link", "name", w.name, "vni", w.vni)
 		// A device that already exists keeps its address: changing it would leave the peer's
@@ -142,33 +196,44 @@ func (d *Datapath) syncLink(w *wantLink, changes *int) error {
 		if l, err = d.nl.LinkByName(w.name); err != nil {
 			return fmt.Errorf("read added device: %w", err)
 		}
+		// Before the device is first up, so the kernel generates no link-local address: the
+		// /127 is all the link's IPv6 needs (docs/design/datapath.md#ipv6-on-the-link).
+		if w.address6 != nil {
+			if err := d.nl.LinkSetIP6AddrGenMode(l, nl.IN6_ADDR_GEN_MODE_NONE); err != nil {
+				err6 = fmt.Errorf("set addrgenmode none: %w", err)
+			} else {
+				*changes++
+			}
+		}
 	}
+	indexes[l.Attrs().Index] = true
 	if l.Attrs().MTU != w.mtu {
 		if err := d.nl.LinkSetMTU(l, w.mtu); err != nil {
 			return fmt.Errorf("set mtu: %w", err)
 		}
 		*changes++
 	}
-	addrs, err := d.nl.AddrList(l, netlink.FAMILY_V4)
+	addrs, err := d.nl.AddrList(l, netlink.FAMILY_ALL)
 	if err != nil {
 		return fmt.Errorf("list addresses: %w", err)
 	}
-	have := false
+	var addrs4, addrs6 []netlink.Addr
 	for _, a := range addrs {
-		if a.IPNet.String() == w.address.String() {
-			have = true
-			continue
+		switch {
+		case a.IP.To4() != nil:
+			addrs4 = append(addrs4, a)
+		case !a.IP.IsLinkLocalUnicast(): // the kernel's, when it generated one
+			addrs6 = append(addrs6, a)
 		}
-		if err := d.nl.AddrDel(l, &a); err != nil {
-			return fmt.Errorf("delete address %s: %w", a.IPNet, err)
-		}
-		*changes++
 	}
-	if !have {
-		if err := d.nl.AddrAdd(l, &netlink.Addr{IPNet: w.address}); err != nil {
-			return fmt.Errorf("add address %s: %w", w.address, err)
+	if err := d.syncAddress(l, addrs4, w.address, changes); err != nil {
+		return err
+	}
+	if err := d.syncAddress(l, addrs6, w.address6, changes); err != nil && err6 == nil {
+		err6 = err
+		if errors.Is(err, unix.EACCES) {
+			err6 = fmt.Errorf("%w (net.ipv6.conf.%s.disable_ipv6 is 1; a new device takes net.ipv6.conf.default's)", err, w.name)
 		}
-		*changes++
 	}
 	if l.Attrs().Flags&net.FlagUp == 0 {
 		if err := d.nl.LinkSetUp(l); err != nil {
@@ -186,6 +251,42 @@ func (d *Datapath) syncLink(w *wantLink, changes *int) error {
 		}
 		*changes++
 	}
+	if err6 == nil {
+		err6 = w.no6
+	}
+	if err6 != nil {
+		return fmt.Errorf("IPv6: %w", err6)
+	}
+	return nil
+}
+
+// syncAddress makes want (nil: none) the only one of have, the device's addresses of one
+// family, leaving link-local ones aside. An IPv6 address is added without duplicate address
+// detection: the /127's other end is the peer's, and detection would hold the address back
+// for a second or more after every creation (docs/design/datapath.md#ipv6-on-the-link).
+func (d *Datapath) syncAddress(l netlink.Link, have []netlink.Addr, want *net.IPNet, changes *int) error {
+	found := false
+	for _, a := range have {
+		if want != nil && !found && a.IPNet.String() == want.String() {
+			found = true
+			continue
+		}
+		if err := d.nl.AddrDel(l, &a); err != nil {
+			return fmt.Errorf("delete address %s: %w", a.IPNet, err)
+		}
+		*changes++
+	}
+	if want == nil || found {
+		return nil
+	}
+	a := &netlink.Addr{IPNet: want}
+	if want.IP.To4() == nil {
+		a.Flags = unix.IFA_F_NODAD
+	}
+	if err := d.nl.AddrAdd(l, a); err != nil {
+		return fmt.Errorf("add address %s: %w", want, err)
+	}
+	*changes++
 	return nil
 }
 

@@ -3,7 +3,9 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
+	"net/netip"
 	"slices"
 
 	"github.com/vishvananda/netlink"
@@ -18,7 +20,35 @@ import (
 // vxlan driver gives the inner packet's mark, in main so it is not routed back into the link
 // (one tx_error per reply otherwise); the divert sends marked replies to the link's table.
 // Both must be consulted before netbird's 105 (resolve from main) and 110 (its catch-all),
-// where a reply would already have left, and after the local table's 0.
+// where a reply would already have left, and after the local table's 0. A return path over a
+// link that carries IPv6 has a third rule, the divert in the IPv6 rules, and an IPv6 default
+// route in the same table; no IPv6 loop guard, as the link's outer packets are IPv4
+// (docs/design/datapath.md#ipv6-on-the-link).
+
+// returnFamily is one address family's share of the return paths: the kernel keeps each
+// family's ip rules and routing tables apart, so each is listed and changed on its own.
+type returnFamily struct {
+	nl   int
+	name string // in errors: "ip" or "ip -6"
+	bits int
+	// metric is what the kernel gives a route added without one and reads back: IPv6's
+	// 1024, IPv4's 0.
+	metric int
+}
+
+var (
+	returnIPv4 = returnFamily{nl: netlink.FAMILY_V4, name: "ip", bits: 32}
+	returnIPv6 = returnFamily{nl: netlink.FAMILY_V6, name: "ip -6", bits: 128, metric: 1024}
+)
+
+// owns reports whether the kernel rule r of the family is kuport's: an earlier agent's
+// rules (legacyRule) were IPv4 only.
+func (f returnFamily) owns(r *netlink.Rule) bool {
+	if f.nl == netlink.FAMILY_V6 {
+		return r.Protocol == rtprotKuport
+	}
+	return ownRule(r)
+}
 
 // wantReturn is a validated ReturnPath entry.
 type wantReturn struct {
@@ -28,7 +58,12 @@ type wantReturn struct {
 	table int
 	peer  net.IP
 	gw    net.IP
-	m     marking
+	// gw6 is the peer's end of the link's /127 (nil: no IPv6 return path); no6 says why a
+	// return path that names one has none, an error Apply reports without failing the
+	// IPv4 one.
+	gw6 net.IP
+	no6 error
+	m   marking
 }
 
 func planReturn(rp *kuportv1.ReturnPath, m marking) (*wantReturn, error) {
@@ -60,13 +95,33 @@ func planReturn(rp *kuportv1.ReturnPath, m marking) (*wantReturn, error) {
 	return w, nil
 }
 
+// planReturn6 checks a return path's IPv6 gateway against its link: the peer's end of the
+// link's /127. A link too small for IPv6 (tooSmall6) leaves the return path IPv4 only.
+func (w *wantReturn) planReturn6(gw6 string, link *kuportv1.Link) error {
+	if gw6 == "" {
+		return nil
+	}
+	a, err := netip.ParseAddr(gw6)
+	if err != nil || !a.Is6() || a.Is4In6() || a.Zone() != "" {
+		return fmt.Errorf("peer_link_address6 %q is not an IPv6 address", gw6)
+	}
+	if p, err := netip.ParseAddr(link.GetPeerAddress6()); err != nil || p != a {
+		return fmt.Errorf("peer_link_address6 %s is not link %s's peer_address6", a, w.link)
+	}
+	w.gw6 = net.IP(a.AsSlice())
+	if err := tooSmall6(int(link.GetMtu())); err != nil {
+		w.gw6, w.no6 = nil, fmt.Errorf("link %s's %w: replies return over it for IPv4 only", w.link, err)
+	}
+	return nil
+}
+
 // planReturns are the program's valid return paths (Apply's and Trace's one source): a
 // return path whose id or table another holds, or whose link the program does not have,
 // is an *EntryError.
 func planReturns(p *kuportv1.NodeProgram) ([]*wantReturn, []error) {
-	links := map[string]bool{}
+	links := map[string]*kuportv1.Link{}
 	for _, l := range p.GetLinks() {
-		links[l.GetName()] = true
+		links[l.GetName()] = l
 	}
 	var returns []*wantReturn
 	var errs []error
@@ -79,8 +134,10 @@ func planReturns(p *kuportv1.NodeProgram) ([]*wantReturn, []error) {
 		case err != nil:
 		case ids[w.id] || tables[rp.GetTable()] || marks[w.mark]:
 			err = fmt.Errorf("id, table %d or mark %#x used by another return path", w.table, w.mark)
-		case !links[w.link]:
+		case links[w.link] == nil:
 			err = fmt.Errorf("link %s is not in the program", w.link)
+		default:
+			err = w.planReturn6(rp.GetPeerLinkAddress6(), links[w.link])
 		}
 		if err != nil {
 			errs = append(errs, &EntryError{Kind: "return path", ID: rp.GetId(), Err: err})
@@ -92,7 +149,7 @@ func planReturns(p *kuportv1.NodeProgram) ([]*wantReturn, []error) {
 	return returns, errs
 }
 
-// rules are the return path's two ip rules
+// rules are the return path's two IPv4 ip rules
 // (docs/design/datapath.md#the-return-path-ip-rules-101-and-102), matching only the mask's
 // bits and carrying kuport's protocol.
 func (w *wantReturn) rules() []*netlink.Rule {
@@ -103,9 +160,37 @@ func (w *wantReturn) rules() []*netlink.Rule {
 	divert := netlink.NewRule()
 	divert.Priority, divert.Mark, divert.Mask, divert.Table = w.m.divert, w.mark, &mask, w.table
 	for _, r := range []*netlink.Rule{guard, divert} {
-		r.Protocol = rtprotKuport
+		r.Family, r.Protocol = netlink.FAMILY_V4, rtprotKuport
 	}
 	return []*netlink.Rule{guard, divert}
+}
+
+// rules6 is the return path's IPv6 ip rule, the divert alone (nil without an IPv6 gateway).
+func (w *wantReturn) rules6() []*netlink.Rule {
+	if w.gw6 == nil {
+		return nil
+	}
+	mask := w.m.mask
+	divert := netlink.NewRule()
+	divert.Priority, divert.Mark, divert.Mask, divert.Table = w.m.divert, w.mark, &mask, w.table
+	divert.Family, divert.Protocol = netlink.FAMILY_V6, rtprotKuport
+	return []*netlink.Rule{divert}
+}
+
+// rules are w's ip rules of the family.
+func (f returnFamily) rules(w *wantReturn) []*netlink.Rule {
+	if f.nl == netlink.FAMILY_V6 {
+		return w.rules6()
+	}
+	return w.rules()
+}
+
+// gateway is the return path's gateway in the family (nil: none).
+func (w *wantReturn) gateway(f returnFamily) net.IP {
+	if f.nl == netlink.FAMILY_V6 {
+		return w.gw6
+	}
+	return w.gw
 }
 
 // ruleKey identifies an ip rule by every selector and action kuport's rules could differ
@@ -133,14 +218,30 @@ func reservedTable(t int) bool {
 // syncReturnPaths makes kuport's ip rules (its protocol's, and an earlier agent's at 101/102
 // with a 0x6b70xxxx mark, legacyRule) and the routes of kuport's tables (those the program
 // names, those its rules point at, and any holding a route of its protocol) hold exactly the
-// program's return paths, whatever pref, mark or table an earlier setting gave them: stale
-// rules go first, then each table's routes are corrected, then missing rules are added, so a
-// rule never points at an empty table it could fall through.
+// program's return paths, whatever pref, mark or table an earlier setting gave them, in
+// IPv4 and in IPv6, each family apart.
 func (d *Datapath) syncReturnPaths(want []*wantReturn, changes *int) []error {
 	var errs []error
-	kernelRules, err := d.nl.RuleList(netlink.FAMILY_V4)
+	all := map[int]bool{}
+	for _, f := range []returnFamily{returnIPv4, returnIPv6} {
+		errs = append(errs, d.syncReturnFamily(f, want, all, changes)...)
+	}
+	for _, w := range want {
+		if w.no6 != nil {
+			errs = append(errs, &EntryError{Kind: "return path", ID: w.id, Err: fmt.Errorf("IPv6: %w", w.no6)})
+		}
+	}
+	return errs
+}
+
+// syncReturnFamily is syncReturnPaths in one family, adding the tables it syncs to all:
+// stale rules go first, then each table's routes are corrected, then missing rules are
+// added, so a rule never points at an empty table it could fall through.
+func (d *Datapath) syncReturnFamily(f returnFamily, want []*wantReturn, all map[int]bool, changes *int) []error {
+	var errs []error
+	kernelRules, err := d.nl.RuleList(f.nl)
 	if err != nil {
-		return []error{fmt.Errorf("list ip rules: %w", err)}
+		return []error{fmt.Errorf("list %s rules: %w", f.name, err)}
 	}
 	type owned struct {
 		rule *netlink.Rule
@@ -148,16 +249,20 @@ func (d *Datapath) syncReturnPaths(want []*wantReturn, changes *int) []error {
 	}
 	wantRules := map[string]owned{}
 	tables := map[int]bool{}
+	byTable := map[int]*wantReturn{}
 	for _, w := range want {
 		tables[w.table] = true
-		for _, r := range w.rules() {
+		if w.gateway(f) != nil {
+			byTable[w.table] = w
+		}
+		for _, r := range f.rules(w) {
 			wantRules[ruleKey(r)] = owned{r, w}
 		}
 	}
 	present := map[string]bool{}
 	for i := range kernelRules {
 		kr := &kernelRules[i]
-		if !ownRule(kr) {
+		if !f.owns(kr) {
 			continue
 		}
 		if !reservedTable(kr.Table) {
@@ -168,7 +273,7 @@ func (d *Datapath) syncReturnPaths(want []*wantReturn, changes *int) []error {
 			present[key] = true
 			continue
 		}
-		d.log.Trace("delete ip rule", "rule", key)
+		d.log.Trace("delete ip rule", "family", f.name, "rule", key)
 		if err := d.nl.RuleDel(kr); err != nil && !isNotFound(err) {
 			errs = append(errs, &EntryError{Kind: "ip rule", ID: key, Err: err})
 			continue
@@ -177,29 +282,28 @@ func (d *Datapath) syncReturnPaths(want []*wantReturn, changes *int) []error {
 	}
 	// A table kuport's rules no longer point at (an agent stopped between deleting a rule and
 	// emptying its table) is still found by its routes' protocol.
-	routes, err := d.nl.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC, Protocol: rtprotKuport},
+	routes, err := d.nl.RouteListFiltered(f.nl, &netlink.Route{Table: unix.RT_TABLE_UNSPEC, Protocol: rtprotKuport},
 		netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
 	if err != nil {
-		return []error{fmt.Errorf("list kuport's routes: %w", err)}
+		return append(errs, fmt.Errorf("list kuport's %s routes: %w", f.name, err))
 	}
 	for _, r := range routes {
 		if !reservedTable(r.Table) {
 			tables[r.Table] = true
 		}
 	}
-	d.routeTables.Store(&tables)
-	byTable := map[int]*wantReturn{}
-	for _, w := range want {
-		byTable[w.table] = w
-	}
+	// The watch reads the tables without the lock (watch.go): a copy, never changed after.
+	maps.Copy(all, tables)
+	watched := maps.Clone(all)
+	d.routeTables.Store(&watched)
 	failed := map[*wantReturn]bool{}
 	for _, t := range sortedKeys(tables) {
-		if err := d.syncRouteTable(t, byTable[t], changes); err != nil {
+		if err := d.syncRouteTable(f, t, byTable[t], changes); err != nil {
 			if w := byTable[t]; w != nil {
 				failed[w] = true
 				errs = append(errs, &EntryError{Kind: "return path", ID: w.id, Err: err})
 			} else {
-				errs = append(errs, fmt.Errorf("table %d: %w", t, err))
+				errs = append(errs, fmt.Errorf("%s table %d: %w", f.name, t, err))
 			}
 		}
 	}
@@ -208,9 +312,9 @@ func (d *Datapath) syncReturnPaths(want []*wantReturn, changes *int) []error {
 		if present[key] || failed[o.w] {
 			continue
 		}
-		d.log.Trace("add ip rule", "rule", key)
+		d.log.Trace("add ip rule", "family", f.name, "rule", key)
 		if err := d.nl.RuleAdd(o.rule); err != nil {
-			errs = append(errs, &EntryError{Kind: "return path", ID: o.w.id, Err: fmt.Errorf("add ip rule pref %d: %w", o.rule.Priority, err)})
+			errs = append(errs, &EntryError{Kind: "return path", ID: o.w.id, Err: fmt.Errorf("add %s rule pref %d: %w", f.name, o.rule.Priority, err)})
 			continue
 		}
 		*changes++
@@ -218,12 +322,12 @@ func (d *Datapath) syncReturnPaths(want []*wantReturn, changes *int) []error {
 	return errs
 }
 
-// syncRouteTable makes routing table t hold exactly w's default route (nothing when w is
-// nil).
-func (d *Datapath) syncRouteTable(t int, w *wantReturn, changes *int) error {
-	routes, err := d.nl.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: t}, netlink.RT_FILTER_TABLE)
+// syncRouteTable makes routing table t of the family hold exactly w's default route
+// (nothing when w is nil).
+func (d *Datapath) syncRouteTable(f returnFamily, t int, w *wantReturn, changes *int) error {
+	routes, err := d.nl.RouteListFiltered(f.nl, &netlink.Route{Table: t}, netlink.RT_FILTER_TABLE)
 	if err != nil {
-		return fmt.Errorf("list routes of table %d: %w", t, err)
+		return fmt.Errorf("list %s routes of table %d: %w", f.name, t, err)
 	}
 	var want *netlink.Route
 	if w != nil {
@@ -231,8 +335,8 @@ func (d *Datapath) syncRouteTable(t int, w *wantReturn, changes *int) error {
 		if err != nil {
 			return fmt.Errorf("link %s: %w", w.link, err)
 		}
-		want = &netlink.Route{Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, Gw: w.gw,
-			LinkIndex: l.Attrs().Index, Table: t, Type: unix.RTN_UNICAST, Protocol: rtprotKuport}
+		want = &netlink.Route{Dst: &net.IPNet{IP: make(net.IP, f.bits/8), Mask: net.CIDRMask(0, f.bits)}, Gw: w.gateway(f),
+			LinkIndex: l.Attrs().Index, Table: t, Type: unix.RTN_UNICAST, Protocol: rtprotKuport, Priority: f.metric}
 	}
 	have := false
 	for i := range routes {
@@ -241,16 +345,16 @@ func (d *Datapath) syncRouteTable(t int, w *wantReturn, changes *int) error {
 			have = true
 			continue
 		}
-		d.log.Trace("delete route", "table", t, "route", routeKey(r))
+		d.log.Trace("delete route", "family", f.name, "table", t, "route", routeKey(r))
 		if err := d.nl.RouteDel(r); err != nil && !isNotFound(err) {
 			return fmt.Errorf("delete route %s: %w", routeKey(r), err)
 		}
 		*changes++
 	}
 	if want != nil && !have {
-		d.log.Trace("add route", "table", t, "route", routeKey(want))
+		d.log.Trace("add route", "family", f.name, "table", t, "route", routeKey(want))
 		if err := d.nl.RouteAdd(want); err != nil {
-			return fmt.Errorf("add default route via %s dev %s table %d: %w", w.gw, w.link, t, err)
+			return fmt.Errorf("add %s default route via %s dev %s table %d: %w", f.name, want.Gw, w.link, t, err)
 		}
 		*changes++
 	}

@@ -3,6 +3,7 @@ package datapath
 import (
 	"encoding/binary"
 	"io"
+	"maps"
 	"net"
 	"net/netip"
 	"testing"
@@ -10,7 +11,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"github.com/vishvananda/netns"
+	"github.com/vishvananda/netlink"
 
 	"kuport.wlz.li/kuport/internal/testenv"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
@@ -28,8 +29,8 @@ const (
 // addDualStackPod is addPod with IPv6 beside IPv4: the pod holds pod4Addr/24 and
 // pod6Addr/64 behind cilium_host (10.244.17.1/24, fd00:10:244:17::1/64), both forwarded,
 // and answers UDP on port in both families, and TCP on tcpPort in IPv6, with the address
-// it saw its peer at.
-func (tn *testNS) addDualStackPod(t *testing.T, port, tcpPort int) netns.NsHandle {
+// it saw its peer at. It returns the pod's namespace's name.
+func (tn *testNS) addDualStackPod(t *testing.T, port, tcpPort int) string {
 	t.Helper()
 	name, ns := newNetNS(t, "kuptest-pod-")
 	for _, args := range [][]string{
@@ -72,7 +73,7 @@ func (tn *testNS) addDualStackPod(t *testing.T, port, tcpPort int) netns.NsHandl
 			_ = c.Close()
 		}
 	}()
-	return ns
+	return name
 }
 
 // TestPrivilegedDualStack serves one mapping in both families on one node: an IPv4 and
@@ -83,11 +84,18 @@ func (tn *testNS) addDualStackPod(t *testing.T, port, tcpPort int) netns.NsHandl
 func TestPrivilegedDualStack(t *testing.T) {
 	testenv.Privileged(t)
 	tn := newTestNS(t, "100.64.93.143")
-	tn.addDualStackPod(t, 3000, 3001)
+	pod := tn.addDualStackPod(t, 3000, 3001)
 	client := tn.addPeer(t, "enp1s0", "203.0.113.9", "203.0.113.7")
 	tn.exec(t, "ip", "addr", "add", node6Addr+"/64", "dev", "enp1s0", "nodad")
 	run(t, "ip", "netns", "exec", client.name, "ip", "addr", "add", client6Addr+"/64", "dev", "eth0", "nodad")
 	client6 := &peerNS{name: client.name, ns: client.ns, addr: client6Addr}
+	// A device's first neighbour discovery may go unanswered while its link-local address
+	// is tentative: begin once none is.
+	for _, ns := range []string{tn.name, client.name, pod} {
+		require.Eventually(t, func() bool {
+			return run(t, "ip", "netns", "exec", ns, "ip", "-6", "addr", "show", "tentative") == ""
+		}, 5*time.Second, 50*time.Millisecond, "addresses of %s still tentative", ns)
+	}
 
 	udp, tcp := kuportv1.Protocol_PROTOCOL_UDP, kuportv1.Protocol_PROTOCOL_TCP
 	dnat := func(id string, proto kuportv1.Protocol, dialed uint32, to string, toPort uint32) *kuportv1.DnatRule {
@@ -213,4 +221,71 @@ func udp6Datagram(src, dst netip.Addr, sport, dport uint16, payload []byte) []by
 	}
 	binary.BigEndian.PutUint16(b[6:], c)
 	return b
+}
+
+// flows6BySport is flowsBySport of the namespace's IPv6 conntrack table.
+func (tn *testNS) flows6BySport(t *testing.T) map[uint16]string {
+	t.Helper()
+	flows, err := tn.nl.ConntrackTableList(netlink.ConntrackTable, netlink.FAMILY_V6)
+	require.NoError(t, err)
+	out := map[uint16]string{}
+	for _, f := range flows {
+		if f.Forward.Protocol == 17 {
+			out[f.Forward.SrcPort] = net.JoinHostPort(f.Forward.DstIP.String(), itoa(uint32(f.Forward.DstPort))) + " -> " +
+				net.JoinHostPort(f.Reverse.SrcIP.String(), itoa(uint32(f.Reverse.SrcPort)))
+		}
+	}
+	return out
+}
+
+// TestPrivilegedConntrack6: the conntrack sweep of a change is per family. One port
+// mapped in IPv4 and in IPv6 to one pod: moving the IPv6 side to another pod address deletes
+// the IPv6 flow its old translation made and leaves the IPv4 flow; an IPv6 side that comes
+// after its client deletes that client's un-NATed IPv6 flow and no IPv4 flow to the port.
+func TestPrivilegedConntrack6(t *testing.T) {
+	testenv.Privileged(t)
+	tn := newTestNS(t, "100.64.93.143")
+	tn.addPodNetwork(t)
+	for _, args := range [][]string{
+		{"sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"},
+		{"ip", "addr", "add", "fd00:10:244:17::1/64", "dev", "cilium_host", "nodad"},
+	} {
+		tn.exec(t, args...)
+	}
+	client := tn.addPeer(t, "enp1s0", "203.0.113.9", "203.0.113.7")
+	tn.exec(t, "ip", "addr", "add", node6Addr+"/64", "dev", "enp1s0", "nodad")
+	run(t, "ip", "netns", "exec", client.name, "ip", "addr", "add", client6Addr+"/64", "dev", "eth0", "nodad")
+	client6 := &peerNS{name: client.name, ns: client.ns, addr: client6Addr}
+	const pod5, pod6 = "fd00:10:244:17::5", "fd00:10:244:17::6"
+	const flow, early = 5000, 5001
+	sent := func() {
+		client.sendUDP(t, flow, "203.0.113.9", 3000)
+		client6.sendUDP(t, flow, node6Addr, 3000)
+	}
+	require.NoError(t, tn.dp.Apply(edgeProgram(udpRule("g/m", 3000, "10.244.17.5"), udpRule6("g/m", 3000, pod5))))
+	sent()
+	client.sendUDP(t, early, "203.0.113.9", 3001)
+	client6.sendUDP(t, early, node6Addr, 3001)
+	want4 := map[uint16]string{flow: "203.0.113.9:3000 -> 10.244.17.5:3000", early: "203.0.113.9:3001 -> 203.0.113.9:3001"}
+	tn.waitFlows(t, want4)
+	require.Eventually(t, func() bool {
+		return maps.Equal(map[uint16]string{
+			flow:  "[2001:db8:1::9]:3000 -> [fd00:10:244:17::5]:3000",
+			early: "[2001:db8:1::9]:3001 -> [2001:db8:1::9]:3001",
+		}, tn.flows6BySport(t))
+	}, 5*time.Second, 10*time.Millisecond, "IPv6 flows: %v", tn.flows6BySport(t))
+
+	require.NoError(t, tn.dp.Apply(edgeProgram(udpRule("g/m", 3000, "10.244.17.5"), udpRule6("g/m", 3000, pod6), udpRule6("g/early", 3001, pod5))))
+	assert.Equal(t, want4, tn.flowsBySport(t, 17), "no IPv4 flow deleted")
+	assert.Empty(t, tn.flows6BySport(t), "the moved and the early IPv6 flows deleted")
+
+	require.NoError(t, tn.dp.Cleanup())
+	assert.Equal(t, map[uint16]string{early: "203.0.113.9:3001 -> 203.0.113.9:3001"}, tn.flowsBySport(t, 17))
+}
+
+// udpRule6 is udpRule's IPv6 side: its own id, to the pod's IPv6 address.
+func udpRule6(mapping string, port uint32, pod string) *kuportv1.DnatRule {
+	r := udpRule(mapping, port, pod)
+	r.Id = mapping + "/dnat6/enp1s0"
+	return r
 }

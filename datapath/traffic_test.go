@@ -60,7 +60,7 @@ func (tn *testNS) addPeer(t *testing.T, dev, nodeAddr, peerAddr string) *peerNS 
 func (p *peerNS) sendUDP(t *testing.T, sport int, dst string, dport int) {
 	t.Helper()
 	inNS(t, p.ns, func() error {
-		c, err := net.DialUDP("udp4", &net.UDPAddr{IP: net.ParseIP(p.addr), Port: sport}, &net.UDPAddr{IP: net.ParseIP(dst), Port: dport})
+		c, err := net.DialUDP("udp", &net.UDPAddr{IP: net.ParseIP(p.addr), Port: sport}, &net.UDPAddr{IP: net.ParseIP(dst), Port: dport})
 		if err != nil {
 			return err
 		}

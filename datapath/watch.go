@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strings"
@@ -44,7 +45,8 @@ const watchReadBuffer = 4 << 20
 // reads: it never writes to the kernel. The sockets close when ctx ends; the channel is never closed. A
 // failed socket stops the watch (logged at warn level), not the datapath.
 func (d *Datapath) Watch(ctx context.Context) (<-chan struct{}, error) {
-	route, err := d.dialWatch(unix.NETLINK_ROUTE, unix.RTNLGRP_LINK, unix.RTNLGRP_IPV4_IFADDR, unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_IPV4_RULE)
+	route, err := d.dialWatch(unix.NETLINK_ROUTE, unix.RTNLGRP_LINK, unix.RTNLGRP_IPV4_IFADDR, unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_IPV4_RULE,
+		unix.RTNLGRP_IPV6_IFADDR, unix.RTNLGRP_IPV6_ROUTE, unix.RTNLGRP_IPV6_RULE)
 	if err != nil {
 		return nil, fmt.Errorf("watch rtnetlink: %w", err)
 	}
@@ -124,8 +126,8 @@ func (d *Datapath) readWatch(ctx context.Context, what string, c *netlink.Conn, 
 }
 
 // ownedRoute describes an rtnetlink notification of a kup-* device or an address on one, an
-// IPv4 ip rule of kuport's protocol, or a route in one of the tables the last Apply synced;
-// "" for any other.
+// IPv4 or IPv6 ip rule of kuport's protocol, or a route in one of the tables the last Apply
+// synced; "" for any other.
 func (d *Datapath) ownedRoute(m netlink.Message) string {
 	switch m.Header.Type {
 	case unix.RTM_NEWLINK, unix.RTM_DELLINK:
@@ -133,9 +135,16 @@ func (d *Datapath) ownedRoute(m netlink.Message) string {
 			return "device " + name
 		}
 	case unix.RTM_NEWADDR, unix.RTM_DELADDR:
-		// An IPv4 address's label is its device's name.
+		// An IPv4 address's label is its device's name; an IPv6 address has none, and its
+		// device is the ifaddrmsg's index.
 		if name := stringAttr(m.Data, unix.SizeofIfAddrmsg, unix.IFA_LABEL); strings.HasPrefix(name, linkPrefix) {
 			return "address of " + name
+		}
+		if len(m.Data) >= unix.SizeofIfAddrmsg && m.Data[0] == unix.AF_INET6 {
+			index := binary.NativeEndian.Uint32(m.Data[4:8])
+			if indexes := d.linkIndexes.Load(); indexes != nil && (*indexes)[int(index)] {
+				return fmt.Sprintf("address of ifindex %d", index)
+			}
 		}
 	case unix.RTM_NEWRULE, unix.RTM_DELRULE:
 		// struct fib_rule_hdr is an rtmsg's size. kuport's rules carry its protocol, whatever

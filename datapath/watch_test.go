@@ -28,6 +28,7 @@ func notification(t *testing.T, typ netlink.HeaderType, hdr int, family byte, at
 func TestWatchOwns(t *testing.T) {
 	d := New(Config{})
 	d.routeTables.Store(&map[int]bool{201: true, 1000: true})
+	d.linkIndexes.Store(&map[int]bool{7: true})
 	name := func(typ uint16, s string) func(*netlink.AttributeEncoder) {
 		return func(ae *netlink.AttributeEncoder) { ae.String(typ, s) }
 	}
@@ -45,6 +46,11 @@ func TestWatchOwns(t *testing.T) {
 		m.Data[4] = table
 		return m
 	}
+	addr6 := func(index uint32) netlink.Message {
+		m := notification(t, unix.RTM_DELADDR, unix.SizeofIfAddrmsg, unix.AF_INET6, func(*netlink.AttributeEncoder) {})
+		binary.NativeEndian.PutUint32(m.Data[4:8], index)
+		return m
+	}
 	nft := func(msg int, family byte, table string) netlink.Message {
 		return notification(t, netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8|msg), 4, family, name(1, table))
 	}
@@ -58,6 +64,9 @@ func TestWatchOwns(t *testing.T) {
 		{"another device", notification(t, unix.RTM_DELLINK, unix.SizeofIfInfomsg, 0, name(unix.IFLA_IFNAME, "wt0")), ""},
 		{"address of a kup device", notification(t, unix.RTM_DELADDR, unix.SizeofIfAddrmsg, unix.AF_INET, name(unix.IFA_LABEL, "kup-dcc4266d")), "address of kup-dcc4266d"},
 		{"address of another device", notification(t, unix.RTM_DELADDR, unix.SizeofIfAddrmsg, unix.AF_INET, name(unix.IFA_LABEL, "wt0")), ""},
+		{"IPv6 address of a kup device", addr6(7), "address of ifindex 7"},
+		{"IPv6 address of another device", addr6(8), ""},
+		{"kuport's IPv6 rule pref 102", notification(t, unix.RTM_DELRULE, unix.SizeofRtMsg, unix.AF_INET6, rule(102, rtprotKuport)), "ip rule pref 102"},
 		{"kuport's rule pref 101", notification(t, unix.RTM_DELRULE, unix.SizeofRtMsg, unix.AF_INET, rule(101, rtprotKuport)), "ip rule pref 101"},
 		{"kuport's rule pref 202", notification(t, unix.RTM_NEWRULE, unix.SizeofRtMsg, unix.AF_INET, rule(202, rtprotKuport)), "ip rule pref 202"},
 		{"another's rule pref 101", notification(t, unix.RTM_DELRULE, unix.SizeofRtMsg, unix.AF_INET, rule(101, unix.RTPROT_BOOT)), ""},

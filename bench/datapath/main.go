@@ -38,8 +38,10 @@ import (
 )
 
 const (
-	nodeAddr   = "203.0.113.9"
-	clientAddr = "203.0.113.7"
+	nodeAddr    = "203.0.113.9"
+	clientAddr  = "203.0.113.7"
+	nodeAddr6   = "2001:db8:1::9"
+	clientAddr6 = "2001:db8:1::7"
 )
 
 func main() {
@@ -48,6 +50,7 @@ func main() {
 	traffic := flag.Duration("traffic", 2*time.Second, "duration of each traffic measurement")
 	ranged := flag.String("ranged", "10000:100", "sizes with ranges, comma-separated mappings:ranges (1,000 ports each); empty: none")
 	rangePorts := flag.Int("range-ports", 16384, "ports of the one wide UDP range measured; 0: none")
+	dualStack := flag.String("dualstack", "1,10000", "dual-stack program sizes, comma-separated: IPv6 beside IPv4 traffic; empty: none")
 	flag.Parse()
 	for _, s := range strings.Split(*sizes, ",") {
 		if s == "" {
@@ -79,6 +82,19 @@ func main() {
 			os.Exit(1)
 		}
 	}
+	for _, s := range strings.Split(*dualStack, ",") {
+		if s == "" {
+			continue
+		}
+		n, err := strconv.Atoi(s)
+		if err == nil {
+			err = measureDualStack(n, *agent, *traffic)
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "dualstack=%s: %v\n", s, err)
+			os.Exit(1)
+		}
+	}
 	if *rangePorts > 0 {
 		if err := measureRange(*rangePorts, *agent); err != nil {
 			fmt.Fprintf(os.Stderr, "range-ports=%d: %v\n", *rangePorts, err)
@@ -98,12 +114,20 @@ func sh(args ...string) error {
 	return nil
 }
 
-func newTopology(pod string) (*topology, error) {
+// newTopology builds the namespaces with the last mapping's pod at pod, and at pod6 when
+// not empty: then the client, the node and the pod have IPv6 addresses too.
+func newTopology(pod, pod6 string) (*topology, error) {
 	suffix := strconv.Itoa(os.Getpid())
 	t := &topology{node: "kupbench-node-" + suffix, client: "kupbench-client-" + suffix, pod: "kupbench-pod-" + suffix}
 	in := func(ns string, args ...string) []string { return append([]string{"ip", "netns", "exec", ns}, args...) }
 	steps := [][]string{
 		{"ip", "netns", "add", t.node}, {"ip", "netns", "add", t.client}, {"ip", "netns", "add", t.pod},
+		// No duplicate address detection on any device made after: with it, a new device's
+		// first IPv6 neighbour discovery may go unanswered for a second (lab/netlab does the
+		// same).
+		in(t.node, "sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0"),
+		in(t.client, "sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0"),
+		in(t.pod, "sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0"),
 		in(t.node, "ip", "link", "set", "lo", "up"),
 		in(t.node, "sysctl", "-qw", "net.ipv4.ip_forward=1"),
 		in(t.node, "ip", "link", "add", "enp1s0", "type", "veth", "peer", "name", "eth0", "netns", t.client),
@@ -120,6 +144,15 @@ func newTopology(pod string) (*topology, error) {
 		in(t.pod, "ip", "addr", "add", pod+"/16", "dev", "eth0"),
 		in(t.pod, "ip", "link", "set", "eth0", "up"),
 		in(t.pod, "ip", "route", "add", "default", "via", "10.244.17.1"),
+	}
+	if pod6 != "" {
+		steps = append(steps,
+			in(t.node, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"),
+			in(t.node, "ip", "addr", "add", nodeAddr6+"/64", "dev", "enp1s0", "nodad"),
+			in(t.node, "ip", "addr", "add", "fd00:10:244::1/48", "dev", "cilium_host", "nodad"),
+			in(t.client, "ip", "addr", "add", clientAddr6+"/64", "dev", "eth0", "nodad"),
+			in(t.pod, "ip", "addr", "add", pod6+"/48", "dev", "eth0", "nodad"),
+			in(t.pod, "ip", "-6", "route", "add", "default", "via", "fd00:10:244::1"))
 	}
 	for _, s := range steps {
 		if err := sh(s...); err != nil {
@@ -140,7 +173,12 @@ func (t *topology) close() {
 // throughput, sequential new connections per second, and the p50 of connect + one-byte
 // request + reply.
 func trafficFigures(t *topology, port int, d time.Duration) (gbps, connPerS, rrP50us float64, err error) {
-	target := net.JoinHostPort(nodeAddr, strconv.Itoa(port))
+	return trafficTo(t, nodeAddr, port, d)
+}
+
+// trafficTo is trafficFigures to the node's address addr.
+func trafficTo(t *topology, addr string, port int, d time.Duration) (gbps, connPerS, rrP50us float64, err error) {
+	target := net.JoinHostPort(addr, strconv.Itoa(port))
 	if gbps, err = labbench.Throughput(t.client, target, d); err != nil {
 		return 0, 0, 0, fmt.Errorf("throughput: %w", err)
 	}
@@ -186,7 +224,7 @@ func (t *topology) listen(addr string, port int) (func(), error) {
 	var pod net.Listener
 	if err := labbench.InNS(t.pod, func() error {
 		var err error
-		pod, err = net.Listen("tcp4", net.JoinHostPort(addr, strconv.Itoa(port)))
+		pod, err = net.Listen("tcp", net.JoinHostPort(addr, strconv.Itoa(port)))
 		return err
 	}); err != nil {
 		return nil, err
@@ -202,7 +240,7 @@ func measure(n, ranges int, agent string, d time.Duration) error {
 	if ranges > 0 {
 		p, port = datapathtest.RangedProgram(n, ranges, "enp1s0"), datapathtest.RangedPort
 	}
-	t, err := newTopology(datapathtest.PodAddr(n - 1))
+	t, err := newTopology(datapathtest.PodAddr(n-1), "")
 	if err != nil {
 		return err
 	}
@@ -323,7 +361,7 @@ func measure(n, ranges int, agent string, d time.Duration) error {
 // and first_apply_ms "na").
 func measureRange(ports int, agent string) error {
 	p := datapathtest.RangeProgram(ports, "enp1s0")
-	t, err := newTopology(datapathtest.PodAddr(0))
+	t, err := newTopology(datapathtest.PodAddr(0), "")
 	if err != nil {
 		return err
 	}
@@ -359,6 +397,58 @@ func measureRange(ports int, agent string) error {
 	}
 	fmt.Fprintf(os.Stderr, "range-ports=%d: an agent holding an empty program: %s MB\n", ports, emptyRSS)
 	fmt.Printf("BENCH range ports=%d first_apply_ms=%.1f elements=%d agent_rss_mb=%s to_programmed_ms=na\n", ports, ms(first), elements, rss)
+	return nil
+}
+
+// measureDualStack prints the figures of n dual-stack mappings
+// (datapathtest.DualStackProgram), traffic to the last one over IPv6 and, in the same run,
+// over IPv4: its first Apply, the elements the kernel then holds, and the agent holding it.
+func measureDualStack(n int, agent string, d time.Duration) error {
+	p, port := datapathtest.DualStackProgram(n, "enp1s0"), 10000+n-1
+	t, err := newTopology(datapathtest.PodAddr(n-1), datapathtest.PodAddr6(n-1))
+	if err != nil {
+		return err
+	}
+	defer t.close()
+	for _, addr := range []string{datapathtest.PodAddr(n - 1), datapathtest.PodAddr6(n - 1)} {
+		closePod, err := t.listen(addr, port)
+		if err != nil {
+			return err
+		}
+		defer closePod()
+	}
+	nd, err := newNode(t)
+	if err != nil {
+		return err
+	}
+	defer nd.done()
+	start := time.Now()
+	if err := nd.dp.Apply(p); err != nil {
+		return err
+	}
+	first := time.Since(start)
+	elements, err := countElements(nd.conn)
+	if err != nil {
+		return err
+	}
+	gbps6, conn6, rr6, err := trafficTo(t, nodeAddr6, port, d)
+	if err != nil {
+		return fmt.Errorf("IPv6 traffic: %w", err)
+	}
+	gbps4, conn4, rr4, err := trafficTo(t, nodeAddr, port, d)
+	if err != nil {
+		return fmt.Errorf("IPv4 traffic: %w", err)
+	}
+	rss := "n/a"
+	if agent != "" {
+		mb, err := agentRSS(agent, t.node, p)
+		if err != nil {
+			return fmt.Errorf("agent: %w", err)
+		}
+		rss = fmt.Sprintf("%.1f", mb)
+	}
+	fmt.Printf("BENCH datapath_ipv6 mappings=%d tcp_gbps=%.2f conn_per_s=%.0f rr_p50_us=%.0f ipv4_tcp_gbps=%.2f ipv4_conn_per_s=%.0f ipv4_rr_p50_us=%.0f first_apply_ms=%.1f elements=%d agent_rss_mb=%s\n",
+		n, gbps6, conn6, rr6, gbps4, conn4, rr4, ms(first), elements, rss)
 	return nil
 }
 

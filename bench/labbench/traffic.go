@@ -38,7 +38,7 @@ func Serve(l net.Listener) {
 // Throughput is one TCP flow's rate in Gbit/s from namespace ns to target over d.
 func Throughput(ns, target string, d time.Duration) (gbps float64, err error) {
 	err = InNS(ns, func() error {
-		c, err := dialer.Dial("tcp4", target)
+		c, err := dialer.Dial("tcp", target)
 		if err != nil {
 			return err
 		}
@@ -67,7 +67,7 @@ func ConnRate(ns, target string, d time.Duration) (perS float64, err error) {
 		var conns int
 		start := time.Now()
 		for time.Since(start) < d {
-			c, err := dialer.Dial("tcp4", target)
+			c, err := dialer.Dial("tcp", target)
 			if err != nil {
 				return err
 			}
@@ -90,7 +90,7 @@ func RRP50(ns, target string, d time.Duration) (us float64, err error) {
 		start := time.Now()
 		for time.Since(start) < d {
 			t0 := time.Now()
-			c, err := dialer.Dial("tcp4", target)
+			c, err := dialer.Dial("tcp", target)
 			if err != nil {
 				return err
 			}

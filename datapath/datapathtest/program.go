@@ -5,6 +5,8 @@ package datapathtest
 import (
 	"fmt"
 
+	"google.golang.org/protobuf/proto"
+
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -71,3 +73,23 @@ func RangeProgram(ports int, iface string) *kuportv1.NodeProgram {
 	s.Protocol, s.Ports = kuportv1.Protocol_PROTOCOL_UDP, r
 	return p
 }
+
+// DualStackProgram is Program with each mapping's IPv6 side beside it: a DNAT entry to its
+// pod's IPv6 address (PodAddr6) and that address's identity SNAT, on the same port, 8n set
+// elements.
+func DualStackProgram(n int, iface string) *kuportv1.NodeProgram {
+	p := Program(n, iface)
+	for i := range n {
+		d := proto.Clone(p.DnatRules[i]).(*kuportv1.DnatRule)
+		s := proto.Clone(p.SnatRules[i]).(*kuportv1.SnatRule)
+		pod := PodAddr6(i)
+		d.Id, d.ToAddress, d.StandIn = d.Mapping+"/dnat6/"+iface, pod, pod
+		s.Id, s.Address = s.Mapping+"/snat6", pod
+		p.DnatRules, p.SnatRules = append(p.DnatRules, d), append(p.SnatRules, s)
+	}
+	return p
+}
+
+// PodAddr6 is mapping i's pod IPv6 address in DualStackProgram, in fd00:10:244::/48 with
+// PodAddr's numbers.
+func PodAddr6(i int) string { return fmt.Sprintf("fd00:10:244:%d::%d", 17+i/250, 2+i%250) }
