@@ -514,7 +514,7 @@ func (b *bench) profileFrom(ctx context.Context, what string, controller bool) (
 // portRange measures one PortMap of a UDP range of ports ports that keeps them, ending at
 // 65535, to a pod on rangeNode: edge-a DNATs it into the link to rangeNode, whose elements
 // take it to the pod (docs/design/datapath.md#port-ranges). It prints the range line: create
-// to Programmed=True as a watch on it saw it, the elements edge-a's table ip kuport gained,
+// to Programmed=True as a watch on it saw it, the elements edge-a's table inet kuport gained,
 // and edge-a's agent's memory after rangeHold. Stderr gets the elements per set of both
 // nodes, every agent's memory before and holding it, and the delete until edge-a's table is
 // back to what it held before.
