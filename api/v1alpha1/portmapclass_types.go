@@ -136,8 +136,8 @@ type VxlanConfig struct {
 	Subnet string `json:"subnet,omitempty"`
 	// subnet6 is an IPv6 CIDR split into /127 slots, one per node pair: the links carry a
 	// mapping's IPv6 side inside the same device. A pair finds a slot only where both its /31
-	// and its /127 fit. A subnet6 overlapping an older class's on a shared node leaves this
-	// class's links without IPv6, and its node rows say so (ipv6Unavailable).
+	// and its /127 fit. A subnet6 overlapping any older class's leaves this class's links
+	// without IPv6, and its node rows say so (ipv6Unavailable): give each class its own.
 	// +kubebuilder:default="fd64:f5ac:e961::/112"
 	// +optional
 	Subnet6 string `json:"subnet6,omitempty"`
