@@ -199,7 +199,7 @@ func linkName(class, peer string) string {
 // returnPath alone, the index lists of a mapping using only it (withOne).
 type linkDevice struct {
 	name, dnat, ctSave, dnat6, ctSave6, returnPath string
-	links, returnPaths             []string
+	links, returnPaths                             []string
 }
 
 // device returns the class's linkDevice named after peer.
