@@ -1,6 +1,7 @@
 package dashboard
 
 import (
+	"cmp"
 	"maps"
 	"slices"
 	"time"
@@ -27,8 +28,8 @@ type MappingDetail struct {
 // pod's node receiving over that link, any other DNAT entry an accepting interface.
 type Path struct {
 	Branches []Branch `json:"branches"`
-	// PodNode and Pod are the endpoint's node and address as status has them; empty while
-	// there is none.
+	// PodNode and Pod are the endpoint's node and address as status has them (its IPv6
+	// address for a pod with no IPv4 one); empty while there is none.
 	PodNode string `json:"podNode,omitempty"`
 	Pod     string `json:"pod,omitempty"`
 }
@@ -123,7 +124,7 @@ func (s *Server) Mapping(now time.Time, key types.NamespacedName) *MappingDetail
 func path(m Mapping, index map[string]*compile.MappingIndex, links []Link) *Path {
 	p := &Path{Branches: []Branch{}}
 	if m.Endpoint != nil {
-		p.PodNode, p.Pod = m.Endpoint.Node, m.Endpoint.Address
+		p.PodNode, p.Pod = m.Endpoint.Node, cmp.Or(m.Endpoint.Address, m.Endpoint.Address6)
 	}
 	ends := map[string]LinkEnd{} // by node and device
 	for _, l := range links {
