@@ -473,12 +473,14 @@ func TestPrivilegedE2E(t *testing.T) {
 		public, err := l.GetClass(ctx, "public")
 		require.NoError(t, err)
 		assert.Equal(t, v1alpha1.ServingModeSingle, public.Spec.ServingMode)
-		assert.Equal(t, v1alpha1.VxlanConfig{VNI: 4242, Port: 4790, Subnet: "169.254.77.0/24"}, public.Spec.ReturnPath.Vxlan)
+		assert.Equal(t, v1alpha1.VxlanConfig{VNI: 4242, Port: 4790, Subnet: "169.254.77.0/24", Subnet6: "fd64:f5ac:e961::/112"},
+			public.Spec.ReturnPath.Vxlan)
 		intranet, err := l.GetClass(ctx, "intranet")
 		require.NoError(t, err)
 		assert.Equal(t, v1alpha1.ServingModeMulti, intranet.Spec.ServingMode)
 		assert.Equal(t, v1alpha1.PortPolicy{Min: 1, Max: 65535}, intranet.Spec.Ports)
-		assert.Equal(t, v1alpha1.VxlanConfig{VNI: 4300, Port: 4790, Subnet: "169.254.79.0/24"}, intranet.Spec.ReturnPath.Vxlan)
+		assert.Equal(t, v1alpha1.VxlanConfig{VNI: 4300, Port: 4790, Subnet: "169.254.79.0/24", Subnet6: "fd64:f5ac:e961::/112"},
+			intranet.Spec.ReturnPath.Vxlan)
 	})
 
 	t.Run("the API server enforces the schema and the CEL rules", func(t *testing.T) {
