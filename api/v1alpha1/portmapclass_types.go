@@ -233,7 +233,8 @@ type LinkStatus struct {
 	Peers []string `json:"peers"`
 	// subnet is the pair's /31.
 	Subnet string `json:"subnet"`
-	// subnet6 is the pair's /127; empty while the class's links carry no IPv6.
+	// subnet6 is the pair's /127, its link's IPv6 ends while both nodes forward IPv6; empty
+	// while the class's subnet6 overlaps an older class's and its links carry no IPv6.
 	// +optional
 	Subnet6 string `json:"subnet6,omitempty"`
 	// slot numbers the pair's /31 and VNI within the class, from 0.
