@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -277,10 +279,11 @@ func (d *Datapath) Dump() (string, error) {
 	return kt.text(), nil
 }
 
-// NodeState reports every interface (name, IPv4 addresses in kernel order, MTU, for a vxlan
-// or geneve device its UDP port, and whether it is a netkit device), the underlay interface name and whether
-// net.ipv4.ip_forward is 1. An empty underlay is resolved to the device of the main table's
-// IPv4 default route ("" when there is none). It reads only.
+// NodeState reports every interface (name, IPv4 addresses and global IPv6 addresses in kernel
+// order, MTU, for a vxlan or geneve device its UDP port, and whether it is a netkit device),
+// the underlay interface name and whether net.ipv4.ip_forward and
+// net.ipv6.conf.all.forwarding are 1. An empty underlay is resolved to the device of the
+// main table's IPv4 default route ("" when there is none). It reads only.
 func (d *Datapath) NodeState(underlay string) (*kuportv1.NodeState, error) {
 	d.lock()
 	defer d.mu.Unlock()
@@ -303,6 +306,18 @@ func (d *Datapath) NodeState(underlay string) (*kuportv1.NodeState, error) {
 		for _, ad := range addrs {
 			itf.Addresses = append(itf.Addresses, ad.IP.String())
 		}
+		addrs6, err := d.nl.AddrList(l, netlink.FAMILY_V6)
+		if err != nil {
+			return nil, fmt.Errorf("list IPv6 addresses of %s: %w", a.Name, err)
+		}
+		for _, ad := range addrs6 {
+			// Global and settled only: a tentative address may still fail duplicate address
+			// detection, and a deprecated one takes no new flows.
+			if ad.IP.To4() == nil && ad.IP.IsGlobalUnicast() && ad.Scope == unix.RT_SCOPE_UNIVERSE &&
+				ad.Flags&(unix.IFA_F_TENTATIVE|unix.IFA_F_DEPRECATED|unix.IFA_F_DADFAILED) == 0 {
+				itf.Addresses6 = append(itf.Addresses6, ad.IP.String())
+			}
+		}
 		st.Interfaces = append(st.Interfaces, itf)
 	}
 	if underlay == "" {
@@ -320,6 +335,12 @@ func (d *Datapath) NodeState(underlay string) (*kuportv1.NodeState, error) {
 	if st.IpForward, err = d.own.ipForward(); err != nil {
 		return nil, err
 	}
+	// Read from /proc/sys, which the agent's read-only mount still lets it read: the
+	// rtnetlink netconf read (devconf.go) asks IPv4's settings. It is the process's namespace's
+	// setting, the node's own as the agent is deployed. A kernel without IPv6 has no such
+	// file, and any failure to read it means the node serves no IPv6.
+	b, err := os.ReadFile("/proc/sys/net/ipv6/conf/all/forwarding")
+	st.Ipv6Forward = err == nil && strings.TrimSpace(string(b)) == "1"
 	return st, nil
 }
 

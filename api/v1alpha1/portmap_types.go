@@ -92,8 +92,8 @@ type PortMapStatus struct {
 	// published lists the addresses the port answers on now, one row per interface.
 	// +optional
 	Published []PublishedAddress `json:"published,omitempty"`
-	// publishedAddresses joins the published rows' addresses with commas, shown in the
-	// PUBLISHED printer column.
+	// publishedAddresses joins the published rows' addresses (each row's address, then its
+	// address6) with commas, shown in the PUBLISHED printer column.
 	// +optional
 	PublishedAddresses string `json:"publishedAddresses,omitempty"`
 	// unanswered lists the nodes that forward the mapping's requests and see no reply:
@@ -116,19 +116,30 @@ type PortMapStatus struct {
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
-// EndpointStatus is the chosen pod: its node and IPv4 address.
+// EndpointStatus is the chosen pod: its node and its addresses, one of each family it has.
 type EndpointStatus struct {
-	Node    string `json:"node"`
+	Node string `json:"node"`
+	// address is the pod's IPv4 address; empty for a pod with an IPv6 address only.
 	Address string `json:"address"`
+	// address6 is the pod's IPv6 address, when it has one: the mapping is served on each
+	// family both the pod and an accepting interface have.
+	// +optional
+	Address6 string `json:"address6,omitempty"`
 }
 
 // PublishedAddress is one interface the port answers on.
 type PublishedAddress struct {
 	Node      string `json:"node"`
 	Interface string `json:"interface"`
-	// address is the interface's IPv4 address; empty while the agent has not reported it.
+	// address is the interface's IPv4 address; empty while the agent has not reported it,
+	// or when the mapping is not served on IPv4 (its pod has no IPv4 address).
 	// +optional
 	Address string `json:"address,omitempty"`
+	// address6 is the interface's global IPv6 address when the mapping is served on IPv6
+	// there: the pod has an IPv6 address and the node serves IPv6 on the interface (the
+	// class's node row says ipv6Unavailable when it does not).
+	// +optional
+	Address6 string `json:"address6,omitempty"`
 }
 
 // UnansweredNode is a node whose requests of the mapping go unanswered.
@@ -155,6 +166,7 @@ type UnansweredNode struct {
 // +kubebuilder:printcolumn:name="PROGRAMMED",type=string,JSONPath=`.status.conditions[?(@.type=="Programmed")].status`
 // +kubebuilder:printcolumn:name="UNANSWERED",type=string,JSONPath=`.status.unansweredOn`
 // +kubebuilder:printcolumn:name="NODE",type=string,JSONPath=`.status.endpoint.node`,priority=1
+// +kubebuilder:printcolumn:name="ENDPOINT6",type=string,JSONPath=`.status.endpoint.address6`,priority=1
 // +kubebuilder:printcolumn:name="PUBLISHED",type=string,JSONPath=`.status.publishedAddresses`,priority=1
 type PortMap struct {
 	metav1.TypeMeta   `json:",inline"`

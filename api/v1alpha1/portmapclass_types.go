@@ -112,7 +112,8 @@ type ReturnPath struct {
 	Vxlan VxlanConfig `json:"vxlan,omitempty"`
 }
 
-// VxlanConfig numbers a class's links: slot s uses VNI vni+s and the /31 at subnet base + 2s.
+// VxlanConfig numbers a class's links: slot s uses VNI vni+s, the /31 at subnet base + 2s and
+// the /127 at subnet6 base + 2s.
 type VxlanConfig struct {
 	// vni is the base VXLAN network identifier.
 	// +kubebuilder:default=4242
@@ -133,6 +134,13 @@ type VxlanConfig struct {
 	// +kubebuilder:default="169.254.77.0/24"
 	// +optional
 	Subnet string `json:"subnet,omitempty"`
+	// subnet6 is an IPv6 CIDR split into /127 slots, one per node pair: the links carry a
+	// mapping's IPv6 side inside the same device. A pair finds a slot only where both its /31
+	// and its /127 fit. A subnet6 overlapping any older class's leaves this class's links
+	// without IPv6, and its node rows say so (ipv6Unavailable): give each class its own.
+	// +kubebuilder:default="fd64:f5ac:e961::/112"
+	// +optional
+	Subnet6 string `json:"subnet6,omitempty"`
 }
 
 // Reasons of the PortMapClass Ready condition (docs/design/api.md, PortMapClass).
@@ -203,6 +211,16 @@ type ClassNodeStatus struct {
 	// message says what is missing when not ready.
 	// +optional
 	Message string `json:"message,omitempty"`
+	// addresses6 maps each of the class's interfaces on the node to its first global IPv6
+	// address.
+	// +optional
+	Addresses6 map[string]string `json:"addresses6,omitempty"`
+	// ipv6Unavailable says why the node serves no IPv6 on some of the class's interfaces
+	// (an interface without a global IPv6 address, net.ipv6.conf.all.forwarding 0, links
+	// without IPv6); empty when it serves IPv6 on all of them. It never makes the node not
+	// ready: the node keeps serving IPv4.
+	// +optional
+	IPv6Unavailable string `json:"ipv6Unavailable,omitempty"`
 }
 
 // LinkStatus is the recorded claim of one slot by a node pair.
@@ -215,6 +233,10 @@ type LinkStatus struct {
 	Peers []string `json:"peers"`
 	// subnet is the pair's /31.
 	Subnet string `json:"subnet"`
+	// subnet6 is the pair's /127, its link's IPv6 ends while both nodes forward IPv6; empty
+	// while the class's subnet6 overlaps an older class's and its links carry no IPv6.
+	// +optional
+	Subnet6 string `json:"subnet6,omitempty"`
 	// slot numbers the pair's /31 and VNI within the class, from 0.
 	// +kubebuilder:validation:Minimum=0
 	Slot int32 `json:"slot"`

@@ -150,8 +150,9 @@ func (r *Registry) UnansweredNodes(mapping string) []UnansweredNode {
 	return out
 }
 
-// unanswered returns the interfaces of n whose DNAT entries of mapping are unanswered, sorted,
-// and the earliest Since among them.
+// unanswered returns the interfaces of n whose DNAT entries of mapping are unanswered, sorted
+// and each once (an interface's IPv4 and IPv6 entries are judged apart), and the earliest
+// Since among them.
 func (n *node) unanswered(mapping string) ([]string, time.Time) {
 	mi := n.index[mapping]
 	if mi == nil {
@@ -170,5 +171,5 @@ func (n *node) unanswered(mapping string) ([]string, time.Time) {
 		ifaces = append(ifaces, e.Interface)
 	}
 	slices.Sort(ifaces)
-	return ifaces, since
+	return slices.Compact(ifaces), since
 }

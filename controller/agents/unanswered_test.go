@@ -1,9 +1,12 @@
 package agents
 
 import (
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"kuport.wlz.li/kuport/controller/compile"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
@@ -156,5 +159,35 @@ func TestDefaultWindowTiming(t *testing.T) {
 		if v := Judge(history, w); v.Unanswered {
 			t.Errorf("jitter %s: a reply shown by the next report is unanswered: %+v", jitter, v)
 		}
+	}
+}
+
+// TestUnansweredInterfaceOnce: an interface whose IPv4 and IPv6 DNAT entries both go
+// unanswered is named once (status's unanswered interfaces are a set).
+func TestUnansweredInterfaceOnce(t *testing.T) {
+	r := NewRegistry(Config{Epoch: 77, Start: t0, Unanswered: Window{Reports: 1, Duration: time.Second}})
+	clock := t0
+	r.now = func() time.Time { return clock }
+	p := remoteProgram("10.244.17.5", false)
+	p.DnatRules = append(p.DnatRules, &kuportv1.DnatRule{Id: "games/remote/dnat6/enp1s0", Mapping: "games/remote",
+		InInterface: "enp1s0", Protocol: kuportv1.Protocol_PROTOCOL_UDP, Ports: &kuportv1.PortRange{First: 3000, Last: 3000},
+		ToAddress: "fd64:f5ac:e961::1", ToPort: 3000})
+	idx := remoteIndex(false)
+	mi := idx["games/remote"]
+	mi.Entries = append(mi.Entries, compile.Entry{ID: "games/remote/dnat6/enp1s0", Name: "dnat6/enp1s0", Kind: compile.KindDNAT,
+		Direction: compile.DirectionIn, Interface: "enp1s0", Family: compile.FamilyIPv6})
+	slices.SortFunc(mi.Entries, func(a, b compile.Entry) int { return strings.Compare(a.ID, b.ID) })
+	r.SetPrograms(map[string]*kuportv1.NodeProgram{"edge-a": p}, map[string]compile.NodeIndex{"edge-a": idx})
+	s := r.connect(&kuportv1.Hello{Node: "edge-a"})
+	for _, in := range []uint64{0, 2, 4} {
+		clock = clock.Add(5 * time.Second)
+		r.report(s, &kuportv1.Report{Counters: []*kuportv1.Counter{
+			{Id: "games/remote/dnat/enp1s0", ForwardedIn: &kuportv1.Traffic{Packets: in}, ForwardedOut: &kuportv1.Traffic{}},
+			{Id: "games/remote/dnat6/enp1s0", ForwardedIn: &kuportv1.Traffic{Packets: in}, ForwardedOut: &kuportv1.Traffic{}},
+		}})
+	}
+	got := r.UnansweredNodes("games/remote")
+	if len(got) != 1 || !slices.Equal(got[0].Interfaces, []string{"enp1s0"}) {
+		t.Errorf("UnansweredNodes = %+v, want edge-a with enp1s0 once", got)
 	}
 }

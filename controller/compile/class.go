@@ -21,6 +21,7 @@ const (
 	defaultVNI         = 4242
 	defaultVxlanPort   = 4790
 	defaultSubnet      = "169.254.77.0/24"
+	defaultSubnet6     = "fd64:f5ac:e961::/112"
 	maxVNI             = 1<<24 - 1
 	vxlanOverheadBytes = 50 // outer IPv4 + UDP + VXLAN + inner Ethernet
 )
@@ -42,6 +43,11 @@ type classInfo struct {
 	vni, port  uint32
 	subnetText string
 	subnet     netip.Prefix // valid only when the class builds links
+	// subnet6 is valid only when the class builds links that carry IPv6; links6Off says why
+	// they carry none ("" when they do, or build none).
+	subnet6Text string
+	subnet6     netip.Prefix
+	links6Off   string
 	// refusal is the Ready=False reason decided before allocation ("" when none): the class
 	// then builds no links.
 	refusal, refusalMsg string
@@ -72,6 +78,7 @@ func newClassInfo(name string, obj *v1alpha1.PortMapClass, nodes map[string]*nod
 		vni:         uint32(max(cmp.Or(spec.ReturnPath.Vxlan.VNI, defaultVNI), 0)),
 		port:        uint32(max(cmp.Or(spec.ReturnPath.Vxlan.Port, defaultVxlanPort), 0)),
 		subnetText:  cmp.Or(spec.ReturnPath.Vxlan.Subnet, defaultSubnet),
+		subnet6Text: cmp.Or(spec.ReturnPath.Vxlan.Subnet6, defaultSubnet6),
 		claims:      map[string]*claim{},
 		spots:       map[string]*spots{},
 		devices:     map[string]*linkDevice{},
@@ -112,10 +119,12 @@ func (ci *classInfo) programmingNodes(serving string) []string {
 }
 
 // validateClasses decides, oldest class first, which Vxlan classes are refused before any
-// allocation: an invalid subnet, or a subnet or base VNI (on the same port) that collides
-// with an older, valid Vxlan class sharing an accepting node
+// allocation: an invalid subnet or subnet6, or a subnet or base VNI (on the same port) that
+// collides with an older, valid Vxlan class sharing an accepting node
 // (docs/design/api.md#links-and-slots). A CNI's tunnel on the class's port refuses the class
-// on that node only (tunnelConflict).
+// on that node only (tunnelConflict). A subnet6 that overlaps an older class's refuses
+// nothing: the class's links carry no IPv6 (links6Off), as every class gets the same default
+// subnet6 and refusing would take IPv4 from classes that served it before.
 func (c *compiler) validateClasses() {
 	for i, ci := range c.classOrder {
 		if ci.mode != v1alpha1.ReturnPathVxlan {
@@ -128,6 +137,13 @@ func (c *compiler) validateClasses() {
 			continue
 		}
 		ci.subnet = p.Masked()
+		p6, err := netip.ParsePrefix(ci.subnet6Text)
+		if err != nil || !p6.Addr().Is6() || p6.Addr().Is4In6() || p6.Addr().Zone() != "" || p6.Bits() > 127 {
+			ci.refusal = v1alpha1.ReasonInvalidSubnet
+			ci.refusalMsg = fmt.Sprintf("subnet6 %q is not an IPv6 CIDR with a prefix of at most 127 bits", ci.subnet6Text)
+			continue
+		}
+		ci.subnet6 = p6.Masked()
 		for _, older := range c.classOrder[:i] {
 			if !older.buildsLinks() {
 				continue
@@ -148,6 +164,25 @@ func (c *compiler) validateClasses() {
 					ci.port, ci.vni, older.name, shared)
 				break
 			}
+		}
+		c.overlap6(ci, c.classOrder[:i])
+	}
+}
+
+// overlap6 takes IPv6 off a class's links when its subnet6 overlaps that of an older class
+// whose links carry IPv6. Unlike subnet, whose overlap counts on a shared accepting node only,
+// any two classes may: both have the default until an admin sets one, and two classes'
+// links to the same pod node would then give it one /127 on two devices.
+func (c *compiler) overlap6(ci *classInfo, older []*classInfo) {
+	if ci.refusal != "" {
+		return
+	}
+	for _, o := range older {
+		if o.buildsLinks() && o.subnet6.IsValid() && ci.subnet6.Overlaps(o.subnet6) {
+			ci.links6Off = fmt.Sprintf("links carry no IPv6: subnet6 %s overlaps subnet6 %s of class %q",
+				ci.subnet6, o.subnet6, o.name)
+			ci.subnet6 = netip.Prefix{}
+			return
 		}
 	}
 }
@@ -205,6 +240,9 @@ func (c *compiler) classStatus(ci *classInfo) *v1alpha1.PortMapClassStatus {
 	case len(ci.exhausted) > 0:
 		reason = v1alpha1.ReasonSubnetExhausted
 		msg = fmt.Sprintf("subnet %s has no free /31 for %s", ci.subnet, strings.Join(ci.exhausted, ", "))
+		if ci.subnet6.IsValid() && slotCount(ci.subnet6, 128) < slotCount(ci.subnet, 32) {
+			msg = fmt.Sprintf("subnet6 %s has no free /127 for %s", ci.subnet6, strings.Join(ci.exhausted, ", "))
+		}
 	}
 	st := &v1alpha1.PortMapClassStatus{
 		ObservedGeneration: ci.obj.Generation,
@@ -227,7 +265,7 @@ func (c *compiler) classStatus(ci *classInfo) *v1alpha1.PortMapClassStatus {
 func (c *compiler) nodeRow(ci *classInfo, name string) v1alpha1.ClassNodeStatus {
 	v := c.node(name)
 	row := v1alpha1.ClassNodeStatus{Name: name}
-	problems, blocking := c.lacks(name, ci.ifaces[name], false)
+	problems, blocking := c.lacks(name, ci.ifaces[name], false, false)
 	if blocking {
 		row.Message = strings.Join(problems, ", ")
 		return row
@@ -239,7 +277,14 @@ func (c *compiler) nodeRow(ci *classInfo, name string) v1alpha1.ClassNodeStatus 
 			}
 			row.Addresses[ifn] = a
 		}
+		if a := v.address6(ifn); a != "" {
+			if row.Addresses6 == nil {
+				row.Addresses6 = map[string]string{}
+			}
+			row.Addresses6[ifn] = a
+		}
 	}
+	row.IPv6Unavailable = c.lacks6(ci, name)
 	if dev := c.tunnelConflict(ci, name); dev != "" {
 		problems = append(problems, fmt.Sprintf("%s: UDP port %d is used by %s on this node",
 			v1alpha1.ReasonVxlanPortConflict, ci.port, dev))
@@ -257,6 +302,25 @@ func (c *compiler) nodeRow(ci *classInfo, name string) v1alpha1.ClassNodeStatus 
 	}
 	row.Message = strings.Join(problems, ", ")
 	return row
+}
+
+// lacks6 says why an accepting node serves no IPv6 on some of the class's interfaces, ""
+// when it serves it on all: the node row's ipv6Unavailable, which never makes it not ready.
+func (c *compiler) lacks6(ci *classInfo, name string) string {
+	v := c.node(name)
+	var miss []string
+	for _, ifn := range ci.ifaces[name] {
+		if v.iface(ifn) != nil && v.address6(ifn) == "" {
+			miss = append(miss, v.ifaceProblem6(ifn))
+		}
+	}
+	if !v.serves6() {
+		miss = append(miss, "net.ipv6.conf.all.forwarding is 0")
+	}
+	if ci.links6Off != "" {
+		miss = append(miss, ci.links6Off)
+	}
+	return strings.Join(miss, ", ")
 }
 
 // linkMTU is the MTU of a link between ends with these underlay MTUs: the smaller less the

@@ -60,7 +60,8 @@ var cmpOpts = []cmp.Option{protocmp.Transform(), cmpopts.EquateEmpty()}
 
 func intranet(age int, nodes map[string][]string) *v1alpha1.PortMapClass {
 	cl := mkClass("intranet", age, nodes)
-	cl.Spec.ReturnPath.Vxlan = v1alpha1.VxlanConfig{VNI: 4300, Port: 4790, Subnet: "169.254.79.0/24"}
+	cl.Spec.ReturnPath.Vxlan = v1alpha1.VxlanConfig{VNI: 4300, Port: 4790, Subnet: "169.254.79.0/24",
+		Subnet6: "fd64:f5ac:e962::/112"}
 	return cl
 }
 
@@ -282,7 +283,7 @@ func TestCompile(t *testing.T) {
 
 		// Endpoints.
 		{
-			name: "NoReadyEndpoint: not ready, terminating, without a node, IPv6, another port name",
+			name: "NoReadyEndpoint: not ready, terminating, without a node, another port name",
 			snap: func() *Snapshot {
 				s := world(mkPortMap("web", 0, 3000))
 				notReady := mkEndpoint("a", "10.244.18.1", "worker-b")
@@ -294,14 +295,14 @@ func TestCompile(t *testing.T) {
 				addService(s, "web", 3000, notReady, terminating, noNode)
 				k := types.NamespacedName{Namespace: "demo", Name: "web"}
 				s.EndpointSlices[k] = append(s.EndpointSlices[k],
-					mkSlice(discoveryv1.AddressTypeIPv6, 3000, mkEndpoint("d", "fd00::4", "worker-b")),
+					mkSlice(discoveryv1.AddressTypeFQDN, 3000, mkEndpoint("d", "web.example", "worker-b")),
 					&discoveryv1.EndpointSlice{AddressType: discoveryv1.AddressTypeIPv4,
 						Ports:     []discoveryv1.EndpointPort{{Name: ptr.To("other"), Port: ptr.To[int32](3000)}},
 						Endpoints: []discoveryv1.Endpoint{mkEndpoint("e", "10.244.18.5", "worker-b")}})
 				return s
 			},
 			want: map[string]outcome{"demo/web": unprogrammed(v1alpha1.ReasonNoReadyEndpoint, "").msg(
-				`service demo/web has no ready, non-terminating IPv4 endpoint with a node for TCP port "http"`)},
+				`service demo/web has no ready, non-terminating IPv4 or IPv6 endpoint with a node for TCP port "http"`)},
 			programs: map[string]*kuportv1.NodeProgram{"edge-a": empty("edge-a"), "worker-b": empty("worker-b")},
 		},
 		{
@@ -852,12 +853,16 @@ func TestClassNodeRows(t *testing.T) {
 	got := Compile(s).Classes["public"].Nodes
 	want := []v1alpha1.ClassNodeStatus{
 		{Name: "edge-a", Ready: true, UnderlayMTU: 1420, LinkMTU: 1370,
-			Addresses: map[string]string{"enp1s0": "203.0.113.9", "wt0": "100.64.93.143"}},
+			Addresses: map[string]string{"enp1s0": "203.0.113.9", "wt0": "100.64.93.143"},
+			IPv6Unavailable: "interface enp1s0 has no global IPv6 address, interface wt0 has no global IPv6 address, " +
+				"net.ipv6.conf.all.forwarding is 0"},
 		{Name: "edge-c", UnderlayMTU: 1500, LinkMTU: 1450, Addresses: map[string]string{"eth0": "192.0.2.7"},
-			Message: "interface wt0 not present"},
+			Message:         "interface wt0 not present",
+			IPv6Unavailable: "interface eth0 has no global IPv6 address, net.ipv6.conf.all.forwarding is 0"},
 		{Name: "edge-d", Message: "no agent has connected"},
 		{Name: "edge-e", UnderlayMTU: 1420, LinkMTU: 1370,
-			Message: "interface wt0 has no IPv4 address, net.ipv4.ip_forward is 0"},
+			Message:         "interface wt0 has no IPv4 address, net.ipv4.ip_forward is 0",
+			IPv6Unavailable: "interface wt0 has no global IPv6 address, net.ipv6.conf.all.forwarding is 0"},
 	}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("node rows (-want +got):\n%s", d)

@@ -6,8 +6,9 @@ package compile
 // Events are TestIncrementalEqualsFull's random event sequences.
 type Events = events
 
-// NewEvents starts the sequence drawn from seed (newEvents).
-func NewEvents(seed uint64) *Events { return newEvents(seed) }
+// NewEvents starts the IPv4-only sequence drawn from seed (newEvents): the chain applies its
+// programs to the datapath's IPv4 table.
+func NewEvents(seed uint64) *Events { return newEvents(seed, false) }
 
 // Next returns the next snapshot, the Changes from the one before and what happened (advance).
 func (e *Events) Next() (*Snapshot, *Changes, string) { return e.advance() }

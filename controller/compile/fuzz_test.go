@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -36,9 +37,10 @@ func FuzzCompile(f *testing.F) {
 	})
 }
 
-// fuzzSeeds are the lab's fixtures as fuzzReader.snapshot reads them (its first byte); more
-// seeds, and every crasher found, are in testdata/fuzz/FuzzCompile.
-var fuzzSeeds = [][]byte{{0}, {1}, {2}, {3}}
+// fuzzSeeds are the lab's fixtures as fuzzReader.snapshot reads them (its first byte), and
+// two of them dual-stack (the tenth byte: fuzzReader.dualStack); more seeds, and every
+// crasher found, are in testdata/fuzz/FuzzCompile.
+var fuzzSeeds = [][]byte{{0}, {1}, {2}, {3}, {1, 0, 0, 0, 0, 0, 0, 0, 0, 1}, {3, 0, 0, 0, 0, 0, 0, 0, 0, 1}}
 
 // checkCompile compiles the snapshot data decodes to and checks, on every input:
 //   - no panic, and the snapshot is not changed;
@@ -50,7 +52,8 @@ var fuzzSeeds = [][]byte{{0}, {1}, {2}, {3}}
 //   - no (node, interface, protocol, port) is matched by the DNAT entries of two mappings;
 //   - each node's index lists exactly its program's entries, and a mapping's Nodes are the
 //     nodes whose index holds it;
-//   - every program passes the agent's validation (datapath.Validate) whole.
+//   - every entry's addresses are of its indexed Family, and the program's IPv4 entries with
+//     its links and return paths pass the agent's validation (datapath.Validate) whole.
 func checkCompile(t *testing.T, data []byte) {
 	t.Helper()
 	s := newFuzzReader(data).snapshot()
@@ -222,7 +225,7 @@ func checkPrograms(t *testing.T, r *Result) {
 		if d := cmp.Diff(inProgram, indexed); d != "" {
 			t.Fatalf("node %s: index and program differ (-program +index):\n%s", node, d)
 		}
-		if err := datapath.Validate(p); err != nil {
+		if err := datapath.Validate(ipv4Part(t, p, idx)); err != nil {
 			t.Fatalf("node %s: the agent would refuse the program: %v", node, errors.Join(err))
 		}
 	}
@@ -233,6 +236,39 @@ func checkPrograms(t *testing.T, r *Result) {
 			t.Fatalf("%s: Nodes %v, indexed on %v", k, res.Nodes, got)
 		}
 	}
+}
+
+// ipv4Part is p without its IPv6 entries, after checking that every entry's addresses are of
+// the family its index entry says: the datapath validates the IPv4 side, which is what
+// every program carried before IPv6.
+func ipv4Part(t *testing.T, p *kuportv1.NodeProgram, idx NodeIndex) *kuportv1.NodeProgram {
+	t.Helper()
+	family := func(id string, addrs ...string) Family {
+		_, e := idx.Entry(id)
+		for _, a := range addrs {
+			if ip, err := netip.ParseAddr(a); a != "" && (err != nil || ip.Is4() != (e.Family == FamilyIPv4)) {
+				t.Fatalf("entry %s of family %d has address %q", id, e.Family, a)
+			}
+		}
+		return e.Family
+	}
+	out := &kuportv1.NodeProgram{Node: p.Node, ReturnMarking: p.ReturnMarking, Links: p.Links, ReturnPaths: p.ReturnPaths}
+	for _, e := range p.DnatRules {
+		if family(e.Id, e.MatchDestination, e.ToAddress, e.StandIn) == FamilyIPv4 {
+			out.DnatRules = append(out.DnatRules, e)
+		}
+	}
+	for _, e := range p.SnatRules {
+		if family(e.Id, e.Address) == FamilyIPv4 {
+			out.SnatRules = append(out.SnatRules, e)
+		}
+	}
+	for _, e := range p.MarkRules {
+		if family(e.Id, e.Address) == FamilyIPv4 {
+			out.MarkRules = append(out.MarkRules, e)
+		}
+	}
+	return out
 }
 
 // fuzzReader reads a snapshot from fuzz bytes: every choice is one byte (zero once the bytes
@@ -287,6 +323,11 @@ var (
 	fuzzVNIs       = []int32{0, 4242, 4300, 1<<24 - 1, 1<<24 - 2, 1} // the schema takes 1-16777215
 	fuzzVxlanPorts = []int32{0, 4790, 8472, 4791}
 	fuzzPortNames  = []string{"http", "metrics", ""}
+	fuzzAddrs6     = []string{"2001:db8:a::9", "2001:db8:b::2", "fe80::1", "garbage", "", "10.0.0.1", "2001:DB8:C::3"}
+	fuzzPodAddrs6  = []string{"fd00:18::107", "fd00:17::7", "fd00::1", "FD00::2", "10.244.18.107", "bogus", "fe80::1%eth0"}
+	fuzzPods       = []string{"pod-0", "pod-1", "pod-2", "local-0", "remote-0"}
+	fuzzSubnets6   = []string{"", "fd64:f5ac:e961::/112", "fd64:f5ac:e961::/127", "fd64:f5ac:e961::/126", "fd64::/128",
+		"169.254.77.0/24", "junk", "fd64:f5ac:e961::5/112", "::/0", "fd64:f5ac:e962::/112"}
 )
 
 // snapshot reads the whole snapshot. Its first byte picks the base: nothing, or one of the
@@ -358,7 +399,60 @@ func (r *fuzzReader) snapshot() *Snapshot {
 	for range r.n(4) {
 		r.tunnel(s)
 	}
+	// IPv6 after them, for the same reason.
+	r.dualStack(s)
 	return s
+}
+
+// dualStack adds IPv6: optionally the dual-stack lab (edge-a and worker-b serving IPv6, the
+// fixtures' pods with IPv6 addresses), then nodes' IPv6 addresses and forwarding, IPv6
+// slices and classes' subnet6.
+func (r *fuzzReader) dualStack(s *Snapshot) {
+	if r.bool() {
+		for node, pairs := range map[string][]string{"edge-a": {"enp1s0", "2001:db8:a::9"}, "worker-b": {"eth0", "2001:db8:b::2"}} {
+			if a := s.Agents[node]; a != nil && a.State != nil {
+				serve6(s, node, pairs...)
+			}
+		}
+		for _, name := range []string{"local", "remote"} {
+			if s.Services[types.NamespacedName{Namespace: "demo", Name: name}] != nil {
+				addSlice6(s, name, 3000, mkEndpoint("local-0", "fd00:17::7", "edge-a"),
+					mkEndpoint("remote-0", "fd00:18::107", "worker-b"))
+			}
+		}
+	}
+	for range r.n(4) {
+		a := s.Agents[pick(r, fuzzNodes)]
+		if a == nil || a.State == nil {
+			continue
+		}
+		a.State.Ipv6Forward = r.byte()%4 != 0
+		for _, i := range a.State.Interfaces {
+			for range r.n(3) {
+				i.Addresses6 = append(i.Addresses6, pick(r, fuzzAddrs6))
+			}
+		}
+	}
+	for range r.n(3) {
+		k := types.NamespacedName{Namespace: pick(r, fuzzNamespaces), Name: pick(r, fuzzNames)}
+		if s.Services[k] == nil {
+			continue
+		}
+		sl := mkSlice(discoveryv1.AddressTypeIPv6, pick(r, fuzzPodPorts))
+		for range r.n(4) {
+			e := mkEndpoint(pick(r, fuzzPods), pick(r, fuzzPodAddrs6), pick(r, fuzzNodes))
+			if r.n(4) == 0 {
+				e.TargetRef = nil
+			}
+			sl.Endpoints = append(sl.Endpoints, e)
+		}
+		s.EndpointSlices[k] = append(s.EndpointSlices[k], sl)
+	}
+	for _, name := range fuzzClasses {
+		if cl := s.Classes[name]; cl != nil && r.bool() {
+			cl.Spec.ReturnPath.Vxlan.Subnet6 = pick(r, fuzzSubnets6)
+		}
+	}
 }
 
 // tunnel adds a tunnel device to a node's agent state: a CNI's, kuport's own, or one with no

@@ -30,13 +30,19 @@ const datapathGolden = "../../datapath/testdata"
 // accepting on edge-a and worker-c, the pod on worker-b reached over a link from each.
 // "twoclasses" is class public (demo/remote on enp1s0) beside a second Vxlan class with its
 // own vni 4300 and subnet 169.254.79.0/24 accepting edge-a's wt0 (demo/i-remote, TCP 4000),
-// both reaching pods on worker-b: two links over one node pair.
+// both reaching pods on worker-b: two links over one node pair. "dualstack" is dualWorld:
+// demo/local (TCP 3000) on edge-a and demo/remote (TCP 3001, enp1s0) reaching worker-b, both
+// pods dual-stack, so every IPv6 entry kind and a link's IPv6 ends appear.
 func TestGoldenPrograms(t *testing.T) {
 	twoClasses := world(mkPortMap("remote", 0, 3000, interfaces("enp1s0")),
 		mkPortMap("i-remote", 1, 4000, className("intranet"), service("i-remote")))
 	twoClasses.Classes["intranet"] = intranet(1, map[string][]string{"edge-a": {"wt0"}})
 	addService(twoClasses, "i-remote", 4000, mkEndpoint("i-remote-0", "10.244.18.108", "worker-b"))
+	dual := dualWorld(mkPortMap("local", 0, 3000), mkPortMap("remote", 1, 3001, interfaces("enp1s0")))
+	addService(dual, "remote", 3001, mkEndpoint("remote-0", "10.244.18.107", "worker-b"))
+	addSlice6(dual, "remote", 3001, mkEndpoint("remote-0", "fd00:18::107", "worker-b"))
 	cases := map[string]*Snapshot{
+		"dualstack":  dual,
 		"local":      world(mkPortMap("local", 0, 3000)),
 		"remote":     world(mkPortMap("remote", 0, 3000, interfaces("enp1s0"))),
 		"multi":      multiWorld(),
@@ -47,6 +53,7 @@ func TestGoldenPrograms(t *testing.T) {
 		"remote":     {"edge-a", "worker-b"},
 		"multi":      {"edge-a", "worker-b", "worker-c"},
 		"twoclasses": {"edge-a", "worker-b"},
+		"dualstack":  {"edge-a", "worker-b"},
 	}
 	for name, s := range cases {
 		r := Compile(s)

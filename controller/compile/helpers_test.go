@@ -1,6 +1,8 @@
 package compile
 
 import (
+	"net/netip"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -252,9 +254,17 @@ func empty(node string) *kuportv1.NodeProgram {
 	return &kuportv1.NodeProgram{Node: node, ReturnMarking: DefaultReturnMarking.wire()}
 }
 
-// claimOf is a recorded link claim of pair a/b in slot with its /31 written out.
+// subnet6Of are the test classes' subnet6 by their subnet's first three octets: public's is
+// the default, intranet's the next /112 (intranet).
+var subnet6Of = map[string]string{"169.254.77.": "fd64:f5ac:e961::/112", "169.254.79.": "fd64:f5ac:e962::/112"}
+
+// claimOf is a recorded link claim of pair a/b in slot with its /31 written out, and the
+// slot's /127 of the class's subnet6.
 func claimOf(a, b string, slot int32, subnet string, unusedSince *time.Time, ends ...v1alpha1.LinkEnd) v1alpha1.LinkStatus {
 	ls := v1alpha1.LinkStatus{Key: a + "/" + b, Peers: []string{a, b}, Slot: slot, Subnet: subnet, Ends: ends}
+	if i := strings.LastIndexByte(subnet, '.'); i > 0 && subnet6Of[subnet[:i+1]] != "" {
+		ls.Subnet6 = netip.PrefixFrom(slotBase6(netip.MustParsePrefix(subnet6Of[subnet[:i+1]]), slot), 127).String()
+	}
 	if unusedSince != nil {
 		ls.UnusedSince = &metav1.Time{Time: *unusedSince}
 	}

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,12 +25,22 @@ type events struct {
 	r    *rand.Rand
 	s    *Snapshot
 	next int
+	// r6, when the nodes and pods have IPv6 (newEvents), draws which pods are dual-stack
+	// apart from r, so the sequence of events is the IPv4 one's.
+	r6 *rand.Rand
 }
 
 // newEvents starts a sequence drawn from seed in the lab's world with two classes: public,
-// whose links share a wide subnet, and direct, which builds no links.
-func newEvents(seed uint64) *events {
+// whose links share a wide subnet, and direct, which builds no links. With dual, edge-a and
+// worker-b serve IPv6 and half the pods are dual-stack (step); without, the sequence is
+// IPv4 only.
+func newEvents(seed uint64, dual bool) *events {
 	e := &events{r: rand.New(rand.NewPCG(seed, 13)), s: world()}
+	if dual {
+		e.r6 = rand.New(rand.NewPCG(seed, 6))
+		serve6(e.s, "edge-a", "enp1s0", "2001:db8:a::9")
+		serve6(e.s, "worker-b", "eth0", "2001:db8:b::2")
+	}
 	e.s.Classes["public"].Spec.ReturnPath.Vxlan.Subnet = "169.254.0.0/16"
 	direct := mkClass("direct", 1, map[string][]string{"edge-a": {"enp1s0"}, "worker-b": {"eth0"}})
 	direct.Spec.ReturnPath = v1alpha1.ReturnPath{Mode: v1alpha1.ReturnPathNone}
@@ -66,11 +77,21 @@ func (e *events) step() (*Snapshot, string) {
 		}
 		return mkEndpoint(name+"-0", fmt.Sprintf(p.ip, 2+e.r.IntN(40)), p.node)
 	}
+	// dual gives half the pods their IPv6 address too, in a slice of its own.
+	dual := func(k types.NamespacedName, port int32, ep discoveryv1.Endpoint) {
+		if e.r6 != nil && e.r6.IntN(2) == 0 {
+			six := mkEndpoint(ep.TargetRef.Name, "fd00::"+ep.Addresses[0][len("10.244."):], *ep.NodeName)
+			six.Addresses[0] = strings.ReplaceAll(six.Addresses[0], ".", ":")
+			s.EndpointSlices[k] = append(s.EndpointSlices[k], mkSlice(discoveryv1.AddressTypeIPv6, port, six))
+		}
+	}
 	switch n := e.r.IntN(20); {
 	case n < 5:
 		name := fmt.Sprintf("m%03d", e.next)
 		e.next++
-		addService(&s, name, int32(3000+e.r.IntN(4)), pod(name))
+		port, ep := int32(3000+e.r.IntN(4)), pod(name)
+		addService(&s, name, port, ep)
+		dual(types.NamespacedName{Namespace: "demo", Name: name}, port, ep)
 		var muts []func(*v1alpha1.PortMap)
 		if s.Classes["direct"] != nil && e.r.IntN(10) == 0 {
 			muts = append(muts, className("direct"))
@@ -89,7 +110,9 @@ func (e *events) step() (*Snapshot, string) {
 			s.EndpointSlices[k] = []*discoveryv1.EndpointSlice{mkSlice(discoveryv1.AddressTypeIPv4, 3000)}
 			return &s, "no endpoint for " + k.Name
 		}
-		s.EndpointSlices[k] = []*discoveryv1.EndpointSlice{mkSlice(discoveryv1.AddressTypeIPv4, int32(3000+e.r.IntN(4)), pod(k.Name))}
+		port, ep := int32(3000+e.r.IntN(4)), pod(k.Name)
+		s.EndpointSlices[k] = []*discoveryv1.EndpointSlice{mkSlice(discoveryv1.AddressTypeIPv4, port, ep)}
+		dual(k, port, ep)
 		return &s, "endpoint move of " + k.Name
 	case n < 12 && len(s.PortMaps) > 0:
 		i := e.r.IntN(len(s.PortMaps))
@@ -172,15 +195,15 @@ func (e *events) writeBack(res *Result) {
 	e.s = &s
 }
 
-// TestIncrementalEqualsFull: after every step of random event sequences (creates, deletes,
-// endpoint moves, port and class edits, node loss, a tunnel on a class's port coming and
+// TestIncrementalEqualsFull: after every step of random dual-stack event sequences (creates,
+// deletes, endpoint moves, port and class edits, node loss, a tunnel on a class's port coming and
 // going, time passing, statuses written back),
 // Incremental's result equals a full compile of the same snapshot, and most changes to one
 // mapping recompile that mapping alone.
 func TestIncrementalEqualsFull(t *testing.T) {
 	for seed := range uint64(6) {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
-			e := newEvents(seed)
+			e := newEvents(seed, true)
 			classEdits := 0
 			var inc Incremental
 			var prevGot *Result

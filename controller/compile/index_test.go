@@ -12,7 +12,8 @@ import (
 func TestIndex(t *testing.T) {
 	remote := types.NamespacedName{Namespace: "demo", Name: "remote"}
 	dnat := func(m, i string) Entry {
-		return Entry{ID: m + "/dnat/" + i, Name: "dnat/" + i, Kind: KindDNAT, Direction: DirectionIn, Interface: i}
+		return Entry{ID: m + "/dnat/" + i, Name: "dnat/" + i, Kind: KindDNAT, Direction: DirectionIn, Interface: i,
+			Family: FamilyIPv4}
 	}
 	overLink := func(m, i string) Entry {
 		e := dnat(m, i)
@@ -20,7 +21,7 @@ func TestIndex(t *testing.T) {
 		return e
 	}
 	other := func(m, name string, kind EntryKind, dir string) Entry {
-		return Entry{ID: m + "/" + name, Name: name, Kind: kind, Direction: dir}
+		return Entry{ID: m + "/" + name, Name: name, Kind: kind, Direction: dir, Family: FamilyIPv4}
 	}
 	snat := func(m string) Entry { return other(m, "snat", KindSNAT, DirectionIn) }
 	snatReply := func(m string) Entry { return other(m, "snat-reply", KindSNAT, DirectionOut) }

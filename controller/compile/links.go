@@ -24,11 +24,12 @@ type claim struct {
 	unusedSince *metav1.Time
 	// ends: the routing table a node's return path over this link uses.
 	ends map[string]int32
-	// recordedSubnet is the /31 the class status recorded, kept while the class has no
-	// usable subnet.
-	recordedSubnet string
-	// texts are the peers' addresses as programs carry them (addressText).
-	texts [2]string
+	// recordedSubnet and recordedSubnet6 are the /31 and /127 the class status recorded,
+	// kept while the class has no usable subnet.
+	recordedSubnet, recordedSubnet6 string
+	// texts and texts6 are the peers' addresses as programs carry them (addressText,
+	// addressText6).
+	texts, texts6 [2]string
 }
 
 func pairOf(a, b string) [2]string {
@@ -52,6 +53,35 @@ func (cl *claim) address(node string) netip.Addr {
 		return low
 	}
 	return low.Next()
+}
+
+// has6 reports whether the claim's link carries IPv6: its class has a usable subnet6.
+func (cl *claim) has6() bool { return cl.class.subnet6.IsValid() }
+
+// address6 returns a node's end of the claim's /127, the lower address again the
+// alphabetically first node's.
+func (cl *claim) address6(node string) netip.Addr {
+	low := slotBase6(cl.class.subnet6, cl.slot)
+	if node == cl.peers[0] {
+		return low
+	}
+	return low.Next()
+}
+
+// addressText6 is address6(node) as text, made once per claim; "" when the link carries no
+// IPv6.
+func (cl *claim) addressText6(node string) string {
+	if !cl.has6() {
+		return ""
+	}
+	i := 0
+	if node != cl.peers[0] {
+		i = 1
+	}
+	if cl.texts6[i] == "" {
+		cl.texts6[i] = cl.address6(node).String()
+	}
+	return cl.texts6[i]
 }
 
 // linkMAC is the link-layer address of a node's end of a link, derived from its /31
@@ -89,6 +119,13 @@ func (cl *claim) status() v1alpha1.LinkStatus {
 		// The class has no usable subnet now (None, or invalid): the claim keeps its /31.
 		ls.Subnet = cl.recordedSubnet
 	}
+	switch {
+	case cl.has6():
+		ls.Subnet6 = netip.PrefixFrom(slotBase6(cl.class.subnet6, cl.slot), 127).String()
+	case !cl.class.subnet.IsValid():
+		// Likewise its /127, while the class builds no links.
+		ls.Subnet6 = cl.recordedSubnet6
+	}
 	for _, n := range cl.peers {
 		if t, ok := cl.ends[n]; ok {
 			ls.Ends = append(ls.Ends, v1alpha1.LinkEnd{Node: n, Table: t})
@@ -105,9 +142,37 @@ func slotBase(subnet netip.Prefix, s int32) netip.Addr {
 	return netip.AddrFrom4(out)
 }
 
-// slotFits reports whether slot s's /31 lies inside the subnet.
-func slotFits(subnet netip.Prefix, s int32) bool {
-	return s >= 0 && int64(s)*2+1 < int64(1)<<(32-subnet.Bits())
+// slotBase6 is the lower address of slot s's /127: subnet6 base + 2s.
+func slotBase6(subnet6 netip.Prefix, s int32) netip.Addr {
+	b := subnet6.Masked().Addr().As16()
+	hi, lo := binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
+	sum := lo + 2*uint64(s)
+	if sum < lo {
+		hi++
+	}
+	var out [16]byte
+	binary.BigEndian.PutUint64(out[:8], hi)
+	binary.BigEndian.PutUint64(out[8:], sum)
+	return netip.AddrFrom16(out)
+}
+
+// slotCount is how many two-address slots a prefix of an address of bits bits holds,
+// capped above any slot number.
+func slotCount(subnet netip.Prefix, bits int) int64 {
+	switch free := bits - subnet.Bits() - 1; {
+	case free < 0:
+		return 0
+	case free < 32:
+		return int64(1) << free
+	}
+	return int64(1) << 32
+}
+
+// slotFits reports whether slot s's /31 lies inside the subnet and, when the class has a
+// usable subnet6, its /127 inside that.
+func (ci *classInfo) slotFits(s int32) bool {
+	return s >= 0 && int64(s) < slotCount(ci.subnet, 32) &&
+		(!ci.subnet6.IsValid() || int64(s) < slotCount(ci.subnet6, 128))
 }
 
 // vniFits reports whether slot s's VNI, base + s, is a VXLAN network identifier.
@@ -133,8 +198,8 @@ func linkName(class, peer string) string {
 // (BENCHMARKS.md, "Figures moved out of code comments"). links and returnPaths are name and
 // returnPath alone, the index lists of a mapping using only it (withOne).
 type linkDevice struct {
-	name, dnat, ctSave, returnPath string
-	links, returnPaths             []string
+	name, dnat, ctSave, dnat6, ctSave6, returnPath string
+	links, returnPaths                             []string
 }
 
 // device returns the class's linkDevice named after peer.
@@ -142,7 +207,8 @@ func (ci *classInfo) device(peer string) *linkDevice {
 	d := ci.devices[peer]
 	if d == nil {
 		n := linkName(ci.name, peer)
-		d = &linkDevice{name: n, dnat: "dnat/" + n, ctSave: "ct-save/" + n, returnPath: n + "/return"}
+		d = &linkDevice{name: n, dnat: "dnat/" + n, ctSave: "ct-save/" + n, dnat6: "dnat6/" + n, ctSave6: "ct-save6/" + n,
+			returnPath: n + "/return"}
 		d.links, d.returnPaths = []string{d.name}, []string{d.returnPath}
 		ci.devices[peer] = d
 	}
@@ -163,11 +229,11 @@ func (c *compiler) loadClaims() {
 			if len(ls.Peers) != 2 || ls.Peers[0] == "" || ls.Peers[0] == ls.Peers[1] || ls.Slot < 0 || slots[ls.Slot] {
 				continue
 			}
-			if ci.subnet.IsValid() && !slotFits(ci.subnet, ls.Slot) || !vniFits(ci.vni, ls.Slot) {
+			if ci.subnet.IsValid() && !ci.slotFits(ls.Slot) || !vniFits(ci.vni, ls.Slot) {
 				continue
 			}
 			cl := &claim{class: ci, peers: pairOf(ls.Peers[0], ls.Peers[1]), slot: ls.Slot, ends: map[string]int32{},
-				recordedSubnet: ls.Subnet}
+				recordedSubnet: ls.Subnet, recordedSubnet6: ls.Subnet6}
 			if _, dup := ci.claims[cl.key()]; dup {
 				continue
 			}
@@ -269,7 +335,7 @@ func (c *compiler) claimFor(ci *classInfo, pair [2]string) *claim {
 			}
 		}
 	}
-	for s := int32(0); slotFits(ci.subnet, s) && vniFits(ci.vni, s); s++ {
+	for s := int32(0); ci.slotFits(s) && vniFits(ci.vni, s); s++ {
 		if taken[s] || foreign[ci.vni+uint32(s)] {
 			continue
 		}

@@ -93,6 +93,34 @@ func (v *nodeView) address(iface string) string {
 	return ""
 }
 
+// address6 returns the first global IPv6 address the agent reports on the interface, or "".
+func (v *nodeView) address6(iface string) string {
+	for _, a := range v.iface(iface).GetAddresses6() {
+		if ip, err := netip.ParseAddr(a); err == nil && ip.Is6() && !ip.Is4In6() && ip.IsGlobalUnicast() {
+			if t := ip.String(); t != a {
+				return t
+			}
+			return a
+		}
+	}
+	return ""
+}
+
+// serves6 reports whether the node forwards IPv6 (net.ipv6.conf.all.forwarding).
+func (v *nodeView) serves6() bool { return v.state.GetIpv6Forward() }
+
+// ifaceProblem6 says why an interface serves no IPv6 on the node, "" when it has a global
+// IPv6 address.
+func (v *nodeView) ifaceProblem6(name string) string {
+	switch {
+	case v.iface(name) == nil:
+		return fmt.Sprintf("interface %s not present", name)
+	case v.address6(name) == "":
+		return fmt.Sprintf("interface %s has no global IPv6 address", name)
+	}
+	return ""
+}
+
 // ifaceProblem says why an interface gives no address on the node ("interface X not present"
 // or "interface X has no IPv4 address"), "" when it has one (docs/design/api.md#status, the
 // node rows).

@@ -359,9 +359,13 @@ func (c *compiler) namespaceSelected(ci *classInfo, ns string) (bool, string) {
 	return true, ""
 }
 
-// endpoint is the one pod a mapping forwards to.
+// endpoint is the one pod a mapping forwards to, with its address of each family it has
+// (address "" for a pod with an IPv6 address only).
 type endpoint struct {
-	node, address, pod string
+	node, address, address6, pod string
+	// named: pod is the endpoint's targetRef name, by which its other family's endpoint is
+	// found (else pod is its address).
+	named bool
 	// port is the pod's first port; a range keeps its width.
 	port uint32
 }
@@ -369,19 +373,23 @@ type endpoint struct {
 // chooseEndpoint picks the mapping's endpoint from its Service's EndpointSlices
 // (docs/design/api.md#portmap): the current endpoint while it remains a candidate; else
 // candidates on an accepting node first, by node name then pod name; else the smallest pod
-// name. It returns nil and the reason when there is no candidate.
+// name. The candidates are the IPv4 endpoints, so a dual-stack Service's pod is chosen as an
+// IPv4-only one's, and it takes the IPv6 address the IPv6 slices give the same pod (by
+// targetRef name and node); only when there is no IPv4 candidate are the IPv6 endpoints the
+// candidates, and the mapping is served on IPv6 alone. It returns nil and the reason when
+// there is no candidate.
 func (c *compiler) chooseEndpoint(p *plan) (*endpoint, string) {
 	pm := p.pm
 	svc := pm.Namespace + "/" + pm.Spec.ServiceRef.Name
 	if c.s.Services[nsName(pm.Namespace, pm.Spec.ServiceRef.Name)] == nil {
 		return nil, fmt.Sprintf("service %s not found", svc)
 	}
-	var cands []endpoint
+	var cands, cands6 []endpoint
 	// unusable says why a slice's port for the name could not serve the mapping.
 	var unusable []string
 	width := p.ports.last - p.ports.first
 	for _, sl := range c.s.EndpointSlices[nsName(pm.Namespace, pm.Spec.ServiceRef.Name)] {
-		if sl == nil || sl.AddressType != discoveryv1.AddressTypeIPv4 {
+		if sl == nil || sl.AddressType != discoveryv1.AddressTypeIPv4 && sl.AddressType != discoveryv1.AddressTypeIPv6 {
 			continue
 		}
 		port, ok := slicePort(sl.Ports, pm.Spec.ServiceRef.Port, pm.Spec.Protocol)
@@ -399,22 +407,34 @@ func (c *compiler) chooseEndpoint(p *plan) (*endpoint, string) {
 				"pod port %d shifts the %d-port range, and a shifted range spans at most %d ports", port, width+1, MaxShiftedRange))
 			continue
 		}
+		v6 := sl.AddressType == discoveryv1.AddressTypeIPv6
 		for _, e := range sl.Endpoints {
 			if !endpointServes(e.Conditions.Ready, e.Conditions.Terminating) || e.NodeName == nil ||
 				*e.NodeName == "" || len(e.Addresses) == 0 {
 				continue
 			}
-			ep := endpoint{node: *e.NodeName, address: e.Addresses[0], pod: e.Addresses[0], port: port}
+			ep := endpoint{node: *e.NodeName, pod: e.Addresses[0], port: port}
 			if e.TargetRef != nil && e.TargetRef.Name != "" {
-				ep.pod = e.TargetRef.Name
+				ep.pod, ep.named = e.TargetRef.Name, true
 			}
-			if isIPv4(ep.address) {
+			switch {
+			case !v6 && isIPv4(e.Addresses[0]):
+				ep.address = e.Addresses[0]
 				cands = append(cands, ep)
+			case v6:
+				if a, ok := ipv6Text(e.Addresses[0]); ok {
+					ep.address6 = a
+					cands6 = append(cands6, ep)
+				}
 			}
 		}
 	}
+	only6 := len(cands) == 0
+	if only6 {
+		cands = cands6
+	}
 	if len(cands) == 0 {
-		msg := fmt.Sprintf("service %s has no ready, non-terminating IPv4 endpoint with a node for %s port %q",
+		msg := fmt.Sprintf("service %s has no ready, non-terminating IPv4 or IPv6 endpoint with a node for %s port %q",
 			svc, pm.Spec.Protocol, pm.Spec.ServiceRef.Port)
 		if len(unusable) > 0 {
 			slices.Sort(unusable)
@@ -431,18 +451,48 @@ func (c *compiler) chooseEndpoint(p *plan) (*endpoint, string) {
 		case ba && !aa:
 			return 1
 		case aa:
-			return cmp.Or(cmp.Compare(a.node, b.node), cmp.Compare(a.pod, b.pod), cmp.Compare(a.address, b.address))
+			return cmp.Or(cmp.Compare(a.node, b.node), cmp.Compare(a.pod, b.pod), cmp.Compare(a.address, b.address),
+				cmp.Compare(a.address6, b.address6))
 		}
-		return cmp.Or(cmp.Compare(a.pod, b.pod), cmp.Compare(a.address, b.address), cmp.Compare(a.node, b.node))
+		return cmp.Or(cmp.Compare(a.pod, b.pod), cmp.Compare(a.address, b.address), cmp.Compare(a.address6, b.address6),
+			cmp.Compare(a.node, b.node))
 	})
+	ep := &cands[0]
 	if cur := pm.Status.Endpoint; cur != nil {
-		for _, e := range cands {
-			if e.node == cur.Node && e.address == cur.Address {
-				return &e, ""
+		for i := range cands {
+			e := &cands[i]
+			if e.node == cur.Node && (e.address == cur.Address && !only6 || only6 && cur.Address == "" && e.address6 == cur.Address6) {
+				ep = e
+				break
 			}
 		}
 	}
-	return &cands[0], ""
+	if !only6 {
+		ep.address6 = sixOf(ep, cands6, pm.Status.Endpoint)
+	}
+	return ep, ""
+}
+
+// sixOf is the IPv6 address of ep's pod among the IPv6 candidates: the one of the same
+// targetRef name, node and port; the current endpoint's when the pod has several, else the
+// smallest. "" when the pod has none, or ep has no targetRef to find it by.
+func sixOf(ep *endpoint, cands6 []endpoint, cur *v1alpha1.EndpointStatus) string {
+	if !ep.named {
+		return ""
+	}
+	var out string
+	for _, e := range cands6 {
+		if !e.named || e.pod != ep.pod || e.node != ep.node || e.port != ep.port {
+			continue
+		}
+		if cur != nil && cur.Node == ep.node && cur.Address == ep.address && e.address6 == cur.Address6 {
+			return e.address6
+		}
+		if out == "" || e.address6 < out {
+			out = e.address6
+		}
+	}
+	return out
 }
 
 func nsName(ns, name string) types.NamespacedName {
@@ -487,4 +537,17 @@ func endpointServes(ready, terminating *bool) bool {
 func isIPv4(s string) bool {
 	ip, err := netip.ParseAddr(s)
 	return err == nil && ip.Is4()
+}
+
+// ipv6Text is s in the canonical form rules carry when it is an IPv6 address (no zone, not
+// IPv4-mapped).
+func ipv6Text(s string) (string, bool) {
+	ip, err := netip.ParseAddr(s)
+	if err != nil || !ip.Is6() || ip.Is4In6() || ip.Zone() != "" {
+		return "", false
+	}
+	if t := ip.String(); t != s {
+		return t, true
+	}
+	return s, true
 }

@@ -45,22 +45,23 @@ func (b *programBuilder) entry(p *plan, name string, e Entry) string {
 	return e.ID
 }
 
-// addDnat adds p's DNAT entry name, counted in, on r.InInterface; overLink when that is one of
-// p's links (Entry.OverLink).
-func (b *programBuilder) addDnat(p *plan, name string, r *kuportv1.DnatRule, overLink bool) {
-	r.Id, r.Mapping = b.entry(p, name, Entry{Kind: KindDNAT, Direction: DirectionIn, Interface: r.InInterface, OverLink: overLink}), p.key
+// addDnat adds p's DNAT entry name of family f, counted in, on r.InInterface; overLink when
+// that is one of p's links (Entry.OverLink).
+func (b *programBuilder) addDnat(p *plan, name string, f Family, r *kuportv1.DnatRule, overLink bool) {
+	r.Id, r.Mapping = b.entry(p, name, Entry{Kind: KindDNAT, Direction: DirectionIn, Interface: r.InInterface,
+		OverLink: overLink, Family: f}), p.key
 	b.p.DnatRules = append(b.p.DnatRules, r)
 }
 
-// addSnat adds p's SNAT entry name, counted in direction dir.
-func (b *programBuilder) addSnat(p *plan, name, dir string, r *kuportv1.SnatRule) {
-	r.Id, r.Mapping = b.entry(p, name, Entry{Kind: KindSNAT, Direction: dir}), p.key
+// addSnat adds p's SNAT entry name of family f, counted in direction dir.
+func (b *programBuilder) addSnat(p *plan, name, dir string, f Family, r *kuportv1.SnatRule) {
+	r.Id, r.Mapping = b.entry(p, name, Entry{Kind: KindSNAT, Direction: dir, Family: f}), p.key
 	b.p.SnatRules = append(b.p.SnatRules, r)
 }
 
-// addMark adds p's mark entry name, counted in direction dir.
-func (b *programBuilder) addMark(p *plan, name, dir string, r *kuportv1.MarkRule) {
-	r.Id, r.Mapping = b.entry(p, name, Entry{Kind: KindMark, Direction: dir}), p.key
+// addMark adds p's mark entry name of family f, counted in direction dir.
+func (b *programBuilder) addMark(p *plan, name, dir string, f Family, r *kuportv1.MarkRule) {
+	r.Id, r.Mapping = b.entry(p, name, Entry{Kind: KindMark, Direction: dir, Family: f}), p.key
 	b.p.MarkRules = append(b.p.MarkRules, r)
 }
 
@@ -135,11 +136,13 @@ func (b *programBuilder) nodeIndex() NodeIndex {
 // lacks reports what a node carrying entries on ifaces is missing: addresses on those
 // interfaces, net.ipv4.ip_forward and, when it is a link end, an underlay address; the one
 // readiness check of a node, for a mapping's NodeNotReady (checkNodes) and a class's node
-// rows (nodeRow). blocking is true when its entries cannot be built at all: no Node object,
+// rows (nodeRow). With only6 (a pod with an IPv6 address only) the interfaces' global IPv6
+// addresses and net.ipv6.conf.all.forwarding stand for the IPv4 ones; the underlay is IPv4
+// still, the links' outer packets being IPv4. blocking is true when its entries cannot be built at all: no Node object,
 // no reported state, or a link end with no underlay address. Otherwise the entries are built
 // and only the status says what is missing (docs/design/api.md#status-and-conditions,
 // NodeNotReady).
-func (c *compiler) lacks(name string, ifaces []string, linkEnd bool) (miss []string, blocking bool) {
+func (c *compiler) lacks(name string, ifaces []string, linkEnd, only6 bool) (miss []string, blocking bool) {
 	v := c.node(name)
 	switch {
 	case !v.exists:
@@ -147,15 +150,22 @@ func (c *compiler) lacks(name string, ifaces []string, linkEnd bool) (miss []str
 	case v.state == nil:
 		return []string{"no agent has connected"}, true
 	}
+	problem := v.ifaceProblem
+	if only6 {
+		problem = v.ifaceProblem6
+	}
 	for _, i := range ifaces {
-		if p := v.ifaceProblem(i); p != "" {
+		if p := problem(i); p != "" {
 			miss = append(miss, p)
 		}
 	}
 	if addr, _ := v.underlay(); linkEnd && addr == "" {
 		miss, blocking = append(miss, fmt.Sprintf("underlay interface %q has no IPv4 address", v.underlayName())), true
 	}
-	if !v.state.GetIpForward() {
+	switch {
+	case only6 && !v.serves6():
+		miss = append(miss, "net.ipv6.conf.all.forwarding is 0")
+	case !only6 && !v.state.GetIpForward():
 		miss = append(miss, "net.ipv4.ip_forward is 0")
 	}
 	return miss, blocking
@@ -184,6 +194,7 @@ func (c *compiler) linkUnusable(forwarder, podNode string) string {
 // other nodes still serve (under Multi); when the pod's node cannot be built, nothing is.
 func (c *compiler) checkNodes(p *plan) (problems, tunnels []string, built []*target) {
 	missing := map[string][]string{}
+	only6 := p.ep.address == ""
 	// forwarders: the targets lacking the pod, each a link end, and whether it is left out.
 	forwarders := map[string]bool{}
 	var podIfaces []string
@@ -200,7 +211,7 @@ func (c *compiler) checkNodes(p *plan) (problems, tunnels []string, built []*tar
 			continue
 		}
 		var blocking bool
-		missing[t.node], blocking = c.lacks(t.node, t.ifaces, true)
+		missing[t.node], blocking = c.lacks(t.node, t.ifaces, true, only6)
 		if why := c.linkUnusable(t.node, p.ep.node); why != "" && !blocking {
 			missing[t.node], blocking = append(missing[t.node], why), true
 		}
@@ -217,7 +228,7 @@ func (c *compiler) checkNodes(p *plan) (problems, tunnels []string, built []*tar
 			forwarders[n] = true
 		}
 	}
-	miss, blocking := c.lacks(p.ep.node, podIfaces, len(forwarders) > 0 && !podTunnel)
+	miss, blocking := c.lacks(p.ep.node, podIfaces, len(forwarders) > 0 && !podTunnel, only6)
 	// The pod's reply leaves by its node's CNI: where that skips netfilter, nothing is built.
 	if r := c.node(p.ep.node).cniRefusal; len(r) > 0 {
 		miss, blocking = append(miss, r...), true
@@ -243,7 +254,9 @@ func (c *compiler) checkNodes(p *plan) (problems, tunnels []string, built []*tar
 // (docs/design/datapath.md: kup-pre, kup-post, kup-mangle and the return path, with the
 // identity SNAT on the pod's node too): on each programming node a DNAT per interface,
 // translating to the local pod or to the far end of its link, with the request's identity
-// SNAT; on the pod's node that SNAT once, and the far ends of the links (emitPodEnd).
+// SNAT; on the pod's node that SNAT once, and the far ends of the links (emitPodEnd). Each
+// family the pod has gets these entries on the interfaces that serve it (served6): an
+// interface without IPv6 keeps its IPv4 entries, and its node row says what IPv6 lacks.
 func (c *compiler) emit(p *plan) {
 	if !p.ok() {
 		return
@@ -262,41 +275,104 @@ func (c *compiler) emit(p *plan) {
 		return
 	}
 	ep := p.ep
+	v4 := ep.address != ""
 	podPorts := p.ports.startingAt(ep.port)
 	w := wirePorts{dialed: c.wire(p.ports), pod: c.wire(podPorts)}
-	carriers := map[string]bool{ep.node: true}
+	carriers := map[string]bool{}
 	var links []*target
+	// links6 are the targets of links that carry the mapping's IPv6 side.
+	links6 := map[*target]bool{}
+	any6 := false
 	for _, t := range built {
 		b := c.programs[t.node]
+		ifaces6 := c.served6(p, t)
+		if !v4 && len(ifaces6) == 0 {
+			continue
+		}
 		carriers[t.node] = true
+		any6 = any6 || len(ifaces6) > 0
 		// A local pod is translated to at once. Over a link the dialed port is kept, so the
 		// pod's node tells mappings that share a pod port apart by it, and translates there.
-		to, toPorts, toWire := ep.address, podPorts, w.pod
+		to, to6, toPorts, toWire := ep.address, ep.address6, podPorts, w.pod
 		if t.link != nil {
-			to, toPorts, toWire = t.link.addressText(ep.node), p.ports, w.dialed
+			to, to6, toPorts, toWire = t.link.addressText(ep.node), t.link.addressText6(ep.node), p.ports, w.dialed
 			links = append(links, t)
 			d := p.class.device(ep.node)
-			b.addSnat(p, "snat", DirectionIn, requestSnat(p, to, toWire))
+			if v4 {
+				b.addSnat(p, "snat", DirectionIn, FamilyIPv4, requestSnat(p, to, toWire))
+			}
+			if len(ifaces6) > 0 {
+				links6[t] = true
+				b.addSnat(p, "snat6", DirectionIn, FamilyIPv6, requestSnat(p, to6, toWire))
+			}
 			b.uses(p, d, false)
 		}
 		for _, i := range t.ifaces {
-			b.addDnat(p, c.intern("dnat/"+i), &kuportv1.DnatRule{
-				InInterface: i, Protocol: p.proto, Ports: w.dialed, ToAddress: to, ToPort: toPorts.first,
-				StandIn: to,
-			}, false)
-			p.published = append(p.published, v1alpha1.PublishedAddress{
-				Node: t.node, Interface: i, Address: c.node(t.node).address(i),
-			})
+			pub := v1alpha1.PublishedAddress{Node: t.node, Interface: i}
+			if v4 {
+				b.addDnat(p, c.intern("dnat/"+i), FamilyIPv4, &kuportv1.DnatRule{
+					InInterface: i, Protocol: p.proto, Ports: w.dialed, ToAddress: to, ToPort: toPorts.first,
+					StandIn: to,
+				}, false)
+				pub.Address = c.node(t.node).address(i)
+			}
+			if slices.Contains(ifaces6, i) {
+				b.addDnat(p, c.intern("dnat6/"+i), FamilyIPv6, &kuportv1.DnatRule{
+					InInterface: i, Protocol: p.proto, Ports: w.dialed, ToAddress: to6, ToPort: toPorts.first,
+					StandIn: to6,
+				}, false)
+				pub.Address6 = c.node(t.node).address6(i)
+			} else if !v4 {
+				continue
+			}
+			p.published = append(p.published, pub)
 		}
+	}
+	if !v4 && !any6 {
+		p.fail(v1alpha1.ReasonNodeNotReady, fmt.Sprintf(
+			"the pod has an IPv6 address only, and no interface of the mapping serves IPv6 to it on node %s",
+			strings.Join(targetNodes(p), ", ")))
+		return
 	}
 	// The pod's node delivers every request, local or off a link, to the pod: the identity
 	// SNAT claims it whatever device the CNI gives the pod.
 	pod := c.programs[ep.node]
-	pod.addSnat(p, "snat", DirectionIn, requestSnat(p, ep.address, w.pod))
+	carriers[ep.node] = true
+	if v4 {
+		pod.addSnat(p, "snat", DirectionIn, FamilyIPv4, requestSnat(p, ep.address, w.pod))
+	}
+	if any6 {
+		pod.addSnat(p, "snat6", DirectionIn, FamilyIPv6, requestSnat(p, ep.address6, w.pod))
+	}
 	if len(links) > 0 {
-		c.emitPodEnd(p, links, w)
+		c.emitPodEnd(p, links, links6, w)
 	}
 	p.nodes = slices.Sorted(maps.Keys(carriers))
+}
+
+// link6 reports whether a link carries IPv6: its class has a usable subnet6 and both its
+// nodes forward IPv6. A link between nodes that do not keeps the IPv4-only form, so a node
+// without IPv6 is given no IPv6 address to set.
+func (c *compiler) link6(cl *claim) bool {
+	return cl.has6() && c.node(cl.peers[0]).serves6() && c.node(cl.peers[1]).serves6()
+}
+
+// served6 are the interfaces of a target that serve the plan's IPv6 side: the pod has an IPv6
+// address, the target's node forwards IPv6 and the interface has a global IPv6 address, and
+// over a link the link carries IPv6 and the pod's node forwards it too. Nil when none do.
+func (c *compiler) served6(p *plan, t *target) []string {
+	v := c.node(t.node)
+	if p.ep.address6 == "" || !v.serves6() ||
+		t.link != nil && !c.link6(t.link) {
+		return nil
+	}
+	var out []string
+	for _, i := range t.ifaces {
+		if v.address6(i) != "" {
+			out = append(out, i)
+		}
+	}
+	return out
 }
 
 // requestSnat is the identity SNAT claiming a mapping's forwarded request, translated towards
@@ -311,19 +387,25 @@ func requestSnat(p *plan, address string, ports *kuportv1.PortRange) *kuportv1.S
 // wirePorts are a plan's dialed and pod port ranges as its rules carry them.
 type wirePorts struct{ dialed, pod *kuportv1.PortRange }
 
-// emitLink puts a link's device on both of its nodes, each named after the other.
+// emitLink puts a link's device on both of its nodes, each named after the other, with the
+// ends of its /127 when it carries IPv6 (link6).
 func (c *compiler) emitLink(cl *claim, a, b string) {
 	ua, ma := c.node(a).underlay()
 	ub, mb := c.node(b).underlay()
+	six := c.link6(cl)
 	for _, end := range [2][4]string{{a, b, ua, ub}, {b, a, ub, ua}} {
 		self, peer := end[0], end[1]
-		c.programs[self].addLink(&kuportv1.Link{
+		l := &kuportv1.Link{
 			Name: cl.class.device(peer).name, ClassName: cl.class.name, PeerNode: peer,
 			Vni: cl.vni(), Port: cl.class.port, LocalUnderlay: end[2], RemoteUnderlay: end[3],
 			LocalAddress: cl.addressText(self), PeerAddress: cl.addressText(peer),
 			Mtu: linkMTU(ma, mb), Mac: linkMAC(cl.address(self)),
 			SourcePortLow: linkSourcePortLow, SourcePortHigh: linkSourcePortHigh,
-		})
+		}
+		if six {
+			l.LocalAddress6, l.PeerAddress6 = cl.addressText6(self), cl.addressText6(peer)
+		}
+		c.programs[self].addLink(l)
 	}
 }
 
@@ -341,39 +423,70 @@ func (c *compiler) emitLink(cl *claim, a, b string) {
 // leaves by the node's own uplink; under the static mark it went over the link, where the
 // accepting node's conntrack had no entry to translate it back either, so it was lost the
 // same (docs/design/datapath.md#kup-mangle-return-marking).
-func (c *compiler) emitPodEnd(p *plan, links []*target, w wirePorts) {
+func (c *compiler) emitPodEnd(p *plan, links []*target, links6 map[*target]bool, w wirePorts) {
 	ep := p.ep
+	v4 := ep.address != ""
 	b := c.programs[ep.node]
 	for _, t := range links {
 		cl := t.link
 		c.emitLink(cl, t.node, ep.node)
 		d := p.class.device(t.node)
 		dev := d.name
-		here := cl.addressText(ep.node)
 		mark := c.marking.Mark(cl.ends[ep.node])
 		peerUnderlay, _ := c.node(t.node).underlay()
 		// The link carries the dialed ports (see emit); translate them to the pod's here.
-		b.addDnat(p, d.dnat, &kuportv1.DnatRule{
-			InInterface: dev, MatchDestination: here, Protocol: p.proto, Ports: w.dialed,
-			ToAddress: ep.address, ToPort: ep.port, StandIn: ep.address,
-		}, true)
-		b.addMark(p, d.ctSave, DirectionIn, &kuportv1.MarkRule{
-			Kind:        kuportv1.MarkKind_MARK_KIND_CT_SAVE,
-			InInterface: dev, Address: here, Protocol: p.proto, Ports: w.dialed, Mark: mark,
-		})
+		if v4 {
+			here := cl.addressText(ep.node)
+			b.addDnat(p, d.dnat, FamilyIPv4, &kuportv1.DnatRule{
+				InInterface: dev, MatchDestination: here, Protocol: p.proto, Ports: w.dialed,
+				ToAddress: ep.address, ToPort: ep.port, StandIn: ep.address,
+			}, true)
+			b.addMark(p, d.ctSave, DirectionIn, FamilyIPv4, &kuportv1.MarkRule{
+				Kind:        kuportv1.MarkKind_MARK_KIND_CT_SAVE,
+				InInterface: dev, Address: here, Protocol: p.proto, Ports: w.dialed, Mark: mark,
+			})
+		}
+		if links6[t] {
+			here6 := cl.addressText6(ep.node)
+			b.addDnat(p, d.dnat6, FamilyIPv6, &kuportv1.DnatRule{
+				InInterface: dev, MatchDestination: here6, Protocol: p.proto, Ports: w.dialed,
+				ToAddress: ep.address6, ToPort: ep.port, StandIn: ep.address6,
+			}, true)
+			b.addMark(p, d.ctSave6, DirectionIn, FamilyIPv6, &kuportv1.MarkRule{
+				Kind:        kuportv1.MarkKind_MARK_KIND_CT_SAVE,
+				InInterface: dev, Address: here6, Protocol: p.proto, Ports: w.dialed, Mark: mark,
+			})
+		}
+		// The return path is the link's, whichever mappings use it: its IPv6 gateway is set
+		// whenever the link carries IPv6.
 		rp := &kuportv1.ReturnPath{
 			Id: d.returnPath, Link: dev, Mark: mark, Table: uint32(cl.ends[ep.node]),
 			PeerUnderlay: peerUnderlay, PeerLinkAddress: cl.addressText(t.node),
 		}
+		if c.link6(cl) {
+			rp.PeerLinkAddress6 = cl.addressText6(t.node)
+		}
 		b.addReturnPath(rp)
 		b.uses(p, d, true)
 	}
-	b.addSnat(p, "snat-reply", DirectionOut, &kuportv1.SnatRule{
-		Kind:    kuportv1.SnatKind_SNAT_KIND_REPLY,
-		Address: ep.address, Protocol: p.proto, Ports: w.pod,
-	})
-	b.addMark(p, "ct-restore", DirectionOut, &kuportv1.MarkRule{
-		Kind:    kuportv1.MarkKind_MARK_KIND_CT_RESTORE,
-		Address: ep.address, Protocol: p.proto, Ports: w.pod,
-	})
+	if v4 {
+		b.addSnat(p, "snat-reply", DirectionOut, FamilyIPv4, &kuportv1.SnatRule{
+			Kind:    kuportv1.SnatKind_SNAT_KIND_REPLY,
+			Address: ep.address, Protocol: p.proto, Ports: w.pod,
+		})
+		b.addMark(p, "ct-restore", DirectionOut, FamilyIPv4, &kuportv1.MarkRule{
+			Kind:    kuportv1.MarkKind_MARK_KIND_CT_RESTORE,
+			Address: ep.address, Protocol: p.proto, Ports: w.pod,
+		})
+	}
+	if len(links6) > 0 {
+		b.addSnat(p, "snat6-reply", DirectionOut, FamilyIPv6, &kuportv1.SnatRule{
+			Kind:    kuportv1.SnatKind_SNAT_KIND_REPLY,
+			Address: ep.address6, Protocol: p.proto, Ports: w.pod,
+		})
+		b.addMark(p, "ct-restore6", DirectionOut, FamilyIPv6, &kuportv1.MarkRule{
+			Kind:    kuportv1.MarkKind_MARK_KIND_CT_RESTORE,
+			Address: ep.address6, Protocol: p.proto, Ports: w.pod,
+		})
+	}
 }

@@ -39,10 +39,13 @@ func (c *compiler) portMapResult(p *plan) *PortMapResult {
 		if a.Address != "" {
 			addrs = append(addrs, a.Address)
 		}
+		if a.Address6 != "" {
+			addrs = append(addrs, a.Address6)
+		}
 	}
 	st.PublishedAddresses = strings.Join(addrs, ",")
 	if p.ep != nil {
-		st.Endpoint = &v1alpha1.EndpointStatus{Node: p.ep.node, Address: p.ep.address}
+		st.Endpoint = &v1alpha1.EndpointStatus{Node: p.ep.node, Address: p.ep.address, Address6: p.ep.address6}
 	}
 	progReason, progMsg := p.progReason, p.progMsg
 	switch {

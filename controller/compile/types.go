@@ -134,6 +134,14 @@ const (
 	KindMark
 )
 
+// Family is an entry's address family: 4 or 6, the IP version.
+type Family uint8
+
+const (
+	FamilyIPv4 Family = 4
+	FamilyIPv6 Family = 6
+)
+
 // Unit says what a counter counts.
 type Unit string
 
@@ -170,12 +178,15 @@ type Entry struct {
 	// ID is the entry's id in the program and its Counter's id.
 	ID string
 	// Name is the entry within the mapping: "dnat/<interface>", "snat", "snat-reply",
-	// "mark", "ct-save/<link>" or "ct-restore".
+	// "mark", "ct-save/<link>" or "ct-restore"; an IPv6 entry's kind word ends in "6":
+	// "dnat6/<interface>", "snat6", "snat6-reply", "ct-save6/<link>", "ct-restore6".
 	Name string
 	Kind EntryKind
 	// OverLink: a DNAT entry on the pod's node matching what arrives over one of the mapping's
 	// links, so it counts traffic an accepting node already counted; else it faces clients.
 	OverLink bool
+	// Family is the address family of the entry's addresses: FamilyIPv4 or FamilyIPv6.
+	Family Family
 	// Direction is DirectionIn or DirectionOut.
 	Direction string
 	// Interface is the interface a DNAT entry matches arrivals on (an accepting interface or,
@@ -194,10 +205,10 @@ type PortMapResult struct {
 }
 
 // maxKeyLen is the longest MappingKey: an entry's id is the key, "/" and the entry's name
-// (Entry.Name: at most 20 bytes, "dnat/" or "ct-save/" and a device name), and the
+// (Entry.Name: at most 21 bytes, "dnat6/" or "ct-save6/" and a device name), and the
 // datapath refuses an id longer than an nftables comment (127 bytes), which would refuse
 // the node's whole program.
-const maxKeyLen = 127 - 21
+const maxKeyLen = 127 - 22
 
 // MappingKey is the "<namespace>/<name>" id programs use for a PortMap's entries. When the
 // two are longer than maxKeyLen bytes together (a name may have 253), the key is cut to

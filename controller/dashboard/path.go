@@ -1,6 +1,7 @@
 package dashboard
 
 import (
+	"cmp"
 	"maps"
 	"slices"
 	"time"
@@ -27,8 +28,8 @@ type MappingDetail struct {
 // pod's node receiving over that link, any other DNAT entry an accepting interface.
 type Path struct {
 	Branches []Branch `json:"branches"`
-	// PodNode and Pod are the endpoint's node and address as status has them; empty while
-	// there is none.
+	// PodNode and Pod are the endpoint's node and address as status has them (its IPv6
+	// address for a pod with no IPv4 one); empty while there is none.
 	PodNode string `json:"podNode,omitempty"`
 	Pod     string `json:"pod,omitempty"`
 }
@@ -123,7 +124,7 @@ func (s *Server) Mapping(now time.Time, key types.NamespacedName) *MappingDetail
 func path(m Mapping, index map[string]*compile.MappingIndex, links []Link) *Path {
 	p := &Path{Branches: []Branch{}}
 	if m.Endpoint != nil {
-		p.PodNode, p.Pod = m.Endpoint.Node, m.Endpoint.Address
+		p.PodNode, p.Pod = m.Endpoint.Node, cmp.Or(m.Endpoint.Address, m.Endpoint.Address6)
 	}
 	ends := map[string]LinkEnd{} // by node and device
 	for _, l := range links {
@@ -146,18 +147,25 @@ func path(m Mapping, index map[string]*compile.MappingIndex, links []Link) *Path
 			h = &Hop{Node: c.Node, Interface: c.interfaceName, Addresses: []string{}}
 			hops[k] = h
 		}
+		// An interface's IPv4 and IPv6 entries count apart: the hop sums them.
 		if c.Direction == metrics.DirectionIn {
-			h.InPerSecond, h.InPackets = c.PacketsPerSecond, c.Packets
+			h.InPerSecond, h.InPackets = addRate(h.InPerSecond, c.PacketsPerSecond), h.InPackets+c.Packets
 		} else {
-			h.OutPerSecond, h.OutPackets = c.PacketsPerSecond, c.Packets
+			h.OutPerSecond, h.OutPackets = addRate(h.OutPerSecond, c.PacketsPerSecond), h.OutPackets+c.Packets
 		}
 	}
 	for _, h := range hops {
 		h.Health = health(*h, unanswered[h.Node+"/"+h.Interface])
 	}
 	for _, pub := range m.Published {
-		if h := hops[pub.Node+"/"+pub.Interface]; h != nil && pub.Address != "" {
-			h.Addresses = append(h.Addresses, pub.Address)
+		h := hops[pub.Node+"/"+pub.Interface]
+		if h == nil {
+			continue
+		}
+		for _, a := range []string{pub.Address, pub.Address6} {
+			if a != "" {
+				h.Addresses = append(h.Addresses, a)
+			}
 		}
 	}
 
@@ -165,7 +173,9 @@ func path(m Mapping, index map[string]*compile.MappingIndex, links []Link) *Path
 		mi := index[node]
 		b := Branch{Node: node, Interfaces: []Hop{}}
 		for _, e := range mi.Entries {
-			if e.Kind != compile.KindDNAT || e.OverLink {
+			// One hop per interface, whichever families its entries serve.
+			if e.Kind != compile.KindDNAT || e.OverLink ||
+				slices.ContainsFunc(b.Interfaces, func(h Hop) bool { return h.Interface == e.Interface }) {
 				continue
 			}
 			h := hops[node+"/"+e.Interface]
@@ -199,6 +209,19 @@ func path(m Mapping, index map[string]*compile.MappingIndex, links []Link) *Path
 		p.Branches = append(p.Branches, b)
 	}
 	return p
+}
+
+// addRate is a + b: a rate known for one family only is that family's, nil while neither
+// is known.
+func addRate(a, b *float64) *float64 {
+	switch {
+	case a == nil:
+		return b
+	case b == nil:
+		return a
+	}
+	sum := *a + *b
+	return &sum
 }
 
 func health(h Hop, unanswered bool) string {

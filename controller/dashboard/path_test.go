@@ -190,3 +190,33 @@ func TestPathMulti(t *testing.T) {
 	}
 	assert.Len(t, d.Links, 2)
 }
+
+// TestPathDualStack: an interface serving both families is one hop, with both addresses and
+// the sum of its IPv4 and IPv6 entries' forwarded rates and packets.
+func TestPathDualStack(t *testing.T) {
+	key := types.NamespacedName{Namespace: "demo", Name: "local"}
+	m := Mapping{Namespace: "demo", Name: "local",
+		Endpoint: &v1alpha1.EndpointStatus{Node: "edge-a", Address: "10.244.17.7", Address6: "fd00:17::7"},
+		Published: []v1alpha1.PublishedAddress{
+			{Node: "edge-a", Interface: "enp1s0", Address: "203.0.113.9", Address6: "2001:db8:a::9"},
+		},
+		Counters: []Counter{
+			{Node: "edge-a", Rule: "forwarded/enp1s0", Direction: compile.DirectionIn, Packets: 30, Rate: Rate{PacketsPerSecond: ptr(3.0)},
+				interfaceName: "enp1s0", forwarded: true},
+			{Node: "edge-a", Rule: "forwarded6/enp1s0", Direction: compile.DirectionIn, Packets: 20, Rate: Rate{PacketsPerSecond: ptr(2.0)},
+				interfaceName: "enp1s0", forwarded: true},
+			{Node: "edge-a", Rule: "forwarded6/enp1s0", Direction: compile.DirectionOut, Packets: 20, Rate: Rate{PacketsPerSecond: ptr(2.0)},
+				interfaceName: "enp1s0", forwarded: true},
+		},
+	}
+	dnat := func(name string, f compile.Family) compile.Entry {
+		return compile.Entry{ID: "demo/local/" + name, Name: name, Kind: compile.KindDNAT, Direction: compile.DirectionIn,
+			Interface: "enp1s0", Family: f}
+	}
+	index := map[string]*compile.MappingIndex{"edge-a": {Mapping: key, ServingNode: "edge-a",
+		Entries: []compile.Entry{dnat("dnat/enp1s0", compile.FamilyIPv4), dnat("dnat6/enp1s0", compile.FamilyIPv6)}}}
+	p := path(m, index, nil)
+	require.Len(t, p.Branches, 1)
+	assert.Equal(t, []Hop{{Node: "edge-a", Interface: "enp1s0", Addresses: []string{"203.0.113.9", "2001:db8:a::9"},
+		InPerSecond: ptr(5.0), OutPerSecond: ptr(2.0), InPackets: 50, OutPackets: 20, Health: HealthOK}}, p.Branches[0].Interfaces)
+}

@@ -46,8 +46,9 @@ type Rule struct {
 	// Mapping is the PortMap the entry belongs to.
 	Mapping types.NamespacedName
 	// Name is the entry's name within the mapping (compile.Entry.Name): "dnat/<interface>",
-	// "snat", "snat-reply", "mark", "ct-save/<link>" or "ct-restore"; for Forwarded rows
-	// "forwarded/<interface>".
+	// "snat", "snat-reply", "mark", "ct-save/<link>" or "ct-restore", and the IPv6 entries'
+	// "dnat6/<interface>", "snat6", ...; for Forwarded rows "forwarded/<interface>", or
+	// "forwarded6/<interface>" of an IPv6 DNAT entry.
 	Name      string
 	Unit      compile.Unit
 	Direction string
@@ -61,6 +62,9 @@ type Rule struct {
 	// OverLink: Interface is one of the mapping's links on the node (compile.Entry.OverLink),
 	// so the rule counts traffic that crossed a link; else it faces clients.
 	OverLink bool
+	// Family is the entry's address family (compile.Entry.Family). The metrics sum an
+	// interface's families into one series; the dashboard's path sums them per hop.
+	Family compile.Family
 }
 
 // Count is a counter's cumulative packets and bytes (IP lengths).
@@ -79,9 +83,12 @@ type Count struct{ Packets, Bytes uint64 }
 //
 //	forwarded/<if> kup-steer      packets in   a packet of its flows arriving on <if>, by dialed port
 //	forwarded/<if> kup-count-out  packets out  a packet of its flows leaving by <if>, by dialed port
+//
+// An IPv6 entry's names carry a "6" on the kind word (dnat6/<if>, snat6, snat6-reply,
+// ct-save6/<link>, ct-restore6, forwarded6/<if>) and count the same, for its family.
 func rule(mi *compile.MappingIndex, e compile.Entry) Rule {
 	return Rule{Mapping: mi.Mapping, Name: e.Name, Unit: e.Kind.Unit(), Direction: e.Direction, Interface: e.Interface,
-		OverLink: e.OverLink}
+		OverLink: e.OverLink, Family: e.Family}
 }
 
 // Counted pairs each of a node's reported counters with the Rule of index (compile's index
@@ -107,14 +114,23 @@ func Counted(index compile.NodeIndex, counters []agents.Counter) iter.Seq2[Rule,
 				t   agents.Traffic
 				has bool
 			}{{DirectionIn, c.ForwardedIn, c.HasIn}, {DirectionOut, c.ForwardedOut, c.HasOut}} {
-				fwd := Rule{Mapping: r.Mapping, Name: "forwarded/" + r.Interface, Unit: compile.UnitPackets,
-					Direction: f.dir, Interface: r.Interface, Forwarded: true, OverLink: r.OverLink}
+				fwd := Rule{Mapping: r.Mapping, Name: forwardedPrefix(r.Family) + r.Interface, Unit: compile.UnitPackets,
+					Direction: f.dir, Interface: r.Interface, Forwarded: true, OverLink: r.OverLink, Family: r.Family}
 				if f.has && !yield(fwd, Count{f.t.Packets, f.t.Bytes}) {
 					return
 				}
 			}
 		}
 	}
+}
+
+// forwardedPrefix begins the name of a DNAT entry's Forwarded rows: an interface's IPv4 and
+// IPv6 entries count apart, and their rows stay apart too.
+func forwardedPrefix(f compile.Family) string {
+	if f == compile.FamilyIPv6 {
+		return "forwarded6/"
+	}
+	return "forwarded/"
 }
 
 // unansweredHelp is kuport_mapping_unanswered's help.

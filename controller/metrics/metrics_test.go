@@ -370,3 +370,36 @@ func scrape(t *testing.T) string {
 	require.NoError(t, err)
 	return string(b)
 }
+
+// An interface's IPv6 DNAT entry counts apart from its IPv4 one: its Forwarded rows are
+// named forwarded6/<if>, and the series, by interface, sum both families.
+func TestIPv6EntriesSumIntoTheInterfaceSeries(t *testing.T) {
+	const m = "demo/remote-udp"
+	src := labSource()
+	v6 := entry(m, "dnat6/enp1s0", compile.KindDNAT, DirectionIn, "enp1s0")
+	v6.Family = compile.FamilyIPv6
+	mi := src.index["edge-a"][m]
+	mi.Entries = append(mi.Entries, v6)
+	src.counters["edge-a"] = append(src.counters["edge-a"], agents.Counter{ID: m + "/dnat6/enp1s0", Packets: 2, Bytes: 160,
+		ForwardedIn: agents.Traffic{Packets: 7, Bytes: 700}, HasIn: true, ForwardedOut: agents.Traffic{Packets: 4, Bytes: 400}, HasOut: true})
+	var names []string
+	for r := range Counted(src.index["edge-a"], src.counters["edge-a"]) {
+		if r.Interface == "enp1s0" {
+			names = append(names, r.Name)
+		}
+	}
+	assert.Equal(t, []string{"dnat/enp1s0", "forwarded/enp1s0", "forwarded/enp1s0", "dnat6/enp1s0", "forwarded6/enp1s0",
+		"forwarded6/enp1s0"}, names)
+	c := &agentCollector{}
+	c.set(src)
+	want := `
+# HELP kuport_mapping_flows_total New flows a mapping's DNAT rule translated on a node, by arrival interface (kup-pre counts a flow's first packet only). On the pod's node of a cross-node mapping, a kup-* interface counts the same flows again as they arrive over the link.
+# TYPE kuport_mapping_flows_total counter
+kuport_mapping_flows_total{interface="enp1s0",name="remote-udp",namespace="demo",node="edge-a"} 5
+kuport_mapping_flows_total{interface="wt0",name="remote-udp",namespace="demo",node="edge-a"} 0
+kuport_mapping_flows_total{interface="kup-dcc4266d",name="remote-udp",namespace="demo",node="worker-b"} 3
+kuport_mapping_flows_total{interface="kup-1",name="shared",namespace="demo",node="worker-b"} 1
+kuport_mapping_flows_total{interface="kup-2",name="shared",namespace="demo",node="worker-b"} 1
+`
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want), "kuport_mapping_flows_total"))
+}

@@ -5,6 +5,7 @@
 package status
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -160,12 +161,18 @@ func (w *Writer) PortMap(ctx context.Context, pm *v1alpha1.PortMap, res *compile
 			w.recorder.Eventf(obj, corev1.EventTypeWarning, after.Reason, "%s: %s", t, after.Message)
 		}
 	}
-	if before, after := pm.Status.Endpoint, want.Endpoint; before != nil && after != nil && *before != *after {
+	// The pod is its node and address (its IPv6 one when it has no IPv4 one): the same pod
+	// gaining or losing its other family's address has not moved.
+	if before, after := pm.Status.Endpoint, want.Endpoint; before != nil && after != nil &&
+		(before.Node != after.Node || podAddress(before) != podAddress(after)) {
 		w.recorder.Eventf(obj, corev1.EventTypeNormal, ReasonEndpointChanged, "endpoint moved from %s on %s to %s on %s",
-			before.Address, before.Node, after.Address, after.Node)
+			podAddress(before), before.Node, podAddress(after), after.Node)
 	}
 	return true, nil
 }
+
+// podAddress names an endpoint's pod by its address: the IPv4 one, else the IPv6 one.
+func podAddress(e *v1alpha1.EndpointStatus) string { return cmp.Or(e.Address, e.Address6) }
 
 // Class writes cls's status as compile computed it (want) when it differs from cls's, with
 // cls's resourceVersion; conditions keep their lastTransitionTime while their status holds.

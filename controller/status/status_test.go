@@ -292,6 +292,17 @@ func TestWriterPortMap(t *testing.T) {
 	assert.True(t, wrote)
 	assert.Equal(t, "Warning NodeNotReady Programmed: node edge-a: agent disconnected", nextEvent(t, rec))
 	assert.Empty(t, rec.Events)
+
+	// The same pod gaining its IPv6 address has not moved: written, with no event.
+	pm = getPortMap(t, client)
+	dual := *res.Status.DeepCopy()
+	dual.Endpoint.Address6 = "fd00:17::9"
+	res = &compile.PortMapResult{Status: dual, Nodes: []string{"edge-a"}}
+	wrote, err = w.PortMap(ctx, pm, res, verdict(pm, res, settled, gone), nil)
+	require.NoError(t, err)
+	assert.True(t, wrote)
+	assert.Equal(t, "fd00:17::9", getPortMap(t, client).Status.Endpoint.Address6)
+	assert.Empty(t, rec.Events)
 }
 
 func TestWriterClass(t *testing.T) {

@@ -294,8 +294,8 @@ func TestPrivilegedE2E(t *testing.T) {
 		assert.Regexp(t, `(?m)^NAMESPACE\s+NAME\s+CLASS\s+PROTOCOL\s+PORT\s+ENDPOINT\s+PROGRAMMED\s+UNANSWERED\s*$`, out)
 		assert.Regexp(t, `(?m)^demo\s+remote\s+public\s+TCP\s+3000\s+10\.244\.18\.107\s+True(\s+<none>)?\s*$`, out)
 		out = sh("kubectl get portmaps -A -o wide")
-		assert.Regexp(t, `(?m)^NAMESPACE\s+NAME\s+CLASS\s+PROTOCOL\s+PORT\s+ENDPOINT\s+PROGRAMMED\s+UNANSWERED\s+NODE\s+PUBLISHED\s*$`, out)
-		assert.Regexp(t, `(?m)^demo\s+remote\s+public\s+TCP\s+3000\s+10\.244\.18\.107\s+True\s+(<none>\s+)?worker-b\s+203\.0\.113\.9,100\.64\.93\.143\s*$`, out)
+		assert.Regexp(t, `(?m)^NAMESPACE\s+NAME\s+CLASS\s+PROTOCOL\s+PORT\s+ENDPOINT\s+PROGRAMMED\s+UNANSWERED\s+NODE\s+ENDPOINT6\s+PUBLISHED\s*$`, out)
+		assert.Regexp(t, `(?m)^demo\s+remote\s+public\s+TCP\s+3000\s+10\.244\.18\.107\s+True\s+(<none>\s+)?worker-b\s+(<none>\s+)?203\.0\.113\.9,100\.64\.93\.143\s*$`, out)
 		out = sh("grpcurl -cacert /run/kuport-lab/controller-ca.crt 127.0.0.1:7443 list")
 		assert.Contains(t, out, "kuport.v1.ProgramService")
 		assert.Contains(t, out, "kuport.v1.AgentService")
@@ -484,12 +484,14 @@ func TestPrivilegedE2E(t *testing.T) {
 		public, err := l.GetClass(ctx, "public")
 		require.NoError(t, err)
 		assert.Equal(t, v1alpha1.ServingModeSingle, public.Spec.ServingMode)
-		assert.Equal(t, v1alpha1.VxlanConfig{VNI: 4242, Port: 4790, Subnet: "169.254.77.0/24"}, public.Spec.ReturnPath.Vxlan)
+		assert.Equal(t, v1alpha1.VxlanConfig{VNI: 4242, Port: 4790, Subnet: "169.254.77.0/24", Subnet6: "fd64:f5ac:e961::/112"},
+			public.Spec.ReturnPath.Vxlan)
 		intranet, err := l.GetClass(ctx, "intranet")
 		require.NoError(t, err)
 		assert.Equal(t, v1alpha1.ServingModeMulti, intranet.Spec.ServingMode)
 		assert.Equal(t, v1alpha1.PortPolicy{Min: 1, Max: 65535}, intranet.Spec.Ports)
-		assert.Equal(t, v1alpha1.VxlanConfig{VNI: 4300, Port: 4790, Subnet: "169.254.79.0/24"}, intranet.Spec.ReturnPath.Vxlan)
+		assert.Equal(t, v1alpha1.VxlanConfig{VNI: 4300, Port: 4790, Subnet: "169.254.79.0/24", Subnet6: "fd64:f5ac:e961::/112"},
+			intranet.Spec.ReturnPath.Vxlan)
 	})
 
 	t.Run("the API server enforces the schema and the CEL rules", func(t *testing.T) {
