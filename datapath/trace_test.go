@@ -76,24 +76,24 @@ func TestTraceGolden(t *testing.T) {
 				"kup-count-out count-out-addr-ports demo/remote/dnat/kup-dcc4266d"}},
 	}, {
 		name: "cross node, accepting node, IPv6 client", program: "dualstack-edge-a",
-		pkt: Packet{In: "enp1s0", Proto: tcp, Src: client6, Dst: ap("[2001:db8:9::9]:3000")},
-		want: Verdict{StandIn: addr("fd64:f5ac:e961::1"), DNAT: ap("[fd64:f5ac:e961::1]:3000"), Out: "kup-5e30a797", SNAT: "kup-5e30a797", Elements: []string{
+		pkt: Packet{In: "enp1s0", Proto: tcp, Src: client6, Dst: ap("[2001:db8:9::9]:3001")},
+		want: Verdict{StandIn: addr("fd64:f5ac:e961::1"), DNAT: ap("[fd64:f5ac:e961::1]:3001"), Out: "kup-5e30a797", SNAT: "kup-5e30a797", Elements: []string{
 			"kup-steer ip6-steer-ports demo/remote/dnat6/enp1s0",
 			"kup-pre ip6-dnat-ports demo/remote/dnat6/enp1s0",
 			"kup-post ip6-snat-request demo/remote/snat6",
 			"kup-count-out ip6-count-out-ports demo/remote/dnat6/enp1s0"}},
 	}, {
 		name: "cross node, accepting node, IPv4 client of a dual-stack mapping", program: "dualstack-edge-a",
-		pkt: Packet{In: "enp1s0", Proto: tcp, Src: client, Dst: ap("203.0.113.9:3000")},
-		want: Verdict{StandIn: addr("169.254.77.1"), DNAT: ap("169.254.77.1:3000"), Out: "kup-5e30a797", SNAT: "kup-5e30a797", Elements: []string{
+		pkt: Packet{In: "enp1s0", Proto: tcp, Src: client, Dst: ap("203.0.113.9:3001")},
+		want: Verdict{StandIn: addr("169.254.77.1"), DNAT: ap("169.254.77.1:3001"), Out: "kup-5e30a797", SNAT: "kup-5e30a797", Elements: []string{
 			"kup-steer steer-ports demo/remote/dnat/enp1s0",
 			"kup-pre dnat-ports demo/remote/dnat/enp1s0",
 			"kup-post snat-request demo/remote/snat",
 			"kup-count-out count-out-ports demo/remote/dnat/enp1s0"}},
 	}, {
 		name: "cross node Single, pod's node, IPv6 client", program: "dualstack-worker-b",
-		pkt: Packet{In: "kup-dcc4266d", Proto: tcp, Src: client6, Dst: ap("[fd64:f5ac:e961::1]:3000"), Out: "cilium_host"},
-		want: Verdict{StandIn: addr("fd00:10:244:18::107"), DNAT: ap("[fd00:10:244:18::107]:3000"), Out: "cilium_host", SNAT: "cilium_host",
+		pkt: Packet{In: "kup-dcc4266d", Proto: tcp, Src: client6, Dst: ap("[fd64:f5ac:e961::1]:3001"), Out: "cilium_host"},
+		want: Verdict{StandIn: addr("fd00:18::107"), DNAT: ap("[fd00:18::107]:3001"), Out: "cilium_host", SNAT: "cilium_host",
 			CtMark: 0x1, Mark: 0x1,
 			Route: &Route{Table: 27505, Link: "kup-dcc4266d", Via: netip.MustParseAddr("fd64:f5ac:e961::")}, Elements: []string{
 				"kup-mangle ip6-mark-ct-save demo/remote/ct-save6/kup-dcc4266d",

@@ -6,9 +6,8 @@ package compile
 // Events are TestIncrementalEqualsFull's random event sequences.
 type Events = events
 
-// NewEvents starts the IPv4-only sequence drawn from seed (newEvents): the chain applies its
-// programs to the datapath's IPv4 table.
-func NewEvents(seed uint64) *Events { return newEvents(seed, false) }
+// NewEvents starts the dual-stack sequence drawn from seed (newEvents).
+func NewEvents(seed uint64) *Events { return newEvents(seed, true) }
 
 // Next returns the next snapshot, the Changes from the one before and what happened (advance).
 func (e *Events) Next() (*Snapshot, *Changes, string) { return e.advance() }

@@ -225,7 +225,8 @@ func checkPrograms(t *testing.T, r *Result) {
 		if d := cmp.Diff(inProgram, indexed); d != "" {
 			t.Fatalf("node %s: index and program differ (-program +index):\n%s", node, d)
 		}
-		if err := datapath.Validate(ipv4Part(t, p, idx)); err != nil {
+		checkFamilies(t, p, idx)
+		if err := datapath.Validate(p); err != nil {
 			t.Fatalf("node %s: the agent would refuse the program: %v", node, errors.Join(err))
 		}
 	}
@@ -238,37 +239,27 @@ func checkPrograms(t *testing.T, r *Result) {
 	}
 }
 
-// ipv4Part is p without its IPv6 entries, after checking that every entry's addresses are of
-// the family its index entry says: the datapath validates the IPv4 side, which is what
-// every program carried before IPv6.
-func ipv4Part(t *testing.T, p *kuportv1.NodeProgram, idx NodeIndex) *kuportv1.NodeProgram {
+// checkFamilies checks that every entry of p has addresses of the family its index entry
+// says.
+func checkFamilies(t *testing.T, p *kuportv1.NodeProgram, idx NodeIndex) {
 	t.Helper()
-	family := func(id string, addrs ...string) Family {
+	family := func(id string, addrs ...string) {
 		_, e := idx.Entry(id)
 		for _, a := range addrs {
 			if ip, err := netip.ParseAddr(a); a != "" && (err != nil || ip.Is4() != (e.Family == FamilyIPv4)) {
 				t.Fatalf("entry %s of family %d has address %q", id, e.Family, a)
 			}
 		}
-		return e.Family
 	}
-	out := &kuportv1.NodeProgram{Node: p.Node, ReturnMarking: p.ReturnMarking, Links: p.Links, ReturnPaths: p.ReturnPaths}
 	for _, e := range p.DnatRules {
-		if family(e.Id, e.MatchDestination, e.ToAddress, e.StandIn) == FamilyIPv4 {
-			out.DnatRules = append(out.DnatRules, e)
-		}
+		family(e.Id, e.MatchDestination, e.ToAddress, e.StandIn)
 	}
 	for _, e := range p.SnatRules {
-		if family(e.Id, e.Address) == FamilyIPv4 {
-			out.SnatRules = append(out.SnatRules, e)
-		}
+		family(e.Id, e.Address)
 	}
 	for _, e := range p.MarkRules {
-		if family(e.Id, e.Address) == FamilyIPv4 {
-			out.MarkRules = append(out.MarkRules, e)
-		}
+		family(e.Id, e.Address)
 	}
-	return out
 }
 
 // fuzzReader reads a snapshot from fuzz bytes: every choice is one byte (zero once the bytes
