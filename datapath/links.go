@@ -54,7 +54,9 @@ type wantLink struct {
 	// link (docs/design/datapath.md#ipv6-on-the-link).
 	address6 *net.IPNet
 	no6      error
-	mtu      int
+	// linkLocal6 is the device's link-local address when it carries IPv6 (linkLocalOf).
+	linkLocal6 *net.IPNet
+	mtu        int
 	// mac is the address a new device gets (nil: the kernel's choice).
 	mac net.HardwareAddr
 	// srcLow and srcHigh are the outer UDP source ports, high exclusive (both 0: the
@@ -110,10 +112,23 @@ func planLink(l *kuportv1.Link) (*wantLink, error) {
 		return nil, err
 	}
 	w.address6 = &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(127, 128)}
+	w.linkLocal6 = linkLocalOf(w.address.IP)
 	if err := tooSmall6(w.mtu); err != nil {
-		w.address6, w.no6 = nil, fmt.Errorf("%w: the link carries IPv4 only", err)
+		w.address6, w.linkLocal6, w.no6 = nil, nil, fmt.Errorf("%w: the link carries IPv4 only", err)
 	}
 	return w, nil
+}
+
+// linkLocalOf is the link-local address of the link end whose /31 address is end:
+// fe80::26b:0:<end> (02:6b, kuport's byte, as in its link-layer addresses). The kernel
+// resolves the next hop of a forwarded packet only from a link-local address of the device
+// (ndisc_send_ns without a source of the packet's own), so a link carrying IPv6 needs one;
+// a fixed one, added without duplicate address detection, is usable at once and the same
+// after the device is recreated, where the kernel's would be tentative for a second.
+func linkLocalOf(end net.IP) *net.IPNet {
+	b := [16]byte{0: 0xfe, 1: 0x80, 8: 0x02, 9: 0x6b}
+	copy(b[12:], end.To4())
+	return &net.IPNet{IP: net.IP(b[:]), Mask: net.CIDRMask(64, 128)}
 }
 
 // linkEnds6 parses the ends of a link's /127: two IPv6 addresses (not IPv4-mapped) that
@@ -196,8 +211,9 @@ func (d *Datapath) syncLink(w *wantLink, indexes map[int]bool, changes *int) err
 		if l, err = d.nl.LinkByName(w.name); err != nil {
 			return fmt.Errorf("read added device: %w", err)
 		}
-		// Before the device is first up, so the kernel generates no link-local address: the
-		// /127 is all the link's IPv6 needs (docs/design/datapath.md#ipv6-on-the-link).
+		// Before the device is first up, so the kernel generates no link-local address of
+		// its own, which would be tentative for a second: the link's is linkLocalOf's
+		// (docs/design/datapath.md#ipv6-on-the-link).
 		if w.address6 != nil {
 			if err := d.nl.LinkSetIP6AddrGenMode(l, nl.IN6_ADDR_GEN_MODE_NONE); err != nil {
 				err6 = fmt.Errorf("set addrgenmode none: %w", err)
@@ -218,18 +234,40 @@ func (d *Datapath) syncLink(w *wantLink, indexes map[int]bool, changes *int) err
 		return fmt.Errorf("list addresses: %w", err)
 	}
 	var addrs4, addrs6 []netlink.Addr
+	var linkLocal *netlink.Addr // kuport's: not the kernel's, on a device made before IPv6
+	ours := linkLocalOf(w.address.IP)
 	for _, a := range addrs {
 		switch {
 		case a.IP.To4() != nil:
 			addrs4 = append(addrs4, a)
-		case !a.IP.IsLinkLocalUnicast(): // the kernel's, when it generated one
+		case a.IP.IsLinkLocalUnicast():
+			if a.IPNet.String() == ours.String() {
+				linkLocal = &a
+			}
+		default:
 			addrs6 = append(addrs6, a)
 		}
 	}
 	if err := d.syncAddress(l, addrs4, w.address, changes); err != nil {
 		return err
 	}
-	if err := d.syncAddress(l, addrs6, w.address6, changes); err != nil && err6 == nil {
+	err = d.syncAddress(l, addrs6, w.address6, changes)
+	switch {
+	case err != nil:
+	case w.linkLocal6 != nil && linkLocal == nil:
+		if err = d.nl.AddrAdd(l, &netlink.Addr{IPNet: w.linkLocal6, Flags: unix.IFA_F_NODAD}); err != nil {
+			err = fmt.Errorf("add address %s: %w", w.linkLocal6, err)
+		} else {
+			*changes++
+		}
+	case w.linkLocal6 == nil && linkLocal != nil:
+		if err = d.nl.AddrDel(l, linkLocal); err != nil {
+			err = fmt.Errorf("delete address %s: %w", linkLocal.IPNet, err)
+		} else {
+			*changes++
+		}
+	}
+	if err != nil && err6 == nil {
 		err6 = err
 		if errors.Is(err, unix.EACCES) {
 			err6 = fmt.Errorf("%w (net.ipv6.conf.%s.disable_ipv6 is 1; a new device takes net.ipv6.conf.default's)", err, w.name)

@@ -208,6 +208,7 @@ func fakeState6(t *testing.T, k *fakeKernel, name string) (addrs []string, rules
 	for _, a := range as {
 		addrs = append(addrs, a.IPNet.String())
 	}
+	slices.Sort(addrs)
 	rs, err := k.RuleList(netlink.FAMILY_V6)
 	require.NoError(t, err)
 	for _, r := range rs {
@@ -239,10 +240,10 @@ func TestFakeLink6(t *testing.T) {
 	after, err := k.LinkByName(name)
 	require.NoError(t, err)
 	assert.Equal(t, before.Attrs().Index, after.Attrs().Index, "the device gains IPv6 in place")
-	assert.Equal(t, 3, dp.lastChanges, "address, ip rule and route added")
+	assert.Equal(t, 4, dp.lastChanges, "addresses, ip rule and route added")
 	assert.Equal(t, dump4, k.dump(t), "IPv4 as it was")
 	addrs, rules, routes := fakeState6(t, k, name)
-	assert.Equal(t, []string{"fd6b::1/127"}, addrs)
+	assert.Equal(t, []string{"fd6b::1/127", "fe80::26b:0:a9fe:4d01/64"}, addrs)
 	require.Len(t, rules, 1)
 	assert.Contains(t, rules[0], "pref 102 fwmark 0x1/0x301f from <nil> to <nil>")
 	assert.Contains(t, rules[0], "lookup 27505 protocol 107")
@@ -269,7 +270,7 @@ func TestFakeLink6(t *testing.T) {
 
 	// Back to IPv4 only: the IPv6 side goes, the device stays.
 	require.NoError(t, dp.Apply(base))
-	assert.Equal(t, 3, dp.lastChanges, "address, ip rule and route deleted")
+	assert.Equal(t, 4, dp.lastChanges, "addresses, ip rule and route deleted")
 	a3, r3, ro3 := fakeState6(t, k, name)
 	assert.Empty(t, slices.Concat(a3, r3, ro3))
 	again, _ := k.LinkByName(name)

@@ -3,6 +3,7 @@ package datapath
 import (
 	"context"
 	"fmt"
+	"net"
 	"os/exec"
 	"regexp"
 	"strings"
@@ -95,6 +96,33 @@ func (tn *testNS) ping(t *testing.T, addr string) string {
 	return m[1] + " ms"
 }
 
+// forwardedPing6 sends one echo request to addr on peer's end of the link from a client
+// namespace behind tn, which forwards it into the link: the kernel resolves a forwarded
+// packet's next hop by a neighbour solicitation from the device's link-local address alone.
+// It returns the reply's round trip.
+func (tn *testNS) forwardedPing6(t *testing.T, peer *testNS, addr string) string {
+	t.Helper()
+	name, _ := newNetNS(t, "kuptest-client-")
+	client := func(args ...string) { run(t, append([]string{"ip", "netns", "exec", name}, args...)...) }
+	client("sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0")
+	tn.exec(t, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1")
+	tn.exec(t, "sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0")
+	tn.exec(t, "ip", "link", "add", "c0", "type", "veth", "peer", "name", "eth0", "netns", name)
+	tn.exec(t, "ip", "addr", "add", "2001:db8:c::1/64", "dev", "c0", "nodad")
+	tn.exec(t, "ip", "link", "set", "c0", "up")
+	client("ip", "link", "set", "lo", "up")
+	client("ip", "addr", "add", "2001:db8:c::2/64", "dev", "eth0", "nodad")
+	client("ip", "link", "set", "eth0", "up")
+	client("ip", "-6", "route", "add", "default", "via", "2001:db8:c::1")
+	here := strings.Split(strings.Fields(tn.exec(t, "ip", "-6", "-o", "addr", "show", "dev", link6Name, "scope", "global"))[3], "/")[0]
+	peer.exec(t, "ip", "-6", "route", "add", "2001:db8:c::/64", "via", here, "dev", link6Name)
+	defer peer.exec(t, "ip", "-6", "route", "del", "2001:db8:c::/64")
+	out := run(t, "ip", "netns", "exec", name, "ping", "-n", "-c", "1", "-W", "1", addr)
+	m := pingTimeRE.FindStringSubmatch(out)
+	require.NotNil(t, m, "%s", out)
+	return m[1] + " ms"
+}
+
 // rules6 are the namespace's IPv6 ip rules at 101 and 102.
 func (tn *testNS) rules6(t *testing.T) string {
 	t.Helper()
@@ -107,16 +135,17 @@ func (tn *testNS) rules6(t *testing.T) string {
 	return b.String()
 }
 
-// checkLink6 asserts that the namespace's link carries its /127 alone (no link-local
-// address when made with IPv6), ready (not tentative), and that its return path diverts
-// marked IPv6 into the link by its one IPv6 rule and route.
-func (tn *testNS) checkLink6(t *testing.T, p *kuportv1.NodeProgram, linkLocal bool) {
+// checkLink6 asserts that the namespace's link carries its /127 and its link-local address
+// (linkLocalOf; no other when made with IPv6), both ready (not tentative), and that its return
+// path diverts marked IPv6 into the link by its one IPv6 rule and route.
+func (tn *testNS) checkLink6(t *testing.T, p *kuportv1.NodeProgram, kernelLinkLocal bool) {
 	t.Helper()
 	l, rp := p.GetLinks()[0], p.GetReturnPaths()[0]
 	addrs := tn.exec(t, "ip", "-6", "-o", "addr", "show", "dev", link6Name)
 	assert.Contains(t, addrs, "inet6 "+l.GetLocalAddress6()+"/127 scope global nodad \\", "ready at once, not tentative")
-	if !linkLocal {
-		assert.NotContains(t, addrs, "fe80:")
+	assert.Contains(t, addrs, "inet6 "+linkLocalOf(net.ParseIP(l.GetLocalAddress())).String()+" scope link nodad \\")
+	if !kernelLinkLocal {
+		assert.Equal(t, 1, strings.Count(addrs, "fe80:"), "kuport's link-local address alone: %s", addrs)
 		assert.Contains(t, tn.exec(t, "ip", "-d", "link", "show", "dev", link6Name), "addrgenmode none")
 	}
 	assert.Equal(t, fmt.Sprintf("102:\tfrom all fwmark %#x/0x301f lookup %d proto 107\n", rp.GetMark(), rp.GetTable()), tn.rules6(t),
@@ -163,10 +192,11 @@ func TestPrivilegedLink6(t *testing.T) {
 	after, err := a.nl.LinkByName(link6Name)
 	require.NoError(t, err)
 	assert.Equal(t, before.Attrs().Index, after.Attrs().Index, "an existing device gains IPv6 in place")
-	assert.Equal(t, 3, a.dp.lastChanges, "address, ip rule and route")
+	assert.Equal(t, 4, a.dp.lastChanges, "addresses, ip rule and route")
 
 	// End 2's device is made with IPv6: its first packet is answered at once.
 	require.NoError(t, b.dp.Apply(pb))
+	t.Logf("first forwarded IPv6 echo over a new link: %s", b.forwardedPing6(t, a, "fd6b::1"))
 	t.Logf("first IPv6 echo over a new link: %s", b.ping(t, "fd6b::1"))
 	t.Logf("first IPv6 echo the other way: %s", a.ping(t, "fd6b::"))
 	a.ping(t, "169.254.77.0")
