@@ -82,8 +82,8 @@ func clientSaw(t *testing.T, l *lab.Lab) []string {
 
 // profileScenarios runs the shapes of docs/design/datapath.md in a lab under a CNI profile,
 // one subtest each: same-node and cross-node TCP and UDP (the demo's), a UDP range, Multi
-// behind a moving virtual address, one pod port two ways, a pod that speaks first, and last
-// (it stays) the host firewall.
+// behind a moving virtual address, one pod port two ways, a pod that speaks first, the
+// shapes for an IPv6 client beside IPv4 ones, and last (it stays) the host firewall.
 func profileScenarios(t *testing.T, cni netlab.CNI) {
 	start := time.Now()
 	l := startLabWith(t, 1, cni)
@@ -110,6 +110,7 @@ func profileScenarios(t *testing.T, cni netlab.CNI) {
 	t.Run("Multi behind a moving virtual address", func(t *testing.T) { multiMovingAddress(t, l) })
 	t.Run("one pod port two ways", func(t *testing.T) { onePodPortTwoWays(t, l) })
 	t.Run("a pod speaks first", func(t *testing.T) { podSpeaksFirst(t, l) })
+	t.Run("IPv6 beside IPv4", func(t *testing.T) { dualStackShapes(t, l) })
 	t.Run("host firewall", func(t *testing.T) { hostFirewall(t, l) })
 	if t.Failed() {
 		for _, n := range l.Net.Nodes() {
