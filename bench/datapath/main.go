@@ -339,13 +339,9 @@ func measure(n, ranges int, agent string, d time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("traffic: %w", err)
 	}
-	rss := "n/a"
-	if agent != "" {
-		mb, err := agentRSS(agent, t.node, back)
-		if err != nil {
-			return fmt.Errorf("agent: %w", err)
-		}
-		rss = fmt.Sprintf("%.1f", mb)
+	rss, err := agentRSSText(agent, t.node, back)
+	if err != nil {
+		return err
 	}
 	name := "datapath"
 	if ranges > 0 {
@@ -369,34 +365,22 @@ func measureRange(ports int, agent string) error {
 		return err
 	}
 	defer t.close()
-	rss, emptyRSS := "n/a", "n/a"
-	if agent != "" {
-		mb, err := agentRSS(agent, t.node, &kuportv1.NodeProgram{Node: p.Node, Version: 1, Epoch: 1})
-		if err != nil {
-			return fmt.Errorf("empty agent: %w", err)
-		}
-		emptyRSS = fmt.Sprintf("%.1f", mb)
+	emptyRSS, err := agentRSSText(agent, t.node, &kuportv1.NodeProgram{Node: p.Node, Version: 1, Epoch: 1})
+	if err != nil {
+		return fmt.Errorf("empty %w", err)
 	}
 	nd, err := newNode(t)
 	if err != nil {
 		return err
 	}
 	defer nd.done()
-	start := time.Now()
-	if err := nd.dp.Apply(p); err != nil {
-		return err
-	}
-	first := time.Since(start)
-	elements, err := countElements(nd.conn)
+	first, elements, err := nd.firstApply(p)
 	if err != nil {
 		return err
 	}
-	if agent != "" {
-		mb, err := agentRSS(agent, t.node, p)
-		if err != nil {
-			return fmt.Errorf("agent: %w", err)
-		}
-		rss = fmt.Sprintf("%.1f", mb)
+	rss, err := agentRSSText(agent, t.node, p)
+	if err != nil {
+		return err
 	}
 	fmt.Fprintf(os.Stderr, "range-ports=%d: an agent holding an empty program: %s MB\n", ports, emptyRSS)
 	fmt.Printf("BENCH range ports=%d first_apply_ms=%.1f elements=%d agent_rss_mb=%s to_programmed_ms=na\n", ports, ms(first), elements, rss)
@@ -426,12 +410,7 @@ func measureDualStack(n int, agent string, d time.Duration) error {
 		return err
 	}
 	defer nd.done()
-	start := time.Now()
-	if err := nd.dp.Apply(p); err != nil {
-		return err
-	}
-	first := time.Since(start)
-	elements, err := countElements(nd.conn)
+	first, elements, err := nd.firstApply(p)
 	if err != nil {
 		return err
 	}
@@ -443,13 +422,9 @@ func measureDualStack(n int, agent string, d time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("IPv4 traffic: %w", err)
 	}
-	rss := "n/a"
-	if agent != "" {
-		mb, err := agentRSS(agent, t.node, p)
-		if err != nil {
-			return fmt.Errorf("agent: %w", err)
-		}
-		rss = fmt.Sprintf("%.1f", mb)
+	rss, err := agentRSSText(agent, t.node, p)
+	if err != nil {
+		return err
 	}
 	fmt.Printf("BENCH datapath_ipv6 mappings=%d tcp_gbps=%.2f conn_per_s=%.0f rr_p50_us=%.0f ipv4_tcp_gbps=%.2f ipv4_conn_per_s=%.0f ipv4_rr_p50_us=%.0f first_apply_ms=%.1f elements=%d agent_rss_mb=%s\n",
 		n, gbps6, conn6, rr6, gbps4, conn4, rr4, ms(first), elements, rss)
@@ -464,6 +439,30 @@ func measureDualStack(n int, agent string, d time.Duration) error {
 	fmt.Printf("BENCH datapath_ipv6_routed mappings=%d tcp_gbps=%.2f conn_per_s=%.0f rr_p50_us=%.0f ipv4_tcp_gbps=%.2f ipv4_conn_per_s=%.0f ipv4_rr_p50_us=%.0f\n",
 		n, gbps6, conn6, rr6, gbps4, conn4, rr4)
 	return nil
+}
+
+// firstApply applies p to the node's empty kernel and returns how long that took and the
+// elements the kernel then holds.
+func (nd *node) firstApply(p *kuportv1.NodeProgram) (time.Duration, int, error) {
+	start := time.Now()
+	if err := nd.dp.Apply(p); err != nil {
+		return 0, 0, err
+	}
+	first := time.Since(start)
+	elements, err := countElements(nd.conn)
+	return first, elements, err
+}
+
+// agentRSSText is agentRSS as the BENCH lines print it: "n/a" without an agent.
+func agentRSSText(agent, node string, program *kuportv1.NodeProgram) (string, error) {
+	if agent == "" {
+		return "n/a", nil
+	}
+	mb, err := agentRSS(agent, node, program)
+	if err != nil {
+		return "", fmt.Errorf("agent: %w", err)
+	}
+	return fmt.Sprintf("%.1f", mb), nil
 }
 
 // countElements counts the elements of every set of table inet kuport.

@@ -435,27 +435,23 @@ func (c *compiler) emitPodEnd(p *plan, links []*target, links6 map[*target]bool,
 		mark := c.marking.Mark(cl.ends[ep.node])
 		peerUnderlay, _ := c.node(t.node).underlay()
 		// The link carries the dialed ports (see emit); translate them to the pod's here.
-		if v4 {
-			here := cl.addressText(ep.node)
-			b.addDnat(p, d.dnat, FamilyIPv4, &kuportv1.DnatRule{
+		// arrive is a family's DNAT of what arrives at here, this node's end of the link, to
+		// the pod at to, and the save of the link's mark on its flow.
+		arrive := func(f Family, dnat, ctSave, here, to string) {
+			b.addDnat(p, dnat, f, &kuportv1.DnatRule{
 				InInterface: dev, MatchDestination: here, Protocol: p.proto, Ports: w.dialed,
-				ToAddress: ep.address, ToPort: ep.port, StandIn: ep.address,
+				ToAddress: to, ToPort: ep.port, StandIn: to,
 			}, true)
-			b.addMark(p, d.ctSave, DirectionIn, FamilyIPv4, &kuportv1.MarkRule{
+			b.addMark(p, ctSave, DirectionIn, f, &kuportv1.MarkRule{
 				Kind:        kuportv1.MarkKind_MARK_KIND_CT_SAVE,
 				InInterface: dev, Address: here, Protocol: p.proto, Ports: w.dialed, Mark: mark,
 			})
 		}
+		if v4 {
+			arrive(FamilyIPv4, d.dnat, d.ctSave, cl.addressText(ep.node), ep.address)
+		}
 		if links6[t] {
-			here6 := cl.addressText6(ep.node)
-			b.addDnat(p, d.dnat6, FamilyIPv6, &kuportv1.DnatRule{
-				InInterface: dev, MatchDestination: here6, Protocol: p.proto, Ports: w.dialed,
-				ToAddress: ep.address6, ToPort: ep.port, StandIn: ep.address6,
-			}, true)
-			b.addMark(p, d.ctSave6, DirectionIn, FamilyIPv6, &kuportv1.MarkRule{
-				Kind:        kuportv1.MarkKind_MARK_KIND_CT_SAVE,
-				InInterface: dev, Address: here6, Protocol: p.proto, Ports: w.dialed, Mark: mark,
-			})
+			arrive(FamilyIPv6, d.dnat6, d.ctSave6, cl.addressText6(ep.node), ep.address6)
 		}
 		// The return path is the link's, whichever mappings use it: its IPv6 gateway is set
 		// whenever the link carries IPv6.
@@ -469,24 +465,22 @@ func (c *compiler) emitPodEnd(p *plan, links []*target, links6 map[*target]bool,
 		b.addReturnPath(rp)
 		b.uses(p, d, true)
 	}
-	if v4 {
-		b.addSnat(p, "snat-reply", DirectionOut, FamilyIPv4, &kuportv1.SnatRule{
+	// reply is a family's identity SNAT of the pod's replies into a link and the restore of
+	// their flow's mark.
+	reply := func(f Family, snat, ctRestore, pod string) {
+		b.addSnat(p, snat, DirectionOut, f, &kuportv1.SnatRule{
 			Kind:    kuportv1.SnatKind_SNAT_KIND_REPLY,
-			Address: ep.address, Protocol: p.proto, Ports: w.pod,
+			Address: pod, Protocol: p.proto, Ports: w.pod,
 		})
-		b.addMark(p, "ct-restore", DirectionOut, FamilyIPv4, &kuportv1.MarkRule{
+		b.addMark(p, ctRestore, DirectionOut, f, &kuportv1.MarkRule{
 			Kind:    kuportv1.MarkKind_MARK_KIND_CT_RESTORE,
-			Address: ep.address, Protocol: p.proto, Ports: w.pod,
+			Address: pod, Protocol: p.proto, Ports: w.pod,
 		})
 	}
+	if v4 {
+		reply(FamilyIPv4, "snat-reply", "ct-restore", ep.address)
+	}
 	if len(links6) > 0 {
-		b.addSnat(p, "snat6-reply", DirectionOut, FamilyIPv6, &kuportv1.SnatRule{
-			Kind:    kuportv1.SnatKind_SNAT_KIND_REPLY,
-			Address: ep.address6, Protocol: p.proto, Ports: w.pod,
-		})
-		b.addMark(p, "ct-restore6", DirectionOut, FamilyIPv6, &kuportv1.MarkRule{
-			Kind:    kuportv1.MarkKind_MARK_KIND_CT_RESTORE,
-			Address: ep.address6, Protocol: p.proto, Ports: w.pod,
-		})
+		reply(FamilyIPv6, "snat6-reply", "ct-restore6", ep.address6)
 	}
 }
