@@ -330,8 +330,9 @@ func checkRenders(t *testing.T, p *kuportv1.NodeProgram) {
 			if s.role != roleReturn && !valid[e.id] || len(e.id) > maxCommentLen {
 				t.Fatalf("set %s: element id %q is no entry's id", s.name, e.id)
 			}
-			// valueText marks a key or value of the wrong size with "#"; an id may hold one.
-			if strings.Contains(valueText(s.key, e.key), "#") || (s.data != nil && !s.vmap() && strings.Contains(valueText(s.data, e.val), "#")) {
+			// valueText marks a key or value of the wrong size with "# "; an interface name may
+			// hold a "#", never a space (checkIfname), and an id is no part of either.
+			if strings.Contains(valueText(s.key, e.key), "# ") || (s.data != nil && !s.vmap() && strings.Contains(valueText(s.data, e.val), "# ")) {
 				t.Fatalf("set %s: element prints malformed: %s", s.name, e.text(s, true))
 			}
 		}
