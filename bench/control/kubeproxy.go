@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/binary"
-	"github.com/google/nftables"
 	"io"
 	"net"
 	"net/netip"
@@ -11,6 +10,7 @@ import (
 	"path/filepath"
 	"sync"
 
+	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
 
 	"kuport.wlz.li/kuport/bench/labbench"

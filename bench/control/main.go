@@ -27,7 +27,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"github.com/google/nftables"
 	"math"
 	"net/http"
 	"net/netip"
@@ -39,6 +38,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/google/nftables"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -46,7 +46,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
 	"kuport.wlz.li/kuport/api/v1alpha1"
@@ -193,8 +196,13 @@ func run(args []string) error {
 // setup writes the class (edge-a accepting on enp1s0, no return path: every endpoint is on
 // edge-a) and the one Service every PortMap maps to.
 func (b *bench) setup(ctx context.Context) error {
+	// The lab's API server can reset the first connections while it settles after start
+	// (make test saw one reset of the first request): retry those only.
+	settling := wait.Backoff{Steps: 8, Duration: 100 * time.Millisecond, Factor: 2}
 	for _, ns := range []string{kuportNS, kpNS} {
-		if err := b.l.Cluster.EnsureNamespace(ctx, ns, nil); err != nil {
+		if err := retry.OnError(settling, utilnet.IsConnectionReset, func() error {
+			return b.l.Cluster.EnsureNamespace(ctx, ns, nil)
+		}); err != nil {
 			return err
 		}
 	}
