@@ -74,14 +74,19 @@ func (cl *claim) addressText6(node string) string {
 	if !cl.has6() {
 		return ""
 	}
+	return cl.text(&cl.texts6, node, cl.address6)
+}
+
+// text is node's address of one family (addr) as text, kept in texts for the next caller.
+func (cl *claim) text(texts *[2]string, node string, addr func(string) netip.Addr) string {
 	i := 0
 	if node != cl.peers[0] {
 		i = 1
 	}
-	if cl.texts6[i] == "" {
-		cl.texts6[i] = cl.address6(node).String()
+	if texts[i] == "" {
+		texts[i] = addr(node).String()
 	}
-	return cl.texts6[i]
+	return texts[i]
 }
 
 // linkMAC is the link-layer address of a node's end of a link, derived from its /31
@@ -94,16 +99,7 @@ func linkMAC(addr netip.Addr) string {
 
 // addressText is address(node) as text, made once per claim: every mapping over the link
 // carries it, in up to four rules.
-func (cl *claim) addressText(node string) string {
-	i := 0
-	if node != cl.peers[0] {
-		i = 1
-	}
-	if cl.texts[i] == "" {
-		cl.texts[i] = cl.address(node).String()
-	}
-	return cl.texts[i]
-}
+func (cl *claim) addressText(node string) string { return cl.text(&cl.texts, node, cl.address) }
 
 // status is the claim as recorded in class status.links.
 func (cl *claim) status() v1alpha1.LinkStatus {
