@@ -5,7 +5,9 @@
 // and of the request/response p50 over the link to the same to the accepting node's pod, the
 // median of --rounds, for the link as the programs set it up and, with --before, as a program
 // without the link's source ports does (an older controller's: the device kuport made before
-// them), each set-up's devices made anew.
+// them), each set-up's devices made anew. With --routed it also measures the same traffic to
+// the pods' own addresses, routed by the same nodes over a plain vxlan device the bench makes
+// and translated by nothing: what the second node and the encapsulation cost without kuport.
 // Run it as root through bench/link.sh.
 package main
 
@@ -46,20 +48,53 @@ const (
 	podA         = "10.244.17.7"
 	podB         = "10.244.18.107"
 	podPort      = 3000
+	routedPort   = 3002 // the pods' second port, no mapping's: the routed path dials it
 	samePort     = 3000 // demo/same: to podA
 	crossPort    = 3001 // demo/cross: to podB, over the link
 	acceptNode   = "edge-a"
 	servingNode  = "worker-b"
 	underlayName = "wt0"
+	// The routed path's own vxlan device and /31, beside kuport's link (another VNI and port).
+	routedName  = "vx0"
+	routedVNI   = "4243"
+	routedUDP   = "4791"
+	routedLocal = "192.168.77.0"
+	routedPeer  = "192.168.77.1"
+)
+
+// underlay is how wt0 carries the link's datagrams between the nodes.
+type underlay int
+
+const (
+	// segmenting: the accepting node segments the link's batches before wt0 and the serving
+	// node takes each datagram through its whole receive path, as behind a TUN.
+	segmenting underlay = iota
+	// coalescing: segmented on the way, coalesced on receipt (GRO), as a NIC's driver or
+	// the kernel's WireGuard hands them up.
+	coalescing
+	// batching: wt0 carries the 64 KiB batches whole.
+	batching
 )
 
 func main() {
 	rounds := flag.Int("rounds", 5, "measurements of each figure; the medians are printed")
 	traffic := flag.Duration("traffic", 2*time.Second, "duration of each measurement")
 	before := flag.Bool("before", true, "also measure the link as a program without source ports sets it up (BENCH link_before)")
-	underlayGSO := flag.Bool("underlay-gso", false, "let the underlay carry the link's datagrams in 64 KiB batches (a veth's offload); by default it carries each one apart, as a TUN (the lab's wireguard-go) or a NIC without vxlan offload does")
+	routed := flag.Bool("routed", true, "also measure the same traffic routed to the pods over a plain vxlan device (BENCH link_routed)")
+	underlayGSO := flag.Bool("underlay-gso", false, "let the underlay carry the link's datagrams in 64 KiB batches (a veth's offload); by default it carries each one apart, as a TUN (the lab's wireguard-go) does")
+	underlayGRO := flag.Bool("underlay-gro", false, "let the serving node coalesce the datagrams it receives (GRO), as a NIC's driver or the kernel's WireGuard does; needs ethtool")
 	flag.Parse()
-	if err := run(*rounds, *traffic, *before, *underlayGSO); err != nil {
+	u := segmenting
+	switch {
+	case *underlayGSO && *underlayGRO:
+		fmt.Fprintln(os.Stderr, "link: --underlay-gso and --underlay-gro are two underlays; give one")
+		os.Exit(2)
+	case *underlayGSO:
+		u = batching
+	case *underlayGRO:
+		u = coalescing
+	}
+	if err := run(*rounds, *traffic, *before, *routed, u); err != nil {
 		fmt.Fprintln(os.Stderr, "link:", err)
 		os.Exit(1)
 	}
@@ -68,27 +103,34 @@ func main() {
 // setup is one way the link is set up: the programs the two nodes apply, and the figures
 // measured with them.
 type setup struct {
-	name     string
-	programs map[string]*kuportv1.NodeProgram
-	tcp, rr  []float64 // cross over same, per round
+	name        string
+	programs    map[string]*kuportv1.NodeProgram
+	same, cross string    // the two targets the client dials
+	tcp, rr     []float64 // cross over same, per round
 }
 
-func run(rounds int, d time.Duration, before, underlayGSO bool) error {
-	t, err := newTopology(underlayGSO)
+func run(rounds int, d time.Duration, before, routed bool, u underlay) error {
+	compiled, err := programs()
+	if err != nil {
+		return err
+	}
+	t, err := newTopology(u, compiled[acceptNode].GetLinks()[0].GetMtu())
 	if err != nil {
 		return err
 	}
 	defer t.close()
 	for ns, addr := range map[string]string{t.podA: podA, t.podB: podB} {
-		var l net.Listener
-		if err := labbench.InNS(ns, func() error {
-			l, err = net.Listen("tcp4", net.JoinHostPort(addr, strconv.Itoa(podPort)))
-			return err
-		}); err != nil {
-			return err
+		for _, port := range []int{podPort, routedPort} {
+			var l net.Listener
+			if err := labbench.InNS(ns, func() error {
+				l, err = net.Listen("tcp4", net.JoinHostPort(addr, strconv.Itoa(port)))
+				return err
+			}); err != nil {
+				return err
+			}
+			defer func() { _ = l.Close() }()
+			go labbench.Serve(l)
 		}
-		defer func() { _ = l.Close() }()
-		go labbench.Serve(l)
 	}
 	dps := map[string]*datapath.Datapath{}
 	nsOf := map[string]string{acceptNode: t.accept, servingNode: t.serving}
@@ -101,16 +143,17 @@ func run(rounds int, d time.Duration, before, underlayGSO bool) error {
 		dps[node] = dp
 	}
 
-	compiled, err := programs()
-	if err != nil {
-		return err
-	}
-	setups := []*setup{{name: "link", programs: compiled}}
-	if before {
-		setups = append(setups, &setup{name: "link_before", programs: withoutSourcePorts(compiled)})
-	}
 	same := net.JoinHostPort(acceptAddr, strconv.Itoa(samePort))
 	cross := net.JoinHostPort(acceptAddr, strconv.Itoa(crossPort))
+	setups := []*setup{{name: "link", programs: compiled, same: same, cross: cross}}
+	if before {
+		setups = append(setups, &setup{name: "link_before", programs: withoutSourcePorts(compiled), same: same, cross: cross})
+	}
+	if routed {
+		// kuport's programs stay applied, so each packet meets its table as the link's do.
+		setups = append(setups, &setup{name: "link_routed", programs: compiled,
+			same: net.JoinHostPort(podA, strconv.Itoa(routedPort)), cross: net.JoinHostPort(podB, strconv.Itoa(routedPort))})
+	}
 	for r := range rounds {
 		order := slices.Clone(setups)
 		if r%2 == 1 { // neither set-up always goes first
@@ -127,7 +170,7 @@ func run(rounds int, d time.Duration, before, underlayGSO bool) error {
 				}
 			}
 			var f [4]float64 // same and cross throughput, same and cross p50
-			for i, target := range []string{same, cross} {
+			for i, target := range []string{s.same, s.cross} {
 				if f[i], err = labbench.Throughput(t.client, target, d); err != nil {
 					return fmt.Errorf("%s: throughput to %s: %w", s.name, target, err)
 				}
@@ -227,8 +270,9 @@ func programs() (map[string]*kuportv1.NodeProgram, error) {
 }
 
 // topology is the two nodes with the client and a pod each: client eth0 - enp1s0 edge-a
-// (accepting) wt0 - wt0 worker-b (serving), each node's cilium_host to its pod's eth0, and
-// worker-b's eth0 (a veth leading nowhere) holding its default route.
+// (accepting) wt0 - wt0 worker-b (serving), each node's cilium_host to its pod's eth0,
+// worker-b's eth0 (a veth leading nowhere) holding its default route, and the routed path's
+// vx0 on each node over wt0.
 type topology struct{ client, accept, serving, podA, podB string }
 
 func sh(args ...string) error {
@@ -238,7 +282,8 @@ func sh(args ...string) error {
 	return nil
 }
 
-func newTopology(underlayGSO bool) (*topology, error) {
+// newTopology builds the namespaces, the routed path's vxlan device at the link's MTU.
+func newTopology(u underlay, linkMTU uint32) (*topology, error) {
 	suffix := strconv.Itoa(os.Getpid())
 	t := &topology{client: "kuplink-client-" + suffix, accept: "kuplink-accept-" + suffix, serving: "kuplink-serve-" + suffix,
 		podA: "kuplink-poda-" + suffix, podB: "kuplink-podb-" + suffix}
@@ -265,9 +310,14 @@ func newTopology(underlayGSO bool) (*topology, error) {
 		in(t.serving, "ip", "link", "set", "eth0", "up"),
 		in(t.serving, "ip", "route", "add", "default", "via", "192.0.2.1"),
 	)
-	for _, n := range []struct{ ns, underlay, hostAddr, pod, podNS string }{
-		{t.accept, underlayA, "10.244.17.1", podA, t.podA}, {t.serving, underlayB, "10.244.18.1", podB, t.podB},
+	for _, n := range []struct{ ns, underlay, remote, hostAddr, pod, podNS, routedAddr, routedTo string }{
+		{t.accept, underlayA, underlayB, "10.244.17.1", podA, t.podA, routedLocal, podB},
+		{t.serving, underlayB, underlayA, "10.244.18.1", podB, t.podB, routedPeer, clientAddr},
 	} {
+		routedVia := routedPeer
+		if n.routedAddr == routedPeer {
+			routedVia = routedLocal
+		}
 		steps = append(steps,
 			in(n.ns, "sysctl", "-qw", "net.ipv4.ip_forward=1"),
 			in(n.ns, "ip", "addr", "add", n.underlay+"/24", "dev", underlayName),
@@ -279,12 +329,31 @@ func newTopology(underlayGSO bool) (*topology, error) {
 			in(n.podNS, "ip", "link", "set", "eth0", "up"),
 			in(n.podNS, "ip", "route", "add", "default", "via", n.hostAddr),
 		)
-		if !underlayGSO {
+		// The routed path: a vxlan device set up as kuport's link is (datapath/links.go),
+		// the route to the other node's end of the path through it.
+		steps = append(steps,
+			in(n.ns, "ip", "link", "add", routedName, "mtu", strconv.Itoa(int(linkMTU)), "type", "vxlan", "id", routedVNI,
+				"dstport", routedUDP, "local", n.underlay, "remote", n.remote, "ttl", "64",
+				"srcport", "49152", "65535", "udpcsum"),
+			in(n.ns, "ip", "addr", "add", n.routedAddr+"/31", "dev", routedName),
+			in(n.ns, "ip", "link", "set", routedName, "up"),
+			in(n.ns, "ip", "route", "add", n.routedTo+"/32", "via", routedVia, "dev", routedName),
+		)
+		if u != batching {
 			// One segment per batch: the kernel segments the link's datagrams before the
 			// underlay, which hands them to the peer one by one.
 			steps = append(steps, in(n.ns, "ip", "link", "set", underlayName, "gso_max_segs", "1"))
 		}
 	}
+	if u == coalescing {
+		// A veth coalesces what it receives only with GRO on, set while both ends are up, and
+		// only from a peer without TSO: the veth driver's rule.
+		for _, ns := range []string{t.accept, t.serving} {
+			steps = append(steps, in(ns, "ethtool", "-K", underlayName, "tso", "off", "gro", "on"))
+		}
+	}
+	// The client reaches the pods' own addresses through edge-a, for the routed path.
+	steps = append(steps, in(t.client, "ip", "route", "add", "10.244.0.0/16", "via", acceptAddr))
 	for _, s := range steps {
 		if err := sh(s...); err != nil {
 			t.close()
