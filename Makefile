@@ -262,10 +262,11 @@ test: deps tools lab-binaries check-generated lint build images chart lab-images
 	KUPORT_PRIVILEGED=1 KUPORT_LAB_BIN=$$(lab/build-binaries.sh) KUPORT_BIN=$(BIN) $(LAB_ENV) \
 		KUPORT_IMAGES=$(IMAGES) KUPORT_IMAGES_NEXT=$(BIN)/images-next KUPORT_HELM=$(HELM) \
 		env $(PREV_ENV) $(GO) test -count=1 -p 1 -timeout 45m ./...
-	# bench/datapath.sh once at small N and bench/link.sh one short round: smoke tests that they
-	# complete, not of their figures.
+	# bench/datapath.sh once at small N, bench/link.sh and bench/setlookup.sh one short round:
+	# smoke tests that they complete, not of their figures.
 	sh bench/datapath.sh --mappings 1,10 --ranged 10:2 --dualstack 1,10 --traffic 200ms
 	sh bench/link.sh --rounds 1 --traffic 200ms
+	sh bench/setlookup.sh --rounds 1 --traffic 200ms
 	# bench/compile.sh once per benchmark, and the Go benchmarks no script runs once each
 	# (compile's fan-out, the datapath's and the agent's apply and change): that they complete.
 	sh bench/compile.sh --smoke
