@@ -233,8 +233,9 @@ func (d *Datapath) syncLink(w *wantLink, indexes map[int]bool, changes *int) err
 	if err != nil {
 		return fmt.Errorf("list addresses: %w", err)
 	}
-	var addrs4, addrs6 []netlink.Addr
-	var linkLocal *netlink.Addr // kuport's: not the kernel's, on a device made before IPv6
+	// linkLocal is kuport's link-local address when the device has it: not the kernel's,
+	// which a device made before IPv6 may have.
+	var addrs4, addrs6, linkLocal []netlink.Addr
 	ours := linkLocalOf(w.address.IP)
 	for _, a := range addrs {
 		switch {
@@ -242,7 +243,7 @@ func (d *Datapath) syncLink(w *wantLink, indexes map[int]bool, changes *int) err
 			addrs4 = append(addrs4, a)
 		case a.IP.IsLinkLocalUnicast():
 			if a.IPNet.String() == ours.String() {
-				linkLocal = &a
+				linkLocal = append(linkLocal, a)
 			}
 		default:
 			addrs6 = append(addrs6, a)
@@ -252,20 +253,8 @@ func (d *Datapath) syncLink(w *wantLink, indexes map[int]bool, changes *int) err
 		return err
 	}
 	err = d.syncAddress(l, addrs6, w.address6, changes)
-	switch {
-	case err != nil:
-	case w.linkLocal6 != nil && linkLocal == nil:
-		if err = d.nl.AddrAdd(l, &netlink.Addr{IPNet: w.linkLocal6, Flags: unix.IFA_F_NODAD}); err != nil {
-			err = fmt.Errorf("add address %s: %w", w.linkLocal6, err)
-		} else {
-			*changes++
-		}
-	case w.linkLocal6 == nil && linkLocal != nil:
-		if err = d.nl.AddrDel(l, linkLocal); err != nil {
-			err = fmt.Errorf("delete address %s: %w", linkLocal.IPNet, err)
-		} else {
-			*changes++
-		}
+	if err == nil {
+		err = d.syncAddress(l, linkLocal, w.linkLocal6, changes)
 	}
 	if err != nil && err6 == nil {
 		err6 = err
