@@ -107,19 +107,12 @@ func main() {
 // towards a pod namespace that holds the last mapping's pod address.
 type topology struct{ node, client, pod string }
 
-func sh(args ...string) error {
-	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-		return fmt.Errorf("%v: %v: %s", args, err, out)
-	}
-	return nil
-}
-
 // newTopology builds the namespaces with the last mapping's pod at pod, and at pod6 when
 // not empty: then the client, the node and the pod have IPv6 addresses too.
 func newTopology(pod, pod6 string) (*topology, error) {
 	suffix := strconv.Itoa(os.Getpid())
 	t := &topology{node: "kupbench-node-" + suffix, client: "kupbench-client-" + suffix, pod: "kupbench-pod-" + suffix}
-	in := func(ns string, args ...string) []string { return append([]string{"ip", "netns", "exec", ns}, args...) }
+	in := labbench.In
 	steps := [][]string{
 		{"ip", "netns", "add", t.node}, {"ip", "netns", "add", t.client}, {"ip", "netns", "add", t.pod},
 		// No duplicate address detection on any device made after: with it, a new device's
@@ -157,20 +150,14 @@ func newTopology(pod, pod6 string) (*topology, error) {
 			in(t.client, "ip", "route", "add", "10.244.0.0/16", "via", nodeAddr),
 			in(t.client, "ip", "-6", "route", "add", "fd00:10:244::/48", "via", nodeAddr6))
 	}
-	for _, s := range steps {
-		if err := sh(s...); err != nil {
-			t.close()
-			return nil, err
-		}
+	if err := labbench.Run(steps...); err != nil {
+		t.close()
+		return nil, err
 	}
 	return t, nil
 }
 
-func (t *topology) close() {
-	for _, ns := range []string{t.node, t.client, t.pod} {
-		_ = exec.Command("ip", "netns", "delete", ns).Run()
-	}
-}
+func (t *topology) close() { labbench.DeleteNS(t.node, t.client, t.pod) }
 
 // trafficFigures measures, from the client to the node's dialed port: one flow's
 // throughput, sequential new connections per second, and the p50 of connect + one-byte
@@ -222,20 +209,6 @@ func newNode(t *topology) (*node, error) {
 	return nd, err
 }
 
-// listen serves TCP on the pod's addr:port until the returned func closes it.
-func (t *topology) listen(addr string, port int) (func(), error) {
-	var pod net.Listener
-	if err := labbench.InNS(t.pod, func() error {
-		var err error
-		pod, err = net.Listen("tcp", net.JoinHostPort(addr, strconv.Itoa(port)))
-		return err
-	}); err != nil {
-		return nil, err
-	}
-	go labbench.Serve(pod)
-	return func() { _ = pod.Close() }, nil
-}
-
 // measure prints the figures of n mappings, the last ranges of them 1,000-port ranges
 // (datapathtest.RangedProgram) with the traffic to the last range, or none.
 func measure(n, ranges int, agent string, d time.Duration) error {
@@ -248,7 +221,7 @@ func measure(n, ranges int, agent string, d time.Duration) error {
 		return err
 	}
 	defer t.close()
-	closePod, err := t.listen(datapathtest.PodAddr(n-1), port)
+	closePod, err := labbench.ServeIn(t.pod, datapathtest.PodAddr(n-1), port)
 	if err != nil {
 		return err
 	}
@@ -399,7 +372,7 @@ func measureDualStack(n int, agent string, d time.Duration) error {
 	}
 	defer t.close()
 	for _, addr := range []string{datapathtest.PodAddr(n - 1), datapathtest.PodAddr6(n - 1)} {
-		closePod, err := t.listen(addr, port)
+		closePod, err := labbench.ServeIn(t.pod, addr, port)
 		if err != nil {
 			return err
 		}

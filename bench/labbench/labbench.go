@@ -1,6 +1,6 @@
-// Package labbench is what the benchmarks share (bench/control, bench/fanout; bench/datapath
-// its memory figure and InNS):
-// the embedded lab (package lab: a real API server, the real controller and agents in
+// Package labbench is what the benchmarks share (bench/control, bench/fanout; bench/datapath,
+// bench/link and bench/setlookup their namespaces, traffic and medians, netns.go and
+// traffic.go): the embedded lab (package lab: a real API server, the real controller and agents in
 // network namespaces) with API clients whose rate limit is raised for creating thousands of
 // objects, concurrent creation, and the figures they print (percentiles, a process's
 // resident memory and CPU time).

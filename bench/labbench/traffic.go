@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/google/nftables"
@@ -33,6 +34,28 @@ func Serve(l net.Listener) {
 			_, _ = io.Copy(c, c)
 		}()
 	}
+}
+
+// ServeIn runs Serve on addr:port in network namespace ns until stop.
+func ServeIn(ns, addr string, port int) (stop func(), err error) {
+	var l net.Listener
+	if err := InNS(ns, func() (err error) {
+		l, err = net.Listen("tcp", net.JoinHostPort(addr, strconv.Itoa(port)))
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	go Serve(l)
+	return func() { _ = l.Close() }, nil
+}
+
+// Median is the median of v, the mean of the middle two for an even count.
+func Median(v []float64) float64 {
+	s := slices.Sorted(slices.Values(v))
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 // Throughput is one TCP flow's rate in Gbit/s from namespace ns to target over d.

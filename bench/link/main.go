@@ -121,15 +121,11 @@ func run(rounds int, d time.Duration, before, routed bool, u underlay) error {
 	defer t.close()
 	for ns, addr := range map[string]string{t.podA: podA, t.podB: podB} {
 		for _, port := range []int{podPort, routedPort} {
-			var l net.Listener
-			if err := labbench.InNS(ns, func() error {
-				l, err = net.Listen("tcp4", net.JoinHostPort(addr, strconv.Itoa(port)))
-				return err
-			}); err != nil {
+			stop, err := labbench.ServeIn(ns, addr, port)
+			if err != nil {
 				return err
 			}
-			defer func() { _ = l.Close() }()
-			go labbench.Serve(l)
+			defer stop()
 		}
 	}
 	dps := map[string]*datapath.Datapath{}
@@ -184,17 +180,9 @@ func run(rounds int, d time.Duration, before, routed bool, u underlay) error {
 		}
 	}
 	for _, s := range setups {
-		fmt.Printf("BENCH %s cross_over_same_tcp=%.2f cross_over_same_rr=%.2f\n", s.name, median(s.tcp), median(s.rr))
+		fmt.Printf("BENCH %s cross_over_same_tcp=%.2f cross_over_same_rr=%.2f\n", s.name, labbench.Median(s.tcp), labbench.Median(s.rr))
 	}
 	return nil
-}
-
-func median(v []float64) float64 {
-	s := slices.Sorted(slices.Values(v))
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 // withoutSourcePorts is the programs without their links' source ports, as a controller from
@@ -275,19 +263,12 @@ func programs() (map[string]*kuportv1.NodeProgram, error) {
 // vx0 on each node over wt0.
 type topology struct{ client, accept, serving, podA, podB string }
 
-func sh(args ...string) error {
-	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-		return fmt.Errorf("%v: %v: %s", args, err, out)
-	}
-	return nil
-}
-
 // newTopology builds the namespaces, the routed path's vxlan device at the link's MTU.
 func newTopology(u underlay, linkMTU uint32) (*topology, error) {
 	suffix := strconv.Itoa(os.Getpid())
 	t := &topology{client: "kuplink-client-" + suffix, accept: "kuplink-accept-" + suffix, serving: "kuplink-serve-" + suffix,
 		podA: "kuplink-poda-" + suffix, podB: "kuplink-podb-" + suffix}
-	in := func(ns string, args ...string) []string { return append([]string{"ip", "netns", "exec", ns}, args...) }
+	in := labbench.In
 	var steps [][]string
 	for _, ns := range t.all() {
 		steps = append(steps, []string{"ip", "netns", "add", ns}, in(ns, "ip", "link", "set", "lo", "up"))
@@ -310,14 +291,10 @@ func newTopology(u underlay, linkMTU uint32) (*topology, error) {
 		in(t.serving, "ip", "link", "set", "eth0", "up"),
 		in(t.serving, "ip", "route", "add", "default", "via", "192.0.2.1"),
 	)
-	for _, n := range []struct{ ns, underlay, remote, hostAddr, pod, podNS, routedAddr, routedTo string }{
-		{t.accept, underlayA, underlayB, "10.244.17.1", podA, t.podA, routedLocal, podB},
-		{t.serving, underlayB, underlayA, "10.244.18.1", podB, t.podB, routedPeer, clientAddr},
+	for _, n := range []struct{ ns, underlay, remote, hostAddr, pod, podNS, routedAddr, routedVia, routedTo string }{
+		{t.accept, underlayA, underlayB, "10.244.17.1", podA, t.podA, routedLocal, routedPeer, podB},
+		{t.serving, underlayB, underlayA, "10.244.18.1", podB, t.podB, routedPeer, routedLocal, clientAddr},
 	} {
-		routedVia := routedPeer
-		if n.routedAddr == routedPeer {
-			routedVia = routedLocal
-		}
 		steps = append(steps,
 			in(n.ns, "sysctl", "-qw", "net.ipv4.ip_forward=1"),
 			in(n.ns, "ip", "addr", "add", n.underlay+"/24", "dev", underlayName),
@@ -337,7 +314,7 @@ func newTopology(u underlay, linkMTU uint32) (*topology, error) {
 				"srcport", "49152", "65535", "udpcsum"),
 			in(n.ns, "ip", "addr", "add", n.routedAddr+"/31", "dev", routedName),
 			in(n.ns, "ip", "link", "set", routedName, "up"),
-			in(n.ns, "ip", "route", "add", n.routedTo+"/32", "via", routedVia, "dev", routedName),
+			in(n.ns, "ip", "route", "add", n.routedTo+"/32", "via", n.routedVia, "dev", routedName),
 		)
 		if u != batching {
 			// One segment per batch: the kernel segments the link's datagrams before the
@@ -354,22 +331,16 @@ func newTopology(u underlay, linkMTU uint32) (*topology, error) {
 	}
 	// The client reaches the pods' own addresses through edge-a, for the routed path.
 	steps = append(steps, in(t.client, "ip", "route", "add", "10.244.0.0/16", "via", acceptAddr))
-	for _, s := range steps {
-		if err := sh(s...); err != nil {
-			t.close()
-			return nil, err
-		}
+	if err := labbench.Run(steps...); err != nil {
+		t.close()
+		return nil, err
 	}
 	return t, nil
 }
 
 func (t *topology) all() []string { return []string{t.client, t.accept, t.serving, t.podA, t.podB} }
 
-func (t *topology) close() {
-	for _, ns := range t.all() {
-		_ = exec.Command("ip", "netns", "delete", ns).Run()
-	}
-}
+func (t *topology) close() { labbench.DeleteNS(t.all()...) }
 
 // linkSettings is the accepting node's link device as `ip -d link show` prints its source
 // ports and checksum, to show which set-up a round measured.

@@ -14,7 +14,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -72,13 +71,9 @@ func run(rounds int, d time.Duration, rules int) error {
 	suffix := strconv.Itoa(os.Getpid())
 	client, node, server := "kupset-client-"+suffix, "kupset-node-"+suffix, "kupset-server-"+suffix
 	all := []string{client, node, server}
-	defer func() {
-		for _, ns := range all {
-			_ = exec.Command("ip", "netns", "delete", ns).Run()
-		}
-	}()
+	defer labbench.DeleteNS(all...)
 	var steps [][]string
-	in := func(ns string, args ...string) []string { return append([]string{"ip", "netns", "exec", ns}, args...) }
+	in := labbench.In
 	for _, ns := range all {
 		steps = append(steps, []string{"ip", "netns", "add", ns}, in(ns, "ip", "link", "set", "lo", "up"))
 	}
@@ -97,20 +92,14 @@ func run(rounds int, d time.Duration, rules int) error {
 		in(server, "ip", "link", "set", "eth0", "up"),
 		in(server, "ip", "route", "add", "default", "via", serverGw),
 	)
-	for _, s := range steps {
-		if out, err := exec.Command(s[0], s[1:]...).CombinedOutput(); err != nil {
-			return fmt.Errorf("%v: %v: %s", s, err, out)
-		}
-	}
-	var l net.Listener
-	if err := labbench.InNS(server, func() (err error) {
-		l, err = net.Listen("tcp4", net.JoinHostPort(serverAddr, strconv.Itoa(port)))
-		return err
-	}); err != nil {
+	if err := labbench.Run(steps...); err != nil {
 		return err
 	}
-	defer func() { _ = l.Close() }()
-	go labbench.Serve(l)
+	stop, err := labbench.ServeIn(server, serverAddr, port)
+	if err != nil {
+		return err
+	}
+	defer stop()
 
 	target := net.JoinHostPort(serverAddr, strconv.Itoa(port))
 	ks := kinds()
@@ -146,7 +135,7 @@ func run(rounds int, d time.Duration, rules int) error {
 	for i, k := range ks {
 		f := got[i]
 		fmt.Printf("BENCH set_lookup kind=%s rules=%d tcp_gbps=%.2f rr_p50_us=%.0f none_tcp_gbps=%.2f none_rr_p50_us=%.0f\n",
-			k.name, rules, median(f.tcp), median(f.rr), median(f.baseTCP), median(f.baseRR))
+			k.name, rules, labbench.Median(f.tcp), labbench.Median(f.rr), labbench.Median(f.baseTCP), labbench.Median(f.baseRR))
 	}
 	return nil
 }
@@ -166,12 +155,4 @@ func load(ns string, k kind, rules int) error {
 		return fmt.Errorf("nft -f (%s): %v: %s", k.name, err, out)
 	}
 	return nil
-}
-
-func median(v []float64) float64 {
-	s := slices.Sorted(slices.Values(v))
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
