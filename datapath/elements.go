@@ -178,9 +178,32 @@ func (e elem) keyText(s *setSpec) string {
 	return valueText(s.key, e.key)
 }
 
-// text is the element as `nft list` prints it, its counter normalised to "counter".
-func (e elem) text(s *setSpec, counted bool) string {
-	t := e.keyText(s)
+// text is the element as kuport's logs and errors print it: as `nft list` would, were a
+// range set's key its concatenation (listed).
+func (e elem) text(s *setSpec, counted bool) string { return e.textOf(e.keyText(s), s, counted) }
+
+// listed is the element as `nft list` prints it, its counter normalised to "counter". nft
+// 1.0.6 prints a range set's key, one ll_addr as wide as the concatenation (layout.go's
+// keyType), as its bytes in hex, the range "first-last".
+func (e elem) listed(s *setSpec, counted bool) string {
+	if !s.interval() {
+		return e.text(s, counted)
+	}
+	return e.textOf(hexColons(e.key)+"-"+hexColons(e.end), s, counted)
+}
+
+// hexColons prints b's bytes as nft prints an ll_addr: two hex digits each, between colons.
+func hexColons(b string) string {
+	parts := make([]string, len(b))
+	for i := range len(b) {
+		parts[i] = fmt.Sprintf("%02x", b[i])
+	}
+	return strings.Join(parts, ":")
+}
+
+// textOf is the element printed with key as its key's text.
+func (e elem) textOf(key string, s *setSpec, counted bool) string {
+	t := key
 	if counted {
 		t += " counter"
 	}
@@ -202,7 +225,7 @@ func (e elem) text(s *setSpec, counted bool) string {
 func elementLines(s *setSpec, elems map[string]elem, counted func(elem) bool) []string {
 	lines := make([]string, 0, len(elems))
 	for _, e := range elems {
-		lines = append(lines, e.text(s, counted(e)))
+		lines = append(lines, e.listed(s, counted(e)))
 	}
 	slices.Sort(lines)
 	return lines

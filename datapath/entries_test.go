@@ -3,6 +3,7 @@ package datapath
 import (
 	"errors"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -106,11 +107,16 @@ func TestMarkRuleForms(t *testing.T) {
 }
 
 // elementsText lists a table's elements as "<set>: <elements>", one line per set that has
-// any.
+// any, each element as kuport's logs print it (a range's key readable, elem.text).
 func elementsText(tbl *table) string {
 	var lines []string
 	for _, s := range tbl.layout.sets {
-		if es := elementLines(s, tbl.elems[s.name], func(elem) bool { return true }); len(es) > 0 {
+		var es []string
+		for _, e := range tbl.elems[s.name] {
+			es = append(es, e.text(s, true))
+		}
+		if len(es) > 0 {
+			slices.Sort(es)
 			lines = append(lines, s.name+": "+strings.Join(es, ", "))
 		}
 	}

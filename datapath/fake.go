@@ -209,8 +209,8 @@ func (k *fakeKernel) AddRule(r *nftables.Rule) *nftables.Rule {
 
 // addElems adds elements as the kernel does without NLM_F_EXCL: a key the set holds with
 // the same data is kept, with other data refused (EBUSY); a key or data of the wrong
-// length is invalid. An interval set's element needs its key end, and one that overlaps
-// another but is not the same range is refused (ENOTEMPTY, as pipapo refuses it). A set
+// length is invalid. An interval set's element is a range (asRanges), and one that overlaps
+// another but is not the same range is refused (ENOTEMPTY, as the rbtree refuses it). A set
 // with counters gives each element its own.
 func addElems(ft *fakeTable, set string, vals []nftables.SetElement) error {
 	s := ft.set(set)
@@ -268,15 +268,44 @@ func queued(vals []nftables.SetElement) []nftables.SetElement {
 
 func (k *fakeKernel) SetAddElements(s *nftables.Set, vals []nftables.SetElement) error {
 	vals = queued(vals)
-	k.in(s.Table, func(ft *fakeTable) error { return addElems(ft, s.Name, vals) })
+	k.in(s.Table, func(ft *fakeTable) error {
+		vals, err := asRanges(ft, s.Name, vals)
+		if err != nil {
+			return err
+		}
+		return addElems(ft, s.Name, vals)
+	})
 	return nil
+}
+
+// asRanges is an interval set's elements as the fake holds them: each range one element, its
+// key end the range's last key (pairRanges). The kernel would take an end without its first
+// key; kuport never writes one, so the fake refuses it. Another set's elements are kept as
+// they are; an interval's end in one is invalid.
+func asRanges(ft *fakeTable, set string, vals []nftables.SetElement) ([]nftables.SetElement, error) {
+	s := ft.set(set)
+	if s == nil {
+		return nil, fmt.Errorf("set %s: %w", set, syscall.ENOENT)
+	}
+	if !s.Interval {
+		if slices.ContainsFunc(vals, func(v nftables.SetElement) bool { return v.IntervalEnd }) {
+			return nil, fmt.Errorf("interval end in set %s: %w", set, syscall.EINVAL)
+		}
+		return vals, nil
+	}
+	paired, ok := pairRanges(vals)
+	if !ok {
+		return nil, fmt.Errorf("elements of %s are not ranges, each a first key and its end: %w", set, syscall.EINVAL)
+	}
+	return paired, nil
 }
 
 func (k *fakeKernel) SetDeleteElements(s *nftables.Set, vals []nftables.SetElement) error {
 	vals = queued(vals)
 	k.in(s.Table, func(ft *fakeTable) error {
-		if ft.set(s.Name) == nil {
-			return fmt.Errorf("set %s: %w", s.Name, syscall.ENOENT)
+		vals, err := asRanges(ft, s.Name, vals)
+		if err != nil {
+			return err
 		}
 		for _, v := range vals {
 			if have, ok := ft.elems[s.Name][string(v.Key)]; !ok || !bytes.Equal(have.KeyEnd, v.KeyEnd) {
@@ -383,7 +412,14 @@ func (k *fakeKernel) GetSetElements(s *nftables.Set) ([]nftables.SetElement, err
 			c := *e.Counter
 			e.Counter = &c
 		}
-		out = append(out, e)
+		if len(e.KeyEnd) == 0 {
+			out = append(out, e)
+			continue
+		}
+		// A range as an rbtree lists it: its first key, and its end without a counter.
+		end := nftables.SetElement{Key: intervalEnd(nil, string(e.KeyEnd)), IntervalEnd: true}
+		e.KeyEnd = nil
+		out = append(out, e, end)
 	}
 	return out, nil
 }

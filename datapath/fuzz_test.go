@@ -316,10 +316,16 @@ func checkRenders(t *testing.T, p *kuportv1.NodeProgram) {
 	for _, s := range tbl.layout.sets {
 		ks := s.kernelSet(kt)
 		for _, e := range tbl.elems[s.name] {
-			ne, _ := nftElem(nil, s, e, s.data != nil)
-			if len(ne.Key) != int(ks.KeyType.Bytes) {
-				t.Fatalf("set %s: key of %d bytes, type %s takes %d", s.name, len(ne.Key), ks.KeyType.Name, ks.KeyType.Bytes)
+			nes, _ := nftElem(nil, s, e, s.data != nil)
+			for _, ne := range nes {
+				if len(ne.Key) != int(ks.KeyType.Bytes) {
+					t.Fatalf("set %s: key of %d bytes, type %s takes %d", s.name, len(ne.Key), ks.KeyType.Name, ks.KeyType.Bytes)
+				}
 			}
+			if paired, ok := pairRanges(nes); s.interval() && (!ok || len(paired) != 1 || string(paired[0].KeyEnd) != e.end) {
+				t.Fatalf("set %s: range %s does not read back as written", s.name, e.text(s, true))
+			}
+			ne := nes[0]
 			switch {
 			case s.vmap() && (ne.VerdictData == nil || !tbl.layout.hasChain(ne.VerdictData.Chain)):
 				t.Fatalf("map %s: element jumps to no chain of the table: %s", s.name, e.text(s, true))

@@ -233,7 +233,29 @@ func concat(fields []field) nftables.SetDatatype {
 	return nftables.MustConcatSetType(types...)
 }
 
-func (s *setSpec) keyType() nftables.SetDatatype { return concat(s.key) }
+// keyType is the type of the set's key: a range set's is one ll_addr as wide as the
+// concatenation, which nft lists in hex (elem.listed). The kernel keeps an interval set whose key is declared a concatenation as
+// pipapo, whose lookup costs several times an rbtree's (docs/design/nftables.md#what-a-chain-costs-per-packet);
+// one of a single key as an rbtree, which compares keys bytewise as wholes. In that order the
+// keys of a range are the ones between its first and last key: every part but the port, the
+// last, is the same in both.
+func (s *setSpec) keyType() nftables.SetDatatype {
+	if s.interval() {
+		t := nftables.TypeLLAddr
+		t.Bytes = s.keyBytes()
+		return t
+	}
+	return concat(s.key)
+}
+
+// keyBytes is the length of the set's key: its parts, each padded to 4 bytes.
+func (s *setSpec) keyBytes() uint32 {
+	n := uint32(0)
+	for _, f := range s.key {
+		n += f.words() * 4
+	}
+	return n
+}
 
 func (s *setSpec) dataType() nftables.SetDatatype {
 	if s.data == nil {
@@ -245,12 +267,16 @@ func (s *setSpec) dataType() nftables.SetDatatype {
 // kernelSet is the set as AddSet creates it.
 func (s *setSpec) kernelSet(t *nftables.Table) *nftables.Set {
 	return &nftables.Set{Table: t, Name: s.name, IsMap: s.data != nil, Counter: true, Interval: s.interval(),
-		Concatenation: len(s.key) > 1, KeyType: s.keyType(), DataType: s.dataType()}
+		Concatenation: len(s.key) > 1 && !s.interval(), KeyType: s.keyType(), DataType: s.dataType()}
 }
 
-// header is the set's opening lines as nft lists them.
+// header is the set's opening lines as nft lists them. nft 1.0.6 lists the type of a range
+// set's key, an ll_addr of other than 6 bytes, as that many zero bytes.
 func (s *setSpec) header() []string {
 	typ := typeText(s.key)
+	if s.interval() {
+		typ = hexColons(string(make([]byte, s.keyBytes())))
+	}
 	if s.data != nil {
 		typ += " : " + typeText(s.data)
 	}

@@ -165,7 +165,15 @@ func (kt *kernelTable) view(l *layout) (t *table, intact bool, counters map[stri
 			continue
 		}
 		counters[s.name] = map[string]*expr.Counter{}
-		for _, ke := range kt.elems[ks.Name] {
+		kes := kt.elems[ks.Name]
+		if s.interval() {
+			var ok bool
+			if kes, ok = pairRanges(kes); !ok {
+				intact = false
+				continue
+			}
+		}
+		for _, ke := range kes {
 			e := elem{key: string(ke.Key), end: string(ke.KeyEnd), val: string(ke.Val), id: ke.Comment}
 			if s.vmap() {
 				e.val = jumpTarget(ke.Val)

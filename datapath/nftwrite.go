@@ -18,27 +18,17 @@ import (
 const maxElemBatch = 60 << 10
 
 // elemSize bounds an element's encoded size: the nested element, key and data attributes,
-// and the comment's userdata, each with its header and padding, and a range's key end.
-func elemSize(e nftables.SetElement) int {
-	n := 48 + len(e.Key) + len(e.Val) + len(e.Comment)
-	if len(e.KeyEnd) > 0 {
-		n += 8 + len(e.KeyEnd)
-	}
-	return n
-}
+// the comment's userdata and a range's end flag, each with its header and padding.
+func elemSize(e nftables.SetElement) int { return 56 + len(e.Key) + len(e.Val) + len(e.Comment) }
 
 // nftElem is e as queued to set s: its key, and to add it its data and comment, their bytes
-// appended to buf, which it returns grown.
-func nftElem(buf []byte, s *setSpec, e elem, withData bool) (nftables.SetElement, []byte) {
+// appended to buf, which it returns grown. A range is two kernel elements, added and deleted
+// alike: its first key, and the key past its last flagged as the interval's end (an rbtree
+// holds a range so, layout.go's keyType).
+func nftElem(buf []byte, s *setSpec, e elem, withData bool) ([]nftables.SetElement, []byte) {
 	at := len(buf)
 	buf = append(buf, e.key...)
 	ne := nftables.SetElement{Key: buf[at:len(buf):len(buf)]}
-	if e.end != "" {
-		// A range is deleted as it is added: by its first and last key.
-		at = len(buf)
-		buf = append(buf, e.end...)
-		ne.KeyEnd = buf[at:len(buf):len(buf)]
-	}
 	if withData && s.vmap() {
 		ne.VerdictData, ne.Comment = &expr.Verdict{Kind: expr.VerdictJump, Chain: e.val}, s.written(e).id
 	} else if withData {
@@ -46,7 +36,12 @@ func nftElem(buf []byte, s *setSpec, e elem, withData bool) (nftables.SetElement
 		buf = append(buf, e.val...)
 		ne.Val, ne.Comment = buf[at:len(buf):len(buf)], s.written(e).id
 	}
-	return ne, buf
+	if e.end == "" {
+		return []nftables.SetElement{ne}, buf
+	}
+	at = len(buf)
+	buf = intervalEnd(buf, e.end)
+	return []nftables.SetElement{ne, {Key: buf[at:len(buf):len(buf)], IntervalEnd: true}}, buf
 }
 
 // elemQueue queues element adds (or deletes) to one set in lists under maxElemBatch. The
@@ -69,15 +64,19 @@ func (q *elemQueue) queue(ks *nftables.Set, s *setSpec, e elem, del bool) error 
 		}
 		q.d.log.Trace(what, "set", s.name, "element", e.text(s, false))
 	}
-	ne, buf := nftElem(q.buf, s, e, !del)
-	if n := elemSize(ne); len(q.elems) > 0 && q.size+n > maxElemBatch {
+	nes, buf := nftElem(q.buf, s, e, !del)
+	n := 0
+	for _, ne := range nes {
+		n += elemSize(ne)
+	}
+	if len(q.elems) > 0 && q.size+n > maxElemBatch {
 		if err := q.send(ks, del); err != nil {
 			return err
 		}
 		// The bytes of the sent list are encoded: queue e anew at the buffer's start.
-		ne, buf = nftElem(q.buf, s, e, !del)
+		nes, buf = nftElem(q.buf, s, e, !del)
 	}
-	q.buf, q.elems, q.size = buf, append(q.elems, ne), q.size+elemSize(ne)
+	q.buf, q.elems, q.size = buf, append(q.elems, nes...), q.size+n
 	return nil
 }
 

@@ -1,9 +1,14 @@
 package datapath
 
 import (
+	"bytes"
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
+
+	"github.com/google/nftables"
 
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
@@ -42,6 +47,64 @@ func programRanges(p *kuportv1.NodeProgram) bool {
 // rangePut is the element of set single's range set that holds ports r of key's form.
 func rangePut(single string, key func(port uint16) string, r portRange, val string) put {
 	return put{set: rangesName(single), elem: elem{key: key(r.first), end: key(r.last), val: val}}
+}
+
+// intervalEnd appends to buf the key an rbtree holds as the end of a range whose last key is
+// last: the next key, the whole key one big-endian integer. A key ends in its port's padding,
+// so the next key never carries past it.
+func intervalEnd(buf []byte, last string) []byte {
+	at := len(buf)
+	buf = append(buf, last...)
+	for i := len(buf) - 1; i >= at; i-- {
+		buf[i]++
+		if buf[i] != 0 {
+			break
+		}
+	}
+	return buf
+}
+
+// lastKey is the last key of a range whose end element (intervalEnd) has key end; false for
+// a key no range ends at (all zeros).
+func lastKey(end []byte) (string, bool) {
+	b := slices.Clone(end)
+	for i := len(b) - 1; i >= 0; i-- {
+		b[i]--
+		if b[i] != 0xff {
+			return string(b), true
+		}
+	}
+	return "", false
+}
+
+// pairRanges pairs an rbtree's elements as the kernel lists them (in no set order) into ranges,
+// each its first element with end the last key of the range (elem.end's form); false when
+// they do not pair, a first key followed by its end, as kuport writes them (nftElem).
+func pairRanges(kes []nftables.SetElement) ([]nftables.SetElement, bool) {
+	sorted := slices.SortedFunc(slices.Values(kes), func(a, b nftables.SetElement) int {
+		return cmp.Or(bytes.Compare(a.Key, b.Key), cmp.Compare(boolInt(a.IntervalEnd), boolInt(b.IntervalEnd)))
+	})
+	if len(sorted)%2 != 0 {
+		return nil, false
+	}
+	out := make([]nftables.SetElement, 0, len(sorted)/2)
+	for i := 0; i < len(sorted); i += 2 {
+		first, end := sorted[i], sorted[i+1]
+		last, ok := lastKey(end.Key)
+		if first.IntervalEnd || !end.IntervalEnd || !ok || len(first.KeyEnd) > 0 || last < string(first.Key) {
+			return nil, false
+		}
+		first.KeyEnd = []byte(last)
+		out = append(out, first)
+	}
+	return out, true
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // rangeIndex is the elements of a table's range sets by set and by key without its port:
