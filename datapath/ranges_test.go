@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"google.golang.org/protobuf/proto"
 	"io"
 	"net"
 	"strings"
@@ -164,4 +165,17 @@ func TestPrivilegedWideRange(t *testing.T) {
 	inRange, single = udpFlows()
 	assert.Equal(t, 0, inRange, "the range's flows are deleted")
 	assert.Equal(t, 1, single, "the single port's flow stays")
+
+	// The TCP range moves to another pod: the ranges it changes are deleted and added anew in
+	// one transaction, and only they are written.
+	const other = "10.244.17.6"
+	movedD, movedS := proto.Clone(tcpD).(*kuportv1.DnatRule), proto.Clone(tcpS).(*kuportv1.SnatRule)
+	movedD.ToAddress, movedD.StandIn, movedS.Address = other, other, other
+	p3 := &kuportv1.NodeProgram{Node: "edge-a", Version: 3,
+		DnatRules: []*kuportv1.DnatRule{movedD, oneD}, SnatRules: []*kuportv1.SnatRule{movedS, oneS}}
+	require.NoError(t, tn.dp.Apply(p3))
+	listing = tn.nftList(t)
+	assert.Equal(t, Render(p3), listing)
+	assert.Contains(t, listing, tcpRange+` counter comment "g/tcp/dnat/enp1s0" : `+other)
+	assert.Equal(t, 3*2, tn.dp.lastChanges, "dnat's and steer's data and snat-request's key, each deleted and added; count-out's stays")
 }
