@@ -1,9 +1,10 @@
 // Command datapath measures kuport's datapath at several program sizes in one run (the
 // figures are in BENCHMARKS.md): the product's Datapath applies N same-node TCP mappings on
 // enp1s0 to a node namespace between a client namespace and a pod namespace, and traffic goes
-// to the last mapping. It prints one BENCH line per size; then one per ranged size (N
-// mappings of which R are 1,000-port ranges, traffic to the middle of the last range), and
-// one for a single wide UDP range (its apply, its kernel elements and the agent holding it;
+// to the last mapping. Every size (and ranged size: N mappings of which R are 1,000-port
+// ranges, traffic to the middle of the last range) is set up on its own topology first, then
+// their traffic is measured in turn, --rounds times, and one BENCH line per size gives the
+// medians; then come the dual-stack sizes, and one line for a single wide UDP range (its apply, its kernel elements and the agent holding it;
 // bench/control.sh gives its time to Programmed=True in the lab).
 // Run it as root through bench/datapath.sh.
 package main
@@ -51,19 +52,33 @@ func main() {
 	ranged := flag.String("ranged", "10000:100", "sizes with ranges, comma-separated mappings:ranges (1,000 ports each); empty: none")
 	rangePorts := flag.Int("range-ports", 16384, "ports of the one wide UDP range measured; 0: none")
 	dualStack := flag.String("dualstack", "1,10000", "dual-stack program sizes, comma-separated: IPv6 beside IPv4 traffic; empty: none")
+	rounds := flag.Int("rounds", 3, "traffic measurements of each size, taken in turn across the sizes; the medians are printed")
 	flag.Parse()
+	// Every size is set up first and measured in turn, round after round: a size measured
+	// alone while the kernel still freed the previous one's namespaces was slower by up to a
+	// tenth, and the ratios between sizes are the figures (BENCHMARKS.md, "Port ranges in
+	// rbtrees").
+	var all []*sized
+	fail := func(what string, err error) {
+		for _, z := range all {
+			z.close()
+		}
+		fmt.Fprintf(os.Stderr, "%s: %v\n", what, err)
+		os.Exit(1)
+	}
 	for _, s := range strings.Split(*sizes, ",") {
 		if s == "" {
 			continue
 		}
 		n, err := strconv.Atoi(s)
+		var z *sized
 		if err == nil {
-			err = measure(n, 0, *agent, *traffic)
+			z, err = setUp(n, 0, *agent)
 		}
 		if err != nil {
-			fmt.Fprintf(os.Stderr, "mappings=%s: %v\n", s, err)
-			os.Exit(1)
+			fail("mappings="+s, err)
 		}
+		all = append(all, z)
 	}
 	for _, s := range strings.Split(*ranged, ",") {
 		if s == "" {
@@ -74,13 +89,27 @@ func main() {
 		if err == nil && (r < 1 || r > n) {
 			err = fmt.Errorf("ranges %d of %d mappings", r, n)
 		}
+		var z *sized
 		if err == nil {
-			err = measure(n, r, *agent, *traffic)
+			z, err = setUp(n, r, *agent)
 		}
 		if err != nil {
-			fmt.Fprintf(os.Stderr, "ranged=%s: %v\n", s, err)
-			os.Exit(1)
+			fail("ranged="+s, err)
 		}
+		all = append(all, z)
+	}
+	for r := range *rounds {
+		for i := range all {
+			// Each round starts one size further on, so no size is always first.
+			z := all[(i+r)%len(all)]
+			if err := z.measure(*traffic); err != nil {
+				fail(z.name, err)
+			}
+		}
+	}
+	for _, z := range all {
+		z.print()
+		z.close()
 	}
 	for _, s := range strings.Split(*dualStack, ",") {
 		if s == "" {
@@ -107,10 +136,14 @@ func main() {
 // towards a pod namespace that holds the last mapping's pod address.
 type topology struct{ node, client, pod string }
 
+// topologies counts the topologies made: several sizes stand at once.
+var topologies int
+
 // newTopology builds the namespaces with the last mapping's pod at pod, and at pod6 when
 // not empty: then the client, the node and the pod have IPv6 addresses too.
 func newTopology(pod, pod6 string) (*topology, error) {
-	suffix := strconv.Itoa(os.Getpid())
+	topologies++
+	suffix := strconv.Itoa(os.Getpid()) + "-" + strconv.Itoa(topologies)
 	t := &topology{node: "kupbench-node-" + suffix, client: "kupbench-client-" + suffix, pod: "kupbench-pod-" + suffix}
 	in := labbench.In
 	steps := [][]string{
@@ -209,28 +242,47 @@ func newNode(t *topology) (*node, error) {
 	return nd, err
 }
 
-// measure prints the figures of n mappings, the last ranges of them 1,000-port ranges
-// (datapathtest.RangedProgram) with the traffic to the last range, or none.
-func measure(n, ranges int, agent string, d time.Duration) error {
+// sized is one program size set up on a topology of its own: its figures but the traffic's
+// (setUp), and the traffic's of each round (measure).
+type sized struct {
+	name, figures string
+	t             *topology
+	port          int
+	tcp, conn, rr []float64
+	done          []func()
+}
+
+// setUp applies n mappings, the last ranges of them 1,000-port ranges
+// (datapathtest.RangedProgram) with the traffic to the last range, or none, on a topology
+// it leaves standing, and takes every figure but the traffic's.
+func setUp(n, ranges int, agent string) (z *sized, err error) {
 	p, port := datapathtest.Program(n, "enp1s0"), 10000+n-1
 	if ranges > 0 {
 		p, port = datapathtest.RangedProgram(n, ranges, "enp1s0"), datapathtest.RangedPort
 	}
 	t, err := newTopology(datapathtest.PodAddr(n-1), "")
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer t.close()
+	z = &sized{name: "datapath", t: t, port: port, done: []func(){t.close}}
+	if ranges > 0 {
+		z.name = fmt.Sprintf("datapath_ranges ranges=%d", ranges)
+	}
+	defer func() {
+		if err != nil {
+			z.close()
+		}
+	}()
 	closePod, err := labbench.ServeIn(t.pod, datapathtest.PodAddr(n-1), port)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer closePod()
+	z.done = append(z.done, closePod)
 	nd, err := newNode(t)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer nd.done()
+	z.done = append(z.done, nd.done)
 	dp, log := nd.dp, &nd.log
 
 	var before, after runtime.MemStats
@@ -238,7 +290,7 @@ func measure(n, ranges int, agent string, d time.Duration) error {
 	runtime.ReadMemStats(&before)
 	start := time.Now()
 	if err := dp.Apply(p); err != nil {
-		return err
+		return nil, err
 	}
 	first := time.Since(start)
 	runtime.ReadMemStats(&after)
@@ -248,10 +300,10 @@ func measure(n, ranges int, agent string, d time.Duration) error {
 	start = time.Now()
 	for range resyncs {
 		if err := dp.Apply(p); err != nil {
-			return err
+			return nil, err
 		}
 		if w := lastWrites(log); w != 0 {
-			return fmt.Errorf("an unchanged program wrote %d times", w)
+			return nil, fmt.Errorf("an unchanged program wrote %d times", w)
 		}
 	}
 	resync := time.Since(start) / resyncs
@@ -259,13 +311,13 @@ func measure(n, ranges int, agent string, d time.Duration) error {
 	// The agent watches for drift while it applies (cmd/kuport-agent), which lets a change
 	// that keeps the links and return paths skip reading them (datapath.Apply).
 	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
+	z.done = append(z.done, stop)
 	if _, err := dp.Watch(ctx); err != nil {
-		return err
+		return nil, err
 	}
 	time.Sleep(500 * time.Millisecond)  // the first apply's notifications read
 	if err := dp.Apply(p); err != nil { // a resync: reads what the watch now covers
-		return err
+		return nil, err
 	}
 
 	// One mapping (the middle one) retargeted to another pod and back, taken as the agent
@@ -290,14 +342,14 @@ func measure(n, ranges int, agent string, d time.Duration) error {
 		}
 		start = time.Now()
 		if err := dp.Validate(next); err != nil {
-			return err
+			return nil, err
 		}
 		if datapath.SameProgram(next, cur) {
-			return errors.New("the changed program is the same")
+			return nil, errors.New("the changed program is the same")
 		}
 		before := time.Since(start)
 		if err := dp.Apply(next); err != nil {
-			return err
+			return nil, err
 		}
 		cur = next
 		whole += time.Since(start)
@@ -308,21 +360,36 @@ func measure(n, ranges int, agent string, d time.Duration) error {
 	whole /= changes
 	fmt.Fprintf(os.Stderr, "mappings=%d change: in the kernel after %.1f ms, Apply with the conntrack sweep %.1f ms\n", n, ms(change), ms(whole))
 
-	gbps, connPerS, rrP50, err := trafficFigures(t, port, d)
+	rss, err := agentRSSText(agent, t.node, back)
+	if err != nil {
+		return nil, err
+	}
+	z.figures = fmt.Sprintf("mappings=%d %%s first_apply_ms=%.1f resync_ms=%.1f change_ms=%.1f change_writes=%d apply_alloc_mb=%.1f agent_rss_mb=%s",
+		n, ms(first), ms(resync), ms(change), writes, allocMB, rss)
+	return z, nil
+}
+
+// measure takes one round of the size's traffic figures.
+func (z *sized) measure(d time.Duration) error {
+	gbps, connPerS, rrP50, err := trafficFigures(z.t, z.port, d)
 	if err != nil {
 		return fmt.Errorf("traffic: %w", err)
 	}
-	rss, err := agentRSSText(agent, t.node, back)
-	if err != nil {
-		return err
-	}
-	name := "datapath"
-	if ranges > 0 {
-		name = fmt.Sprintf("datapath_ranges ranges=%d", ranges)
-	}
-	fmt.Printf("BENCH %s mappings=%d tcp_gbps=%.2f conn_per_s=%.0f rr_p50_us=%.0f first_apply_ms=%.1f resync_ms=%.1f change_ms=%.1f change_writes=%d apply_alloc_mb=%.1f agent_rss_mb=%s\n",
-		name, n, gbps, connPerS, rrP50, ms(first), ms(resync), ms(change), writes, allocMB, rss)
+	z.tcp, z.conn, z.rr = append(z.tcp, gbps), append(z.conn, connPerS), append(z.rr, rrP50)
 	return nil
+}
+
+// print prints the size's BENCH line, its traffic figures the medians of the rounds.
+func (z *sized) print() {
+	traffic := fmt.Sprintf("tcp_gbps=%.2f conn_per_s=%.0f rr_p50_us=%.0f", labbench.Median(z.tcp), labbench.Median(z.conn), labbench.Median(z.rr))
+	fmt.Printf("BENCH %s %s\n", z.name, fmt.Sprintf(z.figures, traffic))
+}
+
+// close stops what the size runs and deletes its namespaces, in the reverse of their order.
+func (z *sized) close() {
+	for i := len(z.done) - 1; i >= 0; i-- {
+		z.done[i]()
+	}
 }
 
 // measureRange prints the figures of one UDP mapping of ports ports that keeps them
