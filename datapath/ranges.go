@@ -2,7 +2,6 @@ package datapath
 
 import (
 	"bytes"
-	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -81,9 +80,9 @@ func lastKey(end []byte) (string, bool) {
 // each its first element with end the last key of the range (elem.end's form); false when
 // they do not pair, a first key followed by its end, as kuport writes them (nftElem).
 func pairRanges(kes []nftables.SetElement) ([]nftables.SetElement, bool) {
-	sorted := slices.SortedFunc(slices.Values(kes), func(a, b nftables.SetElement) int {
-		return cmp.Or(bytes.Compare(a.Key, b.Key), cmp.Compare(boolInt(a.IntervalEnd), boolInt(b.IntervalEnd)))
-	})
+	// A first key ends in its port's padding, zeros, and an end one past a last key: no two
+	// of kuport's elements have one key, and others only fail to pair.
+	sorted := slices.SortedFunc(slices.Values(kes), func(a, b nftables.SetElement) int { return bytes.Compare(a.Key, b.Key) })
 	if len(sorted)%2 != 0 {
 		return nil, false
 	}
@@ -98,13 +97,6 @@ func pairRanges(kes []nftables.SetElement) ([]nftables.SetElement, bool) {
 		out = append(out, first)
 	}
 	return out, true
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // rangeIndex is the elements of a table's range sets by set and by key without its port:

@@ -1,21 +1,45 @@
 package datapath
 
 import (
-	"google.golang.org/protobuf/proto"
 	"io"
 	"net"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"google.golang.org/protobuf/proto"
 
 	"kuport.wlz.li/kuport/internal/testenv"
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
+
+// TestPairRanges: a range is its first key and, flagged as the end, the key past its last,
+// carried from a port's padding at 65535 without touching the port; elements that do not
+// pair so, in any order the kernel lists them, are no ranges.
+func TestPairRanges(t *testing.T) {
+	key := func(port uint16) string { return pack(ifnameBytes("enp1s0"), []byte{protoUDP}, portBytes(port)) }
+	first, end := nftables.SetElement{Key: []byte(key(49152))}, nftables.SetElement{Key: intervalEnd(nil, key(65535)), IntervalEnd: true}
+	assert.Equal(t, key(65535)[:len(key(65535))-1]+"\x01", string(end.Key))
+	got, ok := pairRanges([]nftables.SetElement{end, first})
+	require.True(t, ok)
+	require.Len(t, got, 1)
+	assert.Equal(t, key(49152), string(got[0].Key))
+	assert.Equal(t, key(65535), string(got[0].KeyEnd))
+	for name, kes := range map[string][]nftables.SetElement{
+		"an end alone":        {end},
+		"two first keys":      {first, {Key: []byte(key(60000))}},
+		"an end before":       {first, {Key: intervalEnd(nil, key(49151)), IntervalEnd: true}},
+		"an end of all zeros": {first, {Key: make([]byte, len(first.Key)), IntervalEnd: true}},
+	} {
+		_, ok := pairRanges(kes)
+		assert.False(t, ok, name)
+	}
+}
 
 // serveTCP runs a TCP server in ns on addr:port that writes each client's address as it saw
 // it and closes, until the test ends.
