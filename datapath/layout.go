@@ -234,11 +234,12 @@ func concat(fields []field) nftables.SetDatatype {
 }
 
 // keyType is the type of the set's key: a range set's is one ll_addr as wide as the
-// concatenation, which nft lists in hex (elem.listed). The kernel keeps an interval set whose key is declared a concatenation as
-// pipapo, whose lookup costs several times an rbtree's (docs/design/nftables.md#what-a-chain-costs-per-packet);
-// one of a single key as an rbtree, which compares keys bytewise as wholes. In that order the
-// keys of a range are the ones between its first and last key: every part but the port, the
-// last, is the same in both.
+// concatenation, which nft lists in hex (elem.listed). The kernel keeps an interval set
+// whose key is declared a concatenation as pipapo, whose lookup costs several times an
+// rbtree's (docs/design/nftables.md#what-a-chain-costs-per-packet), and one of a single key
+// as an rbtree, which compares whole keys bytewise. In that order the keys of a range are
+// the ones between its first and last key: every part but the port, the last, is the same
+// in both.
 func (s *setSpec) keyType() nftables.SetDatatype {
 	if s.interval() {
 		t := nftables.TypeLLAddr
