@@ -4,19 +4,27 @@
 // beside those of the same node without the chain. The kinds are the sets kuport's layout
 // could use (datapath/layout.go): a hash set of single ports keyed as kuport's are (interface,
 // protocol, port), the same key with port ranges (an interval set of a concatenation, which
-// the kernel keeps as pipapo), and port ranges keyed by the port alone (an rbtree).
+// the kernel keeps as pipapo), the same ranges as kuport writes them (the key declared as one
+// ll_addr, an rbtree), and port ranges keyed by the port alone (an rbtree).
 // Run it as root through bench/setlookup.sh.
 package main
 
 import (
+	"encoding/binary"
 	"flag"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"kuport.wlz.li/kuport/bench/labbench"
 )
@@ -30,9 +38,11 @@ const (
 	port = 20500
 )
 
-// kind is one set the chain looks up: its declaration and the rule's match.
+// kind is one set the chain looks up: its declaration and the rule's match in nft's syntax,
+// or, for a set nft cannot declare, write, which writes the table itself.
 type kind struct {
 	name, set, match string
+	write            func(ns string, rules int) error
 }
 
 // kinds are the sets measured, each holding the server's port: 10,000 single ports, 100
@@ -50,9 +60,10 @@ func kinds() []kind {
 	}
 	key := "iifname . meta l4proto . th dport @s"
 	return []kind{
-		{"hash", "type ifname . inet_proto . inet_service; elements = { " + strings.Join(single, ", ") + " }", key},
-		{"pipapo", "type ifname . inet_proto . inet_service; flags interval; elements = { " + strings.Join(ranges, ", ") + " }", key},
-		{"rbtree", "type inet_service; flags interval; elements = { " + strings.Join(ports, ", ") + " }", "th dport @s"},
+		{name: "hash", set: "type ifname . inet_proto . inet_service; elements = { " + strings.Join(single, ", ") + " }", match: key},
+		{name: "pipapo", set: "type ifname . inet_proto . inet_service; flags interval; elements = { " + strings.Join(ranges, ", ") + " }", match: key},
+		{name: "wide", write: writeWide},
+		{name: "rbtree", set: "type inet_service; flags interval; elements = { " + strings.Join(ports, ", ") + " }", match: "th dport @s"},
 	}
 }
 
@@ -124,6 +135,9 @@ func run(rounds int, d time.Duration, rules int) error {
 					return err
 				}
 				if with {
+					if err := matched(node, k); err != nil {
+						return err
+					}
 					got[i].tcp, got[i].rr = append(got[i].tcp, tcp), append(got[i].rr, rr)
 				} else {
 					got[i].baseTCP, got[i].baseRR = append(got[i].baseTCP, tcp), append(got[i].baseRR, rr)
@@ -143,6 +157,9 @@ func run(rounds int, d time.Duration, rules int) error {
 // load writes table inet kupset in ns: set s of kind k, and a prerouting chain of rules
 // lookups in it.
 func load(ns string, k kind, rules int) error {
+	if k.write != nil {
+		return k.write(ns, rules)
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "table inet kupset {\n\tset s { %s }\n\tchain c {\n\t\ttype filter hook prerouting priority 0; policy accept;\n", k.set)
 	for range rules {
@@ -155,4 +172,75 @@ func load(ns string, k kind, rules int) error {
 		return fmt.Errorf("nft -f (%s): %v: %s", k.name, err, out)
 	}
 	return nil
+}
+
+// matched says whether the chain's lookups in set kind k found the traffic: a figure of
+// lookups that miss would measure another path. Its first rule's counter has moved.
+func matched(ns string, k kind) error {
+	out, err := exec.Command("ip", "netns", "exec", ns, "nft", "list", "chain", "inet", "kupset", "c").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("nft list chain: %v: %s", err, out)
+	}
+	if m := counterRE.FindStringSubmatch(string(out)); m == nil || m[1] == "0" {
+		return fmt.Errorf("kind %s: the lookups matched no packet", k.name)
+	}
+	return nil
+}
+
+var counterRE = regexp.MustCompile(`counter packets (\d+)`)
+
+// writeWide writes table inet kupset in ns over netlink as kuport writes a range set
+// (datapath/layout.go's keyType, nftwrite.go's nftElem): pipapo's 100 ranges with their
+// concatenated key declared as one 24-byte ll_addr, which the kernel keeps as an rbtree, each
+// range its first key and, flagged as the interval's end, the key past its last; and a
+// prerouting chain of rules lookups that load the same three parts into the same registers.
+func writeWide(ns string, rules int) error {
+	h, err := netns.GetFromName(ns)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	c, err := nftables.New(nftables.WithNetNSFd(int(h)))
+	if err != nil {
+		return err
+	}
+	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: "kupset"})
+	keyType := nftables.TypeLLAddr
+	keyType.Bytes = 24
+	set := &nftables.Set{Table: t, Name: "s", Interval: true, KeyType: keyType}
+	var elems []nftables.SetElement
+	for i := range 100 {
+		first := uint16(10000 + i*500)
+		end := wideKey(first + 499)
+		end[len(end)-1]++ // the key past the last: its port's padding, never carried into the port
+		elems = append(elems, nftables.SetElement{Key: wideKey(first)}, nftables.SetElement{Key: end, IntervalEnd: true})
+	}
+	if err := c.AddSet(set, elems); err != nil {
+		return err
+	}
+	hook, prio, policy := *nftables.ChainHookPrerouting, nftables.ChainPriority(0), nftables.ChainPolicyAccept
+	chain := c.AddChain(&nftables.Chain{Table: t, Name: "c", Type: nftables.ChainTypeFilter, Hooknum: &hook, Priority: &prio, Policy: &policy})
+	for range rules {
+		c.AddRule(&nftables.Rule{Table: t, Chain: chain, Exprs: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 2},
+			&expr.Payload{Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2, DestRegister: unix.NFT_REG32_05},
+			&expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID},
+			&expr.Counter{},
+		}})
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("write the wide set: %w", err)
+	}
+	return nil
+}
+
+// wideKey is the key of a TCP port on enp1s0 as the registers hold it: the interface name in
+// 16 bytes, the protocol and the port each padded to 4.
+func wideKey(port uint16) []byte {
+	key := make([]byte, 24)
+	copy(key, "enp1s0")
+	key[16] = unix.IPPROTO_TCP
+	binary.BigEndian.PutUint16(key[20:], port)
+	return key
 }
