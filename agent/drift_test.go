@@ -121,14 +121,17 @@ func TestPrivilegedDriftRepaired(t *testing.T) {
 		}
 	}()
 
-	// settle waits until no Apply has happened for a second: the agent's own writes are
-	// notified too, and cause one Apply that writes nothing.
+	// settle waits until no Apply has happened for a second that began with the link's
+	// addresses final: the agent's own writes are notified too, and cause one Apply that
+	// writes nothing, and so does the kernel's IPv6 link-local address when its duplicate
+	// address detection ends, up to 2 s after the link comes up.
 	settle := func() {
 		t.Helper()
 		for n := dp.applies.Load(); ; {
+			tentative, _ := d.try("ip", "-6", "-o", "addr", "show", "dev", "kup-dcc4266d", "tentative")
 			time.Sleep(time.Second)
 			m := dp.applies.Load()
-			if m == n {
+			if m == n && strings.TrimSpace(tentative) == "" {
 				return
 			}
 			n = m
