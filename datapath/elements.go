@@ -3,6 +3,7 @@ package datapath
 import (
 	"encoding/binary"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -192,14 +193,9 @@ func (e elem) listed(s *setSpec, counted bool) string {
 	return e.textOf(hexColons(e.key)+"-"+hexColons(e.end), s, counted)
 }
 
-// hexColons prints b's bytes as nft prints an ll_addr: two hex digits each, between colons.
-func hexColons(b string) string {
-	parts := make([]string, len(b))
-	for i := range len(b) {
-		parts[i] = fmt.Sprintf("%02x", b[i])
-	}
-	return strings.Join(parts, ":")
-}
+// hexColons prints b's bytes as nft prints an ll_addr, as net.HardwareAddr prints any
+// length: two hex digits each, between colons.
+func hexColons(b string) string { return net.HardwareAddr(b).String() }
 
 // textOf is the element printed with key as its key's text.
 func (e elem) textOf(key string, s *setSpec, counted bool) string {
