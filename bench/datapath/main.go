@@ -245,7 +245,9 @@ func newNode(t *topology) (*node, error) {
 // sized is one program size set up on a topology of its own: its figures but the traffic's
 // (setUp), and the traffic's of each round (measure).
 type sized struct {
-	name, figures string
+	// name begins the BENCH line, applied its figures after the traffic's.
+	name, applied string
+	n             int
 	t             *topology
 	port          int
 	tcp, conn, rr []float64
@@ -264,7 +266,7 @@ func setUp(n, ranges int, agent string) (z *sized, err error) {
 	if err != nil {
 		return nil, err
 	}
-	z = &sized{name: "datapath", t: t, port: port, done: []func(){t.close}}
+	z = &sized{name: "datapath", n: n, t: t, port: port, done: []func(){t.close}}
 	if ranges > 0 {
 		z.name = fmt.Sprintf("datapath_ranges ranges=%d", ranges)
 	}
@@ -364,8 +366,8 @@ func setUp(n, ranges int, agent string) (z *sized, err error) {
 	if err != nil {
 		return nil, err
 	}
-	z.figures = fmt.Sprintf("mappings=%d %%s first_apply_ms=%.1f resync_ms=%.1f change_ms=%.1f change_writes=%d apply_alloc_mb=%.1f agent_rss_mb=%s",
-		n, ms(first), ms(resync), ms(change), writes, allocMB, rss)
+	z.applied = fmt.Sprintf("first_apply_ms=%.1f resync_ms=%.1f change_ms=%.1f change_writes=%d apply_alloc_mb=%.1f agent_rss_mb=%s",
+		ms(first), ms(resync), ms(change), writes, allocMB, rss)
 	return z, nil
 }
 
@@ -382,7 +384,7 @@ func (z *sized) measure(d time.Duration) error {
 // print prints the size's BENCH line, its traffic figures the medians of the rounds.
 func (z *sized) print() {
 	traffic := fmt.Sprintf("tcp_gbps=%.2f conn_per_s=%.0f rr_p50_us=%.0f", labbench.Median(z.tcp), labbench.Median(z.conn), labbench.Median(z.rr))
-	fmt.Printf("BENCH %s %s\n", z.name, fmt.Sprintf(z.figures, traffic))
+	fmt.Printf("BENCH %s mappings=%d %s %s\n", z.name, z.n, traffic, z.applied)
 }
 
 // close stops what the size runs and deletes its namespaces, in the reverse of their order.
