@@ -264,7 +264,7 @@ test: deps tools lab-binaries check-generated lint build images chart lab-images
 		env $(PREV_ENV) $(GO) test -count=1 -p 1 -timeout 45m ./...
 	# bench/datapath.sh once at small N, bench/link.sh and bench/setlookup.sh one short round:
 	# smoke tests that they complete, not of their figures.
-	sh bench/datapath.sh --mappings 1,10 --ranged 10:2 --dualstack 1,10 --traffic 200ms --rounds 1
+	sh bench/datapath.sh --mappings 1,10 --ranged 10:2 --dualstack 1,10 --traffic 200ms
 	sh bench/link.sh --rounds 1 --traffic 200ms
 	sh bench/setlookup.sh --rounds 1 --traffic 200ms
 	# bench/compile.sh once per benchmark, and the Go benchmarks no script runs once each

@@ -2,9 +2,10 @@
 // figures are in BENCHMARKS.md): the product's Datapath applies N same-node TCP mappings on
 // enp1s0 to a node namespace between a client namespace and a pod namespace, and traffic goes
 // to the last mapping. Every size (and ranged size: N mappings of which R are 1,000-port
-// ranges, traffic to the middle of the last range) is set up on its own topology first, then
-// their traffic is measured in turn, --rounds times, and one BENCH line per size gives the
-// medians; then come the dual-stack sizes, and one line for a single wide UDP range (its apply, its kernel elements and the agent holding it;
+// ranges, traffic to the middle of the last range) is set up on a node of its own, all dialed
+// from one client namespace; then their traffic is measured with the sizes in turn
+// (labbench.Interleaved), and one BENCH line per size gives its figures; then come the
+// dual-stack sizes, and one line for a single wide UDP range (its apply, its kernel elements and the agent holding it;
 // bench/control.sh gives its time to Programmed=True in the lab).
 // Run it as root through bench/datapath.sh.
 package main
@@ -38,31 +39,28 @@ import (
 	kuportv1 "kuport.wlz.li/kuport/proto/kuport/v1"
 )
 
-const (
-	nodeAddr    = "203.0.113.9"
-	clientAddr  = "203.0.113.7"
-	nodeAddr6   = "2001:db8:1::9"
-	clientAddr6 = "2001:db8:1::7"
-)
-
 func main() {
 	sizes := flag.String("mappings", "1,1000,10000", "program sizes, comma-separated; empty: none")
 	agent := flag.String("agent", "", "kuport-agent binary (agent_rss_mb); empty: not measured")
-	traffic := flag.Duration("traffic", 2*time.Second, "duration of each traffic measurement")
+	traffic := flag.Duration("traffic", 6*time.Second, "each size's share of each traffic figure's measurement")
 	ranged := flag.String("ranged", "10000:100", "sizes with ranges, comma-separated mappings:ranges (1,000 ports each); empty: none")
 	rangePorts := flag.Int("range-ports", 16384, "ports of the one wide UDP range measured; 0: none")
 	dualStack := flag.String("dualstack", "1,10000", "dual-stack program sizes, comma-separated: IPv6 beside IPv4 traffic; empty: none")
-	rounds := flag.Int("rounds", 3, "traffic measurements of each size, taken in turn across the sizes; the medians are printed")
 	flag.Parse()
-	// Every size is set up first and measured in turn, round after round: a size measured
-	// alone while the kernel still freed the previous one's namespaces was slower by up to a
-	// tenth, and the ratios between sizes are the figures (BENCHMARKS.md, "Port ranges in
-	// rbtrees").
+	// Every size is set up first, then measured with the sizes in turn: a size measured alone
+	// moved by up to a tenth between runs, and the ratios between sizes are the figures
+	// (BENCHMARKS.md, "Traffic figures in turn").
+	l, err := newLab()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "lab: %v\n", err)
+		os.Exit(1)
+	}
 	var all []*sized
 	fail := func(what string, err error) {
 		for _, z := range all {
 			z.close()
 		}
+		l.close()
 		fmt.Fprintf(os.Stderr, "%s: %v\n", what, err)
 		os.Exit(1)
 	}
@@ -73,7 +71,7 @@ func main() {
 		n, err := strconv.Atoi(s)
 		var z *sized
 		if err == nil {
-			z, err = setUp(n, 0, *agent)
+			z, err = setUp(l, n, 0, *agent)
 		}
 		if err != nil {
 			fail("mappings="+s, err)
@@ -91,26 +89,30 @@ func main() {
 		}
 		var z *sized
 		if err == nil {
-			z, err = setUp(n, r, *agent)
+			z, err = setUp(l, n, r, *agent)
 		}
 		if err != nil {
 			fail("ranged="+s, err)
 		}
 		all = append(all, z)
 	}
-	for r := range *rounds {
-		for i := range all {
-			// Each round starts one size further on, so no size is always first.
-			z := all[(i+r)%len(all)]
-			if err := z.measure(*traffic); err != nil {
-				fail(z.name, err)
-			}
+	if len(all) > 0 {
+		targets := make([]string, len(all))
+		for i, z := range all {
+			targets[i] = z.target
+		}
+		figs, err := labbench.Interleaved(l.client, targets, *traffic)
+		if err != nil {
+			fail("traffic", err)
+		}
+		for i, z := range all {
+			z.print(figs[i])
 		}
 	}
 	for _, z := range all {
-		z.print()
 		z.close()
 	}
+	l.close()
 	for _, s := range strings.Split(*dualStack, ",") {
 		if s == "" {
 			continue
@@ -132,40 +134,64 @@ func main() {
 	}
 }
 
-// topology is a node namespace with enp1s0 towards a client namespace and cilium_host
-// towards a pod namespace that holds the last mapping's pod address.
-type topology struct{ node, client, pod string }
+// lab is a client namespace and the topologies it dials, each on a subnet of its own.
+type lab struct {
+	client     string
+	topologies int
+}
 
-// topologies counts the topologies made: several sizes stand at once.
-var topologies int
+// labs counts the labs made, for unique namespace names.
+var labs int
 
-// newTopology builds the namespaces with the last mapping's pod at pod, and at pod6 when
-// not empty: then the client, the node and the pod have IPv6 addresses too.
-func newTopology(pod, pod6 string) (*topology, error) {
-	topologies++
-	suffix := strconv.Itoa(os.Getpid()) + "-" + strconv.Itoa(topologies)
-	t := &topology{node: "kupbench-node-" + suffix, client: "kupbench-client-" + suffix, pod: "kupbench-pod-" + suffix}
+func newLab() (*lab, error) {
+	labs++
+	l := &lab{client: "kupbench-client-" + strconv.Itoa(os.Getpid()) + "-" + strconv.Itoa(labs)}
 	in := labbench.In
-	steps := [][]string{
-		{"ip", "netns", "add", t.node}, {"ip", "netns", "add", t.client}, {"ip", "netns", "add", t.pod},
+	if err := labbench.Run([]string{"ip", "netns", "add", l.client},
 		// No duplicate address detection on any device made after: with it, a new device's
 		// first IPv6 neighbour discovery may go unanswered for a second (lab/netlab does the
 		// same).
+		in(l.client, "sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0"),
+		in(l.client, "ip", "link", "set", "lo", "up")); err != nil {
+		l.close()
+		return nil, err
+	}
+	return l, nil
+}
+
+func (l *lab) close() { labbench.DeleteNS(l.client) }
+
+// topology is a node namespace with enp1s0 towards the lab's client namespace and
+// cilium_host towards a pod namespace that holds the last mapping's pod address. The i-th
+// topology of a lab is at 198.18.i.9 and 2001:db8:i::9, the client's eth<i> at .7 and ::7.
+type topology struct{ node, client, pod, addr, addr6 string }
+
+// add builds a topology with the last mapping's pod at pod, and at pod6 when not empty: then
+// the client, the node and the pod have IPv6 addresses too, and the client routes to the
+// pods through the node (a lab's only such topology: the pods' addresses repeat).
+func (l *lab) add(pod, pod6 string) (*topology, error) {
+	i := l.topologies
+	l.topologies++
+	suffix := strconv.Itoa(os.Getpid()) + "-" + strconv.Itoa(labs) + "-" + strconv.Itoa(i)
+	t := &topology{node: "kupbench-node-" + suffix, client: l.client, pod: "kupbench-pod-" + suffix,
+		addr: fmt.Sprintf("198.18.%d.9", i), addr6: fmt.Sprintf("2001:db8:%d::9", i)}
+	clientAddr, clientAddr6, eth := fmt.Sprintf("198.18.%d.7", i), fmt.Sprintf("2001:db8:%d::7", i), fmt.Sprintf("eth%d", i)
+	in := labbench.In
+	steps := [][]string{
+		{"ip", "netns", "add", t.node}, {"ip", "netns", "add", t.pod},
 		in(t.node, "sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0"),
-		in(t.client, "sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0"),
 		in(t.pod, "sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0"),
 		in(t.node, "ip", "link", "set", "lo", "up"),
 		in(t.node, "sysctl", "-qw", "net.ipv4.ip_forward=1"),
-		in(t.node, "ip", "link", "add", "enp1s0", "type", "veth", "peer", "name", "eth0", "netns", t.client),
-		in(t.node, "ip", "addr", "add", nodeAddr+"/24", "dev", "enp1s0"),
+		in(t.node, "ip", "link", "add", "enp1s0", "type", "veth", "peer", "name", eth, "netns", t.client),
+		in(t.node, "ip", "addr", "add", t.addr+"/24", "dev", "enp1s0"),
 		in(t.node, "ip", "link", "set", "enp1s0", "up"),
 		in(t.node, "ip", "link", "add", "cilium_host", "type", "veth", "peer", "name", "eth0", "netns", t.pod),
 		in(t.node, "ip", "addr", "add", "10.244.17.1/24", "dev", "cilium_host"),
 		in(t.node, "ip", "link", "set", "cilium_host", "up"),
 		in(t.node, "ip", "route", "add", "10.244.0.0/16", "dev", "cilium_host"),
-		in(t.client, "ip", "link", "set", "lo", "up"),
-		in(t.client, "ip", "addr", "add", clientAddr+"/24", "dev", "eth0"),
-		in(t.client, "ip", "link", "set", "eth0", "up"),
+		in(t.client, "ip", "addr", "add", clientAddr+"/24", "dev", eth),
+		in(t.client, "ip", "link", "set", eth, "up"),
 		in(t.pod, "ip", "link", "set", "lo", "up"),
 		in(t.pod, "ip", "addr", "add", pod+"/16", "dev", "eth0"),
 		in(t.pod, "ip", "link", "set", "eth0", "up"),
@@ -174,14 +200,14 @@ func newTopology(pod, pod6 string) (*topology, error) {
 	if pod6 != "" {
 		steps = append(steps,
 			in(t.node, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"),
-			in(t.node, "ip", "addr", "add", nodeAddr6+"/64", "dev", "enp1s0", "nodad"),
+			in(t.node, "ip", "addr", "add", t.addr6+"/64", "dev", "enp1s0", "nodad"),
 			in(t.node, "ip", "addr", "add", "fd00:10:244::1/48", "dev", "cilium_host", "nodad"),
-			in(t.client, "ip", "addr", "add", clientAddr6+"/64", "dev", "eth0", "nodad"),
+			in(t.client, "ip", "addr", "add", clientAddr6+"/64", "dev", eth, "nodad"),
 			in(t.pod, "ip", "addr", "add", pod6+"/48", "dev", "eth0", "nodad"),
 			in(t.pod, "ip", "-6", "route", "add", "default", "via", "fd00:10:244::1"),
 			// The pods straight from the client, for measureDualStack's baseline.
-			in(t.client, "ip", "route", "add", "10.244.0.0/16", "via", nodeAddr),
-			in(t.client, "ip", "-6", "route", "add", "fd00:10:244::/48", "via", nodeAddr6))
+			in(t.client, "ip", "route", "add", "10.244.0.0/16", "via", t.addr),
+			in(t.client, "ip", "-6", "route", "add", "fd00:10:244::/48", "via", t.addr6))
 	}
 	if err := labbench.Run(steps...); err != nil {
 		t.close()
@@ -190,29 +216,7 @@ func newTopology(pod, pod6 string) (*topology, error) {
 	return t, nil
 }
 
-func (t *topology) close() { labbench.DeleteNS(t.node, t.client, t.pod) }
-
-// trafficFigures measures, from the client to the node's dialed port: one flow's
-// throughput, sequential new connections per second, and the p50 of connect + one-byte
-// request + reply.
-func trafficFigures(t *topology, port int, d time.Duration) (gbps, connPerS, rrP50us float64, err error) {
-	return trafficTo(t, nodeAddr, port, d)
-}
-
-// trafficTo is trafficFigures to the node's address addr.
-func trafficTo(t *topology, addr string, port int, d time.Duration) (gbps, connPerS, rrP50us float64, err error) {
-	target := net.JoinHostPort(addr, strconv.Itoa(port))
-	if gbps, err = labbench.Throughput(t.client, target, d); err != nil {
-		return 0, 0, 0, fmt.Errorf("throughput: %w", err)
-	}
-	if connPerS, err = labbench.ConnRate(t.client, target, d); err != nil {
-		return 0, 0, 0, fmt.Errorf("connection rate: %w", err)
-	}
-	if rrP50us, err = labbench.RRP50(t.client, target, d); err != nil {
-		return 0, 0, 0, fmt.Errorf("request/response: %w", err)
-	}
-	return gbps, connPerS, rrP50us, nil
-}
+func (t *topology) close() { labbench.DeleteNS(t.node, t.pod) }
 
 // lastField is the integer field name of the last Apply summary the log recorded (-1 when
 // there is none): kernel_writes, in_kernel_us, took_us.
@@ -242,31 +246,28 @@ func newNode(t *topology) (*node, error) {
 	return nd, err
 }
 
-// sized is one program size set up on a topology of its own: its figures but the traffic's
-// (setUp), and the traffic's of each round (measure).
+// sized is one program size set up on a topology of its own, with its figures but the
+// traffic's (setUp) and the address and port its traffic dials.
 type sized struct {
 	// name begins the BENCH line, applied its figures after the traffic's.
-	name, applied string
-	n             int
-	t             *topology
-	port          int
-	tcp, conn, rr []float64
-	done          []func()
+	name, applied, target string
+	n                     int
+	done                  []func()
 }
 
 // setUp applies n mappings, the last ranges of them 1,000-port ranges
-// (datapathtest.RangedProgram) with the traffic to the last range, or none, on a topology
-// it leaves standing, and takes every figure but the traffic's.
-func setUp(n, ranges int, agent string) (z *sized, err error) {
+// (datapathtest.RangedProgram) with the traffic to the last range, or none, on a topology of
+// lab l it leaves standing, and takes every figure but the traffic's.
+func setUp(l *lab, n, ranges int, agent string) (z *sized, err error) {
 	p, port := datapathtest.Program(n, "enp1s0"), 10000+n-1
 	if ranges > 0 {
 		p, port = datapathtest.RangedProgram(n, ranges, "enp1s0"), datapathtest.RangedPort
 	}
-	t, err := newTopology(datapathtest.PodAddr(n-1), "")
+	t, err := l.add(datapathtest.PodAddr(n-1), "")
 	if err != nil {
 		return nil, err
 	}
-	z = &sized{name: "datapath", n: n, t: t, port: port, done: []func(){t.close}}
+	z = &sized{name: "datapath", n: n, target: net.JoinHostPort(t.addr, strconv.Itoa(port)), done: []func(){t.close}}
 	if ranges > 0 {
 		z.name = fmt.Sprintf("datapath_ranges ranges=%d", ranges)
 	}
@@ -371,20 +372,9 @@ func setUp(n, ranges int, agent string) (z *sized, err error) {
 	return z, nil
 }
 
-// measure takes one round of the size's traffic figures.
-func (z *sized) measure(d time.Duration) error {
-	gbps, connPerS, rrP50, err := trafficFigures(z.t, z.port, d)
-	if err != nil {
-		return fmt.Errorf("traffic: %w", err)
-	}
-	z.tcp, z.conn, z.rr = append(z.tcp, gbps), append(z.conn, connPerS), append(z.rr, rrP50)
-	return nil
-}
-
-// print prints the size's BENCH line, its traffic figures the medians of the rounds.
-func (z *sized) print() {
-	traffic := fmt.Sprintf("tcp_gbps=%.2f conn_per_s=%.0f rr_p50_us=%.0f", labbench.Median(z.tcp), labbench.Median(z.conn), labbench.Median(z.rr))
-	fmt.Printf("BENCH %s mappings=%d %s %s\n", z.name, z.n, traffic, z.applied)
+// print prints the size's BENCH line.
+func (z *sized) print(f labbench.Figures) {
+	fmt.Printf("BENCH %s mappings=%d tcp_gbps=%.2f conn_per_s=%.0f rr_p50_us=%.0f %s\n", z.name, z.n, f.TCPGbps, f.ConnPerS, f.RRP50us, z.applied)
 }
 
 // close stops what the size runs and deletes its namespaces, in the reverse of their order.
@@ -402,7 +392,12 @@ func (z *sized) close() {
 // and first_apply_ms "na").
 func measureRange(ports int, agent string) error {
 	p := datapathtest.RangeProgram(ports, "enp1s0")
-	t, err := newTopology(datapathtest.PodAddr(0), "")
+	l, err := newLab()
+	if err != nil {
+		return err
+	}
+	defer l.close()
+	t, err := l.add(datapathtest.PodAddr(0), "")
 	if err != nil {
 		return err
 	}
@@ -430,12 +425,18 @@ func measureRange(ports int, agent string) error {
 }
 
 // measureDualStack prints the figures of n dual-stack mappings
-// (datapathtest.DualStackProgram), traffic to the last one over IPv6 and, in the same run,
+// (datapathtest.DualStackProgram), traffic to the last one over IPv6 and, in turn with it,
 // over IPv4: its first Apply, the elements the kernel then holds, and the agent holding it;
-// then a line of the same traffic routed to the pod's addresses, which no rule translates.
+// then a line of the same traffic routed to the pod's addresses, which no rule translates,
+// taken in the same turns.
 func measureDualStack(n int, agent string, d time.Duration) error {
 	p, port := datapathtest.DualStackProgram(n, "enp1s0"), 10000+n-1
-	t, err := newTopology(datapathtest.PodAddr(n-1), datapathtest.PodAddr6(n-1))
+	l, err := newLab()
+	if err != nil {
+		return err
+	}
+	defer l.close()
+	t, err := l.add(datapathtest.PodAddr(n-1), datapathtest.PodAddr6(n-1))
 	if err != nil {
 		return err
 	}
@@ -456,30 +457,24 @@ func measureDualStack(n int, agent string, d time.Duration) error {
 	if err != nil {
 		return err
 	}
-	gbps6, conn6, rr6, err := trafficTo(t, nodeAddr6, port, d)
-	if err != nil {
-		return fmt.Errorf("IPv6 traffic: %w", err)
+	// The node's addresses, then the kernel's own difference between the families: the pod's
+	// addresses, routed by the node and translated by nothing.
+	var targets []string
+	for _, addr := range []string{t.addr6, t.addr, datapathtest.PodAddr6(n - 1), datapathtest.PodAddr(n - 1)} {
+		targets = append(targets, net.JoinHostPort(addr, strconv.Itoa(port)))
 	}
-	gbps4, conn4, rr4, err := trafficTo(t, nodeAddr, port, d)
+	f, err := labbench.Interleaved(l.client, targets, d)
 	if err != nil {
-		return fmt.Errorf("IPv4 traffic: %w", err)
+		return err
 	}
 	rss, err := agentRSSText(agent, t.node, p)
 	if err != nil {
 		return err
 	}
 	fmt.Printf("BENCH datapath_ipv6 mappings=%d tcp_gbps=%.2f conn_per_s=%.0f rr_p50_us=%.0f ipv4_tcp_gbps=%.2f ipv4_conn_per_s=%.0f ipv4_rr_p50_us=%.0f first_apply_ms=%.1f elements=%d agent_rss_mb=%s\n",
-		n, gbps6, conn6, rr6, gbps4, conn4, rr4, ms(first), elements, rss)
-	// The kernel's own difference between the families: the same traffic to the pod's
-	// addresses, routed by the node and translated by nothing.
-	if gbps6, conn6, rr6, err = trafficTo(t, datapathtest.PodAddr6(n-1), port, d); err != nil {
-		return fmt.Errorf("IPv6 traffic to the pod: %w", err)
-	}
-	if gbps4, conn4, rr4, err = trafficTo(t, datapathtest.PodAddr(n-1), port, d); err != nil {
-		return fmt.Errorf("IPv4 traffic to the pod: %w", err)
-	}
+		n, f[0].TCPGbps, f[0].ConnPerS, f[0].RRP50us, f[1].TCPGbps, f[1].ConnPerS, f[1].RRP50us, ms(first), elements, rss)
 	fmt.Printf("BENCH datapath_ipv6_routed mappings=%d tcp_gbps=%.2f conn_per_s=%.0f rr_p50_us=%.0f ipv4_tcp_gbps=%.2f ipv4_conn_per_s=%.0f ipv4_rr_p50_us=%.0f\n",
-		n, gbps6, conn6, rr6, gbps4, conn4, rr4)
+		n, f[2].TCPGbps, f[2].ConnPerS, f[2].RRP50us, f[3].TCPGbps, f[3].ConnPerS, f[3].RRP50us)
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package labbench
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"slices"
@@ -83,55 +84,153 @@ func Throughput(ns, target string, d time.Duration) (gbps float64, err error) {
 	return gbps, err
 }
 
-// ConnRate is how many new connections a second, one after another, namespace ns opens to
-// target over d.
-func ConnRate(ns, target string, d time.Duration) (perS float64, err error) {
-	err = InNS(ns, func() error {
-		var conns int
-		start := time.Now()
-		for time.Since(start) < d {
-			c, err := dialer.Dial("tcp", target)
-			if err != nil {
-				return err
-			}
-			_ = c.(*net.TCPConn).SetLinger(0)
-			_ = c.Close()
-			conns++
-		}
-		perS = float64(conns) / time.Since(start).Seconds()
-		return nil
-	})
-	return perS, err
-}
-
 // RRP50 is the median in µs, over d, of connect + one-byte request + reply from namespace ns
 // to target.
 func RRP50(ns, target string, d time.Duration) (us float64, err error) {
 	err = InNS(ns, func() error {
 		var rtts []time.Duration
-		one := []byte{'k'}
-		start := time.Now()
-		for time.Since(start) < d {
+		for start := time.Now(); time.Since(start) < d; {
+			rtt, err := requestReply(target)
+			if err != nil {
+				return err
+			}
+			rtts = append(rtts, rtt)
+		}
+		us = p50us(rtts)
+		return nil
+	})
+	return us, err
+}
+
+// Figures are one target's traffic figures: one TCP flow's rate in Gbit/s, new connections
+// a second, and the p50 in µs of connect + one-byte request + reply.
+type Figures struct{ TCPGbps, ConnPerS, RRP50us float64 }
+
+// slice is how long each of Interleaved's flows sends.
+const slice = 200 * time.Millisecond
+
+// Interleaved takes every target's Figures from namespace ns, the targets in turn within
+// each figure: one request/response, one new connection, one flow of slice to each target
+// before the next to any. A change in the machine's speed then falls on every target alike,
+// which blocks of seconds each did not allow (BENCHMARKS.md, "Traffic figures in turn").
+// Each target is given about d of each figure.
+func Interleaved(ns string, targets []string, d time.Duration) ([]Figures, error) {
+	figs := make([]Figures, len(targets))
+	err := InNS(ns, func() error {
+		rtts := make([][]time.Duration, len(targets))
+		if err := inTurn(targets, d, func(i int, target string) error {
+			rtt, err := requestReply(target)
+			rtts[i] = append(rtts[i], rtt)
+			return err
+		}); err != nil {
+			return fmt.Errorf("request/response: %w", err)
+		}
+		conns, connTime := make([]int, len(targets)), make([]time.Duration, len(targets))
+		if err := inTurn(targets, d, func(i int, target string) error {
 			t0 := time.Now()
 			c, err := dialer.Dial("tcp", target)
 			if err != nil {
 				return err
 			}
-			if _, err := c.Write(one); err != nil {
-				return err
-			}
-			if _, err := io.ReadFull(c, one); err != nil {
-				return err
-			}
-			rtts = append(rtts, time.Since(t0))
-			_ = c.(*net.TCPConn).SetLinger(0)
-			_ = c.Close()
+			closeNow(c)
+			conns[i]++
+			connTime[i] += time.Since(t0)
+			return nil
+		}); err != nil {
+			return fmt.Errorf("connection rate: %w", err)
 		}
-		slices.Sort(rtts)
-		us = float64(rtts[len(rtts)/2].Nanoseconds()) / 1e3
+		sent, flowTime := make([]int64, len(targets)), make([]time.Duration, len(targets))
+		if err := inTurn(targets, d, func(i int, target string) error {
+			t0 := time.Now()
+			n, err := flow(target, min(slice, d))
+			sent[i] += n
+			flowTime[i] += time.Since(t0)
+			return err
+		}); err != nil {
+			return fmt.Errorf("throughput: %w", err)
+		}
+		for i := range targets {
+			figs[i] = Figures{
+				TCPGbps:  float64(sent[i]) * 8 / flowTime[i].Seconds() / 1e9,
+				ConnPerS: float64(conns[i]) / connTime[i].Seconds(),
+				RRP50us:  p50us(rtts[i]),
+			}
+		}
 		return nil
 	})
-	return us, err
+	return figs, err
+}
+
+// inTurn calls each, for every target in turn, until the targets have had d each.
+func inTurn(targets []string, d time.Duration, each func(i int, target string) error) error {
+	total := d * time.Duration(len(targets))
+	for start := time.Now(); time.Since(start) < total; {
+		for i, t := range targets {
+			if err := each(i, t); err != nil {
+				return fmt.Errorf("%s: %w", t, err)
+			}
+		}
+	}
+	return nil
+}
+
+// requestReply connects to target, sends a byte, reads it back and closes: it returns the
+// time from the connect to the reply.
+func requestReply(target string) (time.Duration, error) {
+	t0 := time.Now()
+	c, err := dialer.Dial("tcp", target)
+	if err != nil {
+		return 0, err
+	}
+	defer closeNow(c)
+	one := []byte{'k'}
+	if _, err := c.Write(one); err != nil {
+		return 0, err
+	}
+	if _, err := io.ReadFull(c, one); err != nil {
+		return 0, err
+	}
+	return time.Since(t0), nil
+}
+
+// p50us is the median of rtts in µs.
+func p50us(rtts []time.Duration) float64 {
+	s := slices.Sorted(slices.Values(rtts))
+	return float64(s[len(s)/2].Nanoseconds()) / 1e3
+}
+
+// flow sends to target for d and returns the bytes sent once the server's echo of them has
+// ended: a flow's tail never falls into the next target's turn.
+func flow(target string, d time.Duration) (int64, error) {
+	c, err := dialer.Dial("tcp", target)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = c.Close() }()
+	drained := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(io.Discard, c)
+		drained <- err
+	}()
+	buf := make([]byte, 128<<10)
+	var sent int64
+	for start := time.Now(); time.Since(start) < d; {
+		n, err := c.Write(buf)
+		sent += int64(n)
+		if err != nil {
+			return sent, err
+		}
+	}
+	if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+		return sent, err
+	}
+	return sent, <-drained
+}
+
+// closeNow closes c with a reset, as a client done with it: no TIME_WAIT left behind.
+func closeNow(c net.Conn) {
+	_ = c.(*net.TCPConn).SetLinger(0)
+	_ = c.Close()
 }
 
 // NodeDatapath is the product's Datapath in network namespace name, as the agent opens it,

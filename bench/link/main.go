@@ -78,7 +78,7 @@ const (
 
 func main() {
 	rounds := flag.Int("rounds", 5, "measurements of each figure; the medians are printed")
-	traffic := flag.Duration("traffic", 2*time.Second, "duration of each measurement")
+	traffic := flag.Duration("traffic", 2*time.Second, "each path's share of each figure's measurement in a round (same-node and cross-node in turn)")
 	before := flag.Bool("before", true, "also measure the link as a program without source ports sets it up (BENCH link_before)")
 	routed := flag.Bool("routed", true, "also measure the same traffic routed to the pods over a plain vxlan device (BENCH link_routed)")
 	underlayGSO := flag.Bool("underlay-gso", false, "let the underlay carry the link's datagrams in 64 KiB batches (a veth's offload); by default it carries each one apart, as a TUN (the lab's wireguard-go) does")
@@ -165,18 +165,15 @@ func run(rounds int, d time.Duration, before, routed bool, u underlay) error {
 					return fmt.Errorf("%s: apply %s's program: %w", s.name, node, err)
 				}
 			}
-			var f [4]float64 // same and cross throughput, same and cross p50
-			for i, target := range []string{s.same, s.cross} {
-				if f[i], err = labbench.Throughput(t.client, target, d); err != nil {
-					return fmt.Errorf("%s: throughput to %s: %w", s.name, target, err)
-				}
-				if f[2+i], err = labbench.RRP50(t.client, target, d); err != nil {
-					return fmt.Errorf("%s: request/response to %s: %w", s.name, target, err)
-				}
+			// Same-node and cross-node traffic in turn, so the ratio holds when the machine's
+			// speed drifts (labbench.Interleaved).
+			f, err := labbench.Interleaved(t.client, []string{s.same, s.cross}, d)
+			if err != nil {
+				return fmt.Errorf("%s: %w", s.name, err)
 			}
-			s.tcp, s.rr = append(s.tcp, f[1]/f[0]), append(s.rr, f[3]/f[2])
+			s.tcp, s.rr = append(s.tcp, f[1].TCPGbps/f[0].TCPGbps), append(s.rr, f[1].RRP50us/f[0].RRP50us)
 			fmt.Fprintf(os.Stderr, "round %d %s (%s): tcp_gbps same=%.2f cross=%.2f rr_p50_us same=%.0f cross=%.0f\n",
-				r+1, s.name, t.linkSettings(compiled), f[0], f[1], f[2], f[3])
+				r+1, s.name, t.linkSettings(compiled), f[0].TCPGbps, f[1].TCPGbps, f[0].RRP50us, f[1].RRP50us)
 		}
 	}
 	for _, s := range setups {
