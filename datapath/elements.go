@@ -26,6 +26,10 @@ type elem struct {
 type table struct {
 	layout *layout
 	elems  map[string]map[string]elem
+	// held are, in a table read back from the kernel, the texts of the rules each base
+	// chain holds ("" for one in no kuport form); nil in a planned table, which holds
+	// chainRules.
+	held map[string][]string
 }
 
 func newTable(l *layout) *table {
@@ -45,6 +49,31 @@ func (t *table) empty() bool {
 		}
 	}
 	return true
+}
+
+// chainRules are the rules of chain the table holds: the layout's, but those whose set is
+// empty. A lookup in an empty set costs a packet as much as one that finds its element, and
+// a node holding ranges met about ten of them a packet (BENCHMARKS.md, "Rules on empty sets
+// left out").
+func (t *table) chainRules(chain string) []ruleSpec {
+	return slices.DeleteFunc(t.layout.chainRules(chain), func(r ruleSpec) bool { return r.set != "" && len(t.elems[r.set]) == 0 })
+}
+
+// sameRules reports whether table have holds the rules table want does in chain.
+func sameRules(have, want *table, chain string) bool {
+	held, read := have.held[chain]
+	if !read {
+		held = ruleTexts(have.chainRules(chain))
+	}
+	return slices.Equal(held, ruleTexts(want.chainRules(chain)))
+}
+
+func ruleTexts(rules []ruleSpec) []string {
+	texts := make([]string, len(rules))
+	for i, r := range rules {
+		texts[i] = r.text
+	}
+	return texts
 }
 
 // lookup is the element of set s that key meets: the one of that key, or in a range set

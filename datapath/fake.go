@@ -187,6 +187,18 @@ func (k *fakeKernel) AddSet(s *nftables.Set, vals []nftables.SetElement) error {
 	return nil
 }
 
+// FlushChain deletes a chain's rules, the chain staying.
+func (k *fakeKernel) FlushChain(c *nftables.Chain) {
+	name := c.Name
+	k.in(c.Table, func(ft *fakeTable) error {
+		if !slices.ContainsFunc(ft.chains, func(x *nftables.Chain) bool { return x.Name == name }) {
+			return fmt.Errorf("flush chain %s: %w", name, syscall.ENOENT)
+		}
+		delete(ft.rules, name)
+		return nil
+	})
+}
+
 func (k *fakeKernel) AddRule(r *nftables.Rule) *nftables.Rule {
 	k.handle++
 	cr := *r

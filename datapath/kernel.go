@@ -20,6 +20,7 @@ type nftConn interface {
 	DelChain(c *nftables.Chain)
 	AddSet(s *nftables.Set, vals []nftables.SetElement) error
 	AddRule(r *nftables.Rule) *nftables.Rule
+	FlushChain(c *nftables.Chain)
 	// SetAddElements and SetDeleteElements encode vals when they queue them (as
 	// google/nftables does): the caller may reuse vals and their bytes after the call.
 	SetAddElements(s *nftables.Set, vals []nftables.SetElement) error

@@ -367,6 +367,10 @@ type ruleSpec struct {
 	chain string
 	text  string
 	exprs func(set func(name string) *nftables.Set) []expr.Any
+	// set is the set the rule looks up, which it needs: while the set is empty the rule
+	// matches nothing and the table leaves it out (table.chainRules). "" for a rule that
+	// stays whatever the sets hold.
+	set string
 }
 
 // layout is the whole table but its elements: the same for every program of one return-mark
@@ -548,8 +552,9 @@ func (l *layout) addFamily(fam family, returns *setSpec) {
 			translatedMark, translatedMark, keyText(requestR), requestR.name, ^uint32(translatedMark), fam.name, fam.name),
 			translated[:3], requestR, false, append(setMarkBits(^uint32(translatedMark), 0), identity...)...))
 	}
-	l.rules = append(l.rules, l.rule("kup-post", fmt.Sprintf("meta mark & 0x%08x == 0x%08x meta mark set meta mark & 0x%08x %s @%s snat %s to %s saddr",
-		translatedMark, translatedMark, ^uint32(translatedMark), keyText(request), request.name, fam.name, fam.name), translated, request, false, identity...))
+	// It stays with snat-request empty: it clears the bit of every flow kup-pre translated.
+	l.rules = append(l.rules, kept(l.rule("kup-post", fmt.Sprintf("meta mark & 0x%08x == 0x%08x meta mark set meta mark & 0x%08x %s @%s snat %s to %s saddr",
+		translatedMark, translatedMark, ^uint32(translatedMark), keyText(request), request.name, fam.name, fam.name), translated, request, false, identity...)))
 	l.rules = append(l.rules, each(snatReply, reply, replyR)...)
 	dirIs := func(dir byte) []expr.Any {
 		return []expr.Any{&expr.Ct{Key: expr.CtKeyDIRECTION, Register: register(0)},
@@ -573,7 +578,10 @@ func (l *layout) addFamily(fam family, returns *setSpec) {
 	}
 	restoreTo := func(s *setSpec) ruleSpec { return l.restoreRule(s, returns) }
 	l.rules = append(l.rules, each(vmap, static, staticR, save, saveR)...)
-	l.rules = append(l.rules, each(restoreTo, restore, restoreR)...)
+	// The single ports' restore stays with mark-ct-restore empty: its mask is how a table
+	// read back tells its layout (kernelLayout).
+	l.rules = append(l.rules, kept(restoreTo(restore)))
+	l.rules = append(l.rules, each(restoreTo, restoreR)...)
 	l.rules = append(l.rules, each(countOut, outAddr, outAddrR, out, outR)...)
 	// "ip daddr set": the looked-up stand-in written over the destination, with the IPv4
 	// header checksum (csum_type inet at offset 10) and the transport checksum's pseudo-header
@@ -682,7 +690,7 @@ func keyText(s *setSpec) string {
 // rule builds a rule: the match expressions, the loads of set's key from register 1 on, the
 // lookup (its result in register 1 when toReg), then the action.
 func (l *layout) rule(chain, text string, match []expr.Any, s *setSpec, toReg bool, action ...expr.Any) ruleSpec {
-	return ruleSpec{chain: chain, text: text, exprs: func(set func(string) *nftables.Set) []expr.Any {
+	return ruleSpec{chain: chain, text: text, set: s.name, exprs: func(set func(string) *nftables.Set) []expr.Any {
 		e := slices.Clone(match)
 		w := uint32(0)
 		for _, f := range s.key {
@@ -699,6 +707,12 @@ func (l *layout) rule(chain, text string, match []expr.Any, s *setSpec, toReg bo
 		}
 		return append(append(e, lookup), action...)
 	}}
+}
+
+// kept is r staying in the table while its set is empty: it does something without a match.
+func kept(r ruleSpec) ruleSpec {
+	r.set = ""
+	return r
 }
 
 // chainRules returns the rules of chain in order.

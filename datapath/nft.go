@@ -136,28 +136,12 @@ func byName(name string) *nftables.Set { return &nftables.Set{Name: name} }
 
 // view is the kernel table as kuport's table in layout l: the elements of every set that is
 // l's (decoded elements and their counters), and whether the kernel holds exactly l: its
-// chains with their attributes and rules, its sets, every element counted, nothing else.
+// chains with their attributes and the rules of those elements, its sets, every element
+// counted, nothing else.
 func (kt *kernelTable) view(l *layout) (t *table, intact bool, counters map[string]map[string]*expr.Counter) {
 	t = newTable(l)
 	counters = map[string]map[string]*expr.Counter{}
 	intact = len(kt.chains) == len(l.chains) && len(kt.sets) == len(l.sets)
-	for _, c := range kt.chains {
-		if cs, ok := l.chain(c.Name); !ok || !cs.matches(c) {
-			intact = false
-			continue
-		}
-		want := l.chainRules(c.Name)
-		krs := kt.rules[c.Name]
-		if len(krs) != len(want) {
-			intact = false
-			continue
-		}
-		for j, r := range want {
-			if !ruleMatches(krs[j], r.exprs(byName)) {
-				intact = false
-			}
-		}
-	}
 	for _, ks := range kt.sets {
 		s := l.byName[ks.Name]
 		if s == nil || !setMatches(ks, s) {
@@ -185,7 +169,47 @@ func (kt *kernelTable) view(l *layout) (t *table, intact bool, counters map[stri
 			counters[s.name][e.key] = ke.Counter
 		}
 	}
+	// The rules after the elements: which rules the table holds depends on them. A base
+	// chain's rules are kept as read (table.held), and writeTable rewrites those that differ
+	// on their own: the table stays intact and its counters with it.
+	t.held = map[string][]string{}
+	for _, c := range kt.chains {
+		cs, ok := l.chain(c.Name)
+		if !ok || !cs.matches(c) {
+			intact = false
+			continue
+		}
+		if !cs.regular {
+			t.held[c.Name] = kt.ruleTexts(l, c.Name)
+			continue
+		}
+		want := t.chainRules(c.Name)
+		krs := kt.rules[c.Name]
+		if len(krs) != len(want) {
+			intact = false
+			continue
+		}
+		for j, r := range want {
+			if !ruleMatches(krs[j], r.exprs(byName)) {
+				intact = false
+			}
+		}
+	}
 	return t, intact, counters
+}
+
+// ruleTexts are the texts of the rules the kernel's chain holds, in order, each as layout l
+// writes it, "" for a rule in no form of l's.
+func (kt *kernelTable) ruleTexts(l *layout, chain string) []string {
+	texts := make([]string, len(kt.rules[chain]))
+	for i, kr := range kt.rules[chain] {
+		for _, r := range l.chainRules(chain) {
+			if ruleMatches(kr, r.exprs(byName)) {
+				texts[i] = r.text
+			}
+		}
+	}
+	return texts
 }
 
 // text prints the kernel table in Render's form. What is in no kuport form prints as a
@@ -221,14 +245,11 @@ func (kt *kernelTable) text() string {
 		} else {
 			bl.lines = append(bl.lines, cs.header()...)
 		}
-		for _, kr := range kt.rules[c.Name] {
-			line := fmt.Sprintf("# rule handle %d: not a kuport rule", kr.Handle)
-			for _, r := range l.chainRules(c.Name) {
-				if ruleMatches(kr, r.exprs(byName)) {
-					line = r.text
-				}
+		for i, text := range kt.ruleTexts(l, c.Name) {
+			if text == "" {
+				text = fmt.Sprintf("# rule handle %d: not a kuport rule", kt.rules[c.Name][i].Handle)
 			}
-			bl.lines = append(bl.lines, line)
+			bl.lines = append(bl.lines, text)
 		}
 		blocks = append(blocks, bl)
 	}

@@ -159,9 +159,11 @@ func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes in
 			}
 			sets[s.name] = ks
 		}
-		for _, r := range want.layout.rules {
-			d.nft.AddRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: r.chain, Table: t},
-				Exprs: r.exprs(func(name string) *nftables.Set { return sets[name] })})
+		for _, c := range want.layout.chains {
+			for _, r := range want.chainRules(c.name) {
+				d.nft.AddRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: c.name, Table: t},
+					Exprs: r.exprs(func(name string) *nftables.Set { return sets[name] })})
+			}
 		}
 		changes++
 		d.log.Trace("nft (re)create table")
@@ -172,7 +174,7 @@ func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes in
 		for _, name := range []string{markChain(m), ctMarkChain(m)} {
 			c, _ := want.layout.chain(name)
 			d.nft.AddChain(c.kernelChain(t))
-			for _, r := range want.layout.chainRules(name) {
+			for _, r := range want.chainRules(name) {
 				d.nft.AddRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: name, Table: t}, Exprs: r.exprs(byName)})
 			}
 			d.log.Trace("nft add chain", "chain", name)
@@ -207,6 +209,14 @@ func (d *Datapath) writeTable(have *table, intact bool, want *table) (changes in
 		}
 		if err := q.send(ks, false); err != nil {
 			return 0, nil, err
+		}
+	}
+	if !rebuild {
+		for _, c := range chainSpecs {
+			if !sameRules(have, want, c.name) {
+				d.rewriteRules(t, want, c.name)
+				changes++
+			}
 		}
 	}
 	for _, m := range goes {
@@ -259,6 +269,7 @@ func unheld(want *table, held func(s *setSpec, k string, w elem) bool) map[strin
 func (d *Datapath) writeDirty(want *table, dirty map[setKey]prior) (changes int, added map[string]string, err error) {
 	t := &nftables.Table{Name: tableName, Family: tableFamily}
 	dels, adds := map[string][]elem{}, map[string][]elem{}
+	grown := map[string]int{} // elements a set has more than before
 	for k, was := range dirty {
 		is, ok := want.elems[k.set][k.key]
 		if ok == was.present && is == was.e {
@@ -266,9 +277,11 @@ func (d *Datapath) writeDirty(want *table, dirty map[setKey]prior) (changes int,
 		}
 		if was.present {
 			dels[k.set] = append(dels[k.set], was.e)
+			grown[k.set]--
 		}
 		if ok {
 			adds[k.set] = append(adds[k.set], is)
+			grown[k.set]++
 		}
 	}
 	q := &elemQueue{d: d, trace: d.log.IsTrace()}
@@ -282,6 +295,16 @@ func (d *Datapath) writeDirty(want *table, dirty map[setKey]prior) (changes int,
 		}
 		changes += len(dels[s.name]) + len(adds[s.name])
 	}
+	// A set that got its first element or lost its last brings or takes its rules.
+	for _, c := range chainSpecs {
+		if slices.ContainsFunc(want.layout.chainRules(c.name), func(r ruleSpec) bool {
+			n := len(want.elems[r.set])
+			return r.set != "" && grown[r.set] != 0 && (n == 0) != (n == grown[r.set])
+		}) {
+			d.rewriteRules(t, want, c.name)
+			changes++
+		}
+	}
 	if changes == 0 {
 		return 0, nil, nil
 	}
@@ -293,6 +316,19 @@ func (d *Datapath) writeDirty(want *table, dirty map[setKey]prior) (changes int,
 		}), err
 	}
 	return changes, nil, nil
+}
+
+// rewriteRules queues chain's rules anew as want holds them: a rule comes with its set's
+// first element and goes with its last (table.chainRules). The counters are the elements',
+// so a rule holds none to lose.
+func (d *Datapath) rewriteRules(t *nftables.Table, want *table, chain string) {
+	c := &nftables.Chain{Name: chain, Table: t}
+	d.nft.FlushChain(c)
+	rules := want.chainRules(chain)
+	for _, r := range rules {
+		d.nft.AddRule(&nftables.Rule{Table: t, Chain: c, Exprs: r.exprs(byName)})
+	}
+	d.log.Trace("nft flush chain, add its rules", "chain", chain, "rules", len(rules))
 }
 
 // sameShape reports whether layouts a and b have the same sets and return-mark mask: a

@@ -90,7 +90,7 @@ func (t *table) text() string {
 	}
 	for _, c := range l.chains {
 		bl := block{head: "chain " + c.name, lines: c.header()}
-		for _, r := range l.chainRules(c.name) {
+		for _, r := range t.chainRules(c.name) {
 			bl.lines = append(bl.lines, r.text)
 		}
 		blocks = append(blocks, bl)

@@ -67,7 +67,8 @@ func (tn *testNS) kernelDump(t *testing.T) string {
 }
 
 // nftTable is the text `nft list table inet kuport` prints (elements sorted) for these
-// element lines, each "<set>\t<element>", in the default return marking.
+// element lines, each "<set>\t<element>", in the default return marking: a rule on a set
+// without elements is left out.
 func nftTable(elements ...[]string) string {
 	bySet := map[string][]string{}
 	var marks []uint32
@@ -91,7 +92,10 @@ func nftTable(elements ...[]string) string {
 	for _, c := range l.chains {
 		bl := block{head: "chain " + c.name, lines: c.header()}
 		for _, r := range l.chainRules(c.name) {
-			bl.lines = append(bl.lines, r.text)
+			// A rule on a set without elements is left out.
+			if r.set == "" || len(bySet[r.set]) > 0 {
+				bl.lines = append(bl.lines, r.text)
+			}
 		}
 		blocks = append(blocks, bl)
 	}

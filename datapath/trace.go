@@ -203,7 +203,7 @@ func (tr *tracer) hook(h *nftables.ChainHook, p *packet, f *flow, dir byte, v *V
 		if dir == ctDirReply && c.typ == nftables.ChainTypeNAT {
 			continue
 		}
-		for _, r := range tr.t.layout.chainRules(c.name) {
+		for _, r := range tr.t.chainRules(c.name) {
 			done, err := tr.rule(c.name, r.exprs(byName), p, f, dir, v)
 			if err != nil {
 				return fmt.Errorf("%s: %s: %w", c.name, r.text, err)
@@ -345,7 +345,7 @@ func (tr *tracer) rule(chain string, exprs []expr.Any, p *packet, f *flow, dir b
 			if s.vmap() {
 				// A jump: the chain's rules run, then the rule after this one (the lookup
 				// ends this rule); an accept in the chain ends the hook's chain too.
-				for _, r := range tr.t.layout.chainRules(el.val) {
+				for _, r := range tr.t.chainRules(el.val) {
 					done, err := tr.rule(el.val, r.exprs(byName), p, f, dir, v)
 					if err != nil || done {
 						return done, err
