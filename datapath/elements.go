@@ -56,7 +56,7 @@ func (t *table) empty() bool {
 // a node holding ranges met about ten of them a packet (BENCHMARKS.md, "Rules on empty sets
 // left out").
 func (t *table) chainRules(chain string) []ruleSpec {
-	return slices.DeleteFunc(t.layout.chainRules(chain), func(r ruleSpec) bool { return r.set != "" && len(t.elems[r.set]) == 0 })
+	return slices.DeleteFunc(t.layout.chainRules(chain), func(r ruleSpec) bool { return !r.heldWith(len(t.elems[r.set])) })
 }
 
 // sameRules reports whether table have holds the rules table want does in chain.

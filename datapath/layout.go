@@ -368,8 +368,8 @@ type ruleSpec struct {
 	text  string
 	exprs func(set func(name string) *nftables.Set) []expr.Any
 	// set is the set the rule looks up, which it needs: while the set is empty the rule
-	// matches nothing and the table leaves it out (table.chainRules). "" for a rule that
-	// stays whatever the sets hold.
+	// matches nothing and the table leaves it out (heldWith). "" for a rule that stays
+	// whatever the sets hold.
 	set string
 }
 
@@ -714,6 +714,10 @@ func kept(r ruleSpec) ruleSpec {
 	r.set = ""
 	return r
 }
+
+// heldWith reports whether a table holds r while r's set has elements elements: a rule
+// on an empty set matches nothing, and is left out.
+func (r ruleSpec) heldWith(elements int) bool { return r.set == "" || elements > 0 }
 
 // chainRules returns the rules of chain in order.
 func (l *layout) chainRules(chain string) []ruleSpec {

@@ -269,7 +269,7 @@ func unheld(want *table, held func(s *setSpec, k string, w elem) bool) map[strin
 func (d *Datapath) writeDirty(want *table, dirty map[setKey]prior) (changes int, added map[string]string, err error) {
 	t := &nftables.Table{Name: tableName, Family: tableFamily}
 	dels, adds := map[string][]elem{}, map[string][]elem{}
-	grown := map[string]int{} // elements a set has more than before
+	grown := map[string]int{} // elements a set has more than before: it had len - grown
 	for k, was := range dirty {
 		is, ok := want.elems[k.set][k.key]
 		if ok == was.present && is == was.e {
@@ -299,7 +299,7 @@ func (d *Datapath) writeDirty(want *table, dirty map[setKey]prior) (changes int,
 	for _, c := range chainSpecs {
 		if slices.ContainsFunc(want.layout.chainRules(c.name), func(r ruleSpec) bool {
 			n := len(want.elems[r.set])
-			return r.set != "" && grown[r.set] != 0 && (n == 0) != (n == grown[r.set])
+			return r.heldWith(n) != r.heldWith(n-grown[r.set])
 		}) {
 			d.rewriteRules(t, want, c.name)
 			changes++

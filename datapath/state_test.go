@@ -92,8 +92,7 @@ func nftTable(elements ...[]string) string {
 	for _, c := range l.chains {
 		bl := block{head: "chain " + c.name, lines: c.header()}
 		for _, r := range l.chainRules(c.name) {
-			// A rule on a set without elements is left out.
-			if r.set == "" || len(bySet[r.set]) > 0 {
+			if r.heldWith(len(bySet[r.set])) {
 				bl.lines = append(bl.lines, r.text)
 			}
 		}
