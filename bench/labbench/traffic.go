@@ -59,30 +59,20 @@ func Median(v []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-// Throughput is one TCP flow's rate in Gbit/s from namespace ns to target over d.
+// Throughput is one TCP flow's rate in Gbit/s from namespace ns to target over d, from its
+// connect until the server's echo has ended.
 func Throughput(ns, target string, d time.Duration) (gbps float64, err error) {
 	err = InNS(ns, func() error {
-		c, err := dialer.Dial("tcp", target)
-		if err != nil {
-			return err
-		}
-		defer func() { _ = c.Close() }()
-		go func() { _, _ = io.Copy(io.Discard, c) }()
-		buf := make([]byte, 128<<10)
-		var sent int64
 		start := time.Now()
-		for time.Since(start) < d {
-			n, err := c.Write(buf)
-			sent += int64(n)
-			if err != nil {
-				return err
-			}
-		}
-		gbps = float64(sent) * 8 / time.Since(start).Seconds() / 1e9
-		return nil
+		sent, err := flow(target, d)
+		gbps = gbitPerS(sent, time.Since(start))
+		return err
 	})
 	return gbps, err
 }
+
+// gbitPerS is the rate of bytes sent over d, in Gbit/s.
+func gbitPerS(bytes int64, d time.Duration) float64 { return float64(bytes) * 8 / d.Seconds() / 1e9 }
 
 // RRP50 is the median in µs, over d, of connect + one-byte request + reply from namespace ns
 // to target.
@@ -151,7 +141,7 @@ func Interleaved(ns string, targets []string, d time.Duration) ([]Figures, error
 		}
 		for i := range targets {
 			figs[i] = Figures{
-				TCPGbps:  float64(sent[i]) * 8 / flowTime[i].Seconds() / 1e9,
+				TCPGbps:  gbitPerS(sent[i], flowTime[i]),
 				ConnPerS: float64(conns[i]) / connTime[i].Seconds(),
 				RRP50us:  p50us(rtts[i]),
 			}
